@@ -1,0 +1,159 @@
+"""Argument validation shared by every public entry point.
+
+Every forward validates its arguments here *before* any arithmetic, so that bad input raises a
+``TypeError``/``ValueError`` that names the argument and states what was expected and what was
+given, instead of a broadcasting error from deep inside NumPy or a crash inside a Numba kernel.
+
+dtype policy (DESIGN.md): computation happens in the input's floating dtype; float16 and
+bfloat16-like inputs are promoted to float32; float64 is never downcast; mixed float32/float64
+inputs compute in float64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from numbers import Real
+
+import numpy as np
+
+__all__ = [
+    "as_float",
+    "as_bool_or_float_mask",
+    "compute_dtype",
+    "check_dim",
+    "check_positive",
+    "check_choice",
+    "check_broadcastable",
+    "check_int",
+]
+
+
+def _describe(x) -> str:
+    dt = getattr(x, "dtype", None)
+    return f"dtype {dt}" if dt is not None else f"type {type(x).__name__}"
+
+
+def as_float(
+    x,
+    name: str,
+    *,
+    ndim: int | None = None,
+    min_ndim: int | None = None,
+    max_ndim: int | None = None,
+    finite: bool = True,
+    allow_empty: bool = False,
+) -> np.ndarray:
+    """Return ``x`` as a floating NumPy array in its compute dtype, or raise naming ``name``.
+
+    * ``TypeError`` for bool, integer, complex, object, string inputs and for ``longdouble``
+      (which cannot be represented without silently dropping precision);
+    * ``ValueError`` for a wrong number of dimensions, a zero-length axis (unless
+      ``allow_empty``) or NaN/inf entries (unless ``finite=False``).
+
+    float16 is promoted to float32; float32 and float64 are kept. The returned array may be the
+    caller's own array: callers never write into it (inputs are never modified).
+    """
+    if x is None:
+        raise TypeError(f"{name} is required; got None")
+    if hasattr(x, "__array__") or isinstance(x, (list, tuple, Real, np.generic)):
+        try:
+            arr = np.asarray(x)
+        except Exception as exc:  # ragged lists and exotic objects
+            raise TypeError(f"{name} could not be converted to an array: {exc}") from None
+    else:
+        raise TypeError(f"{name} must be a floating-point array; got {type(x).__name__}")
+    kind = arr.dtype.kind
+    if kind != "f":
+        raise TypeError(
+            f"{name} must be a floating-point array (float16, float32 or float64); got {_describe(arr)}"
+        )
+    if arr.dtype == np.float16:
+        arr = arr.astype(np.float32)
+    elif arr.dtype not in (np.float32, np.float64):
+        raise TypeError(f"{name} must be float16, float32 or float64; got {_describe(arr)}")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions; got shape {arr.shape} ({arr.ndim} dimensions)")
+    if min_ndim is not None and arr.ndim < min_ndim:
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimensions; got shape {arr.shape} ({arr.ndim} dimensions)"
+        )
+    if max_ndim is not None and arr.ndim > max_ndim:
+        raise ValueError(
+            f"{name} must have at most {max_ndim} dimensions; got shape {arr.shape} ({arr.ndim} dimensions)"
+        )
+    if not allow_empty and arr.size == 0:
+        raise ValueError(f"{name} must not have a zero-length axis; got shape {arr.shape}")
+    if finite and not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return arr
+
+
+def compute_dtype(*arrays) -> np.dtype:
+    """The dtype the computation runs in: float64 if any array is float64, else float32."""
+    dts = [a.dtype for a in arrays if a is not None]
+    return np.result_type(*dts) if dts else np.dtype(np.float64)
+
+
+def as_bool_or_float_mask(mask, name: str) -> np.ndarray:
+    """Validate a mask: boolean (True = attend) or additive floating (0 / -inf allowed)."""
+    if mask is None:
+        return None
+    try:
+        arr = np.asarray(mask)
+    except Exception as exc:
+        raise TypeError(f"{name} could not be converted to an array: {exc}") from None
+    if arr.dtype == np.bool_:
+        return arr
+    if arr.dtype.kind != "f":
+        raise TypeError(f"{name} must be a boolean (True = keep) or floating additive mask; got {_describe(arr)}")
+    if np.isnan(arr).any() or np.isposinf(arr).any():
+        raise ValueError(f"{name} (additive) may contain finite values and -inf only; got NaN or +inf")
+    if arr.dtype == np.float16:
+        arr = arr.astype(np.float32)
+    return arr
+
+
+def check_dim(name_a: str, size_a: int, name_b: str, size_b: int, what: str) -> None:
+    """Raise if two sizes that must agree do not."""
+    if size_a != size_b:
+        raise ValueError(f"{what} of {name_a} ({size_a}) and {name_b} ({size_b}) must agree")
+
+
+def check_broadcastable(name: str, shape: tuple, target: tuple, target_desc: str) -> None:
+    """Raise unless ``shape`` broadcasts to ``target`` (used for masks and biases)."""
+    try:
+        out = np.broadcast_shapes(tuple(shape), tuple(target))
+    except ValueError:
+        raise ValueError(
+            f"{name} of shape {tuple(shape)} does not broadcast to {target_desc} {tuple(target)}"
+        ) from None
+    if out != tuple(target):
+        raise ValueError(f"{name} of shape {tuple(shape)} does not broadcast to {target_desc} {tuple(target)}")
+
+
+def check_positive(value, name: str, *, allow_zero: bool = False, allow_none: bool = False):
+    """A finite positive real scalar (or None where allowed)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (Real, np.floating, np.integer)):
+        raise TypeError(f"{name} must be a real number; got {type(value).__name__}")
+    v = float(value)
+    if not np.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be finite and {bound}; got {value!r}")
+    return v
+
+
+def check_int(value, name: str, *, minimum: int | None = None) -> int:
+    """An integer scalar (bool rejected) with an optional lower bound."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer; got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}")
+    return int(value)
+
+
+def check_choice(value, name: str, choices: Iterable) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}; got {value!r}")

@@ -1,0 +1,1 @@
+"""Attention mechanisms, one module per family (softmax, differential, linear/kernel …)."""

@@ -1,0 +1,1 @@
+"""Jitted kernels: ``kernels.cpu`` (Numba) and ``kernels.cuda`` (numba.cuda), mirroring the reference."""

@@ -1,0 +1,1 @@
+"""Operator-learning attention and neural-operator layers."""

@@ -1,0 +1,27 @@
+"""Verification tools: finite-difference checks, tolerances, and checks of outside implementations.
+
+* :func:`gradcheck` — float64 central differences on every input and parameter.
+* :func:`directional_check` — random-direction JVP-vs-VJP check for larger sizes.
+* :func:`assert_close` / :func:`tolerances` — dtype-aware comparisons.
+* :func:`compare_implementation` — judge your own PyTorch/JAX/NumPy forward (and VJP) against
+  refattn's reference for any registry slug.
+* :func:`run_record_checks` — everything a registry record declares (used by ``refattn check``).
+"""
+
+from .compare import CompareReport, assert_close, compare_implementation, to_numpy, tolerances
+from .gradcheck import GradcheckError, GradReport, directional_check, gradcheck
+from .runner import CheckResult, run_record_checks
+
+__all__ = [
+    "CheckResult",
+    "CompareReport",
+    "GradReport",
+    "GradcheckError",
+    "assert_close",
+    "compare_implementation",
+    "directional_check",
+    "gradcheck",
+    "run_record_checks",
+    "to_numpy",
+    "tolerances",
+]
