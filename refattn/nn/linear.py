@@ -1,0 +1,176 @@
+r"""Affine (fully connected) layer $y = xW + b$ over the last axis, with a hand-derived backward.
+
+Convention
+----------
+``W`` has shape ``(in, out)`` so that the forward is a plain ``x @ W``. PyTorch's
+``nn.Linear`` stores ``weight`` as ``(out, in)`` and computes ``x @ weight.T + bias``; load a
+PyTorch layer with::
+
+    params = {"weight": linear.weight.detach().numpy().T, "bias": linear.bias.detach().numpy()}
+
+(omit ``"bias"`` for ``nn.Linear(..., bias=False)``). JAX/Flax ``Dense`` already stores
+``kernel`` as ``(in, out)``.
+
+Derivation
+----------
+Flatten every leading axis of ``x`` into rows: $X \in \mathbb{R}^{R\times n}$,
+$Y = XW + \mathbf 1 b^\top \in \mathbb{R}^{R\times m}$. With $G = \partial L/\partial Y$,
+
+$$dX = G W^\top,\qquad dW = X^\top G,\qquad db = \textstyle\sum_r G_{r,:}.$$
+
+(From $dL = \operatorname{tr}(G^\top dY)$ and $dY = dX\,W + X\,dW + \mathbf 1\,db^\top$.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._checks import as_float, compute_dtype
+from ..registry import Mechanism, Sample, register
+
+__all__ = ["linear_forward", "linear_backward", "linear", "linear_apply", "linear_vjp", "check_linear_params"]
+
+
+def linear_apply(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """Unvalidated ``x @ weight (+ bias)`` for callers that have already validated their inputs."""
+    y = x @ weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def linear_vjp(dy: np.ndarray, x: np.ndarray, weight: np.ndarray, has_bias: bool = True) -> dict:
+    r"""Unvalidated gradients of :func:`linear_apply`: ``{"x", "weight"[, "bias"]}``.
+
+    $dx = dy\,W^\top$, $dW = \sum_{\text{rows}} x^\top dy$, $db = \sum_{\text{rows}} dy$.
+    """
+    n_in, n_out = weight.shape
+    x2 = x.reshape(-1, n_in)
+    g2 = dy.reshape(-1, n_out)
+    grads = {"x": dy @ weight.T, "weight": x2.T @ g2}
+    if has_bias:
+        grads["bias"] = g2.sum(axis=0)
+    return grads
+
+
+def check_linear_params(params, x_features: int, name: str = "params", *, prefix: str = ""):
+    """Validate a ``{"weight": (in, out), "bias": (out,)}`` dict against ``x_features`` inputs.
+
+    Returns ``(weight, bias_or_None)`` as float arrays. ``prefix`` names the parameter in
+    messages when the dict is nested inside a larger module (e.g. ``"q_proj."``).
+    """
+    if not isinstance(params, dict):
+        raise TypeError(f"{name} must be a dict with 'weight' (in, out) and optional 'bias' (out,); "
+                        f"got {type(params).__name__}")
+    extra = sorted(set(params) - {"weight", "bias"})
+    if extra:
+        raise ValueError(f"{name} has unknown keys {extra}; expected 'weight' and optional 'bias'")
+    if "weight" not in params:
+        raise ValueError(f"{name} must contain 'weight' of shape (in, out)")
+    w = as_float(params["weight"], f"{prefix}weight", ndim=2)
+    if w.shape[0] != x_features:
+        raise ValueError(f"{prefix}weight must have shape (in={x_features}, out); got {w.shape} "
+                         f"(PyTorch's nn.Linear.weight is (out, in): pass its transpose)")
+    b = params.get("bias")
+    if b is not None:
+        b = as_float(b, f"{prefix}bias", ndim=1)
+        if b.shape[0] != w.shape[1]:
+            raise ValueError(f"{prefix}bias must have shape (out={w.shape[1]},); got {b.shape}")
+    return w, b
+
+
+def linear_forward(x, params):
+    r"""$y = xW + b$ over the last axis of ``x``; any leading axes.
+
+    Parameters
+    ----------
+    x : array (..., in)
+    params : dict
+        ``"weight"`` of shape ``(in, out)`` (PyTorch: ``linear.weight.T``) and optional
+        ``"bias"`` of shape ``(out,)``.
+
+    Returns
+    -------
+    y, cache
+        ``y`` of shape ``(..., out)`` in the compute dtype of ``x``, ``weight``, ``bias``.
+    """
+    x = as_float(x, "x", min_ndim=1)
+    w, b = check_linear_params(params, x.shape[-1])
+    dt = compute_dtype(x, w, b)
+    x, w = x.astype(dt, copy=False), w.astype(dt, copy=False)
+    b = None if b is None else b.astype(dt, copy=False)
+    y = linear_apply(x, w, b)
+    return y, {"x": x, "weight": w, "has_bias": b is not None}
+
+
+def linear_backward(dout, cache):
+    """Gradient of :func:`linear_forward`: ``{"x", "weight"[, "bias"]}`` (see the module docstring)."""
+    x, w = cache["x"], cache["weight"]
+    dout = as_float(dout, "dout", finite=False)
+    expected = x.shape[:-1] + (w.shape[1],)
+    if dout.shape != expected:
+        raise ValueError(f"dout must have the output's shape {expected}; got {dout.shape}")
+    return linear_vjp(dout.astype(x.dtype, copy=False), x, w, cache["has_bias"])
+
+
+def linear(x, params) -> np.ndarray:
+    """Convenience wrapper: the output of :func:`linear_forward`."""
+    return linear_forward(x, params)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Registry record
+
+
+def _sample(rng, size):
+    if size == "tiny":
+        n, c_in, c_out = int(rng.integers(2, 4)), int(rng.integers(2, 5)), int(rng.integers(2, 5))
+    else:
+        n, c_in, c_out = int(rng.integers(5, 9)), int(rng.integers(6, 12)), int(rng.integers(6, 12))
+    x = rng.standard_normal((2, n, c_in))
+    params = {"weight": rng.standard_normal((c_in, c_out)) / np.sqrt(c_in),
+              "bias": rng.standard_normal(c_out)}
+    return Sample(inputs={"x": x}, params=params)
+
+
+def _reference(x, params):
+    # The explicit sum y[..., o] = sum_i x[..., i] W[i, o] + b[o].
+    return np.einsum("...i,io->...o", x, params["weight"]) + params["bias"]
+
+
+def _check_no_bias(rng):
+    x = rng.standard_normal((2, 3, 4))
+    w = rng.standard_normal((4, 5))
+    y, cache = linear_forward(x, {"weight": w})
+    g = linear_backward(np.ones_like(y), cache)
+    assert set(g) == {"x", "weight"}, f"no-bias layer returned gradients {sorted(g)}"
+    err = float(np.abs(y - x @ w).max())
+    assert err < 1e-12
+    return err
+
+
+def _check_pytorch_layout(rng):
+    # A PyTorch weight (out, in) must be transposed; passing it untransposed must fail loudly.
+    x = rng.standard_normal((2, 3))
+    w_torch = rng.standard_normal((4, 3))
+    try:
+        linear_forward(x, {"weight": w_torch})
+    except ValueError as exc:
+        assert "transpose" in str(exc)
+    else:
+        raise AssertionError("an (out, in) weight was accepted for x with in=3")
+    y = linear(x, {"weight": w_torch.T})
+    err = float(np.abs(y - np.einsum("bi,oi->bo", x, w_torch)).max())
+    assert err < 1e-12
+    return err
+
+
+register(
+    Mechanism(
+        slug="linear", family="5-building-blocks", tier="primitive",
+        title="Affine layer y = x W + b (W is (in, out); PyTorch: weight.T)",
+        paper="standard", forward=linear_forward, backward=linear_backward, sample=_sample,
+        reference=_reference, docs="building-blocks.md#linear",
+        checks={"no_bias": _check_no_bias, "pytorch_layout": _check_pytorch_layout},
+    ),
+)
