@@ -19,6 +19,7 @@ import numpy as np
 __all__ = [
     "as_float",
     "as_bool_or_float_mask",
+    "as_dout",
     "compute_dtype",
     "check_dim",
     "check_positive",
@@ -86,6 +87,15 @@ def as_float(
     if finite and not np.isfinite(arr).all():
         raise ValueError(f"{name} contains NaN or infinite values")
     return arr
+
+
+def as_dout(dout, shape: tuple, dtype) -> np.ndarray:
+    """Validate the upstream gradient of a backward: floating, exactly the output's ``shape``;
+    returned in the forward's compute ``dtype`` (float16 upstream gradients are promoted)."""
+    g = as_float(dout, "dout", finite=False, allow_empty=True)
+    if g.shape != tuple(shape):
+        raise ValueError(f"dout must have the forward output's shape {tuple(shape)}; got {g.shape}")
+    return g.astype(dtype, copy=False)
 
 
 def compute_dtype(*arrays) -> np.dtype:

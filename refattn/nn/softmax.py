@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_bool_or_float_mask, as_float, check_broadcastable, check_int
+from .._checks import as_bool_or_float_mask, as_dout, as_float, check_broadcastable, check_int
 from ..registry import Mechanism, Sample, register
 
 __all__ = [
@@ -116,10 +116,7 @@ def softmax_forward(x, *, mask=None, axis: int = -1):
 def softmax_backward(dout, cache):
     """Gradient of :func:`softmax_forward`: ``{"x": p * (dout - sum(p * dout))}``."""
     p = cache["p"]
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != p.shape:
-        raise ValueError(f"dout must have the output's shape {p.shape}; got {dout.shape}")
-    return {"x": softmax_vjp(p, dout.astype(p.dtype, copy=False), cache["axis"])}
+    return {"x": softmax_vjp(p, as_dout(dout, p.shape, p.dtype), cache["axis"])}
 
 
 def softmax(x, *, mask=None, axis: int = -1) -> np.ndarray:
@@ -141,10 +138,7 @@ def log_softmax_forward(x, *, mask=None, axis: int = -1):
 def log_softmax_backward(dout, cache):
     r"""``dx = g - p * sum(g)`` over unmasked entries; 0 on masked entries and masked rows."""
     p, axis = cache["p"], cache["axis"]
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != p.shape:
-        raise ValueError(f"dout must have the output's shape {p.shape}; got {dout.shape}")
-    g = np.where(cache["keep"], dout, 0.0).astype(p.dtype, copy=False)
+    g = np.where(cache["keep"], as_dout(dout, p.shape, p.dtype), 0.0)
     return {"x": g - p * np.sum(g, axis=axis, keepdims=True)}
 
 
@@ -160,11 +154,9 @@ def logsumexp_forward(x, *, mask=None, axis: int = -1, keepdims: bool = False):
 def logsumexp_backward(dout, cache):
     """``dx = dout * softmax(x)`` (0 for masked entries and fully masked rows)."""
     p, axis = cache["p"], cache["axis"]
-    dout = as_float(dout, "dout", finite=False)
-    g = dout if cache["keepdims"] else np.expand_dims(dout, axis)
-    if np.broadcast_shapes(g.shape, p.shape) != p.shape or g.shape[axis] != 1:
-        raise ValueError(f"dout has shape {dout.shape}, which does not match the logsumexp output")
-    return {"x": p * g.astype(p.dtype, copy=False)}
+    out_shape = p.shape[:axis % p.ndim] + ((1,) if cache["keepdims"] else ()) + p.shape[axis % p.ndim + 1:]
+    g = as_dout(dout, out_shape, p.dtype)
+    return {"x": p * (g if cache["keepdims"] else np.expand_dims(g, axis))}
 
 
 # --------------------------------------------------------------------------------------------
