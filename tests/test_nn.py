@@ -11,9 +11,23 @@ import pytest
 
 from refattn import registry
 from refattn.nn.linear import linear, linear_backward, linear_forward
+from refattn.nn.norms import (
+    group_norm,
+    group_norm_backward,
+    group_norm_forward,
+    instance_norm,
+    instance_norm_backward,
+    instance_norm_forward,
+    layer_norm,
+    layer_norm_backward,
+    layer_norm_forward,
+    rms_norm,
+    rms_norm_backward,
+    rms_norm_forward,
+)
 from refattn.testing import run_record_checks
 
-SLUGS = ["linear"]
+SLUGS = ["linear", "layer_norm", "rms_norm", "group_norm", "instance_norm"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -64,3 +78,157 @@ def test_linear_dtype_and_1d():
     assert y.shape == (2,)
     g = linear_backward(np.ones(2), cache)
     assert g["x"].shape == (3,) and g["weight"].shape == (3, 2) and g["bias"].shape == (2,)
+
+
+# ------------------------------------------------------------------------------------- norms
+
+
+def _torch_grads(fn, arrays, g):
+    """Forward and autograd gradients of a torch function of float64 arrays."""
+    torch = pytest.importorskip("torch")
+    ts = [torch.from_numpy(np.ascontiguousarray(a)).requires_grad_() for a in arrays]
+    out = fn(*ts)
+    out.backward(torch.from_numpy(g))
+    return out.detach().numpy(), [t.grad.numpy() for t in ts]
+
+
+def _assert_grads(grads, names, tgrads):
+    for n, tg in zip(names, tgrads, strict=True):
+        np.testing.assert_allclose(grads[n], tg, rtol=1e-10, atol=1e-12, err_msg=n)
+
+
+def test_layer_norm_torch_parity_multi_axis():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 4, 5)) * 2 + 1
+    w, b = rng.standard_normal((4, 5)), rng.standard_normal((4, 5))
+    y, cache = layer_norm_forward(x, {"weight": w, "bias": b}, axis=(-2, -1), eps=1e-5)
+    g = rng.standard_normal(y.shape)
+    ty, tg = _torch_grads(lambda x_, w_, b_: F.layer_norm(x_, (4, 5), w_, b_, 1e-5), [x, w, b], g)
+    np.testing.assert_allclose(y, ty, rtol=1e-10, atol=1e-12)
+    _assert_grads(layer_norm_backward(g, cache), ["x", "weight", "bias"], tg)
+
+
+def test_rms_norm_torch_parity():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 2, 6))
+    w = rng.standard_normal(6)
+    y, cache = rms_norm_forward(x, {"weight": w}, eps=1e-6)
+    g = rng.standard_normal(y.shape)
+    ty, tg = _torch_grads(lambda x_, w_: F.rms_norm(x_, (6,), w_, 1e-6), [x, w], g)
+    np.testing.assert_allclose(y, ty, rtol=1e-10, atol=1e-12)
+    _assert_grads(rms_norm_backward(g, cache), ["x", "weight"], tg)
+    # elementwise_affine=False
+    y0, cache0 = rms_norm_forward(x, None, eps=1e-6)
+    ty0, tg0 = _torch_grads(lambda x_: F.rms_norm(x_, (6,), None, 1e-6), [x], g)
+    np.testing.assert_allclose(y0, ty0, rtol=1e-10, atol=1e-12)
+    _assert_grads(rms_norm_backward(g, cache0), ["x"], tg0)
+    assert set(rms_norm_backward(g, cache0)) == {"x"}
+
+
+@pytest.mark.parametrize("groups", [1, 2, 6])
+def test_group_norm_torch_parity(groups):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 3, 2)) + 0.5
+    w, b = rng.standard_normal(6), rng.standard_normal(6)
+    y, cache = group_norm_forward(x, {"weight": w, "bias": b}, num_groups=groups, channel_axis=1)
+    g = rng.standard_normal(y.shape)
+    ty, tg = _torch_grads(lambda x_, w_, b_: F.group_norm(x_, groups, w_, b_, 1e-5), [x, w, b], g)
+    np.testing.assert_allclose(y, ty, rtol=1e-10, atol=1e-12)
+    _assert_grads(group_norm_backward(g, cache), ["x", "weight", "bias"], tg)
+    # token-major layout (B, H, W, C) with the default channel_axis=-1 is the same map
+    xt = np.moveaxis(x, 1, -1)
+    yt, cache_t = group_norm_forward(xt, {"weight": w, "bias": b}, num_groups=groups)
+    np.testing.assert_allclose(yt, np.moveaxis(ty, 1, -1), rtol=1e-10, atol=1e-12)
+    gt = group_norm_backward(np.moveaxis(g, 1, -1), cache_t)
+    np.testing.assert_allclose(gt["x"], np.moveaxis(tg[0], 1, -1), rtol=1e-10, atol=1e-12)
+
+
+def test_instance_norm_torch_parity_and_axis_trap():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 4, 7)) * 3 - 1  # (B, C, N), PyTorch layout
+    w, b = rng.standard_normal(4), rng.standard_normal(4)
+    y, cache = instance_norm_forward(x, {"weight": w, "bias": b}, channel_axis=1)
+    g = rng.standard_normal(y.shape)
+    ty, tg = _torch_grads(lambda x_, w_, b_: F.instance_norm(x_, weight=w_, bias=b_, eps=1e-5), [x, w, b], g)
+    np.testing.assert_allclose(y, ty, rtol=1e-10, atol=1e-12)
+    _assert_grads(instance_norm_backward(g, cache), ["x", "weight", "bias"], tg)
+    # Token-major default: statistics over the points (axis 1), checked with explicit NumPy.
+    xt = np.swapaxes(x, 1, 2)  # (B, N, C)
+    yt = instance_norm(xt)
+    mu, var = xt.mean(axis=1, keepdims=True), xt.var(axis=1, keepdims=True)
+    np.testing.assert_allclose(yt, (xt - mu) / np.sqrt(var + 1e-5), rtol=1e-12, atol=1e-12)
+    # ... which is NOT what InstanceNorm1d does on a (B, N, C) tensor (it normalises over C).
+    trap = F.instance_norm(torch.from_numpy(xt)).numpy()
+    assert np.abs(trap - yt).max() > 0.1
+
+
+def test_masked_instance_norm_matches_unpadded_and_fd():
+    rng = np.random.default_rng(5)
+    lengths = [5, 3]
+    x = rng.standard_normal((2, 5, 3))
+    mask = np.arange(5)[None, :] < np.array(lengths)[:, None]
+    p = {"weight": rng.standard_normal(3), "bias": rng.standard_normal(3)}
+    y, cache = instance_norm_forward(x, p, mask=mask)
+    g = rng.standard_normal(y.shape)
+    grads = instance_norm_backward(g, cache)
+    for bi, n in enumerate(lengths):
+        yb, cb = instance_norm_forward(x[bi:bi + 1, :n], p)
+        np.testing.assert_allclose(y[bi, :n], yb[0], rtol=1e-12, atol=1e-12)
+        gb = instance_norm_backward(g[bi:bi + 1, :n], cb)
+        np.testing.assert_allclose(grads["x"][bi, :n], gb["x"][0], rtol=1e-12, atol=1e-12)
+        assert np.all(y[bi, n:] == 0) and np.all(grads["x"][bi, n:] == 0)
+
+
+def test_layer_norm_per_head_affine():
+    # Galerkin per-head LN: x (B, H, N, d) with gamma, beta of shape (H, 1, d).
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 3, 4, 5))
+    w, b = rng.standard_normal((3, 1, 5)), rng.standard_normal((3, 1, 5))
+    y, cache = layer_norm_forward(x, {"weight": w, "bias": b})
+    np.testing.assert_allclose(y, layer_norm(x) * w + b, rtol=1e-12, atol=1e-12)
+    grads = layer_norm_backward(np.ones_like(y), cache)
+    assert grads["weight"].shape == (3, 1, 5) and grads["bias"].shape == (3, 1, 5)
+    np.testing.assert_allclose(grads["bias"], np.full((3, 1, 5), 8.0))
+    np.testing.assert_allclose(grads["weight"], layer_norm(x).sum(axis=(0, 2), keepdims=True)[0], atol=1e-12)
+
+
+def test_norms_bad_input():
+    x = np.ones((2, 3, 4))
+    with pytest.raises(ValueError, match="num_groups"):
+        group_norm(x, num_groups=3)
+    with pytest.raises(ValueError, match="channel_axis"):
+        group_norm(x, num_groups=1, channel_axis=0)
+    with pytest.raises(ValueError, match="axis"):
+        layer_norm(x, axis=3)
+    with pytest.raises(ValueError, match="repeated"):
+        layer_norm(x, axis=(1, -2))
+    with pytest.raises(ValueError, match="weight"):
+        layer_norm(x, {"weight": np.ones(3)})
+    with pytest.raises(ValueError, match="unknown keys"):
+        rms_norm(x, {"weight": np.ones(4), "bias": np.ones(4)})
+    with pytest.raises(ValueError, match="mask"):
+        instance_norm(x, mask=np.ones((2, 4), bool))
+    with pytest.raises(TypeError, match="mask"):
+        instance_norm(x, mask=np.ones((2, 3)))
+    with pytest.raises(ValueError, match="eps"):
+        layer_norm(x, eps=-1.0)
+    with pytest.raises(ValueError, match="x"):
+        instance_norm(np.ones((2, 3)))
+    with pytest.raises(TypeError, match="x"):
+        layer_norm(np.ones((2, 3), dtype=np.int64))
+
+
+def test_norms_float32():
+    x = np.random.default_rng(7).standard_normal((2, 3, 4)).astype(np.float32)
+    for fn in (layer_norm, rms_norm, instance_norm):
+        assert fn(x).dtype == np.float32
+    assert group_norm(x, num_groups=2).dtype == np.float32
+    assert layer_norm(x, {"weight": np.ones(4)}).dtype == np.float64
