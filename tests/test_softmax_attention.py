@@ -1,0 +1,237 @@
+"""Mechanism-specific tests of the softmax attention family (refattn/attention/softmax.py,
+positions.py, memory_efficient.py). Generic checks are generated from the registry elsewhere."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from refattn import registry
+from refattn.attention.softmax import (
+    attention_core_backward,
+    attention_core_forward,
+    sdpa,
+    sdpa_backward,
+    sdpa_forward,
+)
+from refattn.testing import run_record_checks
+
+SLUGS = ["sdpa"]
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_record_checks_pass(slug):
+    res = run_record_checks(registry.get(slug))
+    bad = [(r.check, r.message) for r in res.results if not r.passed]
+    assert not bad, bad
+
+
+# ------------------------------------------------------------------------------ torch parity
+
+def _torch_sdpa(q, k, v, dout, **kw):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    qt, kt, vt = (torch.from_numpy(a.copy()).requires_grad_() for a in (q, k, v))
+    if "attn_mask" in kw and kw["attn_mask"] is not None:
+        kw["attn_mask"] = torch.from_numpy(np.ascontiguousarray(kw["attn_mask"]))
+    out = F.scaled_dot_product_attention(qt, kt, vt, **kw)
+    out.backward(torch.from_numpy(dout))
+    return out.detach().numpy(), {"q": qt.grad.numpy(), "k": kt.grad.numpy(), "v": vt.grad.numpy()}
+
+
+CASES = {
+    "plain": dict(n=5, m=5, h=2, hkv=2, kw={}),
+    "causal": dict(n=6, m=6, h=2, hkv=2, kw={"is_causal": True}),
+    "causal_cross_top_left": dict(n=4, m=7, h=2, hkv=2, kw={"is_causal": True}),
+    "scale": dict(n=4, m=6, h=3, hkv=3, kw={"scale": 0.37}),
+    "cross": dict(n=3, m=8, h=2, hkv=2, kw={}),
+    "gqa": dict(n=5, m=6, h=6, hkv=2, kw={"enable_gqa": True}),
+    "mqa": dict(n=5, m=4, h=4, hkv=1, kw={"enable_gqa": True}),
+    "bool_mask": dict(n=5, m=6, h=2, hkv=2, kw={"attn_mask": "bool"}),
+    "additive_mask": dict(n=5, m=6, h=2, hkv=2, kw={"attn_mask": "float"}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_torch_parity(case):
+    pytest.importorskip("torch")
+    c = CASES[case]
+    rng = np.random.default_rng(len(case))
+    b, d, dv = 2, 4, 3
+    q = rng.standard_normal((b, c["h"], c["n"], d))
+    k = rng.standard_normal((b, c["hkv"], c["m"], d))
+    v = rng.standard_normal((b, c["hkv"], c["m"], dv))
+    kw = dict(c["kw"])
+    ours = {k_: v_ for k_, v_ in kw.items() if k_ != "enable_gqa"}
+    if kw.get("attn_mask") == "bool":
+        keep = rng.random((c["n"], c["m"])) > 0.4
+        keep[:, 0] = True
+        kw["attn_mask"] = ours["attn_mask"] = keep
+    elif kw.get("attn_mask") == "float":
+        add = rng.standard_normal((b, 1, c["n"], c["m"]))
+        add[rng.random(add.shape) < 0.3] = -np.inf
+        add[..., 1] = 0.5
+        kw["attn_mask"] = ours["attn_mask"] = add
+    out, cache = sdpa_forward(q, k, v, **ours)
+    dout = rng.standard_normal(out.shape)
+    g = sdpa_backward(dout, cache)
+    out_t, g_t = _torch_sdpa(q, k, v, dout, **kw)
+    np.testing.assert_allclose(out, out_t, rtol=1e-12, atol=1e-12)
+    for name in "qkv":
+        np.testing.assert_allclose(g[name], g_t[name], rtol=1e-11, atol=1e-12, err_msg=name)
+
+
+def test_strided_gqa_equals_tiled_kv():
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 6, 4, 3))
+    k = rng.standard_normal((2, 2, 5, 3))
+    v = rng.standard_normal((2, 2, 5, 2))
+    out, cache = sdpa_forward(q, k, v, kv_group_map="strided")
+    kt, vt = np.concatenate([k] * 3, axis=1), np.concatenate([v] * 3, axis=1)
+    out2, cache2 = sdpa_forward(q, kt, vt)
+    np.testing.assert_allclose(out, out2, rtol=0, atol=1e-14)
+    g, g2 = sdpa_backward(np.ones_like(out), cache), sdpa_backward(np.ones_like(out), cache2)
+    np.testing.assert_allclose(g["k"], g2["k"].reshape(2, 3, 2, 5, 3).sum(1), atol=1e-13)
+    # and contiguous differs from strided
+    assert np.abs(sdpa(q, k, v) - out).max() > 1e-3
+
+
+# ------------------------------------------------------------------------------ edge cases
+
+def test_fully_masked_rows_no_nan_no_warning():
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, 2, 4, 3))
+    k = rng.standard_normal((1, 2, 3, 3))
+    v = rng.standard_normal((1, 2, 3, 2))
+    add = np.zeros((4, 3))
+    add[1] = -np.inf
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        # bottom_right with N > M: the first N - M rows see no key at all.
+        out, cache = sdpa_forward(q, k, v, is_causal=True, causal_alignment="bottom_right", attn_mask=add)
+        g = sdpa_backward(rng.standard_normal(out.shape), cache)
+    assert np.all(out[:, :, :2] == 0)  # row 0 (causal) and row 1 (mask)
+    assert np.all(g["q"][:, :, :2] == 0)
+    assert np.isneginf(cache["lse"][:, :, :2]).all()
+    for a in (out, *g.values()):
+        assert np.isfinite(a).all()
+    # a fully masked batch gives zero k/v gradients too
+    out, cache = sdpa_forward(q, k, v, attn_mask=np.zeros((4, 3), bool))
+    g = sdpa_backward(np.ones_like(out), cache)
+    assert not out.any() and not any(x.any() for x in g.values())
+
+
+def test_tiny_shapes():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 1, 1, 1))
+    k = rng.standard_normal((1, 1, 1, 1))
+    v = rng.standard_normal((1, 1, 1, 1))
+    out, cache = sdpa_forward(q, k, v)
+    np.testing.assert_array_equal(out, v)  # one key: weight 1
+    g = sdpa_backward(np.ones_like(out), cache)
+    assert g["q"][0, 0, 0, 0] == 0 and g["k"][0, 0, 0, 0] == 0 and g["v"][0, 0, 0, 0] == 1
+
+
+def test_huge_logits():
+    q = np.array([[[[1.0], [-1.0]]]]) * 100
+    k = np.array([[[[100.0], [-100.0], [0.0]]]])
+    v = np.array([[[[1.0], [2.0], [3.0]]]])
+    # exp(-2e4) underflows to 0 by design; overflow/invalid/divide must not happen
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        out, cache = sdpa_forward(q, k, v, scale=1.0)  # logits +-1e4
+        g = sdpa_backward(np.ones_like(out), cache)
+    np.testing.assert_allclose(out[..., 0], [[[1.0, 2.0]]], atol=1e-15)
+    assert all(np.isfinite(x).all() for x in g.values())
+
+
+def test_float32_error_budget():
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 4, 33, 16)) * 2
+    k = rng.standard_normal((2, 2, 40, 16)) * 2
+    v = rng.standard_normal((2, 2, 40, 16))
+    ref = sdpa(q, k, v, is_causal=True)
+
+    def naive32(q, k, v):
+        q, k, v = (a.astype(np.float32) for a in (q, k, v))
+        k, v = np.repeat(k, 2, axis=1), np.repeat(v, 2, axis=1)
+        s = q @ np.swapaxes(k, -1, -2) / np.float32(4.0)
+        s = np.where(np.tri(33, 40, dtype=bool), s, -np.inf)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        return (e / e.sum(-1, keepdims=True)) @ v
+
+    got = sdpa(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), is_causal=True)
+    assert got.dtype == np.float32
+    assert np.abs(got - ref).max() <= 2 * np.abs(naive32(q, k, v) - ref).max() + 1e-7
+
+
+def test_dlse_gradient():
+    # d/dq of sum(w * lse) by finite differences
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 2, 3, 2))
+    k = rng.standard_normal((1, 2, 4, 2))
+    v = rng.standard_normal((1, 2, 4, 2))
+    w = rng.standard_normal((1, 2, 3))
+    _, cache = sdpa_forward(q, k, v)
+    g = sdpa_backward(np.zeros((1, 2, 3, 2)), cache, dlse=w)
+    eps = 1e-6
+    for name, arr in (("q", q), ("k", k)):
+        num = np.zeros_like(arr)
+        for i in np.ndindex(arr.shape):
+            a = arr.copy()
+            a[i] += eps
+            lp = (w * sdpa(*(a if n == name else x for n, x in zip("qkv", (q, k, v), strict=True)),
+                           return_lse=True)[1]).sum()
+            a[i] -= 2 * eps
+            lm = (w * sdpa(*(a if n == name else x for n, x in zip("qkv", (q, k, v), strict=True)),
+                           return_lse=True)[1]).sum()
+            num[i] = (lp - lm) / (2 * eps)
+        np.testing.assert_allclose(g[name], num, atol=1e-8)
+
+
+def test_core_bias_gradient_broadcast():
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((2, 2, 3, 2))
+    k = rng.standard_normal((2, 2, 4, 2))
+    v = rng.standard_normal((2, 2, 4, 2))
+    bias = rng.standard_normal((2, 1, 4))  # (H, 1, M): broadcast over batch and queries
+    out, cache = attention_core_forward(q, k, v, bias, softcap=2.0)
+    G = rng.standard_normal(out.shape)
+    db = attention_core_backward(G, cache)["bias"]
+    assert db.shape == bias.shape
+    eps = 1e-6
+    num = np.zeros_like(bias)
+    for i in np.ndindex(bias.shape):
+        b = bias.copy()
+        b[i] += eps
+        lp = (attention_core_forward(q, k, v, b, softcap=2.0)[0] * G).sum()
+        b[i] -= 2 * eps
+        lm = (attention_core_forward(q, k, v, b, softcap=2.0)[0] * G).sum()
+        num[i] = (lp - lm) / (2 * eps)
+    np.testing.assert_allclose(db, num, atol=1e-8)
+
+
+def test_bad_inputs():
+    q = np.ones((1, 4, 3, 2))
+    k = np.ones((1, 3, 5, 2))
+    v = np.ones((1, 3, 5, 2))
+    with pytest.raises(ValueError, match="multiple"):
+        sdpa(q, k, v)
+    k, v = np.ones((1, 2, 5, 2)), np.ones((1, 2, 5, 2))
+    with pytest.raises(ValueError, match="attn_mask"):
+        sdpa(q, k, v, attn_mask=np.ones((3, 4), bool))
+    with pytest.raises(TypeError, match="attn_mask"):
+        sdpa(q, k, v, attn_mask=np.ones((3, 5), int))
+    with pytest.raises(ValueError, match="scale"):
+        sdpa(q, k, v, scale=0.0)
+    with pytest.raises(ValueError, match="causal_alignment"):
+        sdpa(q, k, v, is_causal=True, causal_alignment="bottom")
+    with pytest.raises(ValueError, match="kv_group_map"):
+        sdpa(q, k, v, kv_group_map="interleaved")
+    with pytest.raises(ValueError, match="v must have k's number of keys"):
+        sdpa(q, k, np.ones((1, 2, 4, 2)))
+    with pytest.raises(ValueError, match="leading"):
+        sdpa(q, np.ones((2, 2, 5, 2)), np.ones((2, 2, 5, 2)))
+    with pytest.raises(TypeError, match="q"):
+        sdpa(q.astype(int), k, v)
