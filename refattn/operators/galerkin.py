@@ -1,0 +1,544 @@
+r"""Galerkin-type and Fourier-type attention (Cao, NeurIPS 2021) and OFormer's linear attention.
+
+Paper: S. Cao, "Choose a Transformer: Fourier or Galerkin", NeurIPS 2021, arXiv 2105.14995.
+Upstream: scaomath/galerkin-transformer ``libs/layers.py`` (``SimpleAttention``,
+``linear_attention``, ``attention``). OFormer: Li, Meidani, Barati Farimani, "Transformer for
+Partial Differential Equations' Operator Learning", TMLR 2023, arXiv 2205.13671; upstream
+BaratiLab/OFormer ``airfoil/nn_module/attention_module.py`` (``LinearAttention``,
+``CrossLinearAttention``).
+
+Layer (``SimpleAttention`` of the upstream file)
+------------------------------------------------
+Input $x\in\mathbb{R}^{B\times N\times C}$, $H$ heads of width $d = C/H$, optional point
+coordinates $p\in\mathbb{R}^{B\times N\times P}$:
+
+$$Q,K,V = xW_{Q,K,V} + b_{Q,K,V}\quad(\text{split into heads } (B,H,N,d)).$$
+
+Galerkin type normalises **K and V** per head, Fourier type **Q and K**
+(``norm_type="layer"``: ``nn.LayerNorm(d)`` per head over the $d$ channels of each point, with
+affine weight/bias per head; ``norm_type="instance"``: ``nn.InstanceNorm1d`` per head, i.e. each
+channel standardised over the $N$ points, no affine — the OFormer convention; ``None``: no norm).
+Then the coordinates are concatenated **in front of** every head: $\hat Q = [p, Q_h]$, etc.
+(width $d_c = P + d$), and
+
+$$\text{Galerkin:}\quad Z_h = \hat Q\,\big(\hat K^\top \hat V\big)/n,\qquad
+\text{Fourier:}\quad Z_h = \big(s\,\hat Q\hat K^\top\big)\hat V / n,$$
+
+with $n$ the number of points and $s = 1/\sqrt{d_c}$ by default (Fourier only; OFormer uses
+$s=1$). The heads are merged back to $(B, N, H d_c)$ and, **only when coordinates are given**,
+mapped by ``fc``: $\mathbb{R}^{C + HP}\to\mathbb{R}^C$ (upstream returns the merged heads
+unchanged when ``pos is None``). No softmax and no norm after the attention (upstream README).
+
+Backward
+--------
+Galerkin, with $M = \hat K^\top\hat V/n$ and $G = \partial L/\partial Z_h$:
+$d\hat Q = G M^\top$, $dM = \hat Q^\top G$, $d\hat K = \hat V\,dM^\top/n$,
+$d\hat V = \hat K\,dM/n$.
+Fourier, with $A = s\hat Q\hat K^\top/n$: $d\hat V = A^\top G$, $dA = G\hat V^\top$,
+$d\hat Q = s\,dA\,\hat K/n$, $d\hat K = s\,dA^\top\hat Q/n$.
+The first $P$ columns of $d\hat Q, d\hat K, d\hat V$ are the coordinate gradient (summed over
+the three operands and the heads, so ``pos`` is differentiable: learned coordinates work); the
+rest flows through the norm and then the projections.
+
+Norm VJP. With $\hat x = (x-\mu)r$, $r = (\sigma^2+\epsilon)^{-1/2}$ over $m$ entries and
+$y = \gamma\hat x + \beta$: $d\gamma = \sum dy\,\hat x$, $d\beta = \sum dy$, and with
+$g = \gamma\,dy$, $dx = r\,(g - \overline{g} - \hat x\,\overline{g\hat x})$ (bars = means over
+the normalised axis). Linear VJPs as in :mod:`refattn.nn.linear`.
+
+Upstream conventions made explicit here
+---------------------------------------
+* ``norm_type`` (``SimpleAttention(norm_type='layer')``; ``norm=False`` upstream is
+  ``norm_type=None``; the Galerkin Transformer encoder layer turns the norm on by default).
+* Layer-norm ``eps`` (upstream 1e-5; results are eps-sensitive in float32, galerkin-transformer#3).
+* Fourier ``scale`` (upstream $1/\sqrt{d_c}$ where $d_c$ includes the coordinate columns).
+* Dropout is not applied (eval mode). Upstream pitfall: ``libs/layers.py`` calls
+  ``F.dropout(p_attn)`` with PyTorch's defaults ``p=0.5, training=True`` whenever a dropout
+  module is passed, so upstream outputs are random even in ``eval()``; refattn is deterministic.
+* Instance-norm typo upstream: for non-Galerkin types with ``norm_type='instance'`` the code
+  restores the layout with ``key, query = key.T, value.T`` (``query`` is overwritten by the
+  un-normalised ``value``; the norm is never built for that branch); refattn implements the
+  intended instance norm of Q and K.
+
+Weights
+-------
+``y = x W + b`` with ``W (in, out)``. From a PyTorch ``SimpleAttention`` ``m``::
+
+    params = {f"linears.{i}.weight": m.linears[i].weight.detach().numpy().T for i in range(3)}
+    params |= {f"linears.{i}.bias": m.linears[i].bias.detach().numpy() for i in range(3)}
+    params["norm_K.weight"] = np.stack([n.weight.detach().numpy() for n in m.norm_K])  # (H, d)
+    ...  # norm_K.bias, norm_V.* (Galerkin) or norm_Q.* (Fourier); fc.weight (= m.fc.weight.T), fc.bias
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._checks import as_float, check_choice, check_int, check_positive, compute_dtype
+from ..nn.linear import linear_apply, linear_vjp
+from ..registry import Mechanism, Sample, register
+
+__all__ = [
+    "galerkin_attention_forward",
+    "galerkin_attention_backward",
+    "galerkin_attention",
+    "fourier_type_attention_forward",
+    "fourier_type_attention_backward",
+    "fourier_type_attention",
+    "init_params",
+]
+
+# --------------------------------------------------------------------------------------------
+# Small shared helpers (also used by the other operator modules)
+
+
+def check_params(params, spec: dict, *, name: str = "params", optional=()) -> dict:
+    """Validate a flat parameter dict against ``spec`` (key -> expected shape).
+
+    Keys in ``optional`` may be absent; unknown keys, missing keys and wrong shapes raise
+    ``ValueError`` naming the key with expected vs given; non-float arrays raise ``TypeError``.
+    """
+    if not isinstance(params, dict):
+        raise TypeError(f"{name} must be a dict of arrays with keys {sorted(spec)}; got {type(params).__name__}")
+    extra = sorted(set(params) - set(spec))
+    if extra:
+        raise ValueError(f"{name} has unknown keys {extra}; expected {sorted(spec)}")
+    out = {}
+    for key, shape in spec.items():
+        if key not in params or params[key] is None:
+            if key in optional:
+                continue
+            raise ValueError(f"{name} is missing {key!r} (expected shape {shape})")
+        arr = as_float(params[key], key)
+        if arr.shape != tuple(shape):
+            raise ValueError(f"{key} must have shape {tuple(shape)}; got {arr.shape}")
+        out[key] = arr
+    return out
+
+
+def cast_all(dt, d: dict) -> dict:
+    return {k: v.astype(dt, copy=False) for k, v in d.items()}
+
+
+def standardize(x, axis, eps, mask=None):
+    r"""$\hat x = (x-\mu)/\sqrt{\sigma^2+\epsilon}$ over ``axis`` (biased variance).
+
+    ``mask`` (broadcastable to ``x``, 1 = real point) restricts the statistics to the kept
+    entries (masked instance norm for padded point sets); masked entries of $\hat x$ are 0.
+    Returns ``(xhat, rstd, count)``.
+    """
+    if mask is None:
+        mu = x.mean(axis=axis, keepdims=True)
+        xc = x - mu
+        var = (xc * xc).mean(axis=axis, keepdims=True)
+        rstd = 1.0 / np.sqrt(var + eps)
+        return xc * rstd, rstd, None
+    cnt = np.sum(mask, axis=axis, keepdims=True)
+    mu = np.sum(x * mask, axis=axis, keepdims=True) / cnt
+    xc = (x - mu) * mask
+    var = np.sum(xc * xc, axis=axis, keepdims=True) / cnt
+    rstd = 1.0 / np.sqrt(var + eps)
+    return xc * rstd, rstd, cnt
+
+
+def standardize_vjp(g, xhat, rstd, axis, mask=None, cnt=None):
+    r"""VJP of :func:`standardize`: $r\,(g - \bar g - \hat x\,\overline{g\hat x})$ (means over
+    kept entries; 0 on masked entries)."""
+    if mask is None:
+        return rstd * (g - g.mean(axis=axis, keepdims=True)
+                       - xhat * (g * xhat).mean(axis=axis, keepdims=True))
+    g = g * mask
+    mg = np.sum(g, axis=axis, keepdims=True) / cnt
+    mgx = np.sum(g * xhat, axis=axis, keepdims=True) / cnt
+    return rstd * (g - mg * mask - xhat * mgx)
+
+
+def split_heads(t, n_head):
+    """(B, N, H*d) -> (B, H, N, d)."""
+    b, n, c = t.shape
+    return t.reshape(b, n, n_head, c // n_head).transpose(0, 2, 1, 3)
+
+
+def merge_heads(t):
+    """(B, H, N, d) -> (B, N, H*d)."""
+    b, h, n, d = t.shape
+    return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
+
+
+def check_dout(dout, shape, dt):
+    dout = as_float(dout, "dout", finite=False)
+    if dout.shape != tuple(shape):
+        raise ValueError(f"dout must have the output's shape {tuple(shape)}; got {dout.shape}")
+    return dout.astype(dt, copy=False)
+
+
+def _lin_params(prefix, n_in, n_out, bias=True):
+    spec = {f"{prefix}.weight": (n_in, n_out)}
+    if bias:
+        spec[f"{prefix}.bias"] = (n_out,)
+    return spec
+
+
+def _lin(p, prefix, x):
+    return linear_apply(x, p[f"{prefix}.weight"], p.get(f"{prefix}.bias"))
+
+
+def _lin_back(grads, p, prefix, dy, x):
+    """Accumulate the weight/bias gradients of ``prefix`` into ``grads``; return dx."""
+    g = linear_vjp(dy, x, p[f"{prefix}.weight"], f"{prefix}.bias" in p)
+    for k in ("weight", "bias"):
+        if k in g:
+            key = f"{prefix}.{k}"
+            grads[key] = grads[key] + g[k] if key in grads else g[k]
+    return g["x"]
+
+
+# --------------------------------------------------------------------------------------------
+# Galerkin / Fourier (SimpleAttention)
+
+_NORMED = {"galerkin": ("k", "v"), "fourier": ("q", "k")}
+_NORM_KEY = {"q": "norm_Q", "k": "norm_K", "v": "norm_V"}
+
+
+def _validate_simple(x, params, pos, n_head, attention_type, norm_type, eps, scale):
+    x = as_float(x, "x", ndim=3)
+    b, n, c = x.shape
+    n_head = check_int(n_head, "n_head", minimum=1)
+    if c % n_head:
+        raise ValueError(f"the channel count of x ({c}) must be divisible by n_head ({n_head})")
+    d = c // n_head
+    check_choice(norm_type, "norm_type", ("layer", "instance", None))
+    eps = check_positive(eps, "eps")
+    scale = check_positive(scale, "scale", allow_none=True)
+    npos = 0
+    if pos is not None:
+        pos = as_float(pos, "pos", ndim=3)
+        if pos.shape[:2] != (b, n):
+            raise ValueError(f"pos must have shape (B={b}, N={n}, P) to match x; got {pos.shape}")
+        npos = pos.shape[2]
+    spec = {}
+    for i in range(3):
+        spec.update(_lin_params(f"linears.{i}", c, c))
+    if norm_type == "layer":
+        for t in _NORMED[attention_type]:
+            spec[f"{_NORM_KEY[t]}.weight"] = (n_head, d)
+            spec[f"{_NORM_KEY[t]}.bias"] = (n_head, d)
+    if pos is not None:
+        spec.update(_lin_params("fc", c + n_head * npos, c))
+    p = check_params(params, spec)
+    dt = compute_dtype(x, pos, *p.values())
+    x = x.astype(dt, copy=False)
+    pos = None if pos is None else pos.astype(dt, copy=False)
+    return x, cast_all(dt, p), pos, n_head, d, eps, scale
+
+
+def _simple_forward(x, params, pos, *, n_head, attention_type, norm_type, eps, scale):
+    x, p, pos, n_head, d, eps, scale = _validate_simple(
+        x, params, pos, n_head, attention_type, norm_type, eps, scale)
+    b, n, c = x.shape
+    qkv = {t: split_heads(_lin(p, f"linears.{i}", x), n_head) for i, t in enumerate("qkv")}
+    norm_cache = {}
+    for t in _NORMED[attention_type] if norm_type is not None else ():
+        if norm_type == "layer":
+            xhat, rstd, _ = standardize(qkv[t], -1, eps)
+            w, bb = p[f"{_NORM_KEY[t]}.weight"][:, None, :], p[f"{_NORM_KEY[t]}.bias"][:, None, :]
+            qkv[t] = xhat * w + bb
+        else:
+            xhat, rstd, _ = standardize(qkv[t], -2, eps)
+            qkv[t] = xhat
+        norm_cache[t] = (xhat, rstd)
+    npos = 0 if pos is None else pos.shape[-1]
+    if pos is not None:
+        pb = np.broadcast_to(pos[:, None], (b, n_head, n, npos))
+        hat = {t: np.concatenate([pb, qkv[t]], axis=-1) for t in "qkv"}
+    else:
+        hat = qkv
+    dc = d + npos
+    if attention_type == "galerkin":
+        m = np.swapaxes(hat["k"], -1, -2) @ hat["v"] / n
+        z = hat["q"] @ m
+        core = {"m": m}
+    else:
+        s = 1.0 / np.sqrt(dc) if scale is None else scale
+        a = (hat["q"] @ np.swapaxes(hat["k"], -1, -2)) * (s / n)
+        z = a @ hat["v"]
+        core = {"a": a, "s": s}
+    zm = merge_heads(z)
+    out = _lin(p, "fc", zm) if pos is not None else zm
+    cache = dict(x=x, p=p, pos=pos, n_head=n_head, type=attention_type, norm_type=norm_type,
+                 norm=norm_cache, hat=hat, zm=zm, npos=npos, out_shape=out.shape, **core)
+    return out, cache
+
+
+def _simple_backward(dout, cache):
+    x, p, pos, n_head, npos = cache["x"], cache["p"], cache["pos"], cache["n_head"], cache["npos"]
+    hat = cache["hat"]
+    b, n, c = x.shape
+    dout = check_dout(dout, cache["out_shape"], x.dtype)
+    grads = {}
+    dzm = _lin_back(grads, p, "fc", dout, cache["zm"]) if pos is not None else dout
+    dz = split_heads(dzm, n_head)
+    if cache["type"] == "galerkin":
+        m = cache["m"]
+        dhat = {"q": dz @ np.swapaxes(m, -1, -2)}
+        dm = np.swapaxes(hat["q"], -1, -2) @ dz
+        dhat["k"] = hat["v"] @ np.swapaxes(dm, -1, -2) / n
+        dhat["v"] = hat["k"] @ dm / n
+    else:
+        a, s = cache["a"], cache["s"]
+        dhat = {"v": np.swapaxes(a, -1, -2) @ dz}
+        da = dz @ np.swapaxes(hat["v"], -1, -2)
+        dhat["q"] = da @ hat["k"] * (s / n)
+        dhat["k"] = np.swapaxes(da, -1, -2) @ hat["q"] * (s / n)
+    if pos is not None:
+        grads_pos = sum(dhat[t][..., :npos] for t in "qkv").sum(axis=1)
+        dhat = {t: dhat[t][..., npos:] for t in "qkv"}
+    for t, (xhat, rstd) in cache["norm"].items():
+        if cache["norm_type"] == "layer":
+            key = _NORM_KEY[t]
+            w = p[f"{key}.weight"][:, None, :]
+            grads[f"{key}.weight"] = np.sum(dhat[t] * xhat, axis=(0, 2))
+            grads[f"{key}.bias"] = np.sum(dhat[t], axis=(0, 2))
+            dhat[t] = standardize_vjp(dhat[t] * w, xhat, rstd, -1)
+        else:
+            dhat[t] = standardize_vjp(dhat[t], xhat, rstd, -2)
+    dx = np.zeros_like(x)
+    for i, t in enumerate("qkv"):
+        dx = dx + _lin_back(grads, p, f"linears.{i}", merge_heads(dhat[t]), x)
+    grads["x"] = dx
+    if pos is not None:
+        grads["pos"] = grads_pos
+    return grads
+
+
+def galerkin_attention_forward(x, params, pos=None, *, n_head: int, norm_type="layer",
+                               eps: float = 1e-5):
+    r"""Galerkin-type attention layer: $Z_h = \hat Q(\hat K^\top\hat V)/n$ with K, V normalised.
+
+    Parameters
+    ----------
+    x : array (B, N, C)
+        Point features (the discretised input function), ``C`` divisible by ``n_head``.
+    params : dict
+        ``linears.{0,1,2}.weight`` (C, C) and ``.bias`` (C,) for Q, K, V
+        (PyTorch: ``m.linears[i].weight.T``); with ``norm_type="layer"`` also
+        ``norm_K.weight``, ``norm_K.bias``, ``norm_V.weight``, ``norm_V.bias`` of shape (H, d)
+        (the per-head LayerNorms stacked); with ``pos`` also ``fc.weight`` (C + H P, C) and
+        ``fc.bias`` (C,). :func:`init_params` builds them.
+    pos : array (B, N, P), optional
+        Point coordinates, concatenated in front of every head's q, k, v (differentiable).
+    n_head : int
+    norm_type : {"layer", "instance", None}
+        Per-head LayerNorm over channels (upstream default), InstanceNorm over the points
+        (OFormer convention, no affine) or no norm.
+    eps : float
+        Norm epsilon (upstream 1e-5).
+
+    Returns
+    -------
+    out, cache
+        ``out`` (B, N, C) when ``pos`` is given (after ``fc``), else (B, N, C) merged heads.
+    """
+    return _simple_forward(x, params, pos, n_head=n_head, attention_type="galerkin",
+                           norm_type=norm_type, eps=eps, scale=None)
+
+
+def galerkin_attention_backward(dout, cache):
+    """Gradients of :func:`galerkin_attention_forward`: ``x``, ``pos`` (if given) and every params key."""
+    return _simple_backward(dout, cache)
+
+
+def galerkin_attention(x, params, pos=None, **config):
+    """Convenience wrapper: the output of :func:`galerkin_attention_forward`."""
+    return galerkin_attention_forward(x, params, pos, **config)[0]
+
+
+def fourier_type_attention_forward(x, params, pos=None, *, n_head: int, norm_type="layer",
+                                   eps: float = 1e-5, scale=None):
+    r"""Fourier-type attention layer: $Z_h = (s\hat Q\hat K^\top)\hat V/n$ with Q, K normalised.
+
+    Same arguments as :func:`galerkin_attention_forward`, except that the norm parameters are
+    ``norm_Q.*`` and ``norm_K.*`` and ``scale`` $s$ defaults to $1/\sqrt{d + P}$ (upstream
+    ``attention()``: ``d_k = query.size(-1)`` after the coordinate concatenation; OFormer uses
+    ``scale=1``). Cost $O(N^2 d)$; no row-stochasticity.
+    """
+    return _simple_forward(x, params, pos, n_head=n_head, attention_type="fourier",
+                           norm_type=norm_type, eps=eps, scale=scale)
+
+
+def fourier_type_attention_backward(dout, cache):
+    """Gradients of :func:`fourier_type_attention_forward`."""
+    return _simple_backward(dout, cache)
+
+
+def fourier_type_attention(x, params, pos=None, **config):
+    """Convenience wrapper: the output of :func:`fourier_type_attention_forward`."""
+    return fourier_type_attention_forward(x, params, pos, **config)[0]
+
+
+def _xavier_uniform(rng, n_in, n_out, gain):
+    bound = gain * np.sqrt(6.0 / (n_in + n_out))
+    return rng.uniform(-bound, bound, (n_in, n_out))
+
+
+def _torch_default_linear(rng, n_in, n_out, prefix):
+    bound = 1.0 / np.sqrt(n_in)
+    return {f"{prefix}.weight": rng.uniform(-bound, bound, (n_in, n_out)),
+            f"{prefix}.bias": rng.uniform(-bound, bound, n_out)}
+
+
+def init_params(rng, d_model: int, n_head: int, *, pos_dim: int = 0, attention_type="galerkin",
+                norm_type="layer", xavier_init: float = 1e-2, diagonal_weight: float = 1e-2,
+                dtype=np.float64) -> dict:
+    r"""Parameters of a Galerkin/Fourier ``SimpleAttention`` layer, initialised as upstream.
+
+    Q/K/V weights: ``xavier_uniform_(gain=xavier_init) + diagonal_weight * I`` and zero biases
+    (upstream ``SimpleAttention._initialize``, defaults 1e-2 / 1e-2); norms: weight 1, bias 0;
+    ``fc`` (only when ``pos_dim > 0``): PyTorch's default ``nn.Linear`` init.
+    """
+    d_model = check_int(d_model, "d_model", minimum=1)
+    n_head = check_int(n_head, "n_head", minimum=1)
+    pos_dim = check_int(pos_dim, "pos_dim", minimum=0)
+    check_choice(attention_type, "attention_type", tuple(_NORMED))
+    check_choice(norm_type, "norm_type", ("layer", "instance", None))
+    if d_model % n_head:
+        raise ValueError(f"d_model ({d_model}) must be divisible by n_head ({n_head})")
+    d = d_model // n_head
+    p = {}
+    for i in range(3):
+        p[f"linears.{i}.weight"] = (_xavier_uniform(rng, d_model, d_model, xavier_init)
+                                    + diagonal_weight * np.eye(d_model))
+        p[f"linears.{i}.bias"] = np.zeros(d_model)
+    if norm_type == "layer":
+        for t in _NORMED[attention_type]:
+            p[f"{_NORM_KEY[t]}.weight"] = np.ones((n_head, d))
+            p[f"{_NORM_KEY[t]}.bias"] = np.zeros((n_head, d))
+    if pos_dim > 0:
+        p.update(_torch_default_linear(rng, d_model + n_head * pos_dim, d_model, "fc"))
+    return {k: v.astype(dtype) for k, v in p.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# Records: Galerkin / Fourier
+
+
+def _sample_simple(attention_type, norm_type="layer"):
+    def sample(rng, size):
+        if size == "tiny":
+            n, h, d, npos = int(rng.integers(3, 5)), 2, 3, 1
+        else:
+            n, h, d, npos = int(rng.integers(7, 12)), 2, 4, 2
+        c = h * d
+        x = rng.standard_normal((2, n, c))
+        pos = rng.uniform(0.0, 1.0, (2, n, npos))
+        # O(1) projections (not the 1e-2 upstream init) so that every term is exercised
+        params = init_params(rng, c, h, pos_dim=npos, attention_type=attention_type,
+                             norm_type=norm_type, xavier_init=1.0, diagonal_weight=0.5)
+        for k in params:
+            if k.startswith("norm") or k.endswith("bias"):
+                params[k] = params[k] + 0.3 * rng.standard_normal(params[k].shape)
+        return Sample(inputs={"x": x, "pos": pos}, params=params,
+                      config={"n_head": h, "norm_type": norm_type})
+    return sample
+
+
+def _galerkin_reference(x, params, pos=None, **config):
+    # Explicit O(N^2) form (Q K^T) V / n from the same normalised operands.
+    _, cache = galerkin_attention_forward(x, params, pos, **config)
+    hat, n = cache["hat"], x.shape[1]
+    z = (hat["q"] @ np.swapaxes(hat["k"], -1, -2)) @ hat["v"] / n
+    zm = merge_heads(z)
+    return _lin(cache["p"], "fc", zm) if pos is not None else zm
+
+
+def _fourier_reference(x, params, pos=None, **config):
+    # Linear-cost reassociation s Q (K^T V) / n of the quadratic form.
+    _, cache = fourier_type_attention_forward(x, params, pos, **config)
+    hat, n, s = cache["hat"], x.shape[1], cache["s"]
+    z = hat["q"] @ (np.swapaxes(hat["k"], -1, -2) @ hat["v"]) * (s / n)
+    zm = merge_heads(z)
+    return _lin(cache["p"], "fc", zm) if pos is not None else zm
+
+
+def _check_permutation(fwd, sample):
+    def check(rng):
+        s = sample(rng, "small")
+        out = fwd(**s.inputs, params=s.params, **s.config)[0]
+        perm = rng.permutation(s.inputs["x"].shape[1])
+        inp = {k: v[:, perm] for k, v in s.inputs.items()}
+        out_p = fwd(**inp, params=s.params, **s.config)[0]
+        err = float(np.abs(out_p - out[:, perm]).max())
+        assert err < 1e-12, f"not permutation-equivariant over points: {err}"
+        return err
+    return check
+
+
+def _check_explicit_norm(attention_type):
+    # The normalised operands equal an explicit NumPy LayerNorm / InstanceNorm.
+    def check(rng):
+        x = rng.standard_normal((2, 6, 4))
+        err = 0.0
+        for norm_type in ("layer", "instance"):
+            params = init_params(rng, 4, 2, attention_type=attention_type, norm_type=norm_type,
+                                 xavier_init=1.0, diagonal_weight=0.5)
+            _, cache = _simple_forward(x, params, None, n_head=2, attention_type=attention_type,
+                                       norm_type=norm_type, eps=1e-5, scale=None)
+            t = _NORMED[attention_type][0]
+            raw = split_heads(x @ params[f"linears.{'qkv'.index(t)}.weight"]
+                              + params[f"linears.{'qkv'.index(t)}.bias"], 2)
+            ax = -1 if norm_type == "layer" else -2
+            ref = (raw - raw.mean(ax, keepdims=True)) / np.sqrt(raw.var(ax, keepdims=True) + 1e-5)
+            err = max(err, float(np.abs(cache["hat"][t] - ref).max()))
+        assert err < 1e-12, f"norm differs from the explicit formula: {err}"
+        return err
+    return check
+
+
+def _check_quadrature(rng):
+    # Discretisation invariance of the Galerkin layer (instance norm: point statistics are
+    # integrals too). A smooth function on [0,1] sampled at midpoints of n and 2n cells: every
+    # point average is a midpoint-rule integral, error O(h^2); the outputs, evaluated at the
+    # common points, must agree to within C h^2. Bound checked: 4 (h_coarse)^2 max|out|.
+    def feats(t):
+        return np.stack([np.sin(2 * np.pi * t), np.cos(np.pi * t), t ** 2, np.exp(-t)], -1)[None]
+    params = init_params(rng, 4, 2, pos_dim=1, norm_type="instance", xavier_init=1.0,
+                         diagonal_weight=0.5)
+    errs = []
+    for n in (32, 64, 128):
+        tc = (np.arange(n) + 0.5) / n
+        tf = (np.arange(3 * n) + 0.5) / (3 * n)  # refinement by 3 keeps the coarse midpoints
+        oc = galerkin_attention(feats(tc), params, tc[None, :, None], n_head=2, norm_type="instance")
+        of = galerkin_attention(feats(tf), params, tf[None, :, None], n_head=2, norm_type="instance")
+        e = float(np.abs(oc - of[:, 1::3]).max())
+        scale = float(np.abs(of).max())
+        assert e <= 4.0 * scale / n ** 2, f"n={n}: resolution gap {e} exceeds 4 max|out|/n^2"
+        errs.append(e)
+    # second-order convergence: halving h divides the gap by about 4
+    assert errs[2] < errs[0] / 8, f"gaps {errs} do not converge at second order"
+    return errs[-1]
+
+
+register(
+    Mechanism(
+        slug="galerkin_attention", family="3-operator", tier="T1",
+        title="Galerkin-type (softmax-free, linear-cost) attention",
+        paper="S. Cao, Choose a Transformer: Fourier or Galerkin, NeurIPS 2021, arXiv 2105.14995",
+        forward=galerkin_attention_forward, backward=galerkin_attention_backward,
+        sample=_sample_simple("galerkin"), reference=_galerkin_reference,
+        docs="operator-attention.md#galerkin-attention",
+        checks={"permutation_equivariance": _check_permutation(galerkin_attention_forward,
+                                                               _sample_simple("galerkin")),
+                "norm_matches_explicit": _check_explicit_norm("galerkin"),
+                "discretisation_invariance": _check_quadrature},
+    ),
+    Mechanism(
+        slug="fourier_type_attention", family="3-operator", tier="T1",
+        title="Fourier-type (softmax-free, quadratic) attention",
+        paper="S. Cao, Choose a Transformer: Fourier or Galerkin, NeurIPS 2021, arXiv 2105.14995",
+        forward=fourier_type_attention_forward, backward=fourier_type_attention_backward,
+        sample=_sample_simple("fourier"), reference=_fourier_reference,
+        docs="operator-attention.md#fourier-type-attention",
+        checks={"permutation_equivariance": _check_permutation(fourier_type_attention_forward,
+                                                               _sample_simple("fourier")),
+                "norm_matches_explicit": _check_explicit_norm("fourier")},
+    ),
+)

@@ -1,0 +1,134 @@
+"""Mechanism-specific tests of the operator-learning attention layers (catalogue family 3, part A).
+
+Generic checks (FD gradcheck, dtype, bad input, inputs-never-modified …) are generated from the
+registry elsewhere; these tests cover identities, PyTorch-autograd parity of the upstream
+formulas and conventions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refattn import registry
+from refattn.operators import galerkin as gk
+from refattn.testing import run_record_checks
+
+SLUGS = ["galerkin_attention", "fourier_type_attention"]
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_record_checks_pass(slug):
+    res = run_record_checks(registry.get(slug))
+    bad = [(r.check, r.message) for r in res.results if not r.passed]
+    assert not bad, bad
+
+
+# ------------------------------------------------------------------------------- Galerkin / Fourier
+
+
+def _torch_simple_attention(torch, x, pos, params, n_head, attention_type, norm_type, eps=1e-5):
+    """The upstream SimpleAttention formula (eval mode, no dropout), written with torch ops."""
+    b, n, c = x.shape
+    d = c // n_head
+    qkv = []
+    for i in range(3):
+        t = x @ params[f"linears.{i}.weight"] + params[f"linears.{i}.bias"]
+        qkv.append(t.view(b, n, n_head, d).transpose(1, 2))
+    q, k, v = qkv
+    names = {"galerkin": ("k", "v"), "fourier": ("q", "k")}[attention_type]
+    ops = {"q": q, "k": k, "v": v}
+    for t in names:
+        key = {"q": "norm_Q", "k": "norm_K", "v": "norm_V"}[t]
+        if norm_type == "layer":
+            ops[t] = torch.stack([torch.nn.functional.layer_norm(
+                ops[t][:, h], (d,), params[f"{key}.weight"][h], params[f"{key}.bias"][h], eps)
+                for h in range(n_head)], 1)
+        else:
+            ops[t] = torch.nn.functional.instance_norm(
+                ops[t].reshape(b * n_head, n, d).transpose(1, 2), eps=eps
+            ).transpose(1, 2).reshape(b, n_head, n, d)
+    pr = pos.unsqueeze(1).repeat(1, n_head, 1, 1)
+    q, k, v = (torch.cat([pr, ops[t]], -1) for t in "qkv")
+    if attention_type == "galerkin":
+        z = q @ (k.transpose(-2, -1) @ v) / n
+    else:
+        z = (q @ k.transpose(-2, -1) / np.sqrt(q.shape[-1])) / n @ v
+    z = z.transpose(1, 2).reshape(b, n, -1)
+    return z @ params["fc.weight"] + params["fc.bias"]
+
+
+@pytest.mark.parametrize("attention_type", ["galerkin", "fourier"])
+@pytest.mark.parametrize("norm_type", ["layer", "instance"])
+def test_simple_attention_torch_parity(attention_type, norm_type):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    x, pos = rng.standard_normal((2, 7, 6)), rng.random((2, 7, 2))
+    params = gk.init_params(rng, 6, 3, pos_dim=2, attention_type=attention_type,
+                            norm_type=norm_type, xavier_init=1.0, diagonal_weight=0.3)
+    for k in params:
+        params[k] = params[k] + 0.2 * rng.standard_normal(params[k].shape)
+    fwd = {"galerkin": gk.galerkin_attention_forward,
+           "fourier": gk.fourier_type_attention_forward}[attention_type]
+    out, cache = fwd(x, params, pos, n_head=3, norm_type=norm_type)
+    tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
+    tx, tpos = torch.tensor(x, requires_grad=True), torch.tensor(pos, requires_grad=True)
+    tout = _torch_simple_attention(torch, tx, tpos, tp, 3, attention_type, norm_type)
+    np.testing.assert_allclose(out, tout.detach().numpy(), rtol=1e-11, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    tout.backward(torch.tensor(g))
+    grads = gk._simple_backward(g, cache)
+    np.testing.assert_allclose(grads["x"], tx.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(grads["pos"], tpos.grad.numpy(), rtol=1e-10, atol=1e-12)
+    for k in params:
+        np.testing.assert_allclose(grads[k], tp[k].grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=k)
+
+
+def test_galerkin_without_pos_has_no_fc_and_returns_heads():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 5, 4))
+    params = gk.init_params(rng, 4, 2)
+    assert "fc.weight" not in params
+    out, cache = gk.galerkin_attention_forward(x, params, n_head=2)
+    g = gk.galerkin_attention_backward(np.ones_like(out), cache)
+    assert "pos" not in g and out.shape == x.shape
+    with pytest.raises(ValueError, match="unknown keys"):
+        gk.galerkin_attention_forward(x, gk.init_params(rng, 4, 2, pos_dim=1), n_head=2)
+
+
+def test_galerkin_norm_types_differ_and_none_is_plain():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 6, 4))
+    pl = gk.init_params(rng, 4, 2, xavier_init=1.0)
+    pn = {k: v for k, v in pl.items() if k.startswith("linears")}
+    a = gk.galerkin_attention(x, pl, n_head=2, norm_type="layer")
+    b = gk.galerkin_attention(x, pn, n_head=2, norm_type="instance")
+    c = gk.galerkin_attention(x, pn, n_head=2, norm_type=None)
+    assert np.abs(a - b).max() > 1e-3
+    q, k, v = (gk.split_heads(x @ pn[f"linears.{i}.weight"], 2) for i in range(3))
+    np.testing.assert_allclose(c, gk.merge_heads(q @ (k.swapaxes(-1, -2) @ v) / 6), atol=1e-14)
+
+
+def test_fourier_scale_keyword():
+    rng = np.random.default_rng(4)
+    x, pos = rng.standard_normal((2, 5, 4)), rng.random((2, 5, 1))
+    params = gk.init_params(rng, 4, 2, pos_dim=1, attention_type="fourier", xavier_init=1.0)
+    _, c1 = gk.fourier_type_attention_forward(x, params, pos, n_head=2)
+    _, c2 = gk.fourier_type_attention_forward(x, params, pos, n_head=2, scale=1.0)
+    assert c1["s"] == pytest.approx(1 / np.sqrt(3)) and c2["s"] == 1.0
+    np.testing.assert_allclose(c1["zm"] * np.sqrt(3), c2["zm"], rtol=1e-12)
+
+
+def test_galerkin_bad_inputs():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 5, 4))
+    params = gk.init_params(rng, 4, 2, pos_dim=1)
+    with pytest.raises(ValueError, match="divisible"):
+        gk.galerkin_attention(x, params, rng.random((2, 5, 1)), n_head=3)
+    with pytest.raises(ValueError, match="pos"):
+        gk.galerkin_attention(x, params, rng.random((2, 4, 1)), n_head=2)
+    with pytest.raises(ValueError, match="norm_type"):
+        gk.galerkin_attention(x, params, rng.random((2, 5, 1)), n_head=2, norm_type="batch")
+    bad = dict(params, **{"norm_K.weight": np.ones((2, 3))})
+    with pytest.raises(ValueError, match="norm_K.weight"):
+        gk.galerkin_attention(x, bad, rng.random((2, 5, 1)), n_head=2)
