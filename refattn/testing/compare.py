@@ -17,7 +17,7 @@ or NumPy and want refattn's reference to judge it. Example with PyTorch::
         return {"q": dq, "k": dk, "v": dv}
 
     report = compare_implementation(torch_sdpa, "sdpa", vjp=torch_vjp, convert=torch.from_numpy,
-                                    config={"is_causal": True})
+                                    config={"is_causal": True, "scale": None})
     print(report)          # per-output max abs / rel error, PASS/FAIL
     assert report.passed
 
@@ -161,7 +161,10 @@ def compare_implementation(
     sample
         Arguments to use; default: the record's own sampler at ``size`` with ``seed``.
     config
-        Keyword overrides merged into the sample's config (e.g. ``{"is_causal": True}``).
+        The configuration to compare under (e.g. ``{"is_causal": True}``). It *replaces* the
+        sampler's own config, so your function sees exactly these keywords; the sampler's
+        config (which may use refattn-only options such as soft-capping) is used only when
+        ``config`` is None.
     dtype
         Cast inputs and params to this dtype before calling both implementations.
     rtol, atol
@@ -177,8 +180,7 @@ def compare_implementation(
         raise ValueError(f"mechanism {rec.slug!r} is not implemented in refattn yet")
     if sample is None:
         sample = rec.sample(np.random.default_rng(seed), size)
-    cfg = dict(sample.config)
-    cfg.update(config or {})
+    cfg = dict(sample.config) if config is None else dict(config)
     inputs = {k: np.asarray(v, dtype=dtype) for k, v in sample.inputs.items()}
     params = None if sample.params is None else {k: np.asarray(v, dtype=dtype) for k, v in sample.params.items()}
     r0, a0 = tolerances(dtype)
