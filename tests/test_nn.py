@@ -10,6 +10,27 @@ import numpy as np
 import pytest
 
 from refattn import registry
+from refattn.nn.activations import (
+    elu_plus_one,
+    elu_plus_one_backward,
+    elu_plus_one_forward,
+    elu_plus_one_grad,
+    gelu,
+    gelu_backward,
+    gelu_forward,
+    gelu_grad,
+    sigmoid,
+    sigmoid_backward,
+    sigmoid_forward,
+    sigmoid_grad,
+    silu,
+    silu_backward,
+    silu_forward,
+    silu_grad,
+    swiglu,
+    swiglu_backward,
+    swiglu_forward,
+)
 from refattn.nn.linear import linear, linear_backward, linear_forward
 from refattn.nn.norms import (
     group_norm,
@@ -27,7 +48,8 @@ from refattn.nn.norms import (
 )
 from refattn.testing import run_record_checks
 
-SLUGS = ["linear", "layer_norm", "rms_norm", "group_norm", "instance_norm"]
+SLUGS = ["linear", "layer_norm", "rms_norm", "group_norm", "instance_norm",
+         "sigmoid", "silu", "gelu", "elu_plus_one", "swiglu"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -232,3 +254,51 @@ def test_norms_float32():
         assert fn(x).dtype == np.float32
     assert group_norm(x, num_groups=2).dtype == np.float32
     assert layer_norm(x, {"weight": np.ones(4)}).dtype == np.float64
+
+
+# ------------------------------------------------------------------------------- activations
+
+
+def _torch_acts():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    return {
+        "sigmoid": (sigmoid_forward, sigmoid_backward, {}, torch.sigmoid),
+        "silu": (silu_forward, silu_backward, {}, F.silu),
+        "gelu_none": (gelu_forward, gelu_backward, {"approximate": "none"}, lambda t: F.gelu(t)),
+        "gelu_tanh": (gelu_forward, gelu_backward, {"approximate": "tanh"},
+                      lambda t: F.gelu(t, approximate="tanh")),
+        "elu_plus_one": (elu_plus_one_forward, elu_plus_one_backward, {}, lambda t: F.elu(t) + 1),
+        "swiglu": (swiglu_forward, swiglu_backward, {}, lambda t: F.silu(t.chunk(2, -1)[0]) * t.chunk(2, -1)[1]),
+    }
+
+
+@pytest.mark.parametrize("name", ["sigmoid", "silu", "gelu_none", "gelu_tanh", "elu_plus_one", "swiglu"])
+def test_activation_torch_parity(name):
+    fwd, bwd, cfg, tfn = _torch_acts()[name]
+    rng = np.random.default_rng(8)
+    x = np.concatenate([rng.standard_normal((2, 3, 6)) * 3, np.full((2, 3, 2), 35.0), np.full((2, 3, 2), -35.0)], -1)
+    y, cache = fwd(x, **cfg)
+    g = rng.standard_normal(y.shape)
+    ty, (tdx,) = _torch_grads(tfn, [x], g)
+    np.testing.assert_allclose(y, ty, rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(bwd(g, cache)["x"], tdx, rtol=1e-12, atol=1e-14)
+
+
+def test_activation_helpers_keep_float32():
+    x = np.linspace(-3, 3, 7, dtype=np.float32)
+    for f in (sigmoid, sigmoid_grad, silu, silu_grad, elu_plus_one, elu_plus_one_grad):
+        assert f(x).dtype == np.float32, f.__name__
+    for a in ("none", "tanh"):
+        assert gelu(x, a).dtype == np.float32 and gelu_grad(x, a).dtype == np.float32
+    assert swiglu(x[:6]).dtype == np.float32
+
+
+def test_activation_bad_input():
+    with pytest.raises(ValueError, match="even"):
+        swiglu_forward(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="approximate"):
+        gelu_forward(np.ones((2, 3)), approximate="erf")
+    with pytest.raises(ValueError, match="dout"):
+        _, c = swiglu_forward(np.ones((2, 4)))
+        swiglu_backward(np.ones((2, 4)), c)
