@@ -1,0 +1,83 @@
+"""mkdocs hook: pages generated from the code, so the site cannot drift from it.
+
+* ``catalogue.md``: the ``<!-- registry:table -->`` marker becomes a table of every registry
+  record (status, tier, paper, upstream code, docs section), one section per family.
+* ``api/``: one mkdocstrings page per public module of ``refattn`` (every public function's
+  docstring, with its equations), plus an index.
+* ``tutorials/*.ipynb``: the notebooks under the repository's ``tutorials/`` folder are added to
+  the site (rendered by mkdocs-jupyter from their stored outputs; CI executes them separately).
+"""
+
+from __future__ import annotations
+
+import pkgutil
+import sys
+from pathlib import Path
+
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def _public_modules() -> list[str]:
+    import refattn
+
+    mods = ["refattn.registry"]
+    for info in pkgutil.walk_packages(refattn.__path__, prefix="refattn."):
+        parts = info.name.split(".")
+        if any(p.startswith("_") for p in parts) or info.ispkg:
+            continue
+        if info.name in ("refattn.registry", "refattn.cli") or ".kernels.cuda" in info.name:
+            # CUDA modules import numba.cuda; documented in kernels.md instead
+            continue
+        mods.append(info.name)
+    return sorted(set(mods))
+
+
+def on_files(files, config):
+    for mod in _public_modules():
+        uri = f"api/{mod}.md"
+        files.append(File.generated(config, uri, content=f"# `{mod}`\n\n::: {mod}\n"))
+    lines = ["# API reference", "", "One page per module; every public function with its docstring and equations.", ""]
+    lines += [f"- [`{m}`]({m}.md)" for m in _public_modules()]
+    files.append(File.generated(config, "api/index.md", content="\n".join(lines) + "\n"))
+    tut = ROOT / "tutorials"
+    for nb in sorted(tut.glob("*.ipynb")):
+        files.append(File(f"tutorials/{nb.name}", src_dir=str(ROOT), dest_dir=config["site_dir"],
+                          use_directory_urls=config["use_directory_urls"]))
+    return files
+
+
+def _registry_table(page_dir: str) -> str:
+    from refattn import registry
+
+    out = []
+    impl = registry.all(implemented=True)
+    allr = registry.all()
+    out.append(f"**{len(impl)} implemented** of {len(allr)} records "
+               f"({sum(r.tier == 'T1' and r.implemented for r in allr)} of "
+               f"{sum(r.tier == 'T1' for r in allr)} T1 catalogue entries).\n")
+    for fam, title in registry.FAMILIES.items():
+        recs = [r for r in allr if r.family == fam]
+        if not recs:
+            continue
+        out.append(f"\n## {title}\n")
+        out.append("| slug | mechanism | tier | status | kernels | docs |")
+        out.append("|---|---|---|---|---|---|")
+        for r in recs:
+            status = "implemented, FD-verified in CI" if r.implemented else "not implemented"
+            docs = ""
+            if r.docs:
+                page, _, anchor = r.docs.partition("#")
+                docs = f"[{page.removesuffix('.md')}]({page}{'#' + anchor if anchor else ''})"
+            title_ = r.title.replace("|", "\\|")
+            out.append(f"| `{r.slug}` | {title_} | {r.tier} | {status} | {', '.join(sorted(r.kernels)) or ''} | {docs} |")
+    return "\n".join(out) + "\n"
+
+
+def on_page_markdown(markdown, page, config, files):
+    if "<!-- registry:table -->" in markdown:
+        markdown = markdown.replace("<!-- registry:table -->", _registry_table(page.file.src_uri))
+    return markdown
