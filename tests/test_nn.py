@@ -46,10 +46,11 @@ from refattn.nn.norms import (
     rms_norm_backward,
     rms_norm_forward,
 )
+from refattn.nn.rope import apply_rope, rope, rope_angles_vjp, rope_backward, rope_forward
 from refattn.testing import run_record_checks
 
 SLUGS = ["linear", "layer_norm", "rms_norm", "group_norm", "instance_norm",
-         "sigmoid", "silu", "gelu", "elu_plus_one", "swiglu"]
+         "sigmoid", "silu", "gelu", "elu_plus_one", "swiglu", "rope"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -302,3 +303,88 @@ def test_activation_bad_input():
     with pytest.raises(ValueError, match="dout"):
         _, c = swiglu_forward(np.ones((2, 4)))
         swiglu_backward(np.ones((2, 4)), c)
+
+
+# -------------------------------------------------------------------------------------- rope
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+
+
+def _rotate_every_two(x):
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = -x[..., 1::2], x[..., 0::2]
+    return out
+
+
+def test_rope_matches_llama_and_gptj_formulas():
+    # HF Llama / NeoX: x * cos + rotate_half(x) * sin with cos = cat(freqs, freqs);
+    # GPT-J: x * cos + rotate_every_two(x) * sin with cos = repeat_interleave(freqs, 2).
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 5, 8))
+    inv_freq = 1.0 / (500000.0 ** (np.arange(0, 8, 2) / 8))
+    freqs = np.outer(np.arange(5) + 2, inv_freq)
+    emb = np.concatenate([freqs, freqs], -1)
+    llama = x * np.cos(emb) + _rotate_half(x) * np.sin(emb)
+    np.testing.assert_allclose(rope(x, base=500000.0, offset=2), llama, rtol=1e-13, atol=1e-13)
+    emb2 = np.repeat(freqs, 2, axis=-1)
+    gptj = x * np.cos(emb2) + _rotate_every_two(x) * np.sin(emb2)
+    np.testing.assert_allclose(rope(x, base=500000.0, offset=2, interleaved=True), gptj, rtol=1e-13, atol=1e-13)
+
+
+def test_rope_angle_gradient_fd():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((2, 4, 6))
+    phi = rng.uniform(-3, 3, (4, 3))
+    G = rng.standard_normal(x.shape)
+    for inter in (False, True):
+        def loss(p, inter=inter):
+            return float(np.sum(G * apply_rope(x, np.cos(p), np.sin(p), inter)))
+
+        y = apply_rope(x, np.cos(phi), np.sin(phi), inter)
+        ana = rope_angles_vjp(G, y, 6, inter).sum(axis=0)  # angles broadcast over the batch
+        num = np.zeros_like(phi)
+        for idx in np.ndindex(phi.shape):
+            e = np.zeros_like(phi)
+            e[idx] = 1e-6
+            num[idx] = (loss(phi + e) - loss(phi - e)) / 2e-6
+        assert np.abs(ana - num).max() / np.abs(num).max() < 1e-6
+
+
+def test_rope_token_major_layout_and_positions():
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 5, 3, 4))  # (B, N, H, d) as in unilm / flash-attn
+    y = rope(x, positions=np.arange(5)[:, None], interleaved=True)
+    ref = np.swapaxes(rope(np.swapaxes(x, 1, 2), interleaved=True), 1, 2)
+    np.testing.assert_allclose(y, ref, rtol=1e-14, atol=1e-14)
+    # per-sample positions (B, 1, N) broadcast over heads; integer positions accepted
+    xs = np.swapaxes(x, 1, 2)
+    pos = np.stack([np.arange(5), np.arange(5) + 7])[:, None, :]
+    yb = rope(xs, positions=pos)
+    np.testing.assert_allclose(yb[1], rope(xs[1:], offset=7)[0], rtol=1e-13, atol=1e-13)
+
+
+def test_rope_float32_and_bad_input():
+    x32 = np.ones((2, 3, 4), np.float32)
+    y, cache = rope_forward(x32)
+    assert y.dtype == np.float32 and rope_backward(np.ones_like(y), cache)["x"].dtype == np.float32
+    x = np.ones((2, 3, 4))
+    with pytest.raises(ValueError, match="even"):
+        rope(np.ones((2, 3, 5)))
+    with pytest.raises(ValueError, match="rotary_dim"):
+        rope(x, rotary_dim=6)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        rope(x, rotary_dim=3)
+    with pytest.raises(ValueError, match="positions"):
+        rope(x, positions=np.arange(4))
+    with pytest.raises(TypeError, match="positions"):
+        rope(x, positions=np.ones(3, bool))
+    with pytest.raises(TypeError, match="offset"):
+        rope(x, offset=1.5)
+    with pytest.raises(ValueError, match="base"):
+        rope(x, base=0.0)
+    with pytest.raises(TypeError, match="interleaved"):
+        rope(x, interleaved="yes")
+    assert rope(np.ones((2, 3, 5)), rotary_dim=4).shape == (2, 3, 5)
