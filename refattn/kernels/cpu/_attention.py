@@ -1,0 +1,262 @@
+r"""Numba CPU core of the fused softmax-attention kernels (shared by ``flash`` and ``differential``).
+
+One forward and one backward kernel serve both plain softmax attention (SDPA) and differential
+attention. They compute a weighted sum of ``R`` softmax-attention maps that share the values:
+
+$$O = \sum_{r<R} w_{r,h}\,\mathrm{softmax}\big(T(s\,Q_r K_r^\top) + M\big)\,V,$$
+
+``R = 1, w = 1`` for SDPA and ``R = 2, w = (1, -\lambda)`` for differential attention ($\lambda$
+broadcast to every output row). These
+functions are unvalidated: the public wrappers (:mod:`.flash`, :mod:`.differential`) check every
+argument in Python and pass C-contiguous arrays of one floating dtype. All flags are *runtime*
+arguments, so each kernel compiles once per dtype (float32, float64).
+
+Array layout (``B`` = all leading batch axes flattened):
+
+* ``q`` (R, B, H, N, d), ``k`` (R, B, Hkv, M, d), ``v`` (B, Hkv, M, dv)
+* ``kvmap`` (H,) int64: the kv head of each query head (GQA ``contiguous`` / ``strided``)
+* ``w`` (R, B, H, N): map weights per output row
+* mask: ``mask_mode`` 0 none, 1 boolean keep, 2 additive; ``maskb`` / ``maskf`` are flat
+  C-contiguous buffers indexed by ``b*ms[0] + h*ms[1] + i*ms[2] + j*ms[3]`` (``ms`` int64 element
+  strides, 0 on broadcast axes) so a broadcast mask is never materialised;
+* causal: key ``j`` is visible from query ``i`` iff ``j <= i + offset``
+  (``offset = 0`` top-left, ``M - N`` bottom-right);
+* ``softcap > 0`` enables $T(x) = c\tanh(x/c)$.
+
+Loop structure: every dot product is written as an outer-product update whose innermost loop runs
+over a contiguous axis (``S[i, :] += q_ic * K^T[c, :]``, ``acc[i, :] += p_ij * V[j, :]``). That
+loop carries no reduction, so LLVM vectorises it without ``fastmath`` and the summation order (over
+``c`` and over key tiles) is fixed: results are bit-identical from call to call and thread count
+to thread count.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+
+@njit(cache=True, inline="always")
+def _mask_logit(x, b, h, i, j, mask_mode, maskb, maskf, ms):
+    if mask_mode == 1:
+        if not maskb[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]]:
+            return -np.inf
+        return x
+    if mask_mode == 2:
+        return x + maskf[b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3]]
+    return x
+
+
+@njit(cache=True, inline="always")
+def _scores_tile(s, qr, b, h, i0, nq, kt, nk, d):
+    """``s[:nq, :nk] = Q[i0:i0+nq] @ K_tile^T`` with ``kt`` = K_tile^T (d, bk)."""
+    for ii in range(nq):
+        for jj in range(nk):
+            s[ii, jj] = 0.0
+        for c in range(d):
+            a = qr[b, h, i0 + ii, c]
+            for jj in range(nk):
+                s[ii, jj] += a * kt[c, jj]
+
+
+@njit(cache=True, inline="always")
+def _logits_tile(s, th, b, h, i0, nq, j0, nk, scale, softcap, causal, offset, mask_mode, maskb, maskf, ms):
+    """Turn raw dot products into final logits in place: scale, softcap (tanh kept in ``th``),
+    mask, causal."""
+    for ii in range(nq):
+        i = i0 + ii
+        for jj in range(nk):
+            j = j0 + jj
+            x = s[ii, jj] * scale
+            if softcap > 0.0:
+                t = math.tanh(x / softcap)
+                th[ii, jj] = t
+                x = softcap * t
+            x = _mask_logit(x, b, h, i, j, mask_mode, maskb, maskf, ms)
+            if causal and j > i + offset:
+                x = -np.inf
+            s[ii, jj] = x
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap, causal, offset,
+                  bq, bk, out, omap, lse):
+    """Forward: fills ``out`` (B,H,N,dv), per-map normalised outputs ``omap`` (R,B,H,N,dv) and
+    ``lse`` (R,B,H,N) (``-inf`` on fully masked rows, whose outputs are 0)."""
+    R, B, H, N, d = q.shape
+    M = k.shape[3]
+    dv = v.shape[3]
+    nqt = (N + bq - 1) // bq
+    ntask = B * H * nqt
+    for t in prange(ntask):
+        b = t // (H * nqt)
+        h = (t // nqt) % H
+        it = t % nqt
+        hk = kvmap[h]
+        i0 = it * bq
+        nq = min(bq, N - i0)
+        s = np.empty((bq, bk), dtype=q.dtype)
+        th = np.empty((bq, bk), dtype=q.dtype)
+        kt = np.empty((d, bk), dtype=q.dtype)
+        acc = np.zeros((R, bq, dv), dtype=q.dtype)
+        mrow = np.full((R, bq), -np.inf, dtype=q.dtype)
+        lrow = np.zeros((R, bq), dtype=q.dtype)
+        jend = M
+        if causal:
+            jend = min(M, i0 + nq + offset)  # last visible key of the tile is (i0+nq-1)+offset
+        for j0 in range(0, max(jend, 0), bk):
+            nk = min(bk, jend - j0)
+            for r in range(R):
+                qr = q[r]
+                for jj in range(nk):
+                    for c in range(d):
+                        kt[c, jj] = k[r, b, hk, j0 + jj, c]
+                _scores_tile(s, qr, b, h, i0, nq, kt, nk, d)
+                _logits_tile(s, th, b, h, i0, nq, j0, nk, scale, softcap, causal, offset,
+                             mask_mode, maskb, maskf, ms)
+                for ii in range(nq):
+                    mt = -np.inf
+                    for jj in range(nk):
+                        if s[ii, jj] > mt:
+                            mt = s[ii, jj]
+                    m_old = mrow[r, ii]
+                    m_new = max(m_old, mt)
+                    if m_new == -np.inf:
+                        continue  # nothing visible yet in this row
+                    alpha = math.exp(m_old - m_new)  # 0 when m_old = -inf
+                    mrow[r, ii] = m_new
+                    rs = 0.0
+                    for jj in range(nk):
+                        p = math.exp(s[ii, jj] - m_new)
+                        s[ii, jj] = p
+                        rs += p
+                    lrow[r, ii] = lrow[r, ii] * alpha + rs
+                    if alpha != 1.0:
+                        for c in range(dv):
+                            acc[r, ii, c] *= alpha
+                    for jj in range(nk):
+                        p = s[ii, jj]
+                        if p != 0.0:
+                            for c in range(dv):
+                                acc[r, ii, c] += p * v[b, hk, j0 + jj, c]
+        for ii in range(nq):
+            i = i0 + ii
+            for r in range(R):
+                l_ = lrow[r, ii]
+                if l_ > 0.0:
+                    lse[r, b, h, i] = mrow[r, ii] + math.log(l_)
+                    inv = 1.0 / l_
+                    for c in range(dv):
+                        omap[r, b, h, i, c] = acc[r, ii, c] * inv
+                else:
+                    lse[r, b, h, i] = -np.inf
+                    for c in range(dv):
+                        omap[r, b, h, i, c] = 0.0
+            # out may alias omap when R = 1 (w = 1): read every map before writing out.
+            for c in range(dv):
+                o = w[0, b, h, i] * omap[0, b, h, i, c]
+                for r in range(1, R):
+                    o += w[r, b, h, i] * omap[r, b, h, i, c]
+                out[b, h, i, c] = o
+
+
+@njit(cache=True, parallel=True, fastmath=False)
+def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap, causal, offset,
+                  bq, bk, nsplit, dout, lse, delta, dq_part, dk_part, dv_part):
+    r"""FlashAttention-2 backward, recomputing $P$ from the stored LSE.
+
+    ``delta`` (R,B,H,N) is $D_r = w_r\,\mathrm{rowsum}(dO \odot O_r) - dL_r$ (``dL`` the upstream
+    LSE gradient), so $dS_r = P_r \odot (w_r\,dO\,V^\top - D_r)$.
+    Work item = (b, query head h, key split). Outputs, all *unscaled by s* and per query head:
+    ``dq_part`` (nsplit,R,B,H,N,d) $\sum_j dS^0 K$, ``dk_part`` (R,B,H,M,d) $dS^{0\top} Q$,
+    ``dv_part`` (B,H,M,dv) $\sum_r w_r P_r^\top dO$. The caller sums the splits and the heads of
+    each kv group in a fixed order and multiplies by ``s``.
+    """
+    R, B, H, N, d = q.shape
+    M = k.shape[3]
+    dv = v.shape[3]
+    nkt = (M + bk - 1) // bk
+    tiles_per_split = (nkt + nsplit - 1) // nsplit
+    ntask = B * H * nsplit
+    for t in prange(ntask):
+        b = t // (H * nsplit)
+        h = (t // nsplit) % H
+        sp = t % nsplit
+        hk = kvmap[h]
+        s = np.empty((bq, bk), dtype=q.dtype)
+        th = np.empty((bq, bk), dtype=q.dtype)
+        dp = np.empty((bq, bk), dtype=q.dtype)
+        kt = np.empty((d, bk), dtype=q.dtype)
+        vt = np.empty((dv, bk), dtype=q.dtype)
+        dka = np.empty((bk, d), dtype=q.dtype)
+        dva = np.empty((bk, dv), dtype=q.dtype)
+        for kt_i in range(sp * tiles_per_split, min(nkt, (sp + 1) * tiles_per_split)):
+            j0 = kt_i * bk
+            nk = min(bk, M - j0)
+            for jj in range(nk):
+                for c in range(dv):
+                    vt[c, jj] = v[b, hk, j0 + jj, c]
+                    dva[jj, c] = 0.0
+            i_start = 0
+            if causal:
+                i_start = max(0, j0 - offset)  # first query that sees key j0
+            for r in range(R):
+                qr = q[r]
+                for jj in range(nk):
+                    for c in range(d):
+                        kt[c, jj] = k[r, b, hk, j0 + jj, c]
+                        dka[jj, c] = 0.0
+                for i0 in range(i_start - i_start % bq, N, bq):
+                    nq = min(bq, N - i0)
+                    _scores_tile(s, qr, b, h, i0, nq, kt, nk, d)
+                    _logits_tile(s, th, b, h, i0, nq, j0, nk, scale, softcap, causal, offset,
+                                 mask_mode, maskb, maskf, ms)
+                    # dp = dO V^T
+                    for ii in range(nq):
+                        for jj in range(nk):
+                            dp[ii, jj] = 0.0
+                        for c in range(dv):
+                            a = dout[b, h, i0 + ii, c]
+                            for jj in range(nk):
+                                dp[ii, jj] += a * vt[c, jj]
+                    for ii in range(nq):
+                        i = i0 + ii
+                        L = lse[r, b, h, i]
+                        if L == -np.inf:
+                            for jj in range(nk):
+                                s[ii, jj] = 0.0
+                                dp[ii, jj] = 0.0
+                            continue
+                        D = delta[r, b, h, i]
+                        wr = w[r, b, h, i]
+                        for jj in range(nk):
+                            p = math.exp(s[ii, jj] - L)
+                            ds = p * (wr * dp[ii, jj] - D)
+                            if softcap > 0.0:
+                                tt = th[ii, jj]
+                                ds = ds * (1.0 - tt * tt)
+                            s[ii, jj] = p
+                            dp[ii, jj] = ds
+                    # dV += w P^T dO ; dK += dS^T Q ; dQ += dS K
+                    for ii in range(nq):
+                        i = i0 + ii
+                        for jj in range(nk):
+                            p = s[ii, jj]
+                            if p != 0.0:
+                                a = w[r, b, h, i] * p
+                                for c in range(dv):
+                                    dva[jj, c] += a * dout[b, h, i, c]
+                            g = dp[ii, jj]
+                            if g != 0.0:
+                                for c in range(d):
+                                    dka[jj, c] += g * qr[b, h, i, c]
+                                for c in range(d):
+                                    dq_part[sp, r, b, h, i, c] += g * k[r, b, hk, j0 + jj, c]
+                for jj in range(nk):
+                    for c in range(d):
+                        dk_part[r, b, h, j0 + jj, c] = dka[jj, c]
+            for jj in range(nk):
+                for c in range(dv):
+                    dv_part[b, h, j0 + jj, c] = dva[jj, c]

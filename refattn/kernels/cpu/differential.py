@@ -1,0 +1,185 @@
+r"""Fused differential attention (DIFF Transformer V1 core) on the CPU with Numba.
+
+$$O = \mathrm{softmax}\big(s\,Q_1K_1^\top + M\big)V - \lambda\,\mathrm{softmax}\big(s\,Q_2K_2^\top + M\big)V$$
+
+Same signature and semantics as
+:func:`refattn.attention.differential.diff_attention_core_forward` /
+:func:`~refattn.attention.differential.diff_attention_core_backward` (λ broadcastable to the
+``(..., H, N)`` output rows, GQA ``kv_group_map`` ``"contiguous"``/``"interleaved"``,
+``causal_alignment`` default ``"bottom_right"`` as unilm), plus ``block_q`` / ``block_k``.
+
+Fusion: both maps are evaluated in *one* pass over the key/value tiles (each V tile is loaded
+once and serves both online softmaxes), with two running (max, sum, accumulator) triples per
+query row; the output $O_1 - \lambda O_2$ is formed in the epilogue. The backward is one
+FlashAttention-2 pass over the key tiles for both maps: $dO_1 = G$, $dO_2 = -\lambda G$,
+$D_a = \mathrm{rowsum}(dO_a\odot O_a)$, $dV = P_1^\top dO_1 + P_2^\top dO_2$ accumulated in one
+tile, and $d\lambda = -\mathrm{rowsum}(G\odot O_2)$ summed to λ's shape. Extra memory: $O_1, O_2$
+and the two LSE vectors ($O(N d_v)$ per head).
+
+Compared with the composition ``sdpa(q1, k1, v) - lam * sdpa(q2, k2, v)`` it saves the second pass
+over V (and its second read of K/V tiles from memory) and the two intermediate output tensors' extra
+traffic; the arithmetic is the same.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._checks import as_bool_or_float_mask, as_float, check_broadcastable, check_choice, check_int, check_positive
+from . import _attention as _k
+from ._common import (
+    DEFAULT_BLOCK_K,
+    DEFAULT_BLOCK_Q,
+    bwd_splits,
+    check_dout,
+    compute_dtype,
+    flat4,
+    kv_map,
+    mask_buffers,
+)
+from .flash import reduce_heads
+
+__all__ = ["diff_attention_forward", "diff_attention_backward", "diff_attention"]
+
+BACKEND = "numba_cpu"
+KV_GROUP_MAPS = ("contiguous", "interleaved")
+
+
+def _sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
+    lead = g.ndim - len(shape)
+    if lead:
+        g = g.sum(axis=tuple(range(lead)))
+    axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+def _validate(q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment,
+              block_q, block_k):
+    q1 = as_float(q1, "q1", min_ndim=4)
+    k1 = as_float(k1, "k1", min_ndim=4)
+    q2 = as_float(q2, "q2", min_ndim=4)
+    k2 = as_float(k2, "k2", min_ndim=4)
+    v = as_float(v, "v", min_ndim=4)
+    lam = as_float(lam, "lam", max_ndim=q1.ndim - 1)
+    if q2.shape != q1.shape:
+        raise ValueError(f"q2 must have q1's shape {q1.shape}; got {q2.shape}")
+    if k2.shape != k1.shape:
+        raise ValueError(f"k2 must have k1's shape {k1.shape}; got {k2.shape}")
+    if k1.ndim != q1.ndim or v.ndim != q1.ndim:
+        raise ValueError(f"q1, k1 and v must have the same number of dimensions; got shapes "
+                         f"{q1.shape}, {k1.shape}, {v.shape}")
+    if k1.shape[:-3] != q1.shape[:-3] or v.shape[:-3] != q1.shape[:-3]:
+        raise ValueError(f"batch axes of q1 {q1.shape[:-3]}, k1 {k1.shape[:-3]} and v {v.shape[:-3]} must agree")
+    if k1.shape[-1] != q1.shape[-1]:
+        raise ValueError(f"k1 must have q1's head width d = {q1.shape[-1]}; got {k1.shape[-1]}")
+    if v.shape[-3] != k1.shape[-3] or v.shape[-2] != k1.shape[-2]:
+        raise ValueError(f"v must have k1's heads and length (Hkv, M) = {k1.shape[-3:-1]}; got {v.shape[-3:-1]}")
+    h, hkv = q1.shape[-3], k1.shape[-3]
+    if h % hkv:
+        raise ValueError(f"the query heads H = {h} must be a multiple of the key/value heads Hkv = {hkv}")
+    check_broadcastable("lam", lam.shape, q1.shape[:-1], "the (..., H, N) output rows of shape")
+    mask = as_bool_or_float_mask(attn_mask, "attn_mask")
+    if mask is not None:
+        check_broadcastable("attn_mask", mask.shape, q1.shape[:-1] + (k1.shape[-2],),
+                            "the scores (..., H, N, M) of shape")
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal must be a bool; got {type(is_causal).__name__}")
+    check_choice(causal_alignment, "causal_alignment", ("bottom_right", "top_left"))
+    check_choice(kv_group_map, "kv_group_map", KV_GROUP_MAPS)
+    scale = check_positive(scale, "scale", allow_none=True)
+    block_q = check_int(block_q, "block_q", minimum=1)
+    block_k = check_int(block_k, "block_k", minimum=1)
+    return q1, k1, q2, k2, v, lam, mask, scale, block_q, block_k
+
+
+def diff_attention_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_causal: bool = False,
+                           scale=None, kv_group_map: str = "contiguous",
+                           causal_alignment: str = "bottom_right",
+                           block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K):
+    r"""Differential attention core $O = A_1V - \lambda A_2V$, fused (Numba CPU).
+
+    Parameters
+    ----------
+    q1, q2 : (..., H, N, d); k1, k2 : (..., Hkv, M, d); v : (..., Hkv, M, dv)
+    lam : array broadcastable to (..., H, N)
+        Scalar (0-d), per head ``(H, 1)`` or per token and head.
+    attn_mask, is_causal, scale, kv_group_map, causal_alignment
+        As :func:`refattn.attention.differential.diff_attention_core_forward`.
+    block_q, block_k : int
+        Tile sizes.
+
+    Returns
+    -------
+    out (..., H, N, dv), cache
+        ``cache["lse"]`` (2, ..., H, N): the two maps' log-sum-exps.
+    """
+    q1, k1, q2, k2, v, lam, mask, scale, block_q, block_k = _validate(
+        q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment,
+        block_q, block_k)
+    dt = compute_dtype(q1, k1, q2, k2, v, lam)
+    lead = q1.shape[:-3]
+    h, n, d = q1.shape[-3:]
+    hkv, m = k1.shape[-3], k1.shape[-2]
+    dv = v.shape[-1]
+    s = d ** -0.5 if scale is None else scale
+    q = np.stack([flat4(q1.astype(dt, copy=False)), flat4(q2.astype(dt, copy=False))])
+    k = np.stack([flat4(k1.astype(dt, copy=False)), flat4(k2.astype(dt, copy=False))])
+    v4 = flat4(v.astype(dt, copy=False))
+    b = q.shape[1]
+    lam_rows = np.broadcast_to(lam.astype(dt, copy=False), q1.shape[:-1]).reshape(b, h, n)
+    w = np.stack([np.ones((b, h, n), dtype=dt), -lam_rows])
+    mode, mb, mf, ms = mask_buffers(mask, lead, h, n, m, dt)
+    kvm = kv_map(h, hkv, kv_group_map)
+    offset = 0 if (causal_alignment == "top_left" or not is_causal) else m - n
+    out = np.empty((b, h, n, dv), dtype=dt)
+    omap = np.empty((2, b, h, n, dv), dtype=dt)
+    lse = np.empty((2, b, h, n), dtype=dt)
+    _k.attention_fwd(q, k, v4, w, kvm, mode, mb, mf, ms, float(s), 0.0, bool(is_causal), offset,
+                     block_q, block_k, out, omap, lse)
+    out_l = out.reshape(lead + (h, n, dv))
+    cache = {
+        "backend": BACKEND, "q": q, "k": k, "v": v4, "w": w, "omap": omap, "lse4": lse,
+        "lse": lse.reshape((2,) + lead + (h, n)), "out": out_l, "scale": float(s),
+        "is_causal": bool(is_causal), "offset": offset, "kv_group_map": kv_group_map,
+        "mask": (mode, mb, mf, ms), "block_q": block_q, "block_k": block_k,
+        "shapes": (q1.shape, k1.shape, v.shape), "lam_shape": lam.shape, "kind": "diff",
+    }
+    return out_l, cache
+
+
+def diff_attention_backward(dout, cache):
+    """Gradients ``{"q1", "k1", "q2", "k2", "v", "lam"}`` of :func:`diff_attention_forward`."""
+    if not isinstance(cache, dict) or cache.get("backend") != BACKEND or cache.get("kind") != "diff":
+        raise TypeError("cache must be the cache returned by diff_attention_forward")
+    c = cache
+    q, k, v4, w, omap = c["q"], c["k"], c["v"], c["w"], c["omap"]
+    dt = q.dtype
+    qs, ks, vs = c["shapes"]
+    g = check_dout(dout, qs[:-1] + (vs[-1],), dt)
+    g4 = g.reshape(omap.shape[1:])
+    rs = np.sum(g4[None] * omap, axis=-1)  # rowsum(G o O_a), (2, B, H, N)
+    delta = np.ascontiguousarray(w * rs)
+    _, b, h, n, d = q.shape
+    hkv, m = k.shape[2], k.shape[3]
+    nsplit = bwd_splits(b, h, m, c["block_k"])
+    dq_part = np.zeros((nsplit, 2, b, h, n, d), dtype=dt)
+    dk_part = np.empty((2, b, h, m, d), dtype=dt)
+    dv_part = np.empty((b, h, m, v4.shape[-1]), dtype=dt)
+    mode, mb, mf, ms = c["mask"]
+    kvm = kv_map(h, hkv, c["kv_group_map"])
+    _k.attention_bwd(q, k, v4, w, kvm, mode, mb, mf, ms, c["scale"], 0.0, c["is_causal"], c["offset"],
+                     c["block_q"], c["block_k"], nsplit, g4, c["lse4"], delta, dq_part, dk_part, dv_part)
+    s = dt.type(c["scale"])
+    dq = (dq_part[0] if nsplit == 1 else dq_part.sum(axis=0)) * s
+    dk = reduce_heads(dk_part, hkv, c["kv_group_map"]) * s
+    dvv = reduce_heads(dv_part, hkv, c["kv_group_map"])
+    dlam = _sum_to((-rs[1]).reshape(qs[:-1]), c["lam_shape"])
+    return {"q1": dq[0].reshape(qs), "k1": dk[0].reshape(ks), "q2": dq[1].reshape(qs),
+            "k2": dk[1].reshape(ks), "v": dvv.reshape(vs), "lam": dlam}
+
+
+def diff_attention(q1, k1, q2, k2, v, lam, **config):
+    """Convenience wrapper: the output of :func:`diff_attention_forward`."""
+    return diff_attention_forward(q1, k1, q2, k2, v, lam, **config)[0]

@@ -1,0 +1,166 @@
+r"""Fused flash-style softmax attention (SDPA) on the CPU with Numba: forward (out + LSE) and
+FlashAttention-2 backward.
+
+Same signature and semantics as :func:`refattn.attention.softmax.sdpa_forward` /
+:func:`~refattn.attention.softmax.sdpa_backward` (PyTorch ``F.scaled_dot_product_attention``
+layout, ``causal_alignment``, ``kv_group_map``, ``softcap``, fully masked rows give 0 with 0
+gradient and LSE ``-inf``), plus the tile sizes ``block_q`` / ``block_k``. The design (tiling,
+online softmax, recomputation, parallel decomposition, memory) is in ``docs/kernels.md``.
+
+Extra memory is $O(N d)$ per head: the LSE, the output and small per-task tiles; no $N\times M$
+matrix is ever formed (a user-supplied full mask is read in place).
+
+Example::
+
+    from refattn.kernels.cpu.flash import flash_attention_forward, flash_attention_backward
+    out, cache = flash_attention_forward(q, k, v, is_causal=True)
+    grads = flash_attention_backward(dout, cache)      # {"q", "k", "v"}
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _attention as _k
+from ._common import (
+    DEFAULT_BLOCK_K,
+    DEFAULT_BLOCK_Q,
+    bwd_splits,
+    check_dout,
+    compute_dtype,
+    flat4,
+    kv_map,
+    mask_buffers,
+    validate_config,
+    validate_qkv,
+)
+
+__all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention"]
+
+BACKEND = "numba_cpu"
+
+
+def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
+                            causal_alignment: str = "top_left", scale=None, softcap=None,
+                            kv_group_map: str = "contiguous", return_lse: bool = False,
+                            block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K):
+    r"""Scaled dot-product attention, fused and tiled (Numba CPU).
+
+    $O = \mathrm{softmax}(T(s\,QK^\top) + M)\,V$, computed one query tile at a time with an online
+    softmax; the log-sum-exp $L_i$ of every row is kept for the backward.
+
+    Parameters
+    ----------
+    q (..., H, N, d), k (..., Hkv, M, d), v (..., Hkv, M, dv)
+        float16/32/64 (float16 computes in float32; mixed float32/float64 in float64).
+    attn_mask : bool or float array broadcastable to (..., H, N, M), optional
+        Boolean True = keep, or additive (``-inf`` removes). Combined with ``is_causal``.
+    is_causal, causal_alignment : bool, {"top_left", "bottom_right"}
+        Query $i$ sees keys $j \le i$ (top-left, PyTorch) or $j \le i + M - N$ (bottom-right, flash-attn).
+    scale : float > 0, optional
+        Default $1/\sqrt d$.
+    softcap : float > 0, optional
+        $T(x) = c\tanh(x/c)$ on the scaled scores before the masks.
+    kv_group_map : {"contiguous", "strided"}
+        GQA: query head $h$ uses kv head $h // (H/H_{kv})$ or $h \bmod H_{kv}$.
+    return_lse : bool
+        Accepted for signature symmetry with the reference; the LSE is always ``cache["lse"]``.
+    block_q, block_k : int
+        Query / key tile sizes.
+
+    Returns
+    -------
+    out, cache
+        ``out`` (..., H, N, dv) in the compute dtype; ``cache["lse"]`` (..., H, N).
+    """
+    if not isinstance(return_lse, (bool, np.bool_)):
+        raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
+    q, k, v = validate_qkv(q, k, v)
+    attn_mask, is_causal, scale, softcap, block_q, block_k = validate_config(
+        q.shape, k.shape[-2], attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map,
+        block_q, block_k)
+    dt = compute_dtype(q, k, v)
+    lead = q.shape[:-3]
+    h, n, d = q.shape[-3:]
+    hkv, m = k.shape[-3], k.shape[-2]
+    dv = v.shape[-1]
+    s = (1.0 / np.sqrt(d)) if scale is None else scale
+    q4, k4, v4 = (flat4(a.astype(dt, copy=False)) for a in (q, k, v))
+    b = q4.shape[0]
+    mode, mb, mf, ms = mask_buffers(attn_mask, lead, h, n, m, dt)
+    kvm = kv_map(h, hkv, kv_group_map)
+    w = np.ones((1, b, h, n), dtype=dt)
+    offset = 0 if causal_alignment == "top_left" else m - n
+    out = np.empty((b, h, n, dv), dtype=dt)
+    omap = out[None]  # R = 1, weight 1: the per-map output is the output (written twice, same value)
+    lse = np.empty((1, b, h, n), dtype=dt)
+    _k.attention_fwd(q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, float(s),
+                     float(softcap or 0.0), is_causal, offset, block_q, block_k, out, omap, lse)
+    out_l = out.reshape(lead + (h, n, dv))
+    cache = {
+        "backend": BACKEND, "q": q4, "k": k4, "v": v4, "out4": out, "out": out_l, "lse4": lse,
+        "lse": lse[0].reshape(lead + (h, n)), "scale": float(s), "softcap": softcap,
+        "is_causal": is_causal, "offset": offset, "kv_group_map": kv_group_map,
+        "mask": (mode, mb, mf, ms), "block_q": block_q, "block_k": block_k,
+        "shapes": (q.shape, k.shape, v.shape),
+    }
+    return out_l, cache
+
+
+def reduce_heads(x: np.ndarray, hkv: int, kv_group_map: str) -> np.ndarray:
+    """Sum per-query-head gradients ``(..., B, H, M, e)`` over each kv group (fixed order)."""
+    h = x.shape[-3]
+    group = h // hkv
+    if group == 1:
+        return x
+    lead = x.shape[:-3]
+    if kv_group_map == "contiguous":
+        return x.reshape(lead + (hkv, group) + x.shape[-2:]).sum(axis=-3)
+    return x.reshape(lead + (group, hkv) + x.shape[-2:]).sum(axis=-4)
+
+
+def flash_attention_backward(dout, cache, *, dlse=None):
+    r"""FlashAttention-2 backward of :func:`flash_attention_forward`: ``{"q", "k", "v"}``.
+
+    $P$ is recomputed tile by tile from the stored LSE; $D_i = \mathrm{rowsum}(dO\odot O)_i$;
+    $dS = P\odot(dO\,V^\top - D)$ (times $1-\tanh^2$ under softcap); $dV = P^\top dO$,
+    $dK = s\,dS^\top Q$, $dQ = s\,dS\,K$. ``dlse`` (..., H, N) is an optional upstream gradient on
+    ``cache["lse"]`` (it enters as $D_i \to D_i - dL_i$). Under GQA the gradients of the query heads
+    sharing a kv head are summed.
+    """
+    if not isinstance(cache, dict) or cache.get("backend") != BACKEND or "lse4" not in cache:
+        raise TypeError("cache must be the cache returned by flash_attention_forward")
+    c = cache
+    q4, k4, v4, out = c["q"], c["k"], c["v"], c["out4"]
+    dt = q4.dtype
+    qs, ks, vs = c["shapes"]
+    g = check_dout(dout, qs[:-1] + (vs[-1],), dt)
+    g4 = g.reshape(out.shape)
+    delta = np.sum(g4 * out, axis=-1)[None]
+    if dlse is not None:
+        dl = check_dout(dlse, qs[:-1], dt, "dlse")
+        delta = delta - dl.reshape(delta.shape)
+    delta = np.ascontiguousarray(delta, dtype=dt)
+    b, h, n, d = q4.shape
+    hkv, m = k4.shape[1], k4.shape[2]
+    nsplit = bwd_splits(b, h, m, c["block_k"])
+    dq_part = np.zeros((nsplit, 1, b, h, n, d), dtype=dt)
+    dk_part = np.empty((1, b, h, m, d), dtype=dt)
+    dv_part = np.empty((b, h, m, v4.shape[-1]), dtype=dt)
+    mode, mb, mf, ms = c["mask"]
+    kvm = kv_map(h, hkv, c["kv_group_map"])
+    w = np.ones((1, b, h, n), dtype=dt)
+    _k.attention_bwd(q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, c["scale"],
+                     float(c["softcap"] or 0.0), c["is_causal"], c["offset"], c["block_q"],
+                     c["block_k"], nsplit, g4, c["lse4"], delta, dq_part, dk_part, dv_part)
+    s = dt.type(c["scale"])
+    dq = dq_part[0, 0] if nsplit == 1 else dq_part[:, 0].sum(axis=0)
+    dq = dq * s
+    dk = reduce_heads(dk_part[0], hkv, c["kv_group_map"]) * s
+    dvv = reduce_heads(dv_part, hkv, c["kv_group_map"])
+    return {"q": dq.reshape(qs), "k": dk.reshape(ks), "v": dvv.reshape(vs)}
+
+
+def flash_attention(q, k, v, **kwargs):
+    """Convenience wrapper: the output of :func:`flash_attention_forward`."""
+    return flash_attention_forward(q, k, v, **kwargs)[0]
