@@ -14,7 +14,8 @@ from refattn import registry
 from refattn.operators import galerkin as gk
 from refattn.testing import run_record_checks
 
-SLUGS = ["galerkin_attention", "fourier_type_attention"]
+SLUGS = ["galerkin_attention", "fourier_type_attention", "transolver_physics_attention",
+         "linear_no_attention", "geotransolver_gale"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -132,3 +133,137 @@ def test_galerkin_bad_inputs():
     bad = dict(params, **{"norm_K.weight": np.ones((2, 3))})
     with pytest.raises(ValueError, match="norm_K.weight"):
         gk.galerkin_attention(x, bad, rng.random((2, 5, 1)), n_head=2)
+
+
+# ------------------------------------------------------------------------ Transolver family
+
+from refattn.operators import transolver as ts  # noqa: E402
+
+
+def _t(torch, params):
+    return {k: torch.tensor(np.asarray(v), requires_grad=True) for k, v in params.items()}
+
+
+def _torch_front(torch, x, tp, h, clamp, eps):
+    """Transolver's slice step with torch ops (thuml Physics_Attention_1D / PhysicsNeMo)."""
+    b, n, _ = x.shape
+    d = tp["in_project_slice.weight"].shape[0]
+    fx = (x @ tp["in_project_fx.weight"] + tp["in_project_fx.bias"]).reshape(b, n, h, d).permute(0, 2, 1, 3)
+    xm = (x @ tp["in_project_x.weight"] + tp["in_project_x.bias"]).reshape(b, n, h, d).permute(0, 2, 1, 3)
+    tau = tp["temperature"].reshape(1, h, 1, 1)
+    if clamp is not None:
+        tau = torch.clamp(tau, *clamp)
+    w = torch.softmax((xm @ tp["in_project_slice.weight"] + tp["in_project_slice.bias"]) / tau, -1)
+    tok = torch.einsum("bhnc,bhng->bhgc", fx, w) / (w.sum(2) + eps)[..., None]
+    return w, tok
+
+
+def _grad_parity(torch, out, tout, cache, backward, tensors, rng):
+    np.testing.assert_allclose(out, tout.detach().numpy(), rtol=1e-11, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    tout.backward(torch.tensor(g))
+    grads = backward(g, cache)
+    assert set(grads) == set(tensors)
+    for k, t in tensors.items():
+        np.testing.assert_allclose(grads[k], t.grad.numpy(), rtol=1e-9, atol=1e-11, err_msg=k)
+
+
+@pytest.mark.parametrize("clamp", [None, (0.1, 5.0)])
+def test_transolver_torch_parity(clamp):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(10)
+    params = ts.transolver_init_params(rng, 6, 2, 3, 4)
+    params["temperature"] = np.array([0.05, 0.7])   # head 0 clamped when clamp is set
+    x = rng.standard_normal((2, 9, 6))
+    out, cache = ts.transolver_physics_attention_forward(x, params, n_head=2, tau_clamp=clamp)
+    tp = _t(torch, params)
+    tx = torch.tensor(x, requires_grad=True)
+    w, tok = _torch_front(torch, tx, tp, 2, clamp, 1e-5)
+    q, k, v = tok @ tp["to_q.weight"], tok @ tp["to_k.weight"], tok @ tp["to_v.weight"]
+    z = torch.softmax(q @ k.transpose(-1, -2) * 3 ** -0.5, -1) @ v
+    y = torch.einsum("bhgc,bhng->bhnc", z, w).permute(0, 2, 1, 3).reshape(2, 9, 6)
+    tout = y @ tp["to_out.0.weight"] + tp["to_out.0.bias"]
+    _grad_parity(torch, out, tout, cache, ts.transolver_physics_attention_backward,
+                 dict(tp, x=tx), rng)
+    if clamp is not None:
+        assert cache["front"]["sm"]["t"][0] == 0.1
+
+
+@pytest.mark.parametrize("use_temperature", [False, True])
+def test_linear_no_torch_parity(use_temperature):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    params = ts.linear_no_init_params(rng, 6, 2, 3, 4, use_temperature=use_temperature)
+    if use_temperature:
+        params["temperature_q"] = np.array([0.3, 2.0])   # head 1 clamped to 1
+    x = rng.standard_normal((2, 8, 6))
+    out, cache = ts.linear_no_attention_forward(x, params, n_head=2, use_temperature=use_temperature)
+    tp = _t(torch, params)
+    tx = torch.tensor(x, requires_grad=True)
+    xm = (tx @ tp["in_project_x.weight"] + tp["in_project_x.bias"]).reshape(2, 8, 2, 3).permute(0, 2, 1, 3)
+    q, k, v = xm @ tp["to_q.weight"], xm @ tp["to_k.weight"], xm @ tp["to_v.weight"]
+    if use_temperature:
+        q = q / torch.clamp(tp["temperature_q"].reshape(1, 2, 1, 1), 0.01, 1)
+        k = k / torch.clamp(tp["temperature_k"].reshape(1, 2, 1, 1), 0.01, 1)
+    q, k = torch.softmax(q, -1), torch.softmax(k, -2)
+    y = torch.einsum("bhnd,bhdc->bhnc", q, torch.einsum("bhnd,bhnc->bhdc", k, v))
+    tout = y.permute(0, 2, 1, 3).reshape(2, 8, 6) @ tp["to_out.0.weight"] + tp["to_out.0.bias"]
+    _grad_parity(torch, out, tout, cache, ts.linear_no_attention_backward, dict(tp, x=tx), rng)
+
+
+@pytest.mark.parametrize("mode", ["weighted", "concat_project"])
+def test_gale_torch_parity(mode):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(12)
+    params = ts.gale_init_params(rng, 6, 2, 3, 4, context_dim=5, state_mixing_mode=mode)
+    if mode == "weighted":
+        params["state_mixing"] = np.array(0.4)
+    params["temperature"] = np.array([0.8, 1.3])
+    x, ctx = rng.standard_normal((2, 7, 6)), rng.standard_normal((2, 2, 3, 5))
+    out, cache = ts.geotransolver_gale_forward(x, params, ctx, n_head=2, state_mixing_mode=mode)
+    tp = _t(torch, params)
+    tx, tc = torch.tensor(x, requires_grad=True), torch.tensor(ctx, requires_grad=True)
+    w, tok = _torch_front(torch, tx, tp, 2, (0.5, 5.0), 1e-2)
+    q, k, v = (tok @ tp["qkv_project.weight"]).split(3, -1)
+    zs = F.scaled_dot_product_attention(q, k, v)
+    zc = F.scaled_dot_product_attention(tok @ tp["cross_q.weight"] + tp["cross_q.bias"],
+                                        tc @ tp["cross_k.weight"] + tp["cross_k.bias"],
+                                        tc @ tp["cross_v.weight"] + tp["cross_v.bias"])
+    if mode == "weighted":
+        s = torch.sigmoid(tp["state_mixing"])
+        z = s * zs + (1 - s) * zc
+    else:
+        z = F.gelu(torch.cat([zs, zc], -1) @ tp["concat_project.0.weight"] + tp["concat_project.0.bias"])
+    y = torch.einsum("bhgc,bhng->bhnc", z, w).permute(0, 2, 1, 3).reshape(2, 7, 6)
+    tout = y @ tp["out_linear.weight"] + tp["out_linear.bias"]
+    _grad_parity(torch, out, tout, cache, ts.geotransolver_gale_backward,
+                 dict(tp, x=tx, context=tc), rng)
+
+
+def test_gale_without_context_zero_cross_grads():
+    rng = np.random.default_rng(13)
+    params = ts.gale_init_params(rng, 6, 2, 3, 4, context_dim=5)
+    params["temperature"] = np.array([0.8, 1.3])
+    x = rng.standard_normal((2, 7, 6))
+    out, cache = ts.geotransolver_gale_forward(x, params, n_head=2)
+    g = ts.geotransolver_gale_backward(np.ones_like(out), cache)
+    assert np.all(g["cross_q.weight"] == 0) and g["state_mixing"] == 0 and "context" not in g
+    core = {k: v for k, v in params.items() if not k.startswith(("cross", "state"))}
+    np.testing.assert_array_equal(ts.geotransolver_gale(x, core, n_head=2), out)
+    with pytest.raises(ValueError, match="context"):
+        ts.geotransolver_gale(x, params, rng.standard_normal((2, 3, 3, 5)), n_head=2)
+
+
+def test_transolver_bad_inputs():
+    rng = np.random.default_rng(14)
+    params = ts.transolver_init_params(rng, 6, 2, 3, 4)
+    x = rng.standard_normal((2, 5, 6))
+    with pytest.raises(ValueError, match="in_project_x.weight"):
+        ts.transolver_physics_attention(x, params, n_head=3)
+    with pytest.raises(ValueError, match="tau_clamp"):
+        ts.transolver_physics_attention(x, params, n_head=2, tau_clamp=(5.0, 0.1))
+    with pytest.raises(ValueError, match="temperature"):
+        ts.transolver_physics_attention(x, dict(params, temperature=np.array([0.5, -1.0])), n_head=2)
+    with pytest.raises(ValueError, match="slice_attention"):
+        ts.transolver_physics_attention(x, params, n_head=2, slice_attention="none")

@@ -75,6 +75,7 @@ import numpy as np
 
 from .._checks import as_float, check_choice, check_int, check_positive, compute_dtype
 from ..nn.linear import linear_apply, linear_vjp
+from ..nn.norms import normalize_backward, normalize_forward
 from ..registry import Mechanism, Sample, register
 
 __all__ = [
@@ -117,39 +118,6 @@ def check_params(params, spec: dict, *, name: str = "params", optional=()) -> di
 
 def cast_all(dt, d: dict) -> dict:
     return {k: v.astype(dt, copy=False) for k, v in d.items()}
-
-
-def standardize(x, axis, eps, mask=None):
-    r"""$\hat x = (x-\mu)/\sqrt{\sigma^2+\epsilon}$ over ``axis`` (biased variance).
-
-    ``mask`` (broadcastable to ``x``, 1 = real point) restricts the statistics to the kept
-    entries (masked instance norm for padded point sets); masked entries of $\hat x$ are 0.
-    Returns ``(xhat, rstd, count)``.
-    """
-    if mask is None:
-        mu = x.mean(axis=axis, keepdims=True)
-        xc = x - mu
-        var = (xc * xc).mean(axis=axis, keepdims=True)
-        rstd = 1.0 / np.sqrt(var + eps)
-        return xc * rstd, rstd, None
-    cnt = np.sum(mask, axis=axis, keepdims=True)
-    mu = np.sum(x * mask, axis=axis, keepdims=True) / cnt
-    xc = (x - mu) * mask
-    var = np.sum(xc * xc, axis=axis, keepdims=True) / cnt
-    rstd = 1.0 / np.sqrt(var + eps)
-    return xc * rstd, rstd, cnt
-
-
-def standardize_vjp(g, xhat, rstd, axis, mask=None, cnt=None):
-    r"""VJP of :func:`standardize`: $r\,(g - \bar g - \hat x\,\overline{g\hat x})$ (means over
-    kept entries; 0 on masked entries)."""
-    if mask is None:
-        return rstd * (g - g.mean(axis=axis, keepdims=True)
-                       - xhat * (g * xhat).mean(axis=axis, keepdims=True))
-    g = g * mask
-    mg = np.sum(g, axis=axis, keepdims=True) / cnt
-    mgx = np.sum(g * xhat, axis=axis, keepdims=True) / cnt
-    return rstd * (g - mg * mask - xhat * mgx)
 
 
 def split_heads(t, n_head):
@@ -239,13 +207,13 @@ def _simple_forward(x, params, pos, *, n_head, attention_type, norm_type, eps, s
     norm_cache = {}
     for t in _NORMED[attention_type] if norm_type is not None else ():
         if norm_type == "layer":
-            xhat, rstd, _ = standardize(qkv[t], -1, eps)
+            xhat, stats = normalize_forward(qkv[t], (3,), eps)
             w, bb = p[f"{_NORM_KEY[t]}.weight"][:, None, :], p[f"{_NORM_KEY[t]}.bias"][:, None, :]
             qkv[t] = xhat * w + bb
         else:
-            xhat, rstd, _ = standardize(qkv[t], -2, eps)
+            xhat, stats = normalize_forward(qkv[t], (2,), eps)
             qkv[t] = xhat
-        norm_cache[t] = (xhat, rstd)
+        norm_cache[t] = (xhat, stats)
     npos = 0 if pos is None else pos.shape[-1]
     if pos is not None:
         pb = np.broadcast_to(pos[:, None], (b, n_head, n, npos))
@@ -292,15 +260,15 @@ def _simple_backward(dout, cache):
     if pos is not None:
         grads_pos = sum(dhat[t][..., :npos] for t in "qkv").sum(axis=1)
         dhat = {t: dhat[t][..., npos:] for t in "qkv"}
-    for t, (xhat, rstd) in cache["norm"].items():
+    for t, (xhat, stats) in cache["norm"].items():
         if cache["norm_type"] == "layer":
             key = _NORM_KEY[t]
             w = p[f"{key}.weight"][:, None, :]
             grads[f"{key}.weight"] = np.sum(dhat[t] * xhat, axis=(0, 2))
             grads[f"{key}.bias"] = np.sum(dhat[t], axis=(0, 2))
-            dhat[t] = standardize_vjp(dhat[t] * w, xhat, rstd, -1)
+            dhat[t] = normalize_backward(dhat[t] * w, xhat, stats)
         else:
-            dhat[t] = standardize_vjp(dhat[t], xhat, rstd, -2)
+            dhat[t] = normalize_backward(dhat[t], xhat, stats)
     dx = np.zeros_like(x)
     for i, t in enumerate("qkv"):
         dx = dx + _lin_back(grads, p, f"linears.{i}", merge_heads(dhat[t]), x)
