@@ -388,3 +388,17 @@ def test_rope_float32_and_bad_input():
     with pytest.raises(TypeError, match="interleaved"):
         rope(x, interleaved="yes")
     assert rope(np.ones((2, 3, 5)), rotary_dim=4).shape == (2, 3, 5)
+
+
+def test_degenerate_sizes_are_finite():
+    # d = 1 LayerNorm and N = 1 InstanceNorm have zero variance: x_hat = 0, output = bias, dx = 0.
+    x = np.array([[[3.0], [-2.0]], [[0.5], [7.0]]])  # (2, 2, 1)
+    y, cache = layer_norm_forward(x, {"weight": np.array([2.0]), "bias": np.array([0.25])})
+    assert np.array_equal(y, np.full_like(x, 0.25))
+    g = layer_norm_backward(np.ones_like(y), cache)
+    assert np.array_equal(g["x"], np.zeros_like(x)) and g["bias"][0] == 4.0 and g["weight"][0] == 0.0
+    x1 = np.random.default_rng(12).standard_normal((2, 1, 3))
+    y1, c1 = instance_norm_forward(x1)
+    assert np.array_equal(y1, np.zeros_like(x1))
+    assert np.all(np.isfinite(instance_norm_backward(np.ones_like(y1), c1)["x"]))
+    assert rope(np.ones((2, 1, 2))).shape == (2, 1, 2)
