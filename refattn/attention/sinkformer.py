@@ -44,6 +44,8 @@ Conventions
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._checks import as_float, check_dim, check_int, check_positive, compute_dtype
@@ -68,7 +70,7 @@ def sinkhorn_log(L0: np.ndarray, n_iter: int):
         axis = -1 if t % 2 == 0 else -2
         P, lse = softmax_lse(L, axis=axis)
         Ps.append(P)
-        L = L - np.expand_dims(lse, axis) - np.log(n if axis == -1 else m)
+        L = L - np.expand_dims(lse, axis) - math.log(n if axis == -1 else m)  # a Python float keeps float32
     return L, Ps
 
 
