@@ -1,0 +1,284 @@
+"""Mechanism-specific tests of the differential-attention family (refattn/attention/differential*.py).
+
+The generic checks (FD gradcheck, directional, dtype, bad input, inputs never modified …) are
+generated from the registry elsewhere; here: PyTorch transcriptions of the upstream modules with
+autograd gradients, the identities of the catalogue and the convention keywords.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from refattn import registry
+from refattn.attention import differential as D
+from refattn.testing import run_record_checks
+
+SLUGS = ["diff_attention_core", "diff_attention_v1"]
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_record_checks_pass(slug, seed):
+    res = run_record_checks(registry.get(slug), seed=seed)
+    bad = [(r.check, r.message) for r in res.results if not r.passed]
+    assert not bad, bad
+
+
+# ------------------------------------------------------------------------------ torch helpers
+
+
+def _torch_rope_interleaved(torch, x, cos, sin):
+    # x (B, N, heads, d) as unilm's apply_rotary_emb(..., interleaved=True); cos/sin (N, r/2)
+    r = 2 * cos.shape[1]
+    c = cos[: x.shape[1], None, :]
+    s = sin[: x.shape[1], None, :]
+    a, b = x[..., 0:r:2], x[..., 1:r:2]
+    rot = torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2)
+    return torch.cat([rot, x[..., r:]], dim=-1)
+
+
+def _torch_unilm_v1(torch, x, P, *, H, Hkv, lambda_init, rel_pos, flash, attn_mask=None):
+    """unilm multihead_diffattn.py (flash=False) / multihead_flashdiff_1.py (flash=True) in torch."""
+    F = torch.nn.functional
+    B, n, C = x.shape
+    d = P["q_proj.weight"].shape[1] // (2 * H)
+    n_rep = H // Hkv
+    q = (x @ P["q_proj.weight"]).view(B, n, 2 * H, d)
+    k = (x @ P["k_proj.weight"]).view(B, n, 2 * Hkv, d)
+    v = (x @ P["v_proj.weight"]).view(B, n, Hkv, 2 * d)
+    if rel_pos is not None:
+        cos, sin = (torch.from_numpy(t) for t in rel_pos)
+        q = _torch_rope_interleaved(torch, q, cos, sin)
+        k = _torch_rope_interleaved(torch, k, cos, sin)
+    lam1 = torch.exp(torch.sum(P["lambda_q1"] * P["lambda_k1"]))
+    lam2 = torch.exp(torch.sum(P["lambda_q2"] * P["lambda_k2"]))
+    lam = lam1 - lam2 + lambda_init
+    if attn_mask is None:
+        mask = torch.triu(torch.full((n, n), float("-inf"), dtype=x.dtype), 1)
+    else:
+        mask = torch.where(torch.from_numpy(attn_mask), 0.0, float("-inf")).to(x.dtype)
+    if not flash:
+        q = q.transpose(1, 2) * d ** -0.5
+        k = k.transpose(1, 2).repeat_interleave(n_rep, dim=1)
+        vv = v.transpose(1, 2).repeat_interleave(n_rep, dim=1)
+        w = F.softmax(q @ k.transpose(-1, -2) + mask, dim=-1)
+        w = w.view(B, H, 2, n, n)
+        attn = (w[:, :, 0] - lam * w[:, :, 1]) @ vv
+    else:
+        q = q.reshape(B, n, H, 2, d)
+        k = k.reshape(B, n, Hkv, 2, d)
+        outs = []
+        for a in (0, 1):
+            qa = q[:, :, :, a].transpose(1, 2)
+            ka = k[:, :, :, a].transpose(1, 2).repeat_interleave(n_rep, dim=1)
+            va = v.transpose(1, 2).repeat_interleave(n_rep, dim=1)
+            outs.append(F.scaled_dot_product_attention(qa, ka, va, attn_mask=mask))
+        attn = outs[0] - lam * outs[1]
+    attn = attn * torch.rsqrt(attn.pow(2).mean(-1, keepdim=True) + 1e-5) * P["subln.weight"]
+    attn = attn * (1 - lambda_init)
+    attn = attn.transpose(1, 2).reshape(B, n, H * 2 * d)
+    return attn @ P["out_proj.weight"]
+
+
+@pytest.mark.parametrize("Hkv,pairing", [(2, "naive"), (1, "naive"), (1, "flash"), (2, "flash")])
+def test_v1_matches_torch_transcription_with_autograd(Hkv, pairing):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    B, n, C, H, d = 2, 5, 6, 2, 4
+    x = rng.standard_normal((B, n, C))
+    P = D._v1_params(rng, C, H, Hkv, d, lambda_init=D.lambda_init_fn(3))
+    rel = D.rope_tables(n, d)
+    cfg = dict(num_heads=H, num_kv_heads=Hkv, depth=3, rel_pos=rel, gqa_pairing=pairing)
+    out, cache = D.diff_attention_v1_forward(x, P, **cfg)
+    xt = torch.from_numpy(x).requires_grad_()
+    Pt = {k: torch.from_numpy(v).requires_grad_() for k, v in P.items()}
+    yt = _torch_unilm_v1(torch, xt, Pt, H=H, Hkv=Hkv, lambda_init=D.lambda_init_fn(3), rel_pos=rel,
+                         flash=(pairing == "flash"))
+    np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-11, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    yt.backward(torch.from_numpy(g))
+    grads = D.diff_attention_v1_backward(g, cache)
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    for k, t in Pt.items():
+        np.testing.assert_allclose(grads[k], t.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=k)
+
+
+def test_v1_explicit_mask_replaces_causal_like_unilm():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    B, n, C, H, d = 2, 4, 6, 2, 2
+    x = rng.standard_normal((B, n, C))
+    P = D._v1_params(rng, C, H, H, d)
+    keep = rng.random((n, n)) > 0.4
+    keep[:, 0] = True
+    out = D.diff_attention_v1(x, P, num_heads=H, depth=1, attn_mask=keep)
+    ref = _torch_unilm_v1(torch, torch.from_numpy(x), {k: torch.from_numpy(v) for k, v in P.items()},
+                          H=H, Hkv=H, lambda_init=D.lambda_init_fn(1), rel_pos=None, flash=False,
+                          attn_mask=keep)
+    np.testing.assert_allclose(out, ref.numpy(), rtol=1e-11, atol=1e-12)
+    # is_causal=True adds the causal mask on top of attn_mask: a different result
+    both = D.diff_attention_v1(x, P, num_heads=H, depth=1, attn_mask=keep, is_causal=True)
+    assert np.abs(both - out).max() > 1e-6
+
+
+def test_gqa_pairing_difference_is_exactly_the_key_choice():
+    # n_rep = 2, naive: both maps of head i use key half-head i; flash: head i uses half-heads of kv 0.
+    qp1, qp2, kp1, kp2, vp = D.v1_pairing_index(2, 1, "adjacent", "naive")
+    assert list(kp1) == [0, 1] and list(kp2) == [0, 1]
+    qp1, qp2, kp1, kp2, vp = D.v1_pairing_index(2, 1, "adjacent", "flash")
+    assert list(kp1) == [0, 0] and list(kp2) == [1, 1] and list(vp) == [0, 0]
+    # with n_rep = 1 they coincide
+    a = D.v1_pairing_index(4, 4, "adjacent", "naive")
+    b = D.v1_pairing_index(4, 4, "adjacent", "flash")
+    assert all(np.array_equal(u, w) for u, w in zip(a, b))
+
+
+def test_core_flashdiff2_split_values_equal_flashdiff1():
+    # multihead_flashdiff_2.py: cat(FA(q1,k1,v1), FA(q1,k1,v2)) - lam cat(FA(q2,k2,v1), FA(q2,k2,v2))
+    rng = np.random.default_rng(5)
+    q1, q2, k1, k2 = rng.standard_normal((4, 2, 3, 5, 4))
+    v = rng.standard_normal((2, 3, 5, 8))
+    lam = np.array([0.37])
+    full = D.diff_attention_core(q1, k1, q2, k2, v, lam, is_causal=True)
+    zero = np.array([0.0])
+    parts = []
+    for vh in (v[..., :4], v[..., 4:]):
+        parts.append(D.diff_attention_core(q1, k1, q2, k2, vh, zero, is_causal=True)
+                     - lam * D.diff_attention_core(q2, k2, q1, k1, vh, zero, is_causal=True))
+    np.testing.assert_allclose(full, np.concatenate(parts, -1), rtol=1e-13, atol=1e-14)
+
+
+def test_core_against_torch_sdpa_gqa_and_lambda_per_token():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(6)
+    q1, q2 = rng.standard_normal((2, 2, 4, 5, 3))
+    k1, k2 = rng.standard_normal((2, 2, 2, 5, 3))
+    v = rng.standard_normal((2, 2, 5, 6))
+    lam = rng.standard_normal((2, 4, 5))
+    out, cache = D.diff_attention_core_forward(q1, k1, q2, k2, v, lam, is_causal=True)
+    T = {k: torch.from_numpy(a).requires_grad_() for k, a in
+         dict(q1=q1, k1=k1, q2=q2, k2=k2, v=v, lam=lam).items()}
+    o1 = F.scaled_dot_product_attention(T["q1"], T["k1"], T["v"], is_causal=True, enable_gqa=True)
+    o2 = F.scaled_dot_product_attention(T["q2"], T["k2"], T["v"], is_causal=True, enable_gqa=True)
+    ot = o1 - T["lam"][..., None] * o2
+    np.testing.assert_allclose(out, ot.detach().numpy(), rtol=1e-12, atol=1e-13)
+    g = rng.standard_normal(out.shape)
+    ot.backward(torch.from_numpy(g))
+    grads = D.diff_attention_core_backward(g, cache)
+    for k, t in T.items():
+        np.testing.assert_allclose(grads[k], t.grad.numpy(), rtol=1e-11, atol=1e-12, err_msg=k)
+
+
+def test_lambda_init_conventions():
+    assert D.lambda_init_fn(0) == pytest.approx(0.2)
+    assert D.lambda_init_fn(1, "paper") == pytest.approx(0.2)
+    assert D.lambda_init_fn(4, "paper") == pytest.approx(D.lambda_init_fn(3, "unilm"))
+    assert D.lambda_init_fn(0, "motif") == pytest.approx(0.8 - 0.6 * math.exp(0.3))
+    assert D.lambda_init_fn(0, "motif") < 0
+    with pytest.raises(ValueError, match="1-based"):
+        D.lambda_init_fn(0, "paper")
+    with pytest.raises(ValueError, match="lambda_init_convention"):
+        D.lambda_init_fn(1, "timm")
+
+
+def test_v1_lambda_init_changes_only_lambda_and_rescale():
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 4))
+    P = D._v1_params(rng, 4, 1, 1, 2)
+    a = D.diff_attention_v1(x, P, num_heads=1, lambda_init=0.3)
+    b = D.diff_attention_v1(x, P, num_heads=1, depth=2, lambda_init_convention="unilm")
+    assert np.abs(a - b).max() > 1e-6
+    c = D.diff_attention_v1(x, P, num_heads=1, lambda_init=D.lambda_init_fn(2))
+    np.testing.assert_array_equal(b, c)
+
+
+def test_v1_norm_options():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 3, 4))
+    P = D._v1_params(rng, 4, 2, 2, 2)
+    base = D.diff_attention_v1(x, P, num_heads=2, depth=0)
+    # subln weight of ones == no affine
+    P1 = dict(P, **{"subln.weight": np.ones(4)})
+    P0 = {k: v for k, v in P.items() if k != "subln.weight"}
+    np.testing.assert_allclose(D.diff_attention_v1(x, P1, num_heads=2, depth=0),
+                               D.diff_attention_v1(x, P0, num_heads=2, depth=0, subln_affine=False),
+                               rtol=1e-14, atol=1e-15)
+    # the affine weight scales each channel of every head (per-head norm placement)
+    none = D.diff_attention_v1(x, P0, num_heads=2, depth=0, subln="none", rescale=False)
+    assert np.abs(none - base).max() > 1e-6
+    with pytest.raises(ValueError, match="unknown keys"):
+        D.diff_attention_v1(x, P, num_heads=2, depth=0, subln_affine=False)
+    with pytest.raises(ValueError, match="missing"):
+        D.diff_attention_v1(x, P0, num_heads=2, depth=0)
+
+
+def test_v1_tied_maps_output_independent_of_lambda_magnitude():
+    # Q1 = Q2, K1 = K2: pre-norm output (1 - lam) A V; with eps -> 0, RMSNorm removes |1 - lam|.
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 4, 4))
+    P = D._v1_params(rng, 4, 1, 1, 2)
+    wq, wk = P["q_proj.weight"], P["k_proj.weight"]
+    P["q_proj.weight"] = np.concatenate([wq[:, :2], wq[:, :2]], 1)
+    P["k_proj.weight"] = np.concatenate([wk[:, :2], wk[:, :2]], 1)
+    outs = []
+    for lam0 in (0.1, 0.5):  # lambda = e1 - e2 + lam0 < 1 for both when the vectors are zero
+        P2 = dict(P, lambda_q1=np.zeros(2), lambda_k1=np.zeros(2), lambda_q2=np.zeros(2), lambda_k2=np.zeros(2))
+        outs.append(D.diff_attention_v1(x, P2, num_heads=1, lambda_init=lam0, subln_eps=1e-300,
+                                        rescale=False))
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-12, atol=1e-13)
+
+
+def test_v1_bad_inputs():
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((2, 3, 4))
+    P = D._v1_params(rng, 4, 2, 1, 2)
+    with pytest.raises(ValueError, match="transpose"):
+        D.diff_attention_v1(x, dict(P, **{"out_proj.weight": P["out_proj.weight"].T}), num_heads=2,
+                            num_kv_heads=1, depth=0)
+    with pytest.raises(ValueError, match="not both"):
+        D.diff_attention_v1(x, P, num_heads=2, num_kv_heads=1, depth=0, lambda_init=0.5)
+    with pytest.raises(ValueError, match="depth"):
+        D.diff_attention_v1(x, P, num_heads=2, num_kv_heads=1)
+    with pytest.raises(ValueError, match="multiple"):
+        D.diff_attention_v1(x, P, num_heads=3, num_kv_heads=2, depth=0)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        D.diff_attention_v1(x, P, num_heads=2, num_kv_heads=1, depth=0, rel_pos=D.rope_tables(3, 4))
+    with pytest.raises(ValueError, match="cover"):
+        D.diff_attention_v1(x, P, num_heads=2, num_kv_heads=1, depth=0, rel_pos=D.rope_tables(2, 2))
+    with pytest.raises(ValueError, match="attn_mask"):
+        D.diff_attention_v1(x, P, num_heads=2, num_kv_heads=1, depth=0, attn_mask=np.ones((3, 4), bool))
+    with pytest.raises(TypeError, match="x"):
+        D.diff_attention_v1(x.astype(int), P, num_heads=2, num_kv_heads=1, depth=0)
+    with pytest.raises(ValueError, match="gqa_pairing"):
+        D.diff_attention_v1(x, P, num_heads=2, num_kv_heads=1, depth=0, gqa_pairing="repeat")
+
+
+def test_core_bad_inputs():
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((2, 4, 3, 2))
+    k = rng.standard_normal((2, 3, 3, 2))
+    with pytest.raises(ValueError, match="multiple"):
+        D.diff_attention_core(q, k, q, k, k, np.array([0.5]))
+    k = rng.standard_normal((2, 2, 3, 2))
+    with pytest.raises(ValueError, match="lam"):
+        D.diff_attention_core(q, k, q, k, k, np.ones(5))
+    with pytest.raises(ValueError, match="q2"):
+        D.diff_attention_core(q, k, q[..., :1], k, k, np.array([0.5]))
+    with pytest.raises(ValueError, match="scale"):
+        D.diff_attention_core(q, k, q, k, k, np.array([0.5]), scale=0.0)
+    with pytest.raises(ValueError, match="lam"):
+        D.diff_attention_core(q, k, q, k, k, np.array(0.5))
+
+
+def test_core_float32_and_fully_masked():
+    rng = np.random.default_rng(12)
+    q = rng.standard_normal((2, 2, 3, 2)).astype(np.float32)
+    out = D.diff_attention_core(q, q, q, q, q, np.float32(0.5) * np.ones(1, np.float32))
+    assert out.dtype == np.float32
+    keep = np.zeros((3, 3), bool)
+    out = D.diff_attention_core(q, q, q, q, q, np.array([0.5]), attn_mask=keep)
+    assert np.all(out == 0)
