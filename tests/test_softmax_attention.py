@@ -12,13 +12,25 @@ from refattn import registry
 from refattn.attention.softmax import (
     attention_core_backward,
     attention_core_forward,
+    band_mask,
+    biased_attention_forward,
+    block_diagonal_mask,
+    build_mask,
+    causal_mask,
+    init_mha_params,
+    mha,
+    mha_backward,
+    mha_forward,
+    padding_mask,
     sdpa,
     sdpa_backward,
     sdpa_forward,
+    sliding_window_mask,
+    to_additive,
 )
 from refattn.testing import run_record_checks
 
-SLUGS = ["sdpa"]
+SLUGS = ["sdpa", "attention_masks", "multi_head_attention", "gqa_mqa", "additive_attention_bias"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -235,3 +247,88 @@ def test_bad_inputs():
         sdpa(q, np.ones((2, 2, 5, 2)), np.ones((2, 2, 5, 2)))
     with pytest.raises(TypeError, match="q"):
         sdpa(q.astype(int), k, v)
+
+
+# ------------------------------------------------------------------------------ layers
+
+def _mha_params_from_torch(layer, e):
+    w, b = layer.in_proj_weight.detach().numpy(), layer.in_proj_bias.detach().numpy()
+    return {"q_proj": w[:e].T, "k_proj": w[e:2 * e].T, "v_proj": w[2 * e:].T,
+            "q_proj_bias": b[:e], "k_proj_bias": b[e:2 * e], "v_proj_bias": b[2 * e:],
+            "out_proj": layer.out_proj.weight.detach().numpy().T, "out_proj_bias": layer.out_proj.bias.detach().numpy()}
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_mha_torch_parity(cross):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    e, h = 8, 2
+    layer = torch.nn.MultiheadAttention(e, h, batch_first=True).double()
+    with torch.no_grad():
+        layer.in_proj_bias.normal_()
+        layer.out_proj.bias.normal_()
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 5, e))
+    ctx = rng.standard_normal((2, 7, e)) if cross else None
+    keep = np.tri(5, 7 if cross else 5, k=2, dtype=bool)
+    params = _mha_params_from_torch(layer, e)
+    y, cache = mha_forward(x, ctx, params, num_heads=h, attn_mask=keep)
+    xt = torch.from_numpy(x).requires_grad_()
+    ct = torch.from_numpy(ctx).requires_grad_() if cross else xt
+    yt, _ = layer(xt, ct, ct, attn_mask=torch.from_numpy(~keep), need_weights=False)  # torch: True = masked
+    np.testing.assert_allclose(y, yt.detach().numpy(), rtol=1e-12, atol=1e-12)
+    G = rng.standard_normal(y.shape)
+    yt.backward(torch.from_numpy(G))
+    g = mha_backward(G, cache)
+    np.testing.assert_allclose(g["x"], xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    if cross:
+        np.testing.assert_allclose(g["context"], ct.grad.numpy(), rtol=1e-10, atol=1e-12)
+    wg, bg = layer.in_proj_weight.grad.numpy(), layer.in_proj_bias.grad.numpy()
+    np.testing.assert_allclose(np.concatenate([g["q_proj"], g["k_proj"], g["v_proj"]], axis=1).T, wg,
+                               rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(np.concatenate([g["q_proj_bias"], g["k_proj_bias"], g["v_proj_bias"]]), bg,
+                               rtol=1e-10, atol=1e-11)
+    np.testing.assert_allclose(g["out_proj"].T, layer.out_proj.weight.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_mha_bad_params():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 3, 4))
+    p = init_mha_params(rng, 4, 2, 3)
+    with pytest.raises(ValueError, match="k_proj"):
+        mha(x, params=dict(p, k_proj=np.ones((4, 5))), num_heads=2)
+    with pytest.raises(ValueError, match="unknown keys"):
+        mha(x, params=dict(p, in_proj_weight=np.ones((4, 5))), num_heads=2)
+    with pytest.raises(ValueError, match="num_heads"):
+        mha(x, params=p, num_heads=2, num_kv_heads=4)
+    with pytest.raises(ValueError, match="context"):
+        mha(x, rng.standard_normal((3, 3, 4)), params=p, num_heads=2)
+
+
+def test_mask_builders():
+    assert np.array_equal(causal_mask(2, 4, offset=2), [[1, 1, 1, 0], [1, 1, 1, 1]])
+    assert np.array_equal(sliding_window_mask(4, 4, 2),
+                          [[1, 0, 0, 0], [1, 1, 0, 0], [0, 1, 1, 0], [0, 0, 1, 1]])
+    assert np.array_equal(band_mask(3, 3, left=0, right=1), [[1, 1, 0], [0, 1, 1], [0, 0, 1]])
+    assert np.array_equal(block_diagonal_mask([1, 2], causal=True), [[1, 0, 0], [0, 1, 0], [0, 1, 1]])
+    assert padding_mask(np.array([1, 3]), 3).shape == (2, 1, 1, 3)
+    with pytest.raises(ValueError, match="key_lengths"):
+        padding_mask(np.array([4]), 3)
+    with pytest.raises(ValueError, match="mask_kind"):
+        build_mask("diagonal", 3, 3)
+    with pytest.raises(ValueError, match="window"):
+        build_mask("sliding_window", 3, 3)
+    a = to_additive(np.array([True, False]), -100.0)
+    assert a.tolist() == [0.0, -100.0]
+
+
+def test_bias_table_bad_index_map():
+    rng = np.random.default_rng(9)
+    q, k, v = rng.standard_normal((1, 2, 3, 2)), rng.standard_normal((1, 2, 4, 2)), rng.standard_normal((1, 2, 4, 2))
+    table = rng.standard_normal((5, 2))
+    with pytest.raises(ValueError, match="index_map"):
+        biased_attention_forward(q, k, v, params={"table": table}, index_map=np.full((3, 4), 5))
+    with pytest.raises(TypeError, match="index_map"):
+        biased_attention_forward(q, k, v, params={"table": table}, index_map=np.zeros((3, 4)))
+    with pytest.raises(ValueError, match="table"):
+        biased_attention_forward(q, k, v, params={"table": table[:, :1]}, index_map=np.zeros((3, 4), int))
