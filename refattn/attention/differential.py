@@ -46,6 +46,8 @@ from .._checks import (
     check_positive,
     compute_dtype,
 )
+from ..nn.norms import normalize_backward, normalize_forward
+from ..nn.rope import apply_rope, rope_angles
 from ..nn.softmax import apply_mask, softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
 
@@ -130,10 +132,14 @@ def _scatter_heads(g: np.ndarray, idx: np.ndarray, n_heads: int) -> np.ndarray:
     return out
 
 
+_KV_GROUP_MAPS = ("contiguous", "strided", "interleaved")
+
+
 def kv_head_index(n_heads: int, n_kv_heads: int, kv_group_map: str = "contiguous") -> np.ndarray:
     """KV head used by each query head: ``h // (H / Hkv)`` (``"contiguous"``, PyTorch
-    ``enable_gqa``, flash-attn, Llama ``repeat_kv``) or ``h % Hkv`` (``"interleaved"``)."""
-    check_choice(kv_group_map, "kv_group_map", ("contiguous", "interleaved"))
+    ``enable_gqa``, flash-attn, Llama ``repeat_kv``) or ``h % Hkv`` (``"strided"``, the name
+    :func:`refattn.attention.softmax.sdpa_forward` uses; ``"interleaved"`` is accepted as an alias)."""
+    check_choice(kv_group_map, "kv_group_map", _KV_GROUP_MAPS)
     h = np.arange(n_heads)
     return h // (n_heads // n_kv_heads) if kv_group_map == "contiguous" else h % n_kv_heads
 
@@ -153,17 +159,14 @@ def _combine_mask(mask, is_causal, n, m, alignment, dtype):
 
 
 # --------------------------------------------------------------------------------------------
-# RMSNorm and RoPE pieces (unilm semantics). The shared refattn.nn norms/rope modules are being
-# written concurrently; these private helpers follow the same formulas and are replaced by the
-# shared ones once those land.
+# RMSNorm and RoPE pieces (unilm semantics) on the shared refattn.nn primitives
 
 
 def _rms_fwd(x, weight, eps):
     r"""$y = x\,r\,w$ with $r = (\mathrm{mean}(x^2) + \epsilon)^{-1/2}$ over the last axis
-    (unilm ``rms_norm.py``: ``x * rsqrt(x.pow(2).mean(-1) + eps) * weight``)."""
-    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-    xhat = x * r
-    return (xhat * weight if weight is not None else xhat), (xhat, r)
+    (unilm ``rms_norm.py``; :func:`refattn.nn.norms.normalize_forward` uncentred)."""
+    xhat, stats = normalize_forward(x, (x.ndim - 1,), eps, center=False)
+    return (xhat * weight if weight is not None else xhat), (xhat, stats)
 
 
 def _rms_bwd(dy, saved, weight):
@@ -172,9 +175,9 @@ def _rms_bwd(dy, saved, weight):
     From $\hat x = x r$, $\partial r/\partial x_j = -r^3 x_j / n$:
     $dx_j = r g_j - \frac{r^3 x_j}{n}\sum_i g_i x_i = r\,(g_j - \hat x_j\,\frac1n\sum_i g_i\hat x_i)$.
     """
-    xhat, r = saved
+    xhat, stats = saved
     g = dy * weight if weight is not None else dy
-    dx = r * (g - xhat * np.mean(g * xhat, axis=-1, keepdims=True))
+    dx = normalize_backward(g, xhat, stats)
     dw = None
     if weight is not None:
         dw = (dy * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)
@@ -182,30 +185,18 @@ def _rms_bwd(dy, saved, weight):
 
 
 def _rope_apply(x, cos, sin, interleaved, conjugate=False):
-    r"""Rotary embedding on the last axis of ``x (..., N, d)`` with tables ``cos, sin (N, r/2)``.
+    r"""Rotary embedding on the last axis of ``x (..., N, d)`` with tables ``cos, sin (N_ro, r/2)``.
 
     Interleaved (GPT-J, unilm ``apply_rotary_emb(..., interleaved=True)``): pairs
     $(x_{2j}, x_{2j+1})$; rotate-half (GPT-NeoX): pairs $(x_j, x_{j+r/2})$. Each pair is rotated
     by $\theta_{t,j}$: $(a, b)\mapsto(a\cos - b\sin,\ a\sin + b\cos)$; channels past $r$ pass
-    through. The VJP of a rotation is the rotation by $-\theta$ (``conjugate=True``).
+    through (:func:`refattn.nn.rope.apply_rope`). The VJP of a rotation is the rotation by
+    $-\theta$ (``conjugate=True``).
     """
     if cos is None:
         return x
     n = x.shape[-2]
-    half = cos.shape[-1]
-    c, s = cos[:n], sin[:n]
-    if conjugate:
-        s = -s
-    out = x.copy()
-    if interleaved:
-        a, b = x[..., 0:2 * half:2], x[..., 1:2 * half:2]
-        out[..., 0:2 * half:2] = a * c - b * s
-        out[..., 1:2 * half:2] = a * s + b * c
-    else:
-        a, b = x[..., :half], x[..., half:2 * half]
-        out[..., :half] = a * c - b * s
-        out[..., half:2 * half] = a * s + b * c
-    return out
+    return apply_rope(x, cos[:n], -sin[:n] if conjugate else sin[:n], bool(interleaved))
 
 
 def _check_rel_pos(rel_pos, n, d, dtype):
@@ -228,8 +219,7 @@ def _check_rel_pos(rel_pos, n, d, dtype):
 def rope_tables(n: int, rotary_dim: int, base: float = 10000.0):
     r"""``(cos, sin)`` of shape ``(n, rotary_dim/2)`` with $\theta_{t,j} = t\,\text{base}^{-2j/r}$
     (flash-attn ``RotaryEmbedding``, the tables unilm passes as ``rel_pos``)."""
-    inv = base ** (-np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim)
-    ang = np.arange(n, dtype=np.float64)[:, None] * inv[None, :]
+    ang = rope_angles(np.arange(n), rotary_dim, base=base)
     return np.cos(ang), np.sin(ang)
 
 
@@ -271,7 +261,7 @@ def _validate_core(q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal must be a bool; got {type(is_causal).__name__}")
     check_choice(causal_alignment, "causal_alignment", ("bottom_right", "top_left"))
-    check_choice(kv_group_map, "kv_group_map", ("contiguous", "interleaved"))
+    check_choice(kv_group_map, "kv_group_map", _KV_GROUP_MAPS)
     scale = check_positive(scale, "scale", allow_none=True)
     return q1, k1, q2, k2, v, lam, mask, scale
 
@@ -334,9 +324,10 @@ def diff_attention_core_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_ca
         Also apply a causal mask (combined with ``attn_mask`` by AND).
     scale : float, optional
         $s$; default $d^{-1/2}$ with $d$ the query/key width (unilm ``head_dim ** -0.5``).
-    kv_group_map : {"contiguous", "interleaved"}
+    kv_group_map : {"contiguous", "strided"}
         KV head of query head ``h``: ``h // (H/Hkv)`` (PyTorch ``enable_gqa``, flash-attn) or
-        ``h % Hkv``.
+        ``h % Hkv`` (``"strided"`` as in :func:`refattn.attention.softmax.sdpa_forward`;
+        ``"interleaved"`` is an alias kept for the Numba kernel's callers).
     causal_alignment : {"bottom_right", "top_left"}
         Default ``"bottom_right"`` as unilm (``triu(.., 1 + src_len - tgt_len)``) and flash-attn;
         PyTorch SDPA's ``is_causal`` is ``"top_left"``. They agree for ``N == M``.
@@ -830,11 +821,34 @@ def _sample_v1(rng, size):
 
 def _check_core_explicit_gqa(rng):
     s = _sample_core(rng, "small")
-    for gm in ("contiguous", "interleaved"):
+    for gm in _KV_GROUP_MAPS:
         cfg = dict(s.config, kv_group_map=gm)
         out = diff_attention_core(**s.inputs, **cfg)
         err = float(np.abs(out - _explicit_core(**s.inputs, **cfg)).max())
         assert err < 1e-12, f"core with kv_group_map={gm} differs from the explicit form by {err}"
+    return err
+
+
+def _check_core_two_sdpa(rng):
+    # O = sdpa(q1, k1, v) - lam sdpa(q2, k2, v); gradients from sdpa_backward with dO1 = G, dO2 = -lam G.
+    from .softmax import sdpa_backward, sdpa_forward
+
+    s = _sample_core(rng, "small")
+    for gm in ("contiguous", "strided"):
+        cfg = dict(s.config, kv_group_map=gm)
+        i = s.inputs
+        out, cache = diff_attention_core_forward(**i, **cfg)
+        o1, c1 = sdpa_forward(i["q1"], i["k1"], i["v"], causal_alignment="bottom_right", **cfg)
+        o2, c2 = sdpa_forward(i["q2"], i["k2"], i["v"], causal_alignment="bottom_right", **cfg)
+        lam_b = np.broadcast_to(i["lam"], o1.shape[:-1])[..., None]
+        err = float(np.abs(out - (o1 - lam_b * o2)).max())
+        g = rng.standard_normal(out.shape)
+        mine = diff_attention_core_backward(g, cache)
+        g1, g2 = sdpa_backward(g, c1), sdpa_backward(-lam_b * g, c2)
+        ref = {"q1": g1["q"], "k1": g1["k"], "q2": g2["q"], "k2": g2["k"], "v": g1["v"] + g2["v"],
+               "lam": _sum_to(-np.sum(g * o2, -1), i["lam"].shape)}
+        err = max([err] + [float(np.abs(mine[k] - ref[k]).max()) for k in ref])
+        assert err < 1e-12, f"core differs from two sdpa calls by {err} (kv_group_map={gm})"
     return err
 
 
@@ -969,7 +983,8 @@ register(
         title="Differential attention core O = (A1 - lam A2) V (SDPA layouts, GQA, masks)",
         paper=PAPER_V1, forward=diff_attention_core_forward, backward=diff_attention_core_backward,
         sample=_sample_core, reference=_explicit_core, docs="differential.md#diff_attention_core",
-        checks={"explicit_gqa_maps": _check_core_explicit_gqa, "rows_sum_to_one_minus_lambda": _check_core_rows_sum,
+        checks={"explicit_gqa_maps": _check_core_explicit_gqa, "equals_two_sdpa_calls": _check_core_two_sdpa,
+                "rows_sum_to_one_minus_lambda": _check_core_rows_sum,
                 "fully_masked_row": _check_core_fully_masked},
     ),
     Mechanism(
