@@ -458,7 +458,7 @@ def efficient_attention_forward(q, k, v, *, normalization: str = "softmax"):
         rq, _ = softmax_lse(q, axis=-1)
         rk, _ = softmax_lse(k, axis=-2)
     else:
-        c = 1.0 / np.sqrt(k.shape[-2])
+        c = k.shape[-2] ** -0.5  # a Python float keeps float32
         rq, rk = q * c, k * c
     S = _mT(rk) @ v
     out = rq @ S
@@ -477,7 +477,7 @@ def efficient_attention_backward(dout, cache):
         dq = softmax_vjp(rq, drq, axis=-1)
         dk = softmax_vjp(rk, drk, axis=-2)
     else:
-        c = 1.0 / np.sqrt(rk.shape[-2])
+        c = rk.shape[-2] ** -0.5
         dq, dk = drq * c, drk * c
     return {"q": dq, "k": dk, "v": dv}
 
