@@ -15,7 +15,7 @@ from refattn.operators import galerkin as gk
 from refattn.testing import run_record_checks
 
 SLUGS = ["galerkin_attention", "fourier_type_attention", "transolver_physics_attention",
-         "linear_no_attention", "geotransolver_gale"]
+         "linear_no_attention", "geotransolver_gale", "gnot_hna_attention", "gnot_geometric_gating_moe"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -267,3 +267,80 @@ def test_transolver_bad_inputs():
         ts.transolver_physics_attention(x, dict(params, temperature=np.array([0.5, -1.0])), n_head=2)
     with pytest.raises(ValueError, match="slice_attention"):
         ts.transolver_physics_attention(x, params, n_head=2, slice_attention="none")
+
+
+# ------------------------------------------------------------------------------------- GNOT
+
+from refattn.operators import gnot  # noqa: E402
+
+
+@pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.parametrize("query_residual", [True, False])
+def test_gnot_hna_torch_parity(cross, query_residual):
+    """Upstream LinearAttention / LinearCrossAttention ('l1') restated with torch ops."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(20)
+    c, h = 6, 2
+    params = gnot.gnot_hna_init_params(rng, c, n_inputs=2 if cross else None)
+    x = rng.standard_normal((2, 5, c))
+    ys = [rng.standard_normal((2, 4, c)), rng.standard_normal((2, 7, c))] if cross else None
+    out, cache = gnot.gnot_hna_attention_forward(x, params, ys, n_head=h, query_residual=query_residual)
+    tp = _t(torch, params)
+    tx = torch.tensor(x, requires_grad=True)
+    tys = [torch.tensor(t, requires_grad=True) for t in ys] if cross else [tx]
+
+    def heads(t):
+        return t.view(2, t.shape[1], h, c // h).transpose(1, 2)
+
+    q = heads(tx @ tp["query.weight"] + tp["query.bias"]).softmax(-1)
+    z = q if query_residual else 0
+    names = [("keys.0", "values.0"), ("keys.1", "values.1")] if cross else [("key", "value")]
+    for (kn, vn), ty in zip(names, tys):
+        k = heads(ty @ tp[f"{kn}.weight"] + tp[f"{kn}.bias"]).softmax(-1)
+        v = heads(ty @ tp[f"{vn}.weight"] + tp[f"{vn}.bias"])
+        d_inv = 1.0 / (q * k.sum(-2, keepdim=True)).sum(-1, keepdim=True)
+        z = z + (q @ (k.transpose(-2, -1) @ v)) * d_inv
+    tout = z.transpose(1, 2).reshape(2, 5, c) @ tp["proj.weight"] + tp["proj.bias"]
+    tensors = dict(tp, x=tx)
+    np.testing.assert_allclose(out, tout.detach().numpy(), rtol=1e-11, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    tout.backward(torch.tensor(g))
+    grads = gnot.gnot_hna_attention_backward(g, cache)
+    for k, t in tensors.items():
+        np.testing.assert_allclose(grads[k], t.grad.numpy(), rtol=1e-9, atol=1e-11, err_msg=k)
+    if cross:
+        for gy, ty in zip(grads["y"], tys):
+            np.testing.assert_allclose(gy, ty.grad.numpy(), rtol=1e-9, atol=1e-11)
+
+
+def test_gnot_moe_torch_parity():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(21)
+    params = gnot.gnot_moe_init_params(rng, 4, 2, n_experts=3, n_inner=2)
+    x, pos = rng.standard_normal((2, 6, 4)), rng.uniform(-1, 1, (2, 6, 2))
+    out, cache = gnot.gnot_geometric_gating_moe_forward(x, pos, params)
+    tp = _t(torch, params)
+    tx, tpos = torch.tensor(x, requires_grad=True), torch.tensor(pos, requires_grad=True)
+    hgate = F.gelu(F.gelu(tpos @ tp["gatenet.0.weight"] + tp["gatenet.0.bias"]) @ tp["gatenet.2.weight"]
+                   + tp["gatenet.2.bias"])
+    gate = F.softmax(hgate @ tp["gatenet.4.weight"] + tp["gatenet.4.bias"], -1).unsqueeze(2)
+    experts = torch.stack([F.gelu(tx @ tp["moe_mlp.0.weight"][k] + tp["moe_mlp.0.bias"][k])
+                           @ tp["moe_mlp.2.weight"][k] + tp["moe_mlp.2.bias"][k] for k in range(3)], -1)
+    tout = (gate * experts).sum(-1)
+    _grad_parity(torch, out, tout, cache, gnot.gnot_geometric_gating_moe_backward,
+                 dict(tp, x=tx, pos=tpos), rng)
+
+
+def test_gnot_hna_bad_inputs():
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((2, 5, 4))
+    pc = gnot.gnot_hna_init_params(rng, 4, n_inputs=2)
+    with pytest.raises(ValueError, match="need the input functions"):
+        gnot.gnot_hna_attention(x, pc, n_head=2)
+    with pytest.raises(ValueError, match="keys.1"):
+        gnot.gnot_hna_attention(x, pc, [x], n_head=2)
+    with pytest.raises(ValueError, match=r"y\[1\]"):
+        gnot.gnot_hna_attention(x, pc, [x, rng.standard_normal((2, 3, 6))], n_head=2)
+    with pytest.raises(ValueError, match="normaliser"):
+        gnot.gnot_hna_attention(x, gnot.gnot_hna_init_params(rng, 4), n_head=2, normaliser="sum")
