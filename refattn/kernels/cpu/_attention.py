@@ -27,7 +27,8 @@ Loop structure: every dot product is written as an outer-product update whose in
 over a contiguous axis (``S[i, :] += q_ic * K^T[c, :]``, ``acc[i, :] += p_ij * V[j, :]``). That
 loop carries no reduction, so LLVM vectorises it without ``fastmath`` and the summation order (over
 ``c`` and over key tiles) is fixed: results are bit-identical from call to call and thread count
-to thread count.
+to thread count. The backward accumulates dK, dV (per key tile) and dQ (over all key tiles) in
+float64 for float32 inputs; the recomputed P, dP, dS tiles stay in the input dtype.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
     ``delta`` (R,B,H,N) is $D_r = w_r\,\mathrm{rowsum}(dO \odot O_r) - dL_r$ (``dL`` the upstream
     LSE gradient), so $dS_r = P_r \odot (w_r\,dO\,V^\top - D_r)$.
     Work item = (b, query head h, key split). Outputs, all *unscaled by s* and per query head:
-    ``dq_part`` (nsplit,R,B,H,N,d) $\sum_j dS^0 K$, ``dk_part`` (R,B,H,M,d) $dS^{0\top} Q$,
+    ``dq_part`` (nsplit,R,B,H,N,d) $\sum_j dS^0 K$ (float64: it accumulates over all key tiles),
+    ``dk_part`` (R,B,H,M,d) $dS^{0\top} Q$,
     ``dv_part`` (B,H,M,dv) $\sum_r w_r P_r^\top dO$. The caller sums the splits and the heads of
     each kv group in a fixed order and multiplies by ``s``.
     """
@@ -190,8 +192,8 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         dp = np.empty((bq, bk), dtype=q.dtype)
         kt = np.empty((d, bk), dtype=q.dtype)
         vt = np.empty((dv, bk), dtype=q.dtype)
-        dka = np.empty((bk, d), dtype=q.dtype)
-        dva = np.empty((bk, dv), dtype=q.dtype)
+        dka = np.empty((bk, d), dtype=np.float64)
+        dva = np.empty((bk, dv), dtype=np.float64)
         for kt_i in range(sp * tiles_per_split, min(nkt, (sp + 1) * tiles_per_split)):
             j0 = kt_i * bk
             nk = min(bk, M - j0)

@@ -148,3 +148,20 @@ __all__ = [
     "DEFAULT_BLOCK_Q",
     "DEFAULT_BLOCK_K",
 ]
+
+
+def attach_kernel(slug: str, reference_module: str, fn, check) -> None:
+    """Attach ``fn`` and its parity ``check`` to the registry record ``slug`` as ``"numba_cpu"``.
+
+    The reference module is imported first so the record exists even when a kernel module is
+    imported on its own; a missing or unimplemented record is skipped (the kernel stays usable).
+    """
+    import importlib
+
+    from ...registry import add_kernel
+
+    try:
+        importlib.import_module(reference_module)
+        add_kernel(slug, "numba_cpu", fn, check)
+    except (ImportError, ValueError):
+        return

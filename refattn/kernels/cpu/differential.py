@@ -62,7 +62,7 @@ def _validate(q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map,
     q2 = as_float(q2, "q2", min_ndim=4)
     k2 = as_float(k2, "k2", min_ndim=4)
     v = as_float(v, "v", min_ndim=4)
-    lam = as_float(lam, "lam", max_ndim=q1.ndim - 1)
+    lam = as_float(lam, "lam", min_ndim=1, max_ndim=q1.ndim - 1)
     if q2.shape != q1.shape:
         raise ValueError(f"q2 must have q1's shape {q1.shape}; got {q2.shape}")
     if k2.shape != k1.shape:
@@ -104,7 +104,7 @@ def diff_attention_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_causal:
     ----------
     q1, q2 : (..., H, N, d); k1, k2 : (..., Hkv, M, d); v : (..., Hkv, M, dv)
     lam : array broadcastable to (..., H, N)
-        Scalar (0-d), per head ``(H, 1)`` or per token and head.
+        One λ ``(1,)``, per head ``(H, 1)`` or per token and head (at least 1-d, as the reference).
     attn_mask, is_causal, scale, kv_group_map, causal_alignment
         As :func:`refattn.attention.differential.diff_attention_core_forward`.
     block_q, block_k : int
@@ -164,7 +164,7 @@ def diff_attention_backward(dout, cache):
     _, b, h, n, d = q.shape
     hkv, m = k.shape[2], k.shape[3]
     nsplit = bwd_splits(b, h, m, c["block_k"])
-    dq_part = np.zeros((nsplit, 2, b, h, n, d), dtype=dt)
+    dq_part = np.zeros((nsplit, 2, b, h, n, d), dtype=np.float64)  # accumulated over key tiles
     dk_part = np.empty((2, b, h, m, d), dtype=dt)
     dv_part = np.empty((b, h, m, v4.shape[-1]), dtype=dt)
     mode, mb, mf, ms = c["mask"]
@@ -172,7 +172,7 @@ def diff_attention_backward(dout, cache):
     _k.attention_bwd(q, k, v4, w, kvm, mode, mb, mf, ms, c["scale"], 0.0, c["is_causal"], c["offset"],
                      c["block_q"], c["block_k"], nsplit, g4, c["lse4"], delta, dq_part, dk_part, dv_part)
     s = dt.type(c["scale"])
-    dq = (dq_part[0] if nsplit == 1 else dq_part.sum(axis=0)) * s
+    dq = ((dq_part[0] if nsplit == 1 else dq_part.sum(axis=0)) * c["scale"]).astype(dt)
     dk = reduce_heads(dk_part, hkv, c["kv_group_map"]) * s
     dvv = reduce_heads(dv_part, hkv, c["kv_group_map"])
     dlam = _sum_to((-rs[1]).reshape(qs[:-1]), c["lam_shape"])
@@ -183,3 +183,35 @@ def diff_attention_backward(dout, cache):
 def diff_attention(q1, k1, q2, k2, v, lam, **config):
     """Convenience wrapper: the output of :func:`diff_attention_forward`."""
     return diff_attention_forward(q1, k1, q2, k2, v, lam, **config)[0]
+
+
+def _parity_check(rng):
+    """Kernel == reference core (float64, 1e-10) on the output and all six gradients."""
+    from ...attention.differential import diff_attention_core_backward, diff_attention_core_forward
+
+    worst = 0.0
+    cases = [dict(), dict(is_causal=True), dict(is_causal=True, causal_alignment="top_left",
+                                                  kv_group_map="interleaved"), dict(attn_mask="bool")]
+    for cfg, lam_shape in zip(cases, [(1,), (4, 1), (2, 4, 1), (1,)]):
+        b, h, hkv = 2, 4, int(rng.choice([1, 2, 4]))
+        n, m, d, dv = int(rng.integers(1, 10)), int(rng.integers(1, 10)), 4, 6
+        q1, q2 = rng.standard_normal((2, b, h, n, d))
+        k1, k2 = rng.standard_normal((2, b, hkv, m, d))
+        v = rng.standard_normal((b, hkv, m, dv))
+        lam = np.asarray(rng.uniform(0.1, 0.9, lam_shape))
+        if cfg.get("attn_mask") == "bool":
+            cfg = dict(cfg, attn_mask=rng.random((b, h, n, m)) > 0.3)
+        out, c = diff_attention_forward(q1, k1, q2, k2, v, lam, block_q=4, block_k=3, **cfg)
+        out_r, c_r = diff_attention_core_forward(q1, k1, q2, k2, v, lam, **cfg)
+        g = rng.standard_normal(out.shape)
+        gk, gr = diff_attention_backward(g, c), diff_attention_core_backward(g, c_r)
+        errs = [np.abs(out - out_r).max()] + [np.abs(gk[x] - gr[x]).max() for x in gr]
+        err = float(max(errs))
+        assert err <= 1e-10, errs
+        worst = max(worst, err)
+    return worst
+
+
+from ._common import attach_kernel  # noqa: E402
+
+attach_kernel("diff_attention_core", "refattn.attention.differential", diff_attention_forward, _parity_check)

@@ -144,7 +144,7 @@ def flash_attention_backward(dout, cache, *, dlse=None):
     b, h, n, d = q4.shape
     hkv, m = k4.shape[1], k4.shape[2]
     nsplit = bwd_splits(b, h, m, c["block_k"])
-    dq_part = np.zeros((nsplit, 1, b, h, n, d), dtype=dt)
+    dq_part = np.zeros((nsplit, 1, b, h, n, d), dtype=np.float64)  # accumulated over key tiles
     dk_part = np.empty((1, b, h, m, d), dtype=dt)
     dv_part = np.empty((b, h, m, v4.shape[-1]), dtype=dt)
     mode, mb, mf, ms = c["mask"]
@@ -155,7 +155,7 @@ def flash_attention_backward(dout, cache, *, dlse=None):
                      c["block_k"], nsplit, g4, c["lse4"], delta, dq_part, dk_part, dv_part)
     s = dt.type(c["scale"])
     dq = dq_part[0, 0] if nsplit == 1 else dq_part[:, 0].sum(axis=0)
-    dq = dq * s
+    dq = (dq * c["scale"]).astype(dt)
     dk = reduce_heads(dk_part[0], hkv, c["kv_group_map"]) * s
     dvv = reduce_heads(dv_part, hkv, c["kv_group_map"])
     return {"q": dq.reshape(qs), "k": dk.reshape(ks), "v": dvv.reshape(vs)}
@@ -164,3 +164,75 @@ def flash_attention_backward(dout, cache, *, dlse=None):
 def flash_attention(q, k, v, **kwargs):
     """Convenience wrapper: the output of :func:`flash_attention_forward`."""
     return flash_attention_forward(q, k, v, **kwargs)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Backend dispatch and registry parity check
+
+
+def sdpa_forward(q, k, v, *, backend: str = "numba", **config):
+    """:func:`refattn.attention.softmax.sdpa_forward` with a ``backend`` switch.
+
+    ``backend="numba"`` runs :func:`flash_attention_forward`; ``"numpy"`` the reference. The cache
+    remembers which, and :func:`sdpa_backward` dispatches on it.
+    """
+    if backend == "numba":
+        return flash_attention_forward(q, k, v, **config)
+    if backend == "numpy":
+        from ...attention.softmax import sdpa_forward as ref
+
+        return ref(q, k, v, **config)
+    raise ValueError(f"backend must be one of ('numba', 'numpy'); got {backend!r}")
+
+
+def sdpa_backward(dout, cache, *, dlse=None):
+    """Backward of :func:`sdpa_forward` for either backend (chosen from the cache)."""
+    if isinstance(cache, dict) and cache.get("backend") == BACKEND:
+        return flash_attention_backward(dout, cache, dlse=dlse)
+    from ...attention.softmax import sdpa_backward as ref
+
+    return ref(dout, cache, dlse=dlse)
+
+
+def _parity_check(rng):
+    """Kernel == reference (float64, 1e-10) on out, LSE and the three gradients, over masks,
+    causal alignments with N != M, GQA maps, softcap and tiles that do not divide the sizes."""
+    from ...attention.softmax import sdpa_backward as ref_bwd
+    from ...attention.softmax import sdpa_forward as ref_fwd
+
+    worst = 0.0
+    cases = [
+        dict(),
+        dict(is_causal=True, causal_alignment="bottom_right"),
+        dict(is_causal=True, causal_alignment="top_left", kv_group_map="strided", softcap=2.0),
+        dict(attn_mask="bool"),
+        dict(attn_mask="additive", is_causal=True),
+    ]
+    for cfg in cases:
+        b, h, hkv = 2, 4, int(rng.choice([1, 2, 4]))
+        n, m, d, dv = int(rng.integers(1, 12)), int(rng.integers(1, 12)), 5, 3
+        q = rng.standard_normal((b, h, n, d))
+        k = rng.standard_normal((b, hkv, m, d))
+        v = rng.standard_normal((b, hkv, m, dv))
+        cfg = dict(cfg)
+        if cfg.get("attn_mask") == "bool":
+            cfg["attn_mask"] = rng.random((b, 1, n, m)) > 0.3
+        elif cfg.get("attn_mask") == "additive":
+            cfg["attn_mask"] = np.where(rng.random((n, m)) > 0.3, rng.standard_normal((n, m)), -np.inf)
+        out, c = flash_attention_forward(q, k, v, block_q=4, block_k=3, **cfg)
+        out_r, c_r = ref_fwd(q, k, v, **cfg)
+        g = rng.standard_normal(out.shape)
+        gk, gr = flash_attention_backward(g, c), ref_bwd(g, c_r)
+        fin = np.isfinite(c_r["lse"])
+        assert np.array_equal(fin, np.isfinite(c["lse"])), "LSE -inf pattern differs"
+        errs = [np.abs(out - out_r).max(), np.abs(c["lse"][fin] - c_r["lse"][fin]).max(initial=0.0)]
+        errs += [np.abs(gk[x] - gr[x]).max() for x in ("q", "k", "v")]
+        err = float(max(errs))
+        assert err <= 1e-10, (cfg.keys(), errs)
+        worst = max(worst, err)
+    return worst
+
+
+from ._common import attach_kernel  # noqa: E402
+
+attach_kernel("sdpa", "refattn.attention.softmax", flash_attention_forward, _parity_check)

@@ -1,0 +1,393 @@
+"""Numba CPU kernels (refattn/kernels/cpu) against the NumPy references.
+
+* float64: kernel == reference to 1e-10 (outputs, LSE, every gradient);
+* float32: kernel error vs the float64 reference <= 2x the error of the naive float32 NumPy
+  reference (the FlashAttention acceptance rule);
+* tiles that do not divide the sizes, N = 1, fully masked rows, causal with N != M in both
+  alignments, GQA maps, masks, softcap, huge logits;
+* bad input raises TypeError/ValueError in Python, before any kernel runs;
+* determinism: repeated calls and different thread counts give bit-identical results.
+
+Sizes are tiny; every kernel compiles once per dtype (all flags are runtime arguments, cache=True).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from refattn import registry
+from refattn.attention.differential import diff_attention_core_backward, diff_attention_core_forward
+from refattn.attention.linear import causal_linear_attention_backward, causal_linear_attention_forward
+from refattn.attention.softmax import sdpa_backward, sdpa_forward
+from refattn.kernels.cpu import differential as kd
+from refattn.kernels.cpu import flash as kf
+from refattn.kernels.cpu import linear as kl
+
+
+def _maxerr(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    fin = np.isfinite(b)
+    assert np.array_equal(fin, np.isfinite(a)), "non-finite pattern differs"
+    return float(np.abs(a[fin] - b[fin]).max(initial=0.0))
+
+
+def _qkv(rng, b, h, hkv, n, m, d, dv, dtype=np.float64):
+    return (rng.standard_normal((b, h, n, d)).astype(dtype), rng.standard_normal((b, hkv, m, d)).astype(dtype),
+            rng.standard_normal((b, hkv, m, dv)).astype(dtype))
+
+
+# ------------------------------------------------------------------------------------ SDPA
+
+SDPA_CASES = [
+    # (b, h, hkv, n, m, d, dv, config, blocks)
+    (2, 2, 2, 7, 9, 5, 3, {}, (4, 3)),
+    (1, 4, 2, 1, 1, 3, 2, {}, (64, 64)),  # N = M = 1
+    (1, 2, 1, 1, 6, 4, 4, {"is_causal": True, "causal_alignment": "bottom_right"}, (4, 4)),  # decode step
+    (2, 4, 2, 13, 6, 4, 3, {"is_causal": True, "causal_alignment": "bottom_right"}, (4, 5)),  # N > M: masked rows
+    (2, 4, 2, 6, 13, 4, 3, {"is_causal": True, "causal_alignment": "top_left"}, (4, 5)),  # N < M
+    (2, 4, 2, 9, 9, 4, 3, {"is_causal": True, "kv_group_map": "strided", "softcap": 1.5}, (2, 3)),
+    (2, 4, 1, 11, 17, 8, 5, {"scale": 0.3}, (64, 64)),  # MQA, one tile
+    (3, 2, 2, 10, 7, 3, 2, {"attn_mask": "bool"}, (3, 4)),
+    (2, 2, 2, 10, 7, 3, 2, {"attn_mask": "additive", "is_causal": True}, (3, 4)),
+]
+
+
+def _make_mask(rng, kind, b, h, n, m):
+    if kind == "bool":
+        keep = rng.random((b, 1, n, m)) > 0.35
+        keep[0, 0, min(2, n - 1)] = False  # one fully masked row
+        return keep
+    add = np.where(rng.random((n, m)) > 0.3, rng.standard_normal((n, m)), -np.inf)
+    add[min(1, n - 1)] = -np.inf
+    return add
+
+
+@pytest.mark.parametrize("case", range(len(SDPA_CASES)))
+def test_flash_matches_reference_float64(case):
+    b, h, hkv, n, m, d, dv, cfg, (bq, bk) = SDPA_CASES[case]
+    rng = np.random.default_rng(case)
+    q, k, v = _qkv(rng, b, h, hkv, n, m, d, dv)
+    cfg = dict(cfg)
+    if "attn_mask" in cfg:
+        cfg["attn_mask"] = _make_mask(rng, cfg["attn_mask"], b, h, n, m)
+    out, c = kf.flash_attention_forward(q, k, v, block_q=bq, block_k=bk, **cfg)
+    out_r, c_r = sdpa_forward(q, k, v, **cfg)
+    assert out.dtype == np.float64 and out.shape == out_r.shape
+    assert _maxerr(out, out_r) <= 1e-10
+    assert _maxerr(c["lse"], c_r["lse"]) <= 1e-10
+    g = rng.standard_normal(out.shape)
+    dlse = rng.standard_normal(c["lse"].shape)
+    for kw in ({}, {"dlse": dlse}):
+        gk, gr = kf.flash_attention_backward(g, c, **kw), sdpa_backward(g, c_r, **kw)
+        for name in ("q", "k", "v"):
+            assert gk[name].shape == gr[name].shape
+            assert _maxerr(gk[name], gr[name]) <= 1e-10, name
+
+
+def test_flash_fully_masked_rows_are_zero():
+    rng = np.random.default_rng(3)
+    q, k, v = _qkv(rng, 2, 2, 2, 5, 4, 3, 2)
+    keep = np.ones((2, 2, 5, 4), bool)
+    keep[1, 0, 3] = False
+    with np.errstate(all="raise"):
+        out, c = kf.flash_attention_forward(q, k, v, attn_mask=keep, block_q=2, block_k=3)
+        g = kf.flash_attention_backward(rng.standard_normal(out.shape), c)
+    assert np.all(out[1, 0, 3] == 0) and np.all(g["q"][1, 0, 3] == 0)
+    assert np.isneginf(c["lse"][1, 0, 3])
+    assert all(np.isfinite(a).all() for a in (out, *g.values()))
+    # bottom-right causal with N > M: the first N - M rows see no key
+    q2 = rng.standard_normal((1, 1, 6, 3))
+    out2, c2 = kf.flash_attention_forward(q2, k[:1, :1], v[:1, :1], is_causal=True,
+                                          causal_alignment="bottom_right")
+    assert np.all(out2[0, 0, :2] == 0) and np.isneginf(c2["lse"][0, 0, :2]).all()
+
+
+def test_flash_huge_logits_and_leading_axes():
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((2, 3, 2, 5, 4)) * 100.0  # two leading axes; logits ~1e4
+    k = rng.standard_normal((2, 3, 2, 6, 4)) * 100.0
+    v = rng.standard_normal((2, 3, 2, 6, 3))
+    mask = rng.random((3, 1, 5, 6)) > 0.3  # broadcast over the first leading axis and the heads
+    out, c = kf.flash_attention_forward(q, k, v, attn_mask=mask, block_q=2, block_k=4)
+    out_r, c_r = sdpa_forward(q, k, v, attn_mask=mask)
+    assert np.isfinite(out).all()
+    assert _maxerr(out, out_r) <= 1e-10
+    g = rng.standard_normal(out.shape)
+    gk, gr = kf.flash_attention_backward(g, c), sdpa_backward(g, c_r)
+    for name in ("q", "k", "v"):
+        assert _maxerr(gk[name], gr[name]) <= 1e-6 * max(1.0, np.abs(gr[name]).max()), name
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flash_float32_error_rule(is_causal):
+    rng = np.random.default_rng(5)
+    q, k, v = _qkv(rng, 1, 2, 2, 70, 70, 16, 16)
+    q, k = q * 2.0, k * 2.0
+    q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
+    out64, c64 = sdpa_forward(q, k, v, is_causal=is_causal)
+    out_n, c_n = sdpa_forward(q32, k32, v32, is_causal=is_causal)  # naive float32 NumPy reference
+    out_k, c_k = kf.flash_attention_forward(q32, k32, v32, is_causal=is_causal, block_q=32, block_k=24)
+    assert out_k.dtype == np.float32
+    assert _maxerr(out_k, out64) <= 2 * _maxerr(out_n, out64)
+    g = rng.standard_normal(out64.shape)
+    g64, gn, gk = sdpa_backward(g, c64), sdpa_backward(g.astype(np.float32), c_n), \
+        kf.flash_attention_backward(g.astype(np.float32), c_k)
+    for name in ("q", "k", "v"):
+        assert gk[name].dtype == np.float32
+        assert _maxerr(gk[name], g64[name]) <= 2 * _maxerr(gn[name], g64[name]), name
+
+
+def test_flash_deterministic_across_calls_and_threads():
+    rng = np.random.default_rng(6)
+    q, k, v = _qkv(rng, 1, 3, 1, 45, 50, 8, 8, np.float32)
+    g = rng.standard_normal((1, 3, 45, 8)).astype(np.float32)
+    before = numba.get_num_threads()
+    results = []
+    try:
+        for threads in (before, before, 1):
+            numba.set_num_threads(threads)
+            out, c = kf.flash_attention_forward(q, k, v, is_causal=True, block_q=8, block_k=8)
+            results.append((out, c["lse"], *kf.flash_attention_backward(g, c).values()))
+    finally:
+        numba.set_num_threads(before)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a, b)
+
+
+def test_flash_dtype_and_inputs_untouched():
+    rng = np.random.default_rng(7)
+    q, k, v = _qkv(rng, 1, 2, 2, 4, 5, 3, 2)
+    copies = [a.copy() for a in (q, k, v)]
+    out16, _ = kf.flash_attention_forward(*(a.astype(np.float16) for a in (q, k, v)))
+    assert out16.dtype == np.float32
+    outm, _ = kf.flash_attention_forward(q.astype(np.float32), k, v)  # mixed -> float64
+    assert outm.dtype == np.float64
+    qf = np.asfortranarray(q)
+    qf.flags.writeable = False
+    out, c = kf.flash_attention_forward(qf, k[:, :, ::-1], v[:, :, ::-1])
+    kf.flash_attention_backward(np.ones_like(out), c)
+    for a, b in zip((q, k, v), copies):
+        assert np.array_equal(a, b)
+
+
+BAD_SDPA = [
+    (lambda q, k, v: ((q.astype(int), k, v), {}), TypeError),
+    (lambda q, k, v: ((q, k, v.astype(complex)), {}), TypeError),
+    (lambda q, k, v: ((q[0, 0], k, v), {}), ValueError),
+    (lambda q, k, v: ((q, k[..., :2], v), {}), ValueError),
+    (lambda q, k, v: ((q, k[:, :, :3], v), {}), ValueError),
+    (lambda q, k, v: ((q, k[:, :1].repeat(3, 1), v[:, :1].repeat(3, 1)), {}), ValueError),  # 2 % 3
+    (lambda q, k, v: ((q, k, v), {"attn_mask": np.ones((3, 3), bool)}), ValueError),
+    (lambda q, k, v: ((q, k, v), {"attn_mask": np.ones((4, 5), int)}), TypeError),
+    (lambda q, k, v: ((q, k, v), {"is_causal": 1}), TypeError),
+    (lambda q, k, v: ((q, k, v), {"causal_alignment": "left"}), ValueError),
+    (lambda q, k, v: ((q, k, v), {"kv_group_map": "interleaved"}), ValueError),
+    (lambda q, k, v: ((q, k, v), {"scale": -1.0}), ValueError),
+    (lambda q, k, v: ((q, k, v), {"softcap": 0.0}), ValueError),
+    (lambda q, k, v: ((q, k, v), {"block_q": 0}), ValueError),
+    (lambda q, k, v: ((q * np.nan, k, v), {}), ValueError),
+]
+
+
+@pytest.mark.parametrize("i", range(len(BAD_SDPA)))
+def test_flash_bad_input_raises_before_kernel(i, monkeypatch):
+    rng = np.random.default_rng(8)
+    q, k, v = _qkv(rng, 1, 2, 2, 4, 5, 3, 2)
+    make, exc = BAD_SDPA[i]
+    args, kw = make(q, k, v)
+
+    def boom(*a, **k):
+        raise AssertionError("the kernel was entered")
+
+    monkeypatch.setattr(kf._k, "attention_fwd", boom)
+    with pytest.raises(exc):
+        kf.flash_attention_forward(*args, **kw)
+
+
+def test_flash_backward_bad_input():
+    rng = np.random.default_rng(9)
+    q, k, v = _qkv(rng, 1, 2, 2, 4, 5, 3, 2)
+    out, c = kf.flash_attention_forward(q, k, v)
+    with pytest.raises(ValueError):
+        kf.flash_attention_backward(np.ones((1, 2, 4, 3)), c)
+    with pytest.raises(TypeError):
+        kf.flash_attention_backward(np.ones(out.shape, int), c)
+    with pytest.raises(TypeError):
+        kf.flash_attention_backward(np.ones(out.shape), {"lse": 0})
+
+
+def test_sdpa_backend_dispatch():
+    rng = np.random.default_rng(10)
+    q, k, v = _qkv(rng, 1, 2, 2, 4, 5, 3, 2)
+    g = rng.standard_normal((1, 2, 4, 2))
+    res = {}
+    for backend in ("numba", "numpy"):
+        out, c = kf.sdpa_forward(q, k, v, backend=backend, is_causal=True)
+        res[backend] = (out, kf.sdpa_backward(g, c))
+    assert _maxerr(res["numba"][0], res["numpy"][0]) <= 1e-10
+    for name in "qkv":
+        assert _maxerr(res["numba"][1][name], res["numpy"][1][name]) <= 1e-10
+    with pytest.raises(ValueError):
+        kf.sdpa_forward(q, k, v, backend="cuda")
+
+
+# ------------------------------------------------------------------------------ differential
+
+DIFF_CASES = [
+    (2, 2, 2, 7, 9, 4, 8, (1,), {}),
+    (2, 4, 2, 9, 5, 4, 6, (4, 1), {"is_causal": True}),  # bottom-right, N > M: masked rows
+    (2, 4, 1, 5, 9, 4, 6, (2, 4, 5), {"is_causal": True, "causal_alignment": "top_left",
+                                      "kv_group_map": "interleaved"}),
+    (1, 2, 2, 1, 1, 3, 2, (1,), {}),
+    (2, 2, 2, 6, 7, 3, 4, (2, 1), {"attn_mask": "bool", "scale": 0.4}),
+]
+
+
+@pytest.mark.parametrize("case", range(len(DIFF_CASES)))
+def test_diff_matches_reference_float64(case):
+    b, h, hkv, n, m, d, dv, lam_shape, cfg = DIFF_CASES[case]
+    rng = np.random.default_rng(100 + case)
+    q1, q2 = rng.standard_normal((2, b, h, n, d))
+    k1, k2 = rng.standard_normal((2, b, hkv, m, d))
+    v = rng.standard_normal((b, hkv, m, dv))
+    lam = rng.uniform(0.1, 0.9, lam_shape)
+    cfg = dict(cfg)
+    if "attn_mask" in cfg:
+        cfg["attn_mask"] = _make_mask(rng, "bool", b, h, n, m)
+    out, c = kd.diff_attention_forward(q1, k1, q2, k2, v, lam, block_q=4, block_k=3, **cfg)
+    out_r, c_r = diff_attention_core_forward(q1, k1, q2, k2, v, lam, **cfg)
+    assert _maxerr(out, out_r) <= 1e-10
+    g = rng.standard_normal(out.shape)
+    gk, gr = kd.diff_attention_backward(g, c), diff_attention_core_backward(g, c_r)
+    assert set(gk) == set(gr)
+    for name in gr:
+        assert gk[name].shape == gr[name].shape, name
+        assert _maxerr(gk[name], gr[name]) <= 1e-10, name
+
+
+def test_diff_float32_error_rule():
+    rng = np.random.default_rng(11)
+    q1, q2 = rng.standard_normal((2, 1, 2, 60, 16)) * 2
+    k1, k2 = rng.standard_normal((2, 1, 2, 60, 16)) * 2
+    v = rng.standard_normal((1, 2, 60, 32))
+    lam = np.array([0.6])
+    args64 = (q1, k1, q2, k2, v, lam)
+    args32 = tuple(a.astype(np.float32) for a in args64)
+    o64, c64 = diff_attention_core_forward(*args64, is_causal=True)
+    on, cn = diff_attention_core_forward(*args32, is_causal=True)
+    ok, ck = kd.diff_attention_forward(*args32, is_causal=True, block_q=16, block_k=24)
+    assert ok.dtype == np.float32
+    assert _maxerr(ok, o64) <= 2 * _maxerr(on, o64)
+    g = rng.standard_normal(o64.shape)
+    g64 = diff_attention_core_backward(g, c64)
+    gn = diff_attention_core_backward(g.astype(np.float32), cn)
+    gk = kd.diff_attention_backward(g.astype(np.float32), ck)
+    for name in g64:
+        assert _maxerr(gk[name], g64[name]) <= 2 * _maxerr(gn[name], g64[name]), name
+
+
+def test_diff_lambda_zero_is_sdpa():
+    rng = np.random.default_rng(12)
+    q1, q2 = rng.standard_normal((2, 1, 2, 6, 4))
+    k1, k2 = rng.standard_normal((2, 1, 2, 7, 4))
+    v = rng.standard_normal((1, 2, 7, 3))
+    out, _ = kd.diff_attention_forward(q1, k1, q2, k2, v, np.zeros(1), is_causal=True)
+    ref = kf.flash_attention(q1, k1, v, is_causal=True, causal_alignment="bottom_right")
+    assert np.array_equal(out, ref)
+
+
+@pytest.mark.parametrize("bad,exc", [
+    ({"lam": np.zeros(())}, ValueError),
+    ({"lam": np.zeros((3, 1))}, ValueError),
+    ({"q2": np.zeros((1, 2, 5, 4))}, ValueError),
+    ({"v": np.zeros((1, 2, 6, 3), dtype=int)}, TypeError),
+    ({"kv_group_map": "strided"}, ValueError),
+])
+def test_diff_bad_input_raises_before_kernel(bad, exc, monkeypatch):
+    rng = np.random.default_rng(13)
+    args = {"q1": rng.standard_normal((1, 2, 4, 4)), "k1": rng.standard_normal((1, 2, 6, 4)),
+            "q2": rng.standard_normal((1, 2, 4, 4)), "k2": rng.standard_normal((1, 2, 6, 4)),
+            "v": rng.standard_normal((1, 2, 6, 3)), "lam": np.array([0.5])}
+    cfg = {}
+    for key, val in bad.items():
+        (args if key in args else cfg)[key] = val
+
+    def boom(*a, **k):
+        raise AssertionError("the kernel was entered")
+
+    monkeypatch.setattr(kd._k, "attention_fwd", boom)
+    with pytest.raises(exc):
+        kd.diff_attention_forward(**args, **cfg)
+
+
+# ------------------------------------------------------------------------- causal linear
+
+
+@pytest.mark.parametrize("shape,fm", [((2, 3, 11, 4), "elu_plus_one"), ((1, 1, 1, 2), "elu_plus_one"),
+                                      ((3, 7, 5), "identity")])
+def test_causal_linear_matches_reference_float64(shape, fm):
+    rng = np.random.default_rng(14)
+    q, k = rng.standard_normal((2,) + shape)
+    v = rng.standard_normal(shape[:-1] + (3,))
+    if fm == "identity":
+        q, k = np.abs(q), np.abs(k)
+    out, c = kl.causal_linear_attention_forward(q, k, v, feature_map=fm)
+    out_r, c_r = causal_linear_attention_forward(q, k, v, feature_map=fm)
+    assert _maxerr(out, out_r) <= 1e-10
+    g = rng.standard_normal(out.shape)
+    gk, gr = kl.causal_linear_attention_backward(g, c), causal_linear_attention_backward(g, c_r)
+    for name in "qkv":
+        assert _maxerr(gk[name], gr[name]) <= 1e-10, name
+
+
+def test_causal_linear_float32_error_rule():
+    rng = np.random.default_rng(15)
+    q, k = rng.standard_normal((2, 1, 2, 80, 16))
+    v = rng.standard_normal((1, 2, 80, 16))
+    o64, c64 = causal_linear_attention_forward(q, k, v)
+    a32 = [a.astype(np.float32) for a in (q, k, v)]
+    on, cn = causal_linear_attention_forward(*a32)
+    ok, ck = kl.causal_linear_attention_forward(*a32)
+    assert ok.dtype == np.float32
+    assert _maxerr(ok, o64) <= 2 * _maxerr(on, o64)
+    g = rng.standard_normal(o64.shape)
+    g64, gn = causal_linear_attention_backward(g, c64), causal_linear_attention_backward(g.astype(np.float32), cn)
+    gk = kl.causal_linear_attention_backward(g.astype(np.float32), ck)
+    for name in "qkv":
+        assert _maxerr(gk[name], g64[name]) <= 2 * _maxerr(gn[name], g64[name]), name
+
+
+@pytest.mark.parametrize("bad,exc", [
+    ({"k": np.zeros((1, 2, 5, 4))}, ValueError),
+    ({"v": np.zeros((1, 2, 4, 3), dtype=np.int32)}, TypeError),
+    ({"eps": -1.0}, ValueError),
+    ({"feature_map": "relu"}, ValueError),
+])
+def test_causal_linear_bad_input_raises_before_kernel(bad, exc, monkeypatch):
+    rng = np.random.default_rng(16)
+    args = {"q": rng.standard_normal((1, 2, 4, 4)), "k": rng.standard_normal((1, 2, 4, 4)),
+            "v": rng.standard_normal((1, 2, 4, 3))}
+    cfg = {}
+    for key, val in bad.items():
+        (args if key in args else cfg)[key] = val
+
+    def boom(*a, **k):
+        raise AssertionError("the kernel was entered")
+
+    monkeypatch.setattr(kl, "_scan_fwd", boom)
+    with pytest.raises(exc):
+        kl.causal_linear_attention_forward(**args, **cfg)
+
+
+# ---------------------------------------------------------------------------------- registry
+
+
+@pytest.mark.parametrize("slug", ["sdpa", "diff_attention_core", "linear_attention_katharopoulos"])
+def test_registry_kernel_parity_checks(slug):
+    rec = registry.get(slug)
+    assert "numba_cpu" in rec.kernels
+    err = rec.checks["kernel:numba_cpu"](np.random.default_rng(17))
+    assert err <= 1e-10
