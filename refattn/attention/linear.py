@@ -43,6 +43,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import as_float, check_choice, check_dim, check_int, check_positive, compute_dtype
+from ..nn.activations import elu_plus_one, elu_plus_one_grad
 from ..nn.norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
@@ -95,7 +96,7 @@ def feature_map_forward(x: np.ndarray, feature_map: str) -> np.ndarray:
     """
     if feature_map == "identity":
         return x
-    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+    return elu_plus_one(x)
 
 
 def feature_map_backward(dphi: np.ndarray, x: np.ndarray, feature_map: str) -> np.ndarray:
@@ -103,7 +104,7 @@ def feature_map_backward(dphi: np.ndarray, x: np.ndarray, feature_map: str) -> n
     $C^1$ at 0, so FD checks are valid everywhere)."""
     if feature_map == "identity":
         return dphi
-    return dphi * np.where(x > 0, 1.0, np.exp(np.minimum(x, 0.0)))
+    return dphi * elu_plus_one_grad(x)
 
 
 # --------------------------------------------------------------------------------------------
