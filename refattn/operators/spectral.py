@@ -46,6 +46,7 @@ import math
 import numpy as np
 
 from .._checks import as_float, check_choice, check_int, check_positive, compute_dtype
+from ..nn.activations import gelu, gelu_grad
 from ..registry import Mechanism, Sample, register
 from ..testing.gradcheck import gradcheck
 
@@ -395,27 +396,12 @@ register(
 # AFNO / DPOT Fourier mixer
 
 _SELECTIONS = ("afno_last_axis_fraction", "dpot_low_corner", "fno_two_corners")
-_SQRT1_2 = 1.0 / math.sqrt(2.0)
-
-
-def _gelu(z):
-    from scipy.special import erf
-
-    return 0.5 * z * (1.0 + erf(z * _SQRT1_2))
-
-
-def _gelu_grad(z):
-    from scipy.special import erf
-
-    return 0.5 * (1.0 + erf(z * _SQRT1_2)) + z * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
-
-
 def _act(z, kind):
-    return np.maximum(z, 0.0) if kind == "relu" else _gelu(z)
+    return np.maximum(z, 0.0) if kind == "relu" else gelu(z)
 
 
 def _act_grad(z, kind):
-    return (z > 0).astype(z.dtype) if kind == "relu" else _gelu_grad(z).astype(z.dtype, copy=False)
+    return (z > 0).astype(z.dtype) if kind == "relu" else gelu_grad(z).astype(z.dtype, copy=False)
 
 
 def _afno_kept_mask(H, W, selection, hard_thresholding_fraction, modes, kept_modes_from):
@@ -489,16 +475,13 @@ def afno_mixer_forward(x, params, *, num_blocks=None, mode_selection: str = "afn
 
     Upstream conventions (each a keyword here; defaults = NVlabs/AFNO-transformer ``afno/afno2d.py``):
 
-    ============================ ======================== ===================================
-    keyword                      AFNO (afno2d.py)         DPOT (thu-ml/DPOT models/dpot.py)
-    ============================ ======================== ===================================
-    ``mode_selection``           last axis ``[:, :, :k]`` ``[:, :modes, :modes]`` (one corner,
-                                                          non-negative axis-1 frequencies)
-    ``activation``               ``"relu"``               ``"gelu"``
-    ``softshrink``               ``0.01``                 ``None`` (commented out upstream)
-    ``inner_residual``           ``True`` (``x + bias``)  ``True``
-    init (see docs)              ``0.02 * randn``         ``rand / (bs^2 * hsf)``
-    ============================ ======================== ===================================
+    | keyword | AFNO (``afno2d.py``) | DPOT (``models/dpot.py``) |
+    |---|---|---|
+    | ``mode_selection`` | last axis ``[:, :, :kept]`` | ``[:, :modes, :modes]`` (one corner) |
+    | ``activation`` | ``"relu"`` | ``"gelu"`` |
+    | ``softshrink`` | ``0.01`` | ``None`` (commented out upstream) |
+    | ``inner_residual`` | ``True`` (``x + bias``) | ``True`` |
+    | init (see docs) | ``0.02 * randn`` | ``rand / (bs^2 * hsf)`` |
 
     ``kept_modes_from``: AFNO computes ``kept = int((N//2+1) * hard_thresholding_fraction)`` with
     ``N = H*W`` tokens at commit c3271a2/941e924 (``"N"``, default) and with ``N = W`` in later

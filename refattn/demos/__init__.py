@@ -1,0 +1,1 @@
+"""Demonstrations that train small models with refattn's own backward passes."""
