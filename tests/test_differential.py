@@ -16,7 +16,7 @@ from refattn import registry
 from refattn.attention import differential as D
 from refattn.testing import run_record_checks
 
-SLUGS = ["diff_attention_core", "diff_attention_v1"]
+SLUGS = ["diff_attention_core", "diff_attention_v1", "diff_attention_v2"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -282,3 +282,49 @@ def test_core_float32_and_fully_masked():
     keep = np.zeros((3, 3), bool)
     out = D.diff_attention_core(q, q, q, q, q, np.array([0.5]), attn_mask=keep)
     assert np.all(out == 0)
+
+
+# ------------------------------------------------------------------------------ DIFF V2
+
+from refattn.attention import differential_variants as DV  # noqa: E402
+
+
+@pytest.mark.parametrize("Hkv", [1, 2])
+def test_v2_matches_torch_transcription_with_autograd(Hkv):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(13)
+    B, n, C, H, d = 2, 5, 6, 2, 4
+    x = rng.standard_normal((B, n, C))
+    P = DV._v2_params(rng, C, H, Hkv, d)
+    rel = D.rope_tables(n, d)
+    out, cache = DV.diff_attention_v2_forward(x, P, num_heads=H, num_kv_heads=Hkv, rel_pos=rel)
+    xt = torch.from_numpy(x).requires_grad_()
+    T = {k: torch.from_numpy(v).requires_grad_() for k, v in P.items()}
+    cos, sin = (torch.from_numpy(t) for t in rel)
+    q = _torch_rope_interleaved(torch, (xt @ T["q_proj.weight"]).view(B, n, 2 * H, d), cos, sin)
+    k = _torch_rope_interleaved(torch, (xt @ T["k_proj.weight"]).view(B, n, Hkv, d), cos, sin)
+    v = (xt @ T["v_proj.weight"]).view(B, n, Hkv, d)
+    attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                          is_causal=True, enable_gqa=True).transpose(1, 2)
+    lam = xt @ T["lambda_proj.weight"]
+    attn = attn[:, :, 0::2] - torch.sigmoid(lam).unsqueeze(-1) * attn[:, :, 1::2]
+    yt = attn.reshape(B, n, H * d) @ T["o_proj.weight"]
+    np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-11, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    yt.backward(torch.from_numpy(g))
+    grads = DV.diff_attention_v2_backward(g, cache)
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    for key, t in T.items():
+        np.testing.assert_allclose(grads[key], t.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
+
+
+def test_v2_shared_kv_requirement():
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((2, 3, 4))
+    P = DV._v2_params(rng, 4, 2, 4, 2)  # 2H = 4 query heads, 4 kv heads: pairs do not share K/V
+    with pytest.raises(ValueError, match="share"):
+        DV.diff_attention_v2(x, P, num_heads=2, num_kv_heads=4)
+    out = DV.diff_attention_v2(x, P, num_heads=2, num_kv_heads=4, require_shared_kv=False)
+    ref = DV._v2_reference(x, P, num_heads=2, num_kv_heads=4)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
