@@ -9,6 +9,15 @@ import numpy as np
 import pytest
 
 from refattn import registry
+from refattn.attention.positions import (
+    alibi_attention_backward,
+    alibi_attention_forward,
+    alibi_slopes,
+    shaw_attention_forward,
+    t5_attention_backward,
+    t5_attention_forward,
+    t5_relative_position_bucket,
+)
 from refattn.attention.softmax import (
     attention_core_backward,
     attention_core_forward,
@@ -30,7 +39,8 @@ from refattn.attention.softmax import (
 )
 from refattn.testing import run_record_checks
 
-SLUGS = ["sdpa", "attention_masks", "multi_head_attention", "gqa_mqa", "additive_attention_bias"]
+SLUGS = ["sdpa", "attention_masks", "multi_head_attention", "gqa_mqa", "additive_attention_bias", "alibi",
+         "relative_position_encodings"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -332,3 +342,101 @@ def test_bias_table_bad_index_map():
         biased_attention_forward(q, k, v, params={"table": table}, index_map=np.zeros((3, 4)))
     with pytest.raises(ValueError, match="table"):
         biased_attention_forward(q, k, v, params={"table": table[:, :1]}, index_map=np.zeros((3, 4), int))
+
+
+# ------------------------------------------------------------------------------ positions
+
+def _hf_t5_bucket(torch, rp, bidirectional, num_buckets, max_distance):
+    # transcription of HF T5Attention._relative_position_bucket (torch, float32 log as upstream)
+    import math
+    rb = 0
+    if bidirectional:
+        num_buckets //= 2
+        rb += (rp > 0).to(torch.long) * num_buckets
+        rp = torch.abs(rp)
+    else:
+        rp = -torch.min(rp, torch.zeros_like(rp))
+    max_exact = num_buckets // 2
+    is_small = rp < max_exact
+    large = max_exact + (torch.log(rp.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return rb + torch.where(is_small, rp, large)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("nb,md", [(32, 128), (16, 64), (8, 20)])
+def test_t5_bucket_matches_hf(bidirectional, nb, md):
+    torch = pytest.importorskip("torch")
+    r = np.arange(-512, 513)
+    ref = _hf_t5_bucket(torch, torch.from_numpy(r), bidirectional, nb, md).numpy()
+    got = t5_relative_position_bucket(r, bidirectional=bidirectional, num_buckets=nb, max_distance=md)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_t5_attention_matches_hf_style_torch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(10)
+    h, n, d = 3, 6, 4
+    q, k, v = (rng.standard_normal((2, h, n, d)) for _ in range(3))
+    table = rng.standard_normal((32, h))
+    out, cache = t5_attention_forward(q, k, v, {"relative_attention_bias": table})
+    # HF: position_bias = embedding(bucket(memory - context)).permute([2, 0, 1]); scores = q k^T + bias (no scale)
+    rel = torch.arange(n)[None, :] - torch.arange(n)[:, None]
+    bias = torch.from_numpy(table)[_hf_t5_bucket(torch, rel, True, 32, 128)].permute(2, 0, 1)
+    qt, kt, vt = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+    tt = torch.from_numpy(table).requires_grad_()
+    bias = tt[_hf_t5_bucket(torch, rel, True, 32, 128)].permute(2, 0, 1)
+    ot = torch.softmax(qt @ kt.transpose(-1, -2) + bias, -1) @ vt
+    np.testing.assert_allclose(out, ot.detach().numpy(), rtol=1e-12, atol=1e-12)
+    G = rng.standard_normal(out.shape)
+    ot.backward(torch.from_numpy(G))
+    g = t5_attention_backward(G, cache)
+    np.testing.assert_allclose(g["relative_attention_bias"], tt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g["q"], qt.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_alibi_slopes_reference_values():
+    # values printed by the reference get_slopes for H = 12 and H = 6
+    np.testing.assert_allclose(alibi_slopes(12)[8:], [2 ** -0.5, 2 ** -1.5, 2 ** -2.5, 2 ** -3.5], rtol=1e-15)
+    np.testing.assert_allclose(alibi_slopes(6), [2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1, 2 ** -3], rtol=1e-15)
+
+
+def test_alibi_torch_parity():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    h, n, d = 4, 5, 3
+    q, k, v = (rng.standard_normal((2, h, n, d)) for _ in range(3))
+    slopes = alibi_slopes(h)
+    out, cache = alibi_attention_forward(q, k, v, {"alibi_slopes": slopes})
+    ii = torch.arange(n)
+    qt, kt, vt = (torch.from_numpy(a).requires_grad_() for a in (q, k, v))
+    st = torch.from_numpy(slopes).requires_grad_()
+    bias = -st[:, None, None] * (ii[:, None] - ii[None, :]).double()
+    ot = torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=bias.masked_fill(
+        ii[None, :] > ii[:, None], float("-inf")))
+    np.testing.assert_allclose(out, ot.detach().numpy(), rtol=1e-12, atol=1e-12)
+    G = rng.standard_normal(out.shape)
+    ot.backward(torch.from_numpy(G))
+    g = alibi_attention_backward(G, cache)
+    np.testing.assert_allclose(g["alibi_slopes"], st.grad.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(g["k"], kt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    # fixed slopes: no slope gradient
+    assert set(alibi_attention_backward(G, alibi_attention_forward(q, k, v)[1])) == {"q", "k", "v"}
+
+
+def test_shaw_matches_t2t_style_materialised():
+    rng = np.random.default_rng(12)
+    n, d, kk = 5, 3, 2
+    q, k, v = (rng.standard_normal((1, 2, n, d)) for _ in range(3))
+    ak, av = rng.standard_normal((2 * kk + 1, d)), rng.standard_normal((2 * kk + 1, d))
+    out = shaw_attention_forward(q, k, v, {"relative_positions_keys": ak, "relative_positions_values": av},
+                                 max_relative_position=kk)[0]
+    # tensor2tensor: materialise (N, N, d) embeddings of clip(j - i) and use them in both products
+    rel = np.clip(np.arange(n)[None, :] - np.arange(n)[:, None], -kk, kk) + kk
+    ek, ev = ak[rel], av[rel]
+    logits = (q @ np.swapaxes(k, -1, -2) + np.einsum("bhid,ijd->bhij", q, ek)) / np.sqrt(d)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    ref = w @ v + np.einsum("bhij,ijd->bhid", w, ev)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
