@@ -15,7 +15,8 @@ from refattn.operators import galerkin as gk
 from refattn.testing import run_record_checks
 
 SLUGS = ["galerkin_attention", "fourier_type_attention", "transolver_physics_attention",
-         "linear_no_attention", "geotransolver_gale", "gnot_hna_attention", "gnot_geometric_gating_moe"]
+         "linear_no_attention", "geotransolver_gale", "gnot_hna_attention", "gnot_geometric_gating_moe",
+         "oformer_attention"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -344,3 +345,83 @@ def test_gnot_hna_bad_inputs():
         gnot.gnot_hna_attention(x, pc, [x, rng.standard_normal((2, 3, 6))], n_head=2)
     with pytest.raises(ValueError, match="normaliser"):
         gnot.gnot_hna_attention(x, gnot.gnot_hna_init_params(rng, 4), n_head=2, normaliser="sum")
+
+
+# ------------------------------------------------------------------------------------ OFormer
+
+
+def _torch_rotate_half(torch, t):
+    t1, t2 = t.chunk(2, -1)
+    return torch.cat((-t2, t1), -1)
+
+
+def _torch_rope2d(torch, t, pos, min_freq, scale):
+    """OFormer's RotaryEmbedding + apply_2d_rotary_pos_emb restated with torch ops."""
+    d = t.shape[-1]
+    sub = d // 2
+    inv = 1.0 / (10000 ** (torch.arange(0, sub, 2, dtype=torch.float64) / sub))
+    parts = []
+    for a, ta in enumerate((t[..., :sub], t[..., sub:])):
+        f = torch.einsum("bn,j->bnj", pos[..., a] * (scale / min_freq), inv)
+        f = torch.cat((f, f), -1)[:, None]
+        parts.append(ta * f.cos() + _torch_rotate_half(torch, ta) * f.sin())
+    return torch.cat(parts, -1)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.parametrize("attn_type", ["galerkin", "fourier"])
+def test_oformer_torch_parity_upstream_instance_norm(cross, attn_type):
+    """norm_axis="channels" reproduces upstream's InstanceNorm1d on a (b h) n d tensor exactly."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(30)
+    c, h, d = 8, 2, 4
+    params = gk.oformer_init_params(rng, c, h, d, cross=cross, attn_type=attn_type, init_gain=0.5)
+    x, z = rng.standard_normal((2, 6, c)), rng.standard_normal((2, 9, c))
+    xp, zp = rng.random((2, 6, 2)), rng.random((2, 9, 2))
+    cfg = dict(n_head=h, attn_type=attn_type, norm_axis="channels", pos_mode="rope", x_pos=xp,
+               z_pos=zp if cross else None, min_freq=1 / 64, rope_scale=1.0)
+    out, cache = gk.oformer_attention_forward(x, params, z if cross else None, **cfg)
+    tp = _t(torch, params)
+    tx, tz = torch.tensor(x, requires_grad=True), torch.tensor(z, requires_grad=True)
+
+    def heads(t):
+        return t.reshape(2, t.shape[1], h, d).transpose(1, 2)
+
+    if cross:
+        q = heads(tx @ tp["to_q.weight"])
+        k, v = (heads(t) for t in (tz @ tp["to_kv.weight"]).chunk(2, -1))
+        kpos = torch.tensor(zp)
+    else:
+        q, k, v = (heads(t) for t in (tx @ tp["to_qkv.weight"]).chunk(3, -1))
+        kpos = torch.tensor(xp)
+    ops = {"q": q, "k": k, "v": v}
+    for t in ("k", "v") if attn_type == "galerkin" else ("q", "k"):
+        ops[t] = torch.nn.functional.instance_norm(ops[t].reshape(2 * h, -1, d)).reshape(ops[t].shape)
+    q = _torch_rope2d(torch, ops["q"], torch.tensor(xp), 1 / 64, 1.0)
+    k = _torch_rope2d(torch, ops["k"], kpos, 1 / 64, 1.0)
+    m = k.shape[2]
+    if attn_type == "galerkin":
+        zz = q @ (k.transpose(-1, -2) @ ops["v"]) / m
+    else:
+        zz = (q @ k.transpose(-1, -2)) @ ops["v"] / m
+    tout = zz.transpose(1, 2).reshape(2, 6, h * d) @ tp["to_out.0.weight"] + tp["to_out.0.bias"]
+    tensors = dict(tp, x=tx, z=tz) if cross else dict(tp, x=tx)
+    _grad_parity(torch, out, tout, cache, gk.oformer_attention_backward, tensors, rng)
+
+
+def test_oformer_bad_inputs():
+    rng = np.random.default_rng(31)
+    params = gk.oformer_init_params(rng, 4, 2, 2)
+    x = rng.standard_normal((2, 5, 4))
+    with pytest.raises(ValueError, match="norm_axis"):
+        gk.oformer_attention(x, params, n_head=2, norm_axis="both")
+    with pytest.raises(ValueError, match="padding_mask"):
+        gk.oformer_attention(x, params, n_head=2, padding_mask=np.zeros((2, 5), bool))
+    with pytest.raises(TypeError, match="padding_mask"):
+        gk.oformer_attention(x, params, n_head=2, padding_mask=np.ones((2, 5)))
+    with pytest.raises(ValueError, match="N == M"):
+        gk.oformer_attention(x, gk.oformer_init_params(rng, 4, 2, 2, cross=True),
+                             rng.standard_normal((2, 7, 4)), n_head=2, weights=np.ones((2, 7)),
+                             weights_placement="output")
+    with pytest.raises(ValueError, match="rope"):
+        gk.oformer_attention(x, params, n_head=2, pos_mode="rope", x_pos=rng.random((2, 5, 2)))
