@@ -16,7 +16,8 @@ from refattn import registry
 from refattn.attention import differential as D
 from refattn.testing import run_record_checks
 
-SLUGS = ["diff_attention_core", "diff_attention_v1", "diff_attention_v2"]
+SLUGS = ["diff_attention_core", "diff_attention_v1", "diff_attention_v2", "diffclip_attention",
+         "grouped_differential_attention"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -328,3 +329,74 @@ def test_v2_shared_kv_requirement():
     out = DV.diff_attention_v2(x, P, num_heads=2, num_kv_heads=4, require_shared_kv=False)
     ref = DV._v2_reference(x, P, num_heads=2, num_kv_heads=4)
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
+
+
+# ------------------------------------------------------------------------------ DiffCLIP, GDA
+
+
+def test_diffclip_matches_torch_transcription_with_autograd():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(15)
+    B, n, C, heads = 2, 5, 8, 4
+    x = rng.standard_normal((B, n, C))
+    P = DV._diffclip_params(rng, C, heads)
+    out, cache = DV.diffclip_attention_forward(x, P, num_heads=heads)
+    xt = torch.from_numpy(x).requires_grad_()
+    T = {k: torch.from_numpy(v).requires_grad_() for k, v in P.items()}
+    h, d = heads // 2, C // heads
+    lin = lambda name, a: a @ T[f"{name}.weight"] + T[f"{name}.bias"]  # noqa: E731
+    q = lin("q_proj", xt).view(B, n, 2 * h, d).transpose(1, 2) * d ** -0.5
+    k = lin("k_proj", xt).view(B, n, 2 * h, d).transpose(1, 2)
+    v = lin("v_proj", xt).view(B, n, h, 2 * d).transpose(1, 2)
+    p = F.softmax(q @ k.transpose(-1, -2), dim=-1).view(B, h, 2, n, n)
+    lam = (torch.exp(torch.sum(T["lambda_q1"] * T["lambda_k1"])) - torch.exp(torch.sum(T["lambda_q2"] * T["lambda_k2"]))
+           + 0.8)
+    o = (p[:, :, 0] - lam * p[:, :, 1]) @ v
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * T["diff_norm.weight"] * (1 - 0.8)
+    yt = lin("out_proj", o.transpose(1, 2).reshape(B, n, C))
+    np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-11, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    yt.backward(torch.from_numpy(g))
+    grads = DV.diffclip_attention_backward(g, cache)
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    for key, t in T.items():
+        np.testing.assert_allclose(grads[key], t.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+def test_diffclip_bias_and_head_rules():
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((2, 3, 4))
+    P = DV._diffclip_params(rng, 4, 2)
+    with pytest.raises(ValueError, match="even"):
+        DV.diffclip_attention(x, P, num_heads=3)
+    with pytest.raises(ValueError, match="qkv_bias=False"):
+        DV.diffclip_attention(x, P, num_heads=2, qkv_bias=False)
+    with pytest.raises(ValueError, match="out_proj.bias"):
+        DV.diffclip_attention(x, {k: v for k, v in P.items() if k != "out_proj.bias"}, num_heads=2)
+
+
+def test_gda_ratio_one_equals_v1_and_layouts():
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((2, 4, 5))
+    P = DV._gda_params(rng, 5, 3, 1, 2)
+    for layout, pairing in (("grouped", "adjacent"), ("split", "halves")):
+        a = DV.grouped_differential_attention(x, P, num_signal_heads=3, head_layout=layout, depth=1)
+        b = D.diff_attention_v1(x, P, num_heads=3, depth=1, pairing=pairing)
+        np.testing.assert_array_equal(a, b)
+    sig, noise = DV.gda_head_index(6, 3, "grouped")
+    assert list(sig) == [0, 1, 2, 4, 5, 6] and list(noise) == [3, 3, 3, 7, 7, 7]
+    sig, noise = DV.gda_head_index(6, 3, "split")
+    assert list(sig) == [0, 1, 2, 3, 4, 5] and list(noise) == [6, 6, 6, 7, 7, 7]
+
+
+def test_gda_ratio_changes_output_and_validates():
+    rng = np.random.default_rng(18)
+    x = rng.standard_normal((2, 4, 5))
+    P = DV._gda_params(rng, 5, 4, 2, 2)
+    out = DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, depth=0)
+    assert out.shape == (2, 4, 5) and np.isfinite(out).all()
+    with pytest.raises(ValueError, match="q_proj.weight"):
+        DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=4, depth=0)
+    with pytest.raises(ValueError, match="multiple"):
+        DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=3, depth=0)

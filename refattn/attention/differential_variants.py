@@ -19,14 +19,23 @@ import numpy as np
 from .._checks import as_bool_or_float_mask, as_float, check_broadcastable, check_int, compute_dtype
 from ..registry import Mechanism, Sample, register
 from .differential import (
+    _V1_LAMBDA,
     _check_params,
     _check_rel_pos,
+    _draw_lambda_vectors,
     _merge_heads,
     _proj,
     _proj_bwd,
+    _resolve_lambda_init,
     _rope_apply,
     _split_heads,
+    _v1_generic_backward,
+    _v1_generic_forward,
+    diff_attention_v1_backward,
+    diff_attention_v1_forward,
+    lambda_init_fn,
     rope_tables,
+    v1_pairing_index,
 )
 from .softmax import sdpa_backward, sdpa_forward
 
@@ -34,6 +43,13 @@ __all__ = [
     "diff_attention_v2_forward",
     "diff_attention_v2_backward",
     "diff_attention_v2",
+    "diffclip_attention_forward",
+    "diffclip_attention_backward",
+    "diffclip_attention",
+    "gda_head_index",
+    "grouped_differential_attention_forward",
+    "grouped_differential_attention_backward",
+    "grouped_differential_attention",
 ]
 
 
@@ -267,5 +283,324 @@ register(
         forward=diff_attention_v2_forward, backward=diff_attention_v2_backward, sample=_sample_v2,
         reference=_v2_reference, docs="differential.md#diff_attention_v2",
         checks={"sigma_zero_is_gqa_even_heads": _check_v2_sigma_zero, "causal_no_leakage": _check_v2_causal},
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# DiffCLIP
+
+_DIFFCLIP_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj", "norm": "diff_norm"}
+
+
+def diffclip_attention_forward(x, params, *, num_heads: int, lambda_init: float = 0.8,
+                               qkv_bias: bool = True, attn_mask=None, is_causal: bool = False,
+                               scale=None):
+    r"""DiffCLIP differential attention (hammoudhasan/DiffCLIP ``diff_attention.py``, ``DiffAttention``;
+    Hammoud & Ghanem, "DiffCLIP: Differential Attention Meets CLIP", 2025).
+
+    The V1 algebra (:func:`refattn.attention.differential.diff_attention_v1_forward`) with these
+    differences, each read from the file:
+
+    * ``num_heads`` is the *original* CLIP head count (must be even); the differential heads are
+      ``num_heads // 2`` and the half-head width is ``dim // num_heads`` (V1 passes the halved count);
+    * ``qkv_bias=True`` and ``out_proj`` has a bias (V1 is bias-free);
+    * $\lambda_{init}$ = 0.8 for every block (a constant, no depth schedule);
+    * no RoPE and no mask (vision tower); λ is ``exp(sum(lambda_q1 * lambda_k1))`` without dtype casts;
+    * the norm is ``diff_norm = RMSNorm(2 * head_dim, eps=1e-5, elementwise_affine=True)``, then
+      ``* (1 - lambda_init)`` as in V1;
+    * attention dropout is applied to the probabilities before the subtraction upstream; refattn is
+      deterministic (dropout off, the upstream default ``attn_drop=0``);
+    * multi-head only (no GQA).
+
+    Parameters
+    ----------
+    x : array (B.., N, C)
+    params : dict
+        ``q_proj.weight, k_proj.weight, v_proj.weight`` ``(C, C)`` with ``.bias (C,)`` when
+        ``qkv_bias``; ``out_proj.weight (C, C_out)``, ``out_proj.bias (C_out,)``; ``lambda_q1,
+        lambda_k1, lambda_q2, lambda_k2`` ``(C / num_heads,)``; ``diff_norm.weight (2C / num_heads,)``.
+    attn_mask, is_causal
+        Extensions (upstream has none): a mask shared by both maps, broadcastable to ``(B, H/2, N, N)``.
+
+    Returns
+    -------
+    out, cache
+        :func:`diffclip_attention_backward` gives ``x`` and every params key (the V1 chain).
+    """
+    num_heads = check_int(num_heads, "num_heads", minimum=2)
+    if num_heads % 2:
+        raise ValueError(f"num_heads must be even for differential attention (DiffCLIP); got {num_heads}")
+    if not isinstance(qkv_bias, (bool, np.bool_)):
+        raise TypeError(f"qkv_bias must be a bool; got {type(qkv_bias).__name__}")
+    if not isinstance(params, dict) or "q_proj.weight" not in params:
+        raise ValueError("params must be a dict containing 'q_proj.weight' of shape (C, C)")
+    qw = np.shape(params["q_proj.weight"])
+    if len(qw) != 2 or qw[1] % num_heads:
+        raise ValueError(f"q_proj.weight must have shape (C, C) with C divisible by num_heads = {num_heads}; got {qw}")
+    for key in ("q_proj.bias", "k_proj.bias", "v_proj.bias"):
+        if qkv_bias and key not in params:
+            raise ValueError(f"params is missing {key!r} (qkv_bias=True, the DiffCLIP default)")
+        if not qkv_bias and key in params:
+            raise ValueError(f"params has {key!r} but qkv_bias=False")
+    if "out_proj.bias" not in params:
+        raise ValueError("params is missing 'out_proj.bias' (DiffCLIP's output projection has a bias)")
+    d = qw[1] // num_heads
+    H = num_heads // 2
+    lam0 = _resolve_lambda_init(None, lambda_init, "unilm")
+    out, cache = _v1_generic_forward(
+        x, params, where="diffclip_attention", names=_DIFFCLIP_NAMES, num_heads=H, q_halves=2 * H,
+        k_halves=2 * H, v_heads=H, d=d, dv=2 * d, index=v1_pairing_index(H, H), attn_mask=attn_mask,
+        is_causal=is_causal, causal_alignment="bottom_right", rel_pos=None, rope_interleaved=True,
+        scale=scale, subln="rms", subln_affine=True, subln_eps=1e-5, lambda_init_value=lam0,
+        rescale=1.0 - lam0, optional_bias=True)
+    return out, cache
+
+
+def diffclip_attention_backward(dout, cache):
+    r"""Gradient of :func:`diffclip_attention_forward` (the V1 chain, biases included:
+    $db = \sum_{\text{rows}} dY$ for each projection)."""
+    return _v1_generic_backward(dout, cache)
+
+
+def diffclip_attention(x, params, **config) -> np.ndarray:
+    """Convenience wrapper: the output of :func:`diffclip_attention_forward`."""
+    return diffclip_attention_forward(x, params, **config)[0]
+
+
+def _diffclip_params(rng, C, num_heads, c_out=None):
+    c_out = C if c_out is None else c_out
+    d = C // num_heads
+    P = {}
+    for name in ("q_proj", "k_proj", "v_proj"):
+        P[f"{name}.weight"] = rng.standard_normal((C, C)) / np.sqrt(C)
+        P[f"{name}.bias"] = 0.1 * rng.standard_normal(C)
+    P["out_proj.weight"] = rng.standard_normal((C, c_out)) / np.sqrt(C)
+    P["out_proj.bias"] = 0.1 * rng.standard_normal(c_out)
+    P.update(_draw_lambda_vectors(rng, d, 0.8))
+    P["diff_norm.weight"] = 1.0 + 0.2 * rng.standard_normal(2 * d)
+    return P
+
+
+def _sample_diffclip(rng, size):
+    if size == "tiny":
+        B, n, C, heads = 2, int(rng.integers(2, 4)), 4, 2
+    else:
+        B, n, C, heads = 2, int(rng.integers(4, 7)), 8, 4
+    return Sample(inputs={"x": rng.standard_normal((B, n, C))}, params=_diffclip_params(rng, C, heads),
+                  config={"num_heads": heads})
+
+
+def _check_diffclip_is_v1(rng):
+    # DiffCLIP == V1 with lambda_init = const(0.8), biases, no RoPE, no mask, halved head count.
+    s = _sample_diffclip(rng, "small")
+    P = {("subln.weight" if k == "diff_norm.weight" else k): v for k, v in s.params.items()}
+    a = diffclip_attention(**s.inputs, params=s.params, **s.config)
+    b = diff_attention_v1_forward(**s.inputs, params=P, num_heads=s.config["num_heads"] // 2,
+                                  lambda_init=0.8, is_causal=False)[0]
+    err = float(np.abs(a - b).max())
+    assert err < 1e-14, f"DiffCLIP differs from V1(lambda_init=0.8, biases, no mask) by {err}"
+    return err
+
+
+# --------------------------------------------------------------------------------------------
+# Grouped Differential Attention (GDA)
+
+
+def gda_head_index(num_signal_heads: int, noise_group_ratio: int, head_layout: str = "grouped"):
+    r"""Half-head indices of GDA: for signal head $i$, its own query/key half-head and the shared
+    noise half-head of group $g(i) = \lfloor i/r\rfloor$.
+
+    ``"grouped"``: blocks of $r$ signal half-heads followed by their noise half-head,
+    ``[s_0 .. s_{r-1}, n_0, s_r .. s_{2r-1}, n_1, ...]`` — for $r = 1$ exactly V1's adjacent pairing.
+    ``"split"``: all signal half-heads, then all noise half-heads — for $r = 1$ V1's ``"halves"``.
+    Returns ``(signal_idx, noise_idx)`` of length $H_s$.
+    """
+    i = np.arange(num_signal_heads)
+    g = i // noise_group_ratio
+    if head_layout == "grouped":
+        return g * (noise_group_ratio + 1) + i % noise_group_ratio, g * (noise_group_ratio + 1) + noise_group_ratio
+    return i, num_signal_heads + g
+
+
+def grouped_differential_attention_forward(x, params, *, num_signal_heads: int, noise_group_ratio: int = 1,
+                                           head_layout: str = "grouped", depth: int | None = None,
+                                           lambda_init: float | None = None,
+                                           lambda_init_convention: str = "unilm", attn_mask=None,
+                                           is_causal: bool | None = None,
+                                           causal_alignment: str = "bottom_right", rel_pos=None,
+                                           rope_interleaved: bool = True, scale=None, subln: str = "rms",
+                                           subln_affine: bool = True, subln_eps: float = 1e-5,
+                                           rescale: bool = True):
+    r"""Grouped Differential Attention (Lim et al., Motif Technologies, "Grouped Differential
+    Attention", 2025, arXiv 2510.06949).
+
+    [paper] Heads are split *unevenly* into $H_s$ signal-preserving heads $(Q_1, K_1)$ and
+    $H_n = H_s/r$ noise-control heads $(Q_2, K_2)$; each noise head is shared by $r$ signal heads
+    "through controlled repetition (akin to GQA)"; ratios 3:1 / 4:1 work best. No public code
+    (Motif-2.6B's vLLM ``motif.py`` is plain V1). [recon] everything else follows V1, which GDA
+    generalises: for signal head $i$ with $g(i) = \lfloor i/r\rfloor$,
+
+    $$\mathrm{head}_i = (1-\lambda_{init})\,\mathrm{RMSNorm}\bigl([\mathrm{softmax}(sQ_1^iK_1^{i\top} + M)
+      - \lambda\,\mathrm{softmax}(sQ_2^{g(i)}K_2^{g(i)\top} + M)]V^i\bigr),\qquad Y = [\mathrm{head}_i]_iW_o,$$
+
+    one λ per layer with V1's re-parameterisation, V1's per-head RMSNorm over the value width,
+    values per signal head (width inferred from ``v_proj``; V1's $2d$ by default construction).
+    The paper's Sec. 3 could not be read here; the repetition map, λ per layer and the norm are
+    therefore V1's and exposed as keywords where V1 exposes them. ``noise_group_ratio=1`` is V1
+    exactly (``head_layout="grouped"`` ↔ V1 ``pairing="adjacent"``, ``"split"`` ↔ ``"halves"``).
+
+    Parameters
+    ----------
+    x : array (B.., N, C)
+    params : dict
+        V1's keys: ``q_proj.weight`` and ``k_proj.weight`` ``(C, (H_s + H_n) d)`` laid out by
+        ``head_layout`` (:func:`gda_head_index`), ``v_proj.weight (C, H_s d_v)``,
+        ``out_proj.weight (H_s d_v, C_out)``, ``lambda_q1..lambda_k2 (d,)``, ``subln.weight (d_v,)``.
+    num_signal_heads, noise_group_ratio : int
+        $H_s$ and $r$ ($H_s$ divisible by $r$; $H_n = H_s/r$).
+    head_layout : {"grouped", "split"}
+    depth, lambda_init, lambda_init_convention, attn_mask, is_causal, causal_alignment, rel_pos,
+    rope_interleaved, scale, subln, subln_affine, subln_eps, rescale
+        As :func:`refattn.attention.differential.diff_attention_v1_forward`.
+
+    Returns
+    -------
+    out, cache
+        The backward is V1's; the adjoint of the repetition sums the gradient of each noise
+        half-head over its $r$ signal heads.
+    """
+    Hs = check_int(num_signal_heads, "num_signal_heads", minimum=1)
+    r = check_int(noise_group_ratio, "noise_group_ratio", minimum=1)
+    if Hs % r:
+        raise ValueError(f"num_signal_heads ({Hs}) must be a multiple of noise_group_ratio ({r})")
+    from .._checks import check_choice
+
+    check_choice(head_layout, "head_layout", ("grouped", "split"))
+    Hn = Hs // r
+    if not isinstance(params, dict) or "q_proj.weight" not in params or "v_proj.weight" not in params:
+        raise ValueError("params must be a dict containing 'q_proj.weight' (C, (H_s + H_n) d) and 'v_proj.weight'")
+    qw, vw = np.shape(params["q_proj.weight"]), np.shape(params["v_proj.weight"])
+    if len(qw) != 2 or qw[1] % (Hs + Hn):
+        raise ValueError(f"q_proj.weight must have shape (C, (H_s + H_n) d) with H_s + H_n = {Hs + Hn}; got {qw}")
+    if len(vw) != 2 or vw[1] % Hs:
+        raise ValueError(f"v_proj.weight must have shape (C, H_s d_v) with H_s = {Hs}; got {vw}")
+    d, dv = qw[1] // (Hs + Hn), vw[1] // Hs
+    if not isinstance(rescale, (bool, np.bool_)) or not isinstance(subln_affine, (bool, np.bool_)):
+        raise TypeError("rescale and subln_affine must be bools")
+    lam0 = _resolve_lambda_init(depth, lambda_init, lambda_init_convention)
+    sig, noise = gda_head_index(Hs, r, head_layout)
+    index = (sig, noise, sig, noise, np.arange(Hs))
+    return _v1_generic_forward(
+        x, params, where="grouped_differential_attention",
+        names={"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj", "norm": "subln"},
+        num_heads=Hs, q_halves=Hs + Hn, k_halves=Hs + Hn, v_heads=Hs, d=d, dv=dv, index=index,
+        attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment, rel_pos=rel_pos,
+        rope_interleaved=rope_interleaved, scale=scale, subln=subln, subln_affine=subln_affine,
+        subln_eps=subln_eps, lambda_init_value=lam0, rescale=(1.0 - lam0) if rescale else 1.0,
+        optional_bias=True)
+
+
+def grouped_differential_attention_backward(dout, cache):
+    """Gradient of :func:`grouped_differential_attention_forward`: V1's chain; a noise half-head's
+    query/key gradient is the sum over the $r$ signal heads that share it."""
+    return _v1_generic_backward(dout, cache)
+
+
+def grouped_differential_attention(x, params, **config) -> np.ndarray:
+    """Convenience wrapper: the output of :func:`grouped_differential_attention_forward`."""
+    return grouped_differential_attention_forward(x, params, **config)[0]
+
+
+def _gda_params(rng, C, Hs, r, d, dv=None, lambda_init=0.5):
+    dv = 2 * d if dv is None else dv
+    Hn = Hs // r
+    P = {"q_proj.weight": rng.standard_normal((C, (Hs + Hn) * d)) / np.sqrt(C),
+         "k_proj.weight": rng.standard_normal((C, (Hs + Hn) * d)) / np.sqrt(C),
+         "v_proj.weight": rng.standard_normal((C, Hs * dv)) / np.sqrt(C),
+         "out_proj.weight": rng.standard_normal((Hs * dv, C)) / np.sqrt(Hs * dv)}
+    P.update(_draw_lambda_vectors(rng, d, lambda_init))
+    P["subln.weight"] = 1.0 + 0.2 * rng.standard_normal(dv)
+    return P
+
+
+def _sample_gda(rng, size):
+    if size == "tiny":
+        B, n, C, Hs, r, d = 2, int(rng.integers(2, 4)), 3, 2, 2, 2
+    else:
+        B, n, C, Hs, r, d = 2, int(rng.integers(4, 7)), 6, 6, 3, 2
+    depth = int(rng.integers(0, 6))
+    layout = str(rng.choice(["grouped", "split"]))
+    return Sample(inputs={"x": rng.standard_normal((B, n, C))},
+                  params=_gda_params(rng, C, Hs, r, d, lambda_init=lambda_init_fn(depth)),
+                  config={"num_signal_heads": Hs, "noise_group_ratio": r, "head_layout": layout,
+                          "depth": depth, "rel_pos": rope_tables(n, d)})
+
+
+def _check_gda_ratio_one_is_v1(rng):
+    s = _sample_gda(rng, "small")
+    x = s.inputs["x"]
+    P = _gda_params(rng, x.shape[-1], 2, 1, 2)
+    err = 0.0
+    for layout, pairing in (("grouped", "adjacent"), ("split", "halves")):
+        a = grouped_differential_attention(x, P, num_signal_heads=2, noise_group_ratio=1, head_layout=layout,
+                                           depth=2, rel_pos=s.config["rel_pos"])
+        b = diff_attention_v1_forward(x, P, num_heads=2, depth=2, rel_pos=s.config["rel_pos"], pairing=pairing)[0]
+        err = max(err, float(np.abs(a - b).max()))
+    assert err == 0.0, f"GDA with ratio 1 differs from V1 by {err}"
+    return err
+
+
+def _duplicated_v1_params(P, Hs, r, d, layout):
+    """V1 (adjacent, MHA) weights in which each noise half-head is copied to its r signal heads."""
+    sig, noise = gda_head_index(Hs, r, layout)
+    cols = np.arange(P["q_proj.weight"].shape[1]).reshape(-1, d)
+    order = np.stack([cols[sig], cols[noise]], axis=1).reshape(-1)  # (s_0, n_g(0), s_1, n_g(1), ...)
+    Q = dict(P)
+    Q["q_proj.weight"] = P["q_proj.weight"][:, order]
+    Q["k_proj.weight"] = P["k_proj.weight"][:, order]
+    return Q, order
+
+
+def _check_gda_noise_gradient_is_group_sum(rng):
+    # GDA == V1 with duplicated noise weights; the GDA gradient of a noise column is the sum over copies.
+    s = _sample_gda(rng, "small")
+    x, P, cfg = s.inputs["x"], s.params, dict(s.config)
+    Hs, r = cfg["num_signal_heads"], cfg["noise_group_ratio"]
+    d = P["q_proj.weight"].shape[1] // (Hs + Hs // r)
+    Q, order = _duplicated_v1_params(P, Hs, r, d, cfg["head_layout"])
+    out, cache = grouped_differential_attention_forward(x, P, **cfg)
+    vcfg = {k: v for k, v in cfg.items() if k not in ("num_signal_heads", "noise_group_ratio", "head_layout")}
+    ref, vcache = diff_attention_v1_forward(x, Q, num_heads=Hs, **vcfg)
+    err = float(np.abs(out - ref).max())
+    g = rng.standard_normal(out.shape)
+    ga = grouped_differential_attention_backward(g, cache)
+    gv = diff_attention_v1_backward(g, vcache)
+    for key in ("q_proj.weight", "k_proj.weight"):
+        summed = np.zeros_like(P[key])
+        np.add.at(summed.T, order, gv[key].T)
+        err = max(err, float(np.abs(ga[key] - summed).max()))
+    for key in ("x", "v_proj.weight", "out_proj.weight", "subln.weight", *_V1_LAMBDA):
+        err = max(err, float(np.abs(ga[key] - gv[key]).max()))
+    assert err < 1e-11, f"GDA vs duplicated-noise V1: {err}"
+    return err
+
+
+register(
+    Mechanism(
+        slug="diffclip_attention", family="2-differential", tier="T1",
+        title="DiffCLIP differential attention (vision/text encoders)",
+        paper="Hammoud & Ghanem, 'DiffCLIP: Differential Attention Meets CLIP', 2025",
+        forward=diffclip_attention_forward, backward=diffclip_attention_backward, sample=_sample_diffclip,
+        docs="differential.md#diffclip_attention", checks={"equals_v1_constant_lambda_init": _check_diffclip_is_v1},
+    ),
+    Mechanism(
+        slug="grouped_differential_attention", family="2-differential", tier="T1",
+        title="GDA: unbalanced signal / noise-control head groups",
+        paper="Lim et al., 'Grouped Differential Attention', 2025, arXiv 2510.06949",
+        forward=grouped_differential_attention_forward, backward=grouped_differential_attention_backward,
+        sample=_sample_gda, docs="differential.md#grouped_differential_attention",
+        checks={"ratio_one_is_v1": _check_gda_ratio_one_is_v1,
+                "noise_gradient_is_group_sum": _check_gda_noise_gradient_is_group_sum},
     ),
 )
