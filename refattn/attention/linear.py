@@ -275,6 +275,8 @@ def linear_attention_forward(q, k, v, *, causal: bool = False, eps: float = 1e-6
     -------
     out : (..., N, dv), cache
 
+    Notes
+    -----
     Backward: the feature-space core of the module docstring, then the ELU+1 VJP
     $\phi'(x) = 1$ ($x>0$) or $e^x$.
     """
@@ -678,6 +680,8 @@ def performer_forward(q, k, v, *, projection, causal: bool = False, feature_eps:
         Differentiate through the max stabilisers (JAX, default) or stop-gradient
         (performer-pytorch ``detach``); see :func:`performer_features_backward`.
 
+    Notes
+    -----
     Backward: the feature-space linear-attention core (quotient rule; scans when causal), then
     :func:`performer_features_backward` for $Q$ and $K$.
     """
@@ -839,6 +843,8 @@ def transnormer_forward(q, k, v, params=None, *, causal: bool = False, feature_m
     norm_eps : float
         PyTorch ``LayerNorm`` default 1e-5.
 
+    Notes
+    -----
     Backward: the norm VJP (:mod:`refattn.nn.norms`), then the feature-space core without the
     denominator ($\mathrm{den}=1$, no quotient rule), then the feature-map VJP.
     """
@@ -1086,7 +1092,9 @@ def kernelized_rpe_forward(q, k, v, params, *, projection, causal: bool = False,
     eps : float
         Added to the denominator (default 0: positive features keep it positive).
 
-    Backward. $dn_i = g_i/\mathrm{den}_i$, $c_i = -g_i\cdot z_i/\mathrm{den}_i$;
+    Notes
+    -----
+    Backward: $dn_i = g_i/\mathrm{den}_i$, $c_i = -g_i\cdot z_i/\mathrm{den}_i$;
     $d\phi(q_i)_a = dn_i\cdot U_{i,a} + c_iu_{i,a}$; $dU_i = \phi(q_i)\otimes dn_i$,
     $du_i = c_i\phi(q_i)$; $dG = C^\top dU$ and $d\phi(K) \mathrel{+}= C^\top du$ (Toeplitz of the
     reversed ``c``, same FFT routine); $d\phi(k_j) \mathrel{+}= dG_j v_j$, $dv_j = dG_j^\top\phi(k_j)$;
