@@ -16,7 +16,7 @@ from refattn.testing import run_record_checks
 
 SLUGS = ["galerkin_attention", "fourier_type_attention", "transolver_physics_attention",
          "linear_no_attention", "geotransolver_gale", "gnot_hna_attention", "gnot_geometric_gating_moe",
-         "oformer_attention"]
+         "oformer_attention", "ipot_inducing_point_operator"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -425,3 +425,69 @@ def test_oformer_bad_inputs():
                              weights_placement="output")
     with pytest.raises(ValueError, match="rope"):
         gk.oformer_attention(x, params, n_head=2, pos_mode="rope", x_pos=rng.random((2, 5, 2)))
+
+
+# --------------------------------------------------------------------------------------- IPOT
+
+from refattn.operators import ipot  # noqa: E402
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_ipot_torch_parity(shared):
+    """The upstream IPOT encoder/processor/decoder chain restated with torch ops."""
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(40)
+    L, h = 2, 2
+    params = ipot._perturbed(rng, ipot.ipot_init_params(rng, 3, 4, 2, num_latents=5, latent_channel=6,
+                                                        num_layers=L, share_processor_weights=shared,
+                                                        ff_mult=2))
+    xin, xq = rng.standard_normal((2, 7, 3)), rng.standard_normal((2, 4, 4))
+    cfg = dict(num_layers=L, encoder_heads=h, processor_heads=h, decoder_heads=h,
+               share_processor_weights=shared)
+    out, cache = ipot.ipot_inducing_point_operator_forward(xin, xq, params, **cfg)
+    tp = _t(torch, params)
+    ti, tq = torch.tensor(xin, requires_grad=True), torch.tensor(xq, requires_grad=True)
+
+    def ln(t, key):
+        return F.layer_norm(t, t.shape[-1:], tp[f"{key}.weight"], tp[f"{key}.bias"], 1e-5)
+
+    def attn(prefix, a, c):
+        inner = tp[f"{prefix}.to_q.weight"].shape[1]
+        q = a @ tp[f"{prefix}.to_q.weight"]
+        k, v = (c @ tp[f"{prefix}.to_kv.weight"]).split(inner, -1)
+        q, k, v = (t.reshape(2, t.shape[1], h, inner // h).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, a.shape[1], inner)
+        return o @ tp[f"{prefix}.to_out.weight"] + tp[f"{prefix}.to_out.bias"]
+
+    def ff(prefix, t):
+        u, g = (t @ tp[f"{prefix}.net.0.weight"] + tp[f"{prefix}.net.0.bias"]).chunk(2, -1)
+        return (u * F.gelu(g)) @ tp[f"{prefix}.net.3.weight"] + tp[f"{prefix}.net.3.bias"]
+
+    z = tp["latents"].expand(2, -1, -1)
+    z = attn("encoder_cross_attn.fn", ln(z, "encoder_cross_attn.norm"),
+             ln(ti, "encoder_cross_attn.norm_context")) + z
+    for layer in range(L):
+        sa, fk = ("processor_self_attn", "processor_ff") if shared else (f"layers.{layer}.0", f"layers.{layer}.1")
+        z = attn(f"{sa}.fn", ln(z, f"{sa}.norm"), z) + z
+        z = ff(f"{fk}.fn", ln(z, f"{fk}.norm")) + z
+    o = attn("decoder_cross_attn.fn", ln(tq, "decoder_cross_attn.norm"), ln(z, "decoder_cross_attn.norm_context"))
+    tout = (ff("decoder_ff.fn", ln(o, "decoder_ff.norm")) + o) * 0.1
+    _grad_parity(torch, out, tout, cache, ipot.ipot_inducing_point_operator_backward,
+                 dict(tp, inputs=ti, query=tq), rng)
+
+
+def test_ipot_bad_inputs():
+    rng = np.random.default_rng(41)
+    params = ipot.ipot_init_params(rng, 3, 4, 2, num_latents=5, latent_channel=6)
+    xin, xq = rng.standard_normal((2, 7, 3)), rng.standard_normal((2, 4, 4))
+    with pytest.raises(ValueError, match="encoder_heads"):
+        ipot.ipot_inducing_point_operator(xin, xq, params, encoder_heads=4, processor_heads=2, decoder_heads=2)
+    with pytest.raises(ValueError, match="query"):
+        ipot.ipot_inducing_point_operator(xin, xq[:1], params, encoder_heads=2, processor_heads=2, decoder_heads=2)
+    with pytest.raises(ValueError, match="mask"):
+        ipot.ipot_inducing_point_operator(xin, xq, params, encoder_heads=2, processor_heads=2, decoder_heads=2,
+                                          mask=np.zeros((2, 7), bool))
+    with pytest.raises(ValueError, match="C_q == C_out"):
+        ipot.ipot_inducing_point_operator(xin, xq, params, encoder_heads=2, processor_heads=2, decoder_heads=2,
+                                          decoder_query_residual=True)
