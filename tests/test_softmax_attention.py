@@ -9,6 +9,18 @@ import numpy as np
 import pytest
 
 from refattn import registry
+from refattn.attention.memory_efficient import (
+    chunk_summary,
+    flash_attention,
+    flash_attention_backward,
+    flash_attention_forward,
+    merge_summaries,
+    rabe_staats_backward,
+    rabe_staats_forward,
+    tree_attention_backward,
+    tree_attention_forward,
+    tree_reduce,
+)
 from refattn.attention.positions import (
     alibi_attention_backward,
     alibi_attention_forward,
@@ -40,7 +52,8 @@ from refattn.attention.softmax import (
 from refattn.testing import run_record_checks
 
 SLUGS = ["sdpa", "attention_masks", "multi_head_attention", "gqa_mqa", "additive_attention_bias", "alibi",
-         "relative_position_encodings"]
+         "relative_position_encodings", "online_softmax_flash_attention", "memory_efficient_attention_rabe_staats",
+         "tree_attention_merge"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -440,3 +453,88 @@ def test_shaw_matches_t2t_style_materialised():
     w /= w.sum(-1, keepdims=True)
     ref = w @ v + np.einsum("bhij,ijd->bhid", w, ev)
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
+
+
+# ------------------------------------------------------------------------------ exact memory-efficient forms
+
+EXACT = {
+    "flash": (flash_attention_forward, flash_attention_backward, lambda n, m: {"block_q": 3, "block_k": 5}),
+    "flash_base2": (flash_attention_forward, flash_attention_backward,
+                    lambda n, m: {"block_q": 4, "block_k": 2, "lse_base": "2"}),
+    "rabe_staats": (rabe_staats_forward, rabe_staats_backward,
+                    lambda n, m: {"query_chunk_size": 3, "key_chunk_size": 4}),
+    "rabe_staats_flash_bwd": (rabe_staats_forward, rabe_staats_backward,
+                              lambda n, m: {"query_chunk_size": 5, "key_chunk_size": 3, "backward_mode": "flash"}),
+    "tree": (tree_attention_forward, tree_attention_backward, lambda n, m: {"chunk_sizes": [2, 1, m - 3]}),
+}
+
+
+@pytest.mark.parametrize("name", list(EXACT))
+@pytest.mark.parametrize("causal", [False, True])
+def test_exact_forms_equal_sdpa(name, causal):
+    fwd, bwd, blocks = EXACT[name]
+    rng = np.random.default_rng(13)
+    n, m = 7, 11  # not multiples of the block sizes
+    q = rng.standard_normal((2, 4, n, 3)) * 2
+    k = rng.standard_normal((2, 2, m, 3)) * 2
+    v = rng.standard_normal((2, 2, m, 2))
+    keep = rng.random((2, 1, n, m)) > 0.25
+    keep[:, :, 3] = False  # fully masked row
+    cfg = {"attn_mask": keep, "is_causal": causal, "causal_alignment": "bottom_right", "scale": 0.6}
+    with warnings.catch_warnings(), np.errstate(all="raise"):
+        warnings.simplefilter("error")
+        out, cache = fwd(q, k, v, **blocks(n, m), **cfg)
+        G = rng.standard_normal(out.shape)
+        g = bwd(G, cache)
+    ref, rc = sdpa_forward(q, k, v, **cfg)
+    gr = sdpa_backward(G, rc)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
+    assert not out[:, :, 3].any() and not g["q"][:, :, 3].any()
+    for x in "qkv":
+        np.testing.assert_allclose(g[x], gr[x], rtol=0, atol=1e-12, err_msg=x)
+    lse = cache["lse"] * np.log(2) if cache.get("lse_base") == "2" else cache["lse"]
+    fin = np.isfinite(rc["lse"])
+    np.testing.assert_array_equal(np.isfinite(lse), fin)
+    np.testing.assert_allclose(lse[fin], rc["lse"][fin], rtol=0, atol=1e-12)
+
+
+def test_exact_forms_huge_logits_and_tiny():
+    rng = np.random.default_rng(14)
+    q = rng.standard_normal((1, 1, 3, 1)) * 100
+    k = rng.standard_normal((1, 1, 4, 1)) * 100  # logits ~ +-1e4
+    v = rng.standard_normal((1, 1, 4, 1))
+    ref = sdpa(q, k, v, scale=1.0)
+    with np.errstate(over="raise", invalid="raise", divide="raise"):
+        for fwd, _, blocks in EXACT.values():
+            out = fwd(q, k, v, scale=1.0, **blocks(3, 4))[0]
+            np.testing.assert_allclose(out, ref, rtol=0, atol=1e-12)
+    one = [rng.standard_normal((1, 1, 1, 1)) for _ in range(3)]
+    np.testing.assert_array_equal(flash_attention(*one), one[2])
+    np.testing.assert_array_equal(rabe_staats_forward(*one)[0], one[2])
+    np.testing.assert_array_equal(tree_attention_forward(*one, num_chunks=1)[0], one[2])
+
+
+def test_tree_merge_order_free():
+    rng = np.random.default_rng(15)
+    parts = [chunk_summary(rng.standard_normal((3, c)) * 4, rng.standard_normal((c, 2))) for c in (1, 4, 2, 3, 5)]
+    a, rounds = tree_reduce(parts)
+    b, _ = tree_reduce(parts[::-1])
+    c = parts[0]
+    for p in parts[1:]:
+        c = merge_summaries(c, p)  # left fold (flash-decoding order)
+    assert rounds == 3
+    for x, y in ((a, b), (a, c)):
+        for u, w in zip(x, y, strict=True):
+            np.testing.assert_allclose(u, w, rtol=1e-13, atol=1e-13)
+
+
+def test_exact_forms_bad_blocks():
+    q = np.ones((1, 1, 3, 2))
+    with pytest.raises(ValueError, match="block_q"):
+        flash_attention_forward(q, q, q, block_q=0)
+    with pytest.raises(TypeError, match="key_chunk_size"):
+        rabe_staats_forward(q, q, q, key_chunk_size=2.0)
+    with pytest.raises(ValueError, match="chunk_sizes"):
+        tree_attention_forward(q, q, q, chunk_sizes=[1, 1])
+    with pytest.raises(ValueError, match="lse_base"):
+        flash_attention_forward(q, q, q, lse_base="10")
