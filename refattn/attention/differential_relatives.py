@@ -27,6 +27,8 @@ checkpoint maps over key by key.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._checks import (
@@ -101,7 +103,8 @@ def _qkv(q, k, v, *, same_heads=True, self_attention=False):
 
 
 def _scale(scale, d):
-    return 1.0 / np.sqrt(d) if scale is None else check_positive(scale, "scale")
+    # a Python float (not np.float64) so that float32 inputs stay float32 (NEP 50 weak scalars)
+    return 1.0 / math.sqrt(d) if scale is None else check_positive(scale, "scale")
 
 
 def _mask(attn_mask, is_causal, s_shape, *, align="top_left"):
@@ -1038,7 +1041,7 @@ def multi_token_attention_forward(q, k, v, params=None, *, attn_mask=None, is_ca
     o = a @ v
     if "subln.weight" in P:
         o, c["rms"] = rms_norm_forward(o, {"weight": P["subln.weight"]}, eps=subln_eps)
-        c["rescale"] = 1.0 - (0.8 - 0.6 * np.exp(-0.3 * layer_id)) if layer_norm_rescale else 1.0
+        c["rescale"] = 1.0 - (0.8 - 0.6 * math.exp(-0.3 * layer_id)) if layer_norm_rescale else 1.0
         o = o * c["rescale"]
     if "gate.weight" in P:
         c["o_pregate"] = o
