@@ -49,7 +49,8 @@ Conventions (keyword, default, who uses what)
     kv heads tiled, as produced by ``k.repeat(1, r, 1, 1)``).
 ``softcap`` (Gemma-2, flash-attn ``softcap=``): $T = c\tanh(s\,QK^\top/c)$, applied to the
     scaled scores *before* the bias and the masks (HF ``Gemma2`` attention: scale, tanh-cap,
-    then ``+ causal_mask``; flash-attn ``hopper``/``csrc`` apply softcap before ALiBi/masking).
+    then ``+ causal_mask``; flash-attn ``csrc/flash_attn/src/flash_fwd_kernel.h``:
+    ``apply_softcap(acc_s, ...)`` then ``mask.apply_mask`` which adds ALiBi and masks).
 ``attn_mask`` and ``is_causal`` together:
     PyTorch raises; refattn combines them (logical AND of the keep sets).
 ``scale``: default $1/\sqrt{d}$ (PyTorch, flash-attn); T5 uses no scaling (pass ``scale=1.0``).
@@ -912,6 +913,20 @@ def _check_permutation(rng):
     return err
 
 
+def _check_causal_last_position(rng):
+    # with a causal mask and no position information, the last query's output is invariant to
+    # permuting the tokens before it (catalogue [1-6])
+    q = rng.standard_normal((2, 2, 6, 3))
+    k = rng.standard_normal((2, 2, 6, 3))
+    v = rng.standard_normal((2, 2, 6, 2))
+    perm = np.concatenate([rng.permutation(5), [5]])
+    a = sdpa(q, k, v, is_causal=True)[:, :, -1]
+    b = sdpa(q[:, :, perm], k[:, :, perm], v[:, :, perm], is_causal=True)[:, :, -1]
+    err = float(np.abs(a - b).max())
+    assert err < 1e-12, err
+    return err
+
+
 def _check_lse(rng):
     q = rng.standard_normal((2, 2, 3, 4)) * 3
     k = rng.standard_normal((2, 2, 6, 4)) * 3
@@ -945,7 +960,8 @@ register(
         forward=sdpa_forward, backward=sdpa_backward, sample=_sample_sdpa, reference=_sdpa_reference,
         docs="softmax-attention.md#sdpa",
         checks={"fully_masked_rows": _check_fully_masked_rows, "key_bias_redundancy": _check_key_bias_redundancy,
-                "permutation": _check_permutation, "lse": _check_lse, "causal_alignment": _check_causal_alignment},
+                "permutation": _check_permutation, "causal_last_position": _check_causal_last_position,
+                "lse": _check_lse, "causal_alignment": _check_causal_alignment},
     ),
 )
 
