@@ -663,7 +663,8 @@ def reflexsplit_dual_stream_attention_forward(x, params, *, num_heads, window_si
         lam, dlam_draw = sig, sig * (1 - sig)
     else:
         lam = np.clip(sig, lo, hi)
-        dlam_draw = sig * (1 - sig) * float(lo < sig < hi)
+        sv = float(sig.reshape(-1)[0])
+        dlam_draw = sig * (1 - sig) * float(lo < sv < hi)
     d = a - lam * a[:, ::-1]
     o = d @ v  # (B, 2, H, N, hd)
     om = o.transpose(0, 1, 3, 2, 4).reshape(b_, 2, n, c)
