@@ -130,6 +130,35 @@ def test_causal_first_row_and_edge_sizes():
     assert np.isfinite(linear_attention(big, big, v, causal=True)).all()
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_key_padding_mask_removes_keys(causal):
+    """Padded keys change nothing (values at padded positions are free) and get zero gradient;
+    a query without any key outputs 0, also with eps = 0."""
+    rng = np.random.default_rng(18)
+    q, k, v = _qkv(rng, n=6)
+    keep = np.ones(k.shape[:-1], dtype=bool)
+    keep[0, :, 4:] = False
+    out, cache = linear_attention_forward(q, k, v, causal=causal, key_padding_mask=keep)
+    k2, v2 = k.copy(), v.copy()
+    k2[0, :, 4:] += 3.0
+    v2[0, :, 4:] -= 7.0
+    np.testing.assert_allclose(linear_attention(q, k2, v2, causal=causal, key_padding_mask=keep), out,
+                               rtol=1e-13, atol=1e-14)
+    ref = linear_attention(q[:1, :, :], k[:1, :, :4], v[:1, :, :4]) if not causal else None
+    if ref is not None:
+        np.testing.assert_allclose(out[:1], ref, rtol=1e-12, atol=1e-13)
+    g = linear_attention_backward(np.ones_like(out), cache)
+    assert np.all(g["k"][0, :, 4:] == 0) and np.all(g["v"][0, :, 4:] == 0)
+    none = np.zeros(k.shape[:-1], dtype=bool)
+    o0, c0 = linear_attention_forward(q, k, v, causal=causal, eps=0.0, key_padding_mask=none)
+    assert np.all(o0 == 0)
+    assert all(np.isfinite(x).all() for x in linear_attention_backward(np.ones_like(o0), c0).values())
+    with pytest.raises(TypeError, match="key_padding_mask"):
+        linear_attention(q, k, v, key_padding_mask=keep.astype(float))
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        linear_attention(q, k, v, key_padding_mask=keep[..., :5])
+
+
 def test_linear_attention_bad_input_names_argument():
     rng = np.random.default_rng(3)
     q, k, v = _qkv(rng, n=4, m=5)

@@ -154,6 +154,7 @@ def _core_forward(fq, fk, v, *, causal: bool, eps: float, normalise: bool, den_g
             den = np.einsum("...nd,...d->...n", fq, z) + eps
             if den_guard > 0:  # google-research performer: R + 2 s (|R| <= s); locally constant
                 den = den + 2.0 * den_guard * (np.abs(den) <= den_guard)
+            den = np.where(den == 0, 1.0, den)  # no key at all (padding, eps = 0): num = 0, out = 0
             out = num / den[..., None]
         else:
             den, out = None, num
@@ -171,6 +172,7 @@ def _core_forward(fq, fk, v, *, causal: bool, eps: float, normalise: bool, den_g
             di = np.einsum("...d,...d->...", fq[..., i, :], z) + eps
             if den_guard > 0:
                 di = di + 2.0 * den_guard * (np.abs(di) <= den_guard)
+            di = np.where(di == 0, 1.0, di)
             den[..., i] = di
             out[..., i, :] = num / di[..., None]
         else:
@@ -241,6 +243,25 @@ def _explicit(fq, fk, v, *, causal: bool, eps: float, normalise: bool = True):
 # Katharopoulos et al.
 
 
+def _key_mask(mask, k):
+    """Validate a boolean key-padding mask (True = keep) broadcastable to ``k.shape[:-1]``."""
+    if mask is None:
+        return None
+    try:
+        m = np.asarray(mask)
+    except Exception as exc:  # noqa: BLE001
+        raise TypeError(f"key_padding_mask could not be converted to an array: {exc}") from None
+    if m.dtype != np.bool_:
+        raise TypeError(f"key_padding_mask must be boolean (True = keep the key); got dtype {m.dtype}")
+    try:
+        ok = np.broadcast_shapes(m.shape, k.shape[:-1]) == k.shape[:-1]
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"key_padding_mask of shape {m.shape} does not broadcast to k's (..., M) = {k.shape[:-1]}")
+    return m
+
+
 def _lin_config(eps, feature_map, causal):
     eps = check_positive(eps, "eps", allow_zero=True)
     check_choice(feature_map, "feature_map", FEATURE_MAPS)
@@ -250,7 +271,7 @@ def _lin_config(eps, feature_map, causal):
 
 
 def linear_attention_forward(q, k, v, *, causal: bool = False, eps: float = 1e-6,
-                             feature_map: str = "elu_plus_one"):
+                             feature_map: str = "elu_plus_one", key_padding_mask=None):
     r"""Linear attention (Katharopoulos et al., "Transformers are RNNs", ICML 2020, arXiv 2006.16236).
 
     $$o_i = \frac{\phi(q_i)^\top\sum_j\phi(k_j)v_j^\top}{\phi(q_i)^\top\sum_j\phi(k_j)+\epsilon},$$
@@ -270,6 +291,11 @@ def linear_attention_forward(q, k, v, *, causal: bool = False, eps: float = 1e-6
         Added to the denominator (fast-transformers default 1e-6).
     feature_map : {"elu_plus_one", "identity"}
         $\phi$; ``"identity"`` takes ``q``/``k`` as ready (non-negative) features.
+    key_padding_mask : bool array broadcastable to ``(..., M)``, optional
+        ``True`` keeps a key; a removed key gets $\phi(k_j) = 0$ and so leaves both the
+        numerator and the denominator (fast-transformers' ``key_lengths``:
+        ``K = K * key_lengths.float_matrix``). A query that sees no key outputs 0 (with
+        ``eps = 0`` too).
 
     Returns
     -------
@@ -282,10 +308,13 @@ def linear_attention_forward(q, k, v, *, causal: bool = False, eps: float = 1e-6
     """
     eps = _lin_config(eps, feature_map, causal)
     q, k, v = _validate_qkv(q, k, v, same_length=bool(causal))
+    kmask = _key_mask(key_padding_mask, k)
     fq = feature_map_forward(q, feature_map)
     fk = feature_map_forward(k, feature_map)
+    if kmask is not None:
+        fk = fk * kmask[..., None]
     out, state = _core_forward(fq, fk, v, causal=bool(causal), eps=eps, normalise=True)
-    cache = {"q": q, "k": k, "v": v, "fq": fq, "fk": fk, "out": out, "state": state,
+    cache = {"q": q, "k": k, "v": v, "fq": fq, "fk": fk, "out": out, "state": state, "kmask": kmask,
              "causal": bool(causal), "feature_map": feature_map, "eps": eps}
     return out, cache
 
@@ -299,14 +328,17 @@ def linear_attention_backward(dout, cache):
     dfq, dfk, dv = _core_backward(g, cache["fq"], cache["fk"], cache["v"], out, cache["state"],
                                   causal=cache["causal"], normalise=True)
     fm = cache["feature_map"]
+    if cache.get("kmask") is not None:
+        dfk = dfk * cache["kmask"][..., None]
     return {"q": feature_map_backward(dfq, cache["q"], fm),
             "k": feature_map_backward(dfk, cache["k"], fm), "v": dv}
 
 
 def linear_attention(q, k, v, *, causal: bool = False, eps: float = 1e-6,
-                     feature_map: str = "elu_plus_one") -> np.ndarray:
+                     feature_map: str = "elu_plus_one", key_padding_mask=None) -> np.ndarray:
     """Convenience wrapper: the output of :func:`linear_attention_forward`."""
-    return linear_attention_forward(q, k, v, causal=causal, eps=eps, feature_map=feature_map)[0]
+    return linear_attention_forward(q, k, v, causal=causal, eps=eps, feature_map=feature_map,
+                                    key_padding_mask=key_padding_mask)[0]
 
 
 def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: str = "elu_plus_one"):
@@ -331,13 +363,19 @@ def causal_linear_attention_backward(dout, cache):
 
 
 def linear_attention_explicit(q, k, v, *, causal: bool = False, eps: float = 1e-6,
-                              feature_map: str = "elu_plus_one") -> np.ndarray:
-    r"""The explicit $O(N^2)$ form: $A = \phi(Q)\phi(K)^\top$ (lower-triangular if causal),
-    $O = AV/(A\mathbf 1+\epsilon)$."""
+                              feature_map: str = "elu_plus_one", key_padding_mask=None) -> np.ndarray:
+    r"""The explicit $O(N^2)$ form: $A = \phi(Q)\phi(K)^\top$ (lower-triangular if causal, zero
+    columns for padded keys), $O = AV/(A\mathbf 1+\epsilon)$ (0 for a row without keys)."""
     eps = _lin_config(eps, feature_map, causal)
     q, k, v = _validate_qkv(q, k, v, same_length=bool(causal))
-    return _explicit(feature_map_forward(q, feature_map), feature_map_forward(k, feature_map), v,
-                     causal=bool(causal), eps=eps)
+    kmask = _key_mask(key_padding_mask, k)
+    A = feature_map_forward(q, feature_map) @ _mT(feature_map_forward(k, feature_map))
+    if kmask is not None:
+        A = A * kmask[..., None, :]
+    if causal:
+        A = np.tril(A)
+    den = A.sum(-1, keepdims=True) + eps
+    return (A @ v) / np.where(den == 0, 1.0, den)
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,8 +409,12 @@ def _fd(forward, backward, sample):
 
 def _sample_katharopoulos(rng, size):
     q, k, v = _qkv(rng, size)
-    return Sample(inputs={"q": q, "k": k, "v": v},
-                  config={"causal": bool(rng.integers(0, 2)), "eps": 1e-6, "feature_map": "elu_plus_one"})
+    config = {"causal": bool(rng.integers(0, 2)), "eps": 1e-6, "feature_map": "elu_plus_one"}
+    if rng.random() < 0.5:  # per-batch key padding (lengths), the first key always kept
+        lengths = rng.integers(1, k.shape[-2] + 1, size=k.shape[0])
+        config["key_padding_mask"] = np.arange(k.shape[-2])[None, :] < lengths[:, None]
+        config["key_padding_mask"] = config["key_padding_mask"][:, None, :]  # (B, 1, M)
+    return Sample(inputs={"q": q, "k": k, "v": v}, config=config)
 
 
 def _check_causal_equals_masked(rng):
@@ -414,9 +456,15 @@ def _check_rnn_equals_scan(rng):
 def _check_fd_both_modes(rng):
     errs = []
     for causal in (False, True):
-        q, k, v = _qkv(rng, "tiny")
-        s = Sample(inputs={"q": q, "k": k, "v": v}, config={"causal": causal})
-        errs.append(_fd(linear_attention_forward, linear_attention_backward, s))
+        for padded in (False, True):
+            q, k, v = _qkv(rng, "tiny")
+            config = {"causal": causal}
+            if padded:  # batch 0 keeps 2 keys, batch 1 all
+                keep = np.ones(k.shape[:-1], dtype=bool)
+                keep[0, :, 2:] = False
+                config["key_padding_mask"] = keep
+            s = Sample(inputs={"q": q, "k": k, "v": v}, config=config)
+            errs.append(_fd(linear_attention_forward, linear_attention_backward, s))
     return max(errs)
 
 
@@ -1249,7 +1297,7 @@ register(
         checks={"causal_scan_equals_masked_explicit": _check_causal_equals_masked,
                 "linear_equals_explicit_cross": _check_linear_equals_explicit,
                 "recurrent_equals_scan": _check_rnn_equals_scan,
-                "gradcheck_causal_and_noncausal": _check_fd_both_modes,
+                "gradcheck_causal_noncausal_padded": _check_fd_both_modes,
                 "weights_convex_eps0": _check_rows_are_convex},
         docs="linear-attention.md#linear-attention-katharopoulos",
     ),
