@@ -538,3 +538,21 @@ def test_exact_forms_bad_blocks():
         tree_attention_forward(q, q, q, chunk_sizes=[1, 1])
     with pytest.raises(ValueError, match="lse_base"):
         flash_attention_forward(q, q, q, lse_base="10")
+
+
+@pytest.mark.parametrize("name", ["flash", "rabe_staats"])
+def test_exact_forms_peak_memory(name):
+    # no N x M score matrix: the tiled forward's peak allocation is far below plain SDPA's
+    import tracemalloc
+    fwd = {"flash": lambda q, k, v: flash_attention_forward(q, k, v, block_q=32, block_k=32),
+           "rabe_staats": lambda q, k, v: rabe_staats_forward(q, k, v, query_chunk_size=32, key_chunk_size=32)}[name]
+    rng = np.random.default_rng(16)
+    q, k, v = (rng.standard_normal((1, 1, 384, 8)) for _ in range(3))
+    peaks = []
+    for f in (lambda q, k, v: sdpa_forward(q, k, v), fwd):
+        tracemalloc.start()
+        out = f(q, k, v)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        del out
+    assert peaks[1] * 4 < peaks[0], peaks
