@@ -495,3 +495,18 @@ def test_kernelized_rpe_bad_b():
         kernelized_rpe(q, k, v, {"b": np.zeros((3, 7))}, projection=proj)
     with pytest.raises(ValueError, match="'b'"):
         kernelized_rpe(q, k, v, {"bias": np.zeros(7)}, projection=proj)
+
+
+def test_linear_no_is_efficient_attention_on_learned_features():
+    """Catalogue cross-entry identity: LinearNO (operators/transolver.py) is Efficient Attention
+    (softmax over features for Q, over positions for K) on the learned M-wide features."""
+    from refattn.operators.transolver import linear_no_attention, linear_no_init_params
+
+    rng = np.random.default_rng(19)
+    B, N, C, H, D, M = 2, 9, 5, 2, 3, 4
+    p = linear_no_init_params(rng, C, n_head=H, dim_head=D, key_ratio=M)
+    x = rng.standard_normal((B, N, C))
+    xm = (x @ p["in_project_x.weight"] + p["in_project_x.bias"]).reshape(B, N, H, D).transpose(0, 2, 1, 3)
+    y = efficient_attention_forward(xm @ p["to_q.weight"], xm @ p["to_k.weight"], xm @ p["to_v.weight"])[0]
+    out = y.transpose(0, 2, 1, 3).reshape(B, N, H * D) @ p["to_out.0.weight"] + p["to_out.0.bias"]
+    np.testing.assert_allclose(linear_no_attention(x, p, n_head=H), out, rtol=1e-12, atol=1e-13)
