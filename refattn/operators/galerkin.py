@@ -231,7 +231,7 @@ def _simple_forward(x, params, pos, *, n_head, attention_type, norm_type, eps, s
         z = hat["q"] @ m
         core = {"m": m}
     else:
-        s = 1.0 / np.sqrt(dc) if scale is None else scale
+        s = float(1.0 / np.sqrt(dc)) if scale is None else scale  # a Python float keeps float32
         a = (hat["q"] @ np.swapaxes(hat["k"], -1, -2)) * (s / n)
         z = a @ hat["v"]
         core = {"a": a, "s": s}

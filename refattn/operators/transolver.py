@@ -404,7 +404,7 @@ def linear_no_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64, ke
 # GeoTransolver GALE
 
 
-def _gale_spec(state_mixing_mode, dc):
+def _gale_spec(state_mixing_mode, dc, beta_shape=()):
     def spec(c, n_head, d, g):
         s = {"qkv_project.weight": (d, 3 * d), "out_linear.weight": (n_head * d, c),
              "out_linear.bias": (c,),
@@ -412,7 +412,7 @@ def _gale_spec(state_mixing_mode, dc):
              "cross_k.weight": (dc, d), "cross_k.bias": (d,),
              "cross_v.weight": (dc, d), "cross_v.bias": (d,)}
         if state_mixing_mode == "weighted":
-            s["state_mixing"] = ()
+            s["state_mixing"] = beta_shape
         else:
             s["concat_project.0.weight"] = (2 * d, d)
             s["concat_project.0.bias"] = (d,)
@@ -442,7 +442,8 @@ def geotransolver_gale_forward(x, params, context=None, *, n_head: int, state_mi
         ``(1, 1, H, 1)``); ``qkv_project.weight`` (D, 3D) (no bias; columns q | k | v);
         ``out_linear.weight`` (H D, C), ``out_linear.bias``; ``cross_q.*`` (D, D), ``cross_k.*``
         and ``cross_v.*`` (D_c, D) with biases; ``state_mixing`` (scalar) or
-        ``concat_project.0.weight`` (2D, D) and ``.bias``.
+        ``concat_project.0.weight`` (2D, D) and ``.bias``. ``state_mixing`` is 0-d as upstream
+        (shape (1,) is accepted too).
     context : array (B, H, S_c, D_c), optional
         Context tokens (differentiable; shared by all blocks upstream, so callers accumulate).
     state_mixing_mode : {"weighted", "concat_project"}
@@ -468,8 +469,11 @@ def geotransolver_gale_forward(x, params, context=None, *, n_head: int, state_mi
                   "cross_v.weight", "cross_v.bias", "state_mixing", "concat_project.0.weight",
                   "concat_project.0.bias"}
     optional = cross_keys if context is None else ()
+    # the mixing scalar: upstream a 0-d parameter; a (1,) array is accepted too
+    beta_shape = np.shape(params.get("state_mixing")) if isinstance(params, dict) else ()
+    beta_shape = beta_shape if beta_shape in ((), (1,)) else ()
     x, p, n_head, d, g, tau_clamp, slice_eps = _validate_front(
-        x, params, n_head, tau_clamp, slice_eps, _gale_spec(state_mixing_mode, dc), optional)
+        x, params, n_head, tau_clamp, slice_eps, _gale_spec(state_mixing_mode, dc, beta_shape), optional)
     b = x.shape[0]
     if context is not None and context.shape[:2] != (b, n_head):
         raise ValueError(f"context must have shape (B={b}, H={n_head}, S_c, D_c); got {context.shape}")
@@ -518,8 +522,8 @@ def geotransolver_gale_backward(dout, cache):
         if cache["mode"] == "weighted":
             s = mix["s"]
             dz_self, dz_cross = s * dzp, (1.0 - s) * dzp
-            grads["state_mixing"] = np.asarray(
-                np.sum(dzp * (cache["z_self"] - cache["z_cross"])) * s * (1.0 - s))
+            grads["state_mixing"] = np.reshape(
+                np.sum(dzp * (cache["z_self"] - cache["z_cross"])) * s * (1.0 - s), np.shape(s))
         else:
             dpre = dzp * gelu_grad(mix["pre"])
             dcat = _lin_back(grads, p, "concat_project.0", dpre, mix["cat"])
@@ -576,7 +580,7 @@ def gale_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64, slice_n
 def _perturb(rng, params, skip=("temperature",)):
     for k in params:
         if k not in skip and not k.startswith("temperature"):
-            params[k] = params[k] + 0.3 * rng.standard_normal(params[k].shape)
+            params[k] = np.asarray(params[k] + 0.3 * rng.standard_normal(params[k].shape))
     return params
 
 
