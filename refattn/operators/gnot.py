@@ -454,6 +454,17 @@ def _check_permutation_hna(rng):
     return err
 
 
+def _check_hna_refinement(rng):
+    # Row-normalised attention is a normalised average over the input points: repeating every
+    # input point k times (uniform refinement) leaves the output unchanged.
+    s = _sample_hna(True)(rng, "small")
+    out = gnot_hna_attention(**s.inputs, params=s.params, **s.config)
+    out3 = gnot_hna_attention(s.inputs["x"], s.params, np.repeat(s.inputs["y"], 3, axis=1), **s.config)
+    err = float(np.abs(out3 - out).max())
+    assert err < 1e-12, f"uniform refinement of the input function changes the output: {err}"
+    return err
+
+
 def _sample_moe(rng, size):
     if size == "tiny":
         n, c, sd, e, i = int(rng.integers(2, 4)), 3, 2, 2, 1
@@ -509,7 +520,8 @@ register(
                 "cross_L1_equals_linear_attention": _check_hna_cross_l1_is_self,
                 "heterogeneous_two_inputs_gradcheck": _check_hna_cross_two_inputs_fd,
                 "l1_norm_and_1_over_N_gradcheck": _check_hna_variants_fd,
-                "permutation": _check_permutation_hna},
+                "permutation": _check_permutation_hna,
+                "uniform_refinement_invariance": _check_hna_refinement},
     ),
     Mechanism(
         slug="gnot_geometric_gating_moe", family="3-operator", tier="T1",

@@ -651,6 +651,23 @@ def _check_transolver_is_linear_attention(rng):
     return err
 
 
+def _check_refinement(fwd, sample, **extra):
+    # Slice tokens are weighted point averages (and LinearNO's key softmax over points is
+    # normalised too): repeating every point k times, a uniform refinement of a piecewise-constant
+    # function, leaves every output unchanged (Transolver: exactly when slice_eps = 0; with the
+    # upstream 1e-5 the change is O(eps / N)).
+    def check(rng):
+        s = sample(rng, "small")
+        cfg = dict(s.config, **extra)
+        out = fwd(**s.inputs, params=s.params, **cfg)[0]
+        inp = dict(s.inputs, x=np.repeat(s.inputs["x"], 3, axis=1))
+        out3 = fwd(**inp, params=s.params, **cfg)[0]
+        err = float(np.abs(out3[:, ::3] - out).max())
+        assert err < 1e-12, f"uniform refinement changes the output: {err}"
+        return err
+    return check
+
+
 def _sample_linear_no(use_temperature):
     def sample(rng, size):
         n, c, h, d, m = _sizes(rng, size)
@@ -760,7 +777,9 @@ register(
                 "single_slice_is_global_mean": _check_transolver_g1,
                 "permutation_equivariance": _check_permutation(
                     transolver_physics_attention_forward, _sample_transolver),
-                "identity_slice_attention_is_linear_attention": _check_transolver_is_linear_attention},
+                "identity_slice_attention_is_linear_attention": _check_transolver_is_linear_attention,
+                "uniform_refinement_invariance": _check_refinement(
+                    transolver_physics_attention_forward, _sample_transolver, slice_eps=0.0)},
     ),
     Mechanism(
         slug="linear_no_attention", family="3-operator", tier="T1",
@@ -772,7 +791,9 @@ register(
         checks={"permutation_equivariance": _check_permutation(linear_no_attention_forward,
                                                                _sample_linear_no(False)),
                 "temperature_variant_gradcheck": _check_linear_no_temperature,
-                "reproduces_transolver_without_slice_attention": _check_linear_no_vs_transolver},
+                "reproduces_transolver_without_slice_attention": _check_linear_no_vs_transolver,
+                "uniform_refinement_invariance": _check_refinement(linear_no_attention_forward,
+                                                                   _sample_linear_no(False))},
     ),
     Mechanism(
         slug="geotransolver_gale", family="3-operator", tier="T1",
