@@ -63,22 +63,72 @@ def _scores_tile(s, qr, b, h, i0, nq, kt, nk, d):
 
 
 @njit(cache=True, inline="always")
-def _logits_tile(s, th, b, h, i0, nq, j0, nk, scale, softcap, causal, offset, mask_mode, maskb, maskf, ms):
-    """Turn raw dot products into final logits in place: scale, softcap (tanh kept in ``th``),
-    mask, causal."""
-    for ii in range(nq):
-        i = i0 + ii
+def _logits_row(s, th, ii, b, h, i, j0, nk, scale, softcap, causal, offset, mask_mode, maskb, maskf, ms):
+    """Row ``ii`` of a tile of raw dot products -> final logits in place: scale, softcap (tanh kept
+    in ``th``), mask, causal. The common case (no softcap, no mask) is a plain vectorised scale."""
+    if softcap == 0.0 and mask_mode == 0:
         for jj in range(nk):
-            j = j0 + jj
+            s[ii, jj] = s[ii, jj] * scale
+    else:
+        for jj in range(nk):
             x = s[ii, jj] * scale
             if softcap > 0.0:
                 t = math.tanh(x / softcap)
                 th[ii, jj] = t
                 x = softcap * t
-            x = _mask_logit(x, b, h, i, j, mask_mode, maskb, maskf, ms)
-            if causal and j > i + offset:
-                x = -np.inf
-            s[ii, jj] = x
+            s[ii, jj] = _mask_logit(x, b, h, i, j0 + jj, mask_mode, maskb, maskf, ms)
+    if causal:
+        for jj in range(max(i + offset - j0 + 1, 0), nk):  # keys j > i + offset are hidden
+            s[ii, jj] = -np.inf
+
+
+@njit(cache=True, inline="always")
+def _exp_row(s, ii, nk, shift, e2, e2i, fast):
+    r"""``s[ii, :nk] = exp(s[ii, :nk] - shift)`` in place (``-inf`` -> 0).
+
+    ``fast`` (float32 only): Cephes ``expf`` — $2^n e^r$ with $n = \lfloor x\log_2 e + 1/2\rceil$,
+    $r = x - n\ln 2$ (two-constant Cody–Waite) and a degree-7 polynomial for $e^r$, $2^n$ built from
+    its exponent bits through the int32 view ``e2i`` of ``e2``. Every step is elementwise, so the
+    loops vectorise (libm ``expf`` does not); accuracy ~1 ulp like libm, and exactly 0 below
+    $x = -87$ where ``expf`` would return a denormal $< 2^{-125}$. float64 uses ``math.exp``.
+    """
+    if fast:
+        lo = np.float32(-87.0)
+        for jj in range(nk):
+            x = s[ii, jj] - shift
+            xc = max(x, lo)
+            nf = math.floor(xc * np.float32(1.44269504088896341) + np.float32(0.5))
+            r = xc - nf * np.float32(0.693359375) - nf * np.float32(-2.12194440e-4)
+            p = ((((np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)) * r
+                   + np.float32(8.3334519073e-3)) * r + np.float32(4.1665795894e-2)) * r
+                 + np.float32(1.6666665459e-1)) * r + np.float32(5.0000001201e-1)
+            p = p * r * r + r + np.float32(1.0)
+            e2i[jj] = (np.int32(nf) + np.int32(127)) << 23
+            s[ii, jj] = p if x >= lo else np.float32(0.0)
+        for jj in range(nk):
+            s[ii, jj] = s[ii, jj] * e2[jj]
+    else:
+        for jj in range(nk):
+            s[ii, jj] = math.exp(s[ii, jj] - shift)
+
+
+@njit(cache=True, inline="always")
+def _row_sum(s, ii, nk):
+    """Sum of ``s[ii, :nk]`` in float64 with four interleaved partial sums (a fixed order, so it is
+    deterministic, and four independent add chains instead of one latency-bound chain)."""
+    a0 = 0.0
+    a1 = 0.0
+    a2 = 0.0
+    a3 = 0.0
+    n4 = nk - nk % 4
+    for jj in range(0, n4, 4):
+        a0 += s[ii, jj]
+        a1 += s[ii, jj + 1]
+        a2 += s[ii, jj + 2]
+        a3 += s[ii, jj + 3]
+    for jj in range(n4, nk):
+        a0 += s[ii, jj]
+    return (a0 + a1) + (a2 + a3)
 
 
 @njit(cache=True, parallel=True, fastmath=False)
@@ -91,6 +141,7 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
     dv = v.shape[3]
     nqt = (N + bq - 1) // bq
     ntask = B * H * nqt
+    fast = q.itemsize == 4  # float32: vectorised exp
     for t in prange(ntask):
         b = t // (H * nqt)
         h = (t // nqt) % H
@@ -101,6 +152,8 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         s = np.empty((bq, bk), dtype=q.dtype)
         th = np.empty((bq, bk), dtype=q.dtype)
         kt = np.empty((d, bk), dtype=q.dtype)
+        e2 = np.empty(bk, dtype=q.dtype)
+        e2i = e2.view(np.int32)
         acc = np.zeros((R, bq, dv), dtype=q.dtype)
         mrow = np.full((R, bq), -np.inf, dtype=q.dtype)
         lrow = np.zeros((R, bq), dtype=q.dtype)
@@ -115,9 +168,9 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
                     for c in range(d):
                         kt[c, jj] = k[r, b, hk, j0 + jj, c]
                 _scores_tile(s, qr, b, h, i0, nq, kt, nk, d)
-                _logits_tile(s, th, b, h, i0, nq, j0, nk, scale, softcap, causal, offset,
-                             mask_mode, maskb, maskf, ms)
                 for ii in range(nq):
+                    _logits_row(s, th, ii, b, h, i0 + ii, j0, nk, scale, softcap, causal, offset,
+                                mask_mode, maskb, maskf, ms)
                     mt = -np.inf
                     for jj in range(nk):
                         if s[ii, jj] > mt:
@@ -128,11 +181,8 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
                         continue  # nothing visible yet in this row
                     alpha = math.exp(m_old - m_new)  # 0 when m_old = -inf
                     mrow[r, ii] = m_new
-                    rs = 0.0
-                    for jj in range(nk):
-                        p = math.exp(s[ii, jj] - m_new)
-                        s[ii, jj] = p
-                        rs += p
+                    _exp_row(s, ii, nk, m_new, e2, e2i, fast)
+                    rs = _row_sum(s, ii, nk)
                     lrow[r, ii] = lrow[r, ii] * alpha + rs
                     if alpha != 1.0:
                         for c in range(dv):
@@ -182,6 +232,7 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
     nkt = (M + bk - 1) // bk
     tiles_per_split = (nkt + nsplit - 1) // nsplit
     ntask = B * H * nsplit
+    fast = q.itemsize == 4  # float32: vectorised exp
     for t in prange(ntask):
         b = t // (H * nsplit)
         h = (t // nsplit) % H
@@ -190,6 +241,8 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         s = np.empty((bq, bk), dtype=q.dtype)
         th = np.empty((bq, bk), dtype=q.dtype)
         dp = np.empty((bq, bk), dtype=q.dtype)
+        e2 = np.empty(bk, dtype=q.dtype)
+        e2i = e2.view(np.int32)
         kt = np.empty((d, bk), dtype=q.dtype)
         vt = np.empty((dv, bk), dtype=q.dtype)
         dka = np.empty((bk, d), dtype=np.float64)
@@ -213,8 +266,6 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
                 for i0 in range(i_start - i_start % bq, N, bq):
                     nq = min(bq, N - i0)
                     _scores_tile(s, qr, b, h, i0, nq, kt, nk, d)
-                    _logits_tile(s, th, b, h, i0, nq, j0, nk, scale, softcap, causal, offset,
-                                 mask_mode, maskb, maskf, ms)
                     # dp = dO V^T
                     for ii in range(nq):
                         for jj in range(nk):
@@ -233,14 +284,15 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
                             continue
                         D = delta[r, b, h, i]
                         wr = w[r, b, h, i]
+                        _logits_row(s, th, ii, b, h, i, j0, nk, scale, softcap, causal, offset,
+                                    mask_mode, maskb, maskf, ms)
+                        _exp_row(s, ii, nk, L, e2, e2i, fast)
                         for jj in range(nk):
-                            p = math.exp(s[ii, jj] - L)
-                            ds = p * (wr * dp[ii, jj] - D)
-                            if softcap > 0.0:
+                            dp[ii, jj] = s[ii, jj] * (wr * dp[ii, jj] - D)
+                        if softcap > 0.0:
+                            for jj in range(nk):
                                 tt = th[ii, jj]
-                                ds = ds * (1.0 - tt * tt)
-                            s[ii, jj] = p
-                            dp[ii, jj] = ds
+                                dp[ii, jj] = dp[ii, jj] * (1.0 - tt * tt)
                     # dV += w P^T dO ; dK += dS^T Q ; dQ += dS K
                     for ii in range(nq):
                         i = i0 + ii
