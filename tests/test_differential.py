@@ -15,16 +15,21 @@ import pytest
 from refattn import registry
 from refattn.attention import differential as D
 from refattn.testing import run_record_checks
+from refattn.testing.runner import record_check_names
 
 SLUGS = ["diff_attention_core", "diff_attention_v1", "diff_attention_v2", "diffclip_attention",
-         "grouped_differential_attention"]
+         "grouped_differential_attention", "dint_attention"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_record_checks_pass(slug, seed):
-    res = run_record_checks(registry.get(slug), seed=seed)
-    bad = [(r.check, r.message) for r in res.results if not r.passed]
+    rec = registry.get(slug)
+    # kernel parity checks attached by refattn/kernels are tested with the kernels
+    names = [n for n in record_check_names(rec) if not n.startswith("check:kernel:")]
+    results = [r for n in names for r in run_record_checks(rec, seed=seed, only=n).results]
+    assert len(results) == len(names)
+    bad = [(r.check, r.message) for r in results if not r.passed]
     assert not bad, bad
 
 
@@ -400,3 +405,54 @@ def test_gda_ratio_changes_output_and_validates():
         DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=4, depth=0)
     with pytest.raises(ValueError, match="multiple"):
         DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=3, depth=0)
+
+
+# ------------------------------------------------------------------------------ DINT
+
+
+@pytest.mark.parametrize("kind", ["causal", "all"])
+@pytest.mark.parametrize("src", ["A1", "A2"])
+def test_dint_against_explicit_maps(kind, src):
+    # A = A1 - lam A2 + lam G with G = C A_src built as an N x N matrix, then V1's norm and projection.
+    rng = np.random.default_rng(19)
+    B, n, C, H, d = 2, 5, 4, 2, 2
+    x = rng.standard_normal((B, n, C))
+    P = D._v1_params(rng, C, H, H, d)
+    P.pop("subln.weight")
+    out = DV.dint_attention(x, P, num_heads=H, depth=2, integral=kind, integral_source=src, subln="none",
+                            rescale=False)
+    q = np.swapaxes((x @ P["q_proj.weight"]).reshape(B, n, 2 * H, d), 1, 2)
+    k = np.swapaxes((x @ P["k_proj.weight"]).reshape(B, n, 2 * H, d), 1, 2)
+    v = np.swapaxes((x @ P["v_proj.weight"]).reshape(B, n, H, 2 * d), 1, 2)
+    keep = np.tril(np.ones((n, n), bool))
+    lam = (np.exp(P["lambda_q1"] @ P["lambda_k1"]) - np.exp(P["lambda_q2"] @ P["lambda_k2"])
+           + D.lambda_init_fn(2))
+    if kind == "causal":
+        Cm = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    else:
+        Cm = np.ones((n, n)) / n
+    heads = []
+    for h in range(H):
+        maps = []
+        for a in (0, 1):
+            s = q[:, 2 * h + a] @ np.swapaxes(k[:, 2 * h + a], -1, -2) * d ** -0.5
+            s = np.where(keep, s, -np.inf)
+            e = np.exp(s - s.max(-1, keepdims=True))
+            maps.append(e / e.sum(-1, keepdims=True))
+        G = Cm @ maps[0 if src == "A1" else 1]
+        A = maps[0] - lam * maps[1] + lam * G
+        np.testing.assert_allclose(A.sum(-1), 1.0, atol=1e-13)
+        heads.append(A @ v[:, h])
+    ref = np.swapaxes(np.stack(heads, 1), 1, 2).reshape(B, n, -1) @ P["out_proj.weight"]
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
+
+
+def test_dint_auto_picks_the_causal_average():
+    rng = np.random.default_rng(20)
+    x = rng.standard_normal((2, 4, 4))
+    P = D._v1_params(rng, 4, 2, 2, 2)
+    auto = DV.dint_attention(x, P, num_heads=2, depth=0)
+    np.testing.assert_array_equal(auto, DV.dint_attention(x, P, num_heads=2, depth=0, integral="causal"))
+    assert np.abs(auto - DV.dint_attention(x, P, num_heads=2, depth=0, integral="all")).max() > 1e-6
+    with pytest.raises(ValueError, match="integral"):
+        DV.dint_attention(x, P, num_heads=2, depth=0, integral="mean")

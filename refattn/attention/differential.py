@@ -266,26 +266,65 @@ def _validate_core(q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group
     return q1, k1, q2, k2, v, lam, mask, scale
 
 
-def _core_fwd(q1, k1, q2, k2, v, lam, mask, scale):
-    """Unvalidated core on MHA-expanded heads. ``lam`` broadcasts to the (..., H, N) rows."""
+def _row_average(o, kind):
+    r"""$C\,o$ over the query axis (-2): ``"all"``: every row is the mean of all rows;
+    ``"causal"``: row $i$ (0-based) is the mean of rows $0..i$."""
+    if kind == "all":
+        return np.broadcast_to(np.mean(o, axis=-2, keepdims=True), o.shape)
+    return np.cumsum(o, axis=-2) / np.arange(1, o.shape[-2] + 1)[:, None]
+
+
+def _row_average_T(g, kind):
+    r"""$C^\top g$: ``"all"``: $\frac1N\sum_i g_i$ in every row; ``"causal"``: row $i'$ gets
+    $\sum_{i\ge i'} g_i/(i+1)$ (a reverse cumulative sum)."""
+    n = g.shape[-2]
+    if kind == "all":
+        return np.broadcast_to(np.sum(g, axis=-2, keepdims=True) / n, g.shape)
+    w = g / np.arange(1, n + 1)[:, None]
+    return np.flip(np.cumsum(np.flip(w, axis=-2), axis=-2), axis=-2)
+
+
+def _core_fwd(q1, k1, q2, k2, v, lam, mask, scale, integral=None):
+    r"""Unvalidated core on MHA-expanded heads. ``lam`` broadcasts to the (..., H, N) rows.
+
+    ``integral=(kind, source)`` adds DINT's integral term $\lambda\,C A_a V$ (see
+    :func:`_row_average`), $a$ = ``source`` in ``{"A1", "A2"}``.
+    """
     lam_b = np.broadcast_to(lam, q1.shape[:-1])[..., None]
     p1, _ = softmax_lse(apply_mask(scale * (q1 @ np.swapaxes(k1, -1, -2)), mask))
     p2, _ = softmax_lse(apply_mask(scale * (q2 @ np.swapaxes(k2, -1, -2)), mask))
     o1 = p1 @ v
     o2 = p2 @ v
     out = o1 - lam_b * o2
+    co = None
+    if integral is not None:
+        co = _row_average(o1 if integral[1] == "A1" else o2, integral[0])
+        out = out + lam_b * co
     return out, {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v, "p1": p1, "p2": p2,
-                 "o2": o2, "lam_b": lam_b, "scale": scale}
+                 "o2": o2, "lam_b": lam_b, "scale": scale, "integral": integral, "co": co}
 
 
 def _core_bwd(g, c):
-    """Gradients of :func:`_core_fwd` (module docstring); ``lam`` gradient at the full row shape."""
+    r"""Gradients of :func:`_core_fwd` (module docstring); ``lam`` gradient at the full row shape.
+
+    With the integral term $+\lambda C O_a$: $d\lambda \mathrel{+}= \langle G, C O_a\rangle$ and
+    $dO_a \mathrel{+}= \lambda C^\top G$.
+    """
     lam_b, scale = c["lam_b"], c["scale"]
+    do1 = g
     do2 = -lam_b * g
     dlam = -np.sum(g * c["o2"], axis=-1)
+    if c["integral"] is not None:
+        kind, src = c["integral"]
+        dlam = dlam + np.sum(g * c["co"], axis=-1)
+        extra = lam_b * _row_average_T(g, kind)
+        if src == "A1":
+            do1 = do1 + extra
+        else:
+            do2 = do2 + extra
     out = {"lam": dlam}
-    dv = np.swapaxes(c["p1"], -1, -2) @ g + np.swapaxes(c["p2"], -1, -2) @ do2
-    for a, do in (("1", g), ("2", do2)):
+    dv = np.swapaxes(c["p1"], -1, -2) @ do1 + np.swapaxes(c["p2"], -1, -2) @ do2
+    for a, do in (("1", do1), ("2", do2)):
         p = c["p" + a]
         ds = softmax_vjp(p, do @ np.swapaxes(c["v"], -1, -2))
         out["q" + a] = scale * (ds @ c["k" + a])
@@ -440,10 +479,10 @@ def _merge_heads(y):
 
 
 def _heads_fwd(q1, k1, q2, k2, v, lam, *, mask, scale, cos, sin, interleaved, subln, norm_w, eps,
-               rescale):
+               rescale, integral=None):
     """RoPE on the four query/key tensors, the core (MHA-expanded heads), per-head norm, rescale."""
     r = [_rope_apply(t, cos, sin, interleaved) for t in (q1, k1, q2, k2)]
-    o, core = _core_fwd(r[0], r[1], r[2], r[3], v, lam, mask, scale)
+    o, core = _core_fwd(r[0], r[1], r[2], r[3], v, lam, mask, scale, integral)
     saved = None
     if subln == "rms":
         o, saved = _rms_fwd(o, norm_w, eps)
@@ -540,7 +579,7 @@ _V1_LAMBDA = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
 def _v1_generic_forward(x, params, *, where, names, num_heads, q_halves, k_halves, v_heads, d, dv,
                         index, attn_mask, is_causal, causal_alignment, rel_pos, rope_interleaved,
                         scale, subln, subln_affine, subln_eps, lambda_init_value, rescale,
-                        optional_bias):
+                        optional_bias, integral=None):
     """Projections -> gather (pairing/GQA) -> RoPE/core/norm -> merge -> out_proj."""
     x = as_float(x, "x", min_ndim=2)
     C = x.shape[-1]
@@ -579,7 +618,7 @@ def _v1_generic_forward(x, params, *, where, names, num_heads, q_halves, k_halve
     o, hc = _heads_fwd(_gather_heads(q, qp1), _gather_heads(k, kp1), _gather_heads(q, qp2),
                        _gather_heads(k, kp2), _gather_heads(v, vp), lam, mask=mask, scale=s,
                        cos=cos, sin=sin, interleaved=bool(rope_interleaved), subln=subln,
-                       norm_w=norm_w, eps=eps, rescale=rescale)
+                       norm_w=norm_w, eps=eps, rescale=rescale, integral=integral)
     merged = _merge_heads(o)
     out = _proj(merged, P, no)
     cache = {"x": x, "P": P, "names": names, "hc": hc, "merged": merged, "lam_saved": lam_saved,
@@ -622,7 +661,7 @@ def diff_attention_v1_forward(x, params, *, num_heads: int, num_kv_heads: int | 
                               rel_pos=None, rope_interleaved: bool = True, scale=None,
                               pairing: str = "adjacent", gqa_pairing: str = "naive",
                               subln: str = "rms", subln_affine: bool = True, subln_eps: float = 1e-5,
-                              rescale: bool = True):
+                              rescale: bool = True, _integral=None):
     r"""DIFF Transformer V1 multi-head differential attention layer (unilm semantics).
 
     Follows microsoft/unilm ``Diff-Transformer/multihead_diffattn.py`` (``MultiheadDiffAttn``),
@@ -707,7 +746,8 @@ def diff_attention_v1_forward(x, params, *, num_heads: int, num_kv_heads: int | 
         d=d, dv=2 * d, index=index, attn_mask=attn_mask, is_causal=is_causal,
         causal_alignment=causal_alignment, rel_pos=rel_pos, rope_interleaved=rope_interleaved,
         scale=scale, subln=subln, subln_affine=subln_affine, subln_eps=subln_eps,
-        lambda_init_value=lam0, rescale=(1.0 - lam0) if rescale else 1.0, optional_bias=True)
+        lambda_init_value=lam0, rescale=(1.0 - lam0) if rescale else 1.0, optional_bias=True,
+        integral=_integral)
     cache["lambda_init"] = lam0
     return out, cache
 

@@ -22,12 +22,14 @@ from .differential import (
     _V1_LAMBDA,
     _check_params,
     _check_rel_pos,
+    _core_fwd,
     _draw_lambda_vectors,
     _merge_heads,
     _proj,
     _proj_bwd,
     _resolve_lambda_init,
     _rope_apply,
+    _sample_v1,
     _split_heads,
     _v1_generic_backward,
     _v1_generic_forward,
@@ -50,6 +52,9 @@ __all__ = [
     "grouped_differential_attention_forward",
     "grouped_differential_attention_backward",
     "grouped_differential_attention",
+    "dint_attention_forward",
+    "dint_attention_backward",
+    "dint_attention",
 ]
 
 
@@ -602,5 +607,130 @@ register(
         sample=_sample_gda, docs="differential.md#grouped_differential_attention",
         checks={"ratio_one_is_v1": _check_gda_ratio_one_is_v1,
                 "noise_gradient_is_group_sum": _check_gda_noise_gradient_is_group_sum},
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# DINT
+
+
+def dint_attention_forward(x, params, *, num_heads: int, num_kv_heads: int | None = None,
+                           integral: str = "auto", integral_source: str = "A1", **v1_config):
+    r"""DINT attention (Cang, Liu, Zhang, Zhao, Shi, "DINT Transformer", EMNLP 2025, arXiv 2501.17486).
+
+    [paper] DIFF attention plus an *integral* term of global importance scores, with one unified
+    λ so that every attention row sums to exactly 1 (DIFF's rows sum to $1-\lambda$). No public
+    code. [recon] (the method section could not be read here; the catalogue's reconstruction is
+    followed and each choice is a keyword):
+
+    $$A = A_1 - \lambda A_2 + \lambda G,\qquad G = C A_1,$$
+
+    where $C$ averages over query rows: ``integral="all"`` (bidirectional) $G_{ij} = \frac1N\sum_{i'}A_{1,i'j}$
+    (every row is the column mean of $A_1$), ``"causal"`` $G_{ij} = \frac1{i+1}\sum_{i'\le i}A_{1,i'j}$
+    (running mean over earlier queries, keeps causality); ``"auto"`` picks ``"causal"`` when the
+    layer is causal. ``integral_source="A2"`` integrates $A_2$ instead. Rows of $G$ sum to 1, so rows
+    of $A$ sum to $1-\lambda+\lambda = 1$ (rows of fully masked queries excepted). Then as V1:
+    $\mathrm{head} = (1-\lambda_{init})\,\mathrm{RMSNorm}(AV)$, $Y = [\mathrm{head}_i]W_o$.
+
+    Since $GV = C(A_1V)$, the term costs one row average of $O_1 = A_1V$ (no $N\times N$ product).
+
+    Parameters
+    ----------
+    x, params, num_heads, num_kv_heads
+        As :func:`refattn.attention.differential.diff_attention_v1_forward` (same params keys).
+    integral : {"auto", "causal", "all"}
+    integral_source : {"A1", "A2"}
+    **v1_config
+        Every other keyword of ``diff_attention_v1_forward`` (``depth``, ``lambda_init``, masks,
+        RoPE, pairing, ``subln*``, ``rescale``).
+
+    Notes
+    -----
+    Backward: V1's with $O = O_1 - \lambda O_2 + \lambda C O_a$: $dO_a \mathrel{+}= \lambda C^\top G$
+    ($C^\top$: a reverse cumulative sum of $G_i/(i+1)$ for ``"causal"``, the column mean for
+    ``"all"``) and $d\lambda \mathrel{+}= \langle G, C O_a\rangle$.
+    """
+    from .._checks import check_choice
+
+    check_choice(integral, "integral", ("auto", "causal", "all"))
+    check_choice(integral_source, "integral_source", ("A1", "A2"))
+    if "is_causal" in v1_config and v1_config["is_causal"] is not None and not isinstance(
+            v1_config["is_causal"], (bool, np.bool_)):
+        raise TypeError(f"is_causal must be a bool or None; got {type(v1_config['is_causal']).__name__}")
+    causal = v1_config.get("is_causal")
+    if causal is None:
+        causal = v1_config.get("attn_mask") is None
+    kind = ("causal" if causal else "all") if integral == "auto" else integral
+    out, cache = diff_attention_v1_forward(x, params, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                           _integral=(kind, integral_source), **v1_config)
+    return out, cache
+
+
+def dint_attention_backward(dout, cache):
+    """Gradient of :func:`dint_attention_forward` (V1's chain with the integral term, see its Notes)."""
+    return _v1_generic_backward(dout, cache)
+
+
+def dint_attention(x, params, **config) -> np.ndarray:
+    """Convenience wrapper: the output of :func:`dint_attention_forward`."""
+    return dint_attention_forward(x, params, **config)[0]
+
+
+def _sample_dint(rng, size):
+    s = _sample_v1(rng, size)
+    s.config["integral"] = str(rng.choice(["auto", "all"]))
+    s.config["integral_source"] = str(rng.choice(["A1", "A2"]))
+    return s
+
+
+def _check_dint_rows_sum_to_one(rng):
+    B, H, n, d = 2, 3, 5, 2
+    q1, q2, k1, k2 = rng.standard_normal((4, B, H, n, d))
+    lam = rng.standard_normal((B, H, 1))
+    err = 0.0
+    keep = np.tril(np.ones((n, n), bool))
+    for kind, mask in (("causal", keep), ("all", None), ("all", keep)):
+        for src in ("A1", "A2"):
+            out, _ = _core_fwd(q1, k1, q2, k2, np.ones((B, H, n, 1)), lam, mask, 0.7, (kind, src))
+            err = max(err, float(np.abs(out - 1.0).max()))
+    assert err < 1e-13, f"DINT rows do not sum to 1 ({err})"
+    return err
+
+
+def _check_dint_lambda_zero_is_v1(rng):
+    s = _sample_v1(rng, "small")
+    P = dict(s.params)
+    lam0 = lambda_init_fn(s.config["depth"])
+    e1 = np.exp(P["lambda_q1"] @ P["lambda_k1"])
+    P["lambda_k2"] = P["lambda_q2"] * np.log(e1 + lam0) / (P["lambda_q2"] @ P["lambda_q2"])
+    a = dint_attention(**s.inputs, params=P, **s.config)
+    b = diff_attention_v1_forward(**s.inputs, params=P, **s.config)[0]
+    err = float(np.abs(a - b).max())
+    assert err < 1e-12, f"DINT with lambda = 0 differs from V1 by {err}"
+    return err
+
+
+def _check_dint_causal(rng):
+    s = _sample_dint(rng, "small")
+    s.config["integral"] = "causal"
+    x = s.inputs["x"]
+    out = dint_attention(x, s.params, **s.config)
+    x2 = x.copy()
+    x2[:, -1] += 1.0
+    err = float(np.abs(dint_attention(x2, s.params, **s.config)[:, :-1] - out[:, :-1]).max())
+    assert err < 1e-13, f"future token leaks through the causal integral ({err})"
+    return err
+
+
+register(
+    Mechanism(
+        slug="dint_attention", family="2-differential", tier="T1",
+        title="DINT: differential-integral attention (row-normalised)",
+        paper="Cang, Liu, Zhang, Zhao, Shi, 'DINT Transformer', EMNLP 2025, arXiv 2501.17486",
+        forward=dint_attention_forward, backward=dint_attention_backward, sample=_sample_dint,
+        docs="differential.md#dint_attention",
+        checks={"rows_sum_to_one": _check_dint_rows_sum_to_one, "lambda_zero_is_v1": _check_dint_lambda_zero_is_v1,
+                "causal_no_leakage": _check_dint_causal},
     ),
 )
