@@ -65,3 +65,13 @@ def test_differential_attention_puts_less_mass_on_distractors():
     lam = float(res["params"]["diff"]["lam"][0])
     assert np.allclose(res["maps"]["diff"].sum(-1), 1 - lam)
     assert np.allclose(res["maps"]["plain"].sum(-1), 1.0)
+
+
+def test_column_order_puts_target_then_hard_distractors_first():
+    cfg = R.RetrievalConfig(n_tokens=9, n_hard=3)
+    data = R.make_retrieval_data(4, cfg, rng=6)
+    order = R.column_order(data)
+    e = np.arange(4)[:, None]
+    assert np.all(order[:, 0] == data.target)
+    assert data.hard[e, order[:, 1:4]].all() and not data.hard[e, order[:, 4:]].any()
+    assert np.all(np.sort(order, axis=-1) == np.arange(9))

@@ -62,6 +62,7 @@ __all__ = [
     "train",
     "attention_maps",
     "distractor_share",
+    "column_order",
     "evaluate",
     "run_demo",
 ]
@@ -242,6 +243,17 @@ def distractor_share(row_maps: np.ndarray, target: np.ndarray) -> np.ndarray:
     absm = np.abs(row_maps)
     at = absm[np.arange(len(target)), target]
     return 1.0 - at / absm.sum(-1)
+
+
+def column_order(data: RetrievalData) -> np.ndarray:
+    """Per-episode column permutation ``(E, N)`` for readable heat maps: target first, then the
+    hard distractors, then the rest (each group in position order). Apply it with
+    ``np.take_along_axis(maps, order, axis=-1)``."""
+    n = data.keys.shape[1]
+    pos = np.broadcast_to(np.arange(n), data.hard.shape)
+    is_t = pos == data.target[:, None]
+    rank = np.where(is_t, 0, np.where(data.hard, 1, 2)) * n + pos
+    return np.argsort(rank, axis=-1, kind="stable")
 
 
 def evaluate(kind: str, params: dict, data: RetrievalData, config: RetrievalConfig = RetrievalConfig()) -> dict:
