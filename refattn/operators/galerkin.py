@@ -719,9 +719,7 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
                "v": np.concatenate([pk, ops["v"]], -1)}
     else:
         hat = dict(ops)
-    if mk is not None:
-        hat = {t: hat[t] * (mq if t == "q" else mk) if (t != "q" or mq is not None) else hat[t]
-               for t in hat}
+    hat = _mask_rows(hat, mq, mk)
     # quadrature: sv (source weights, B,1,M,1), so (output weights, B,1,N,1)
     if weights is None:
         cnt = np.full(b, float(m)) if padding_mask is None else padding_mask.sum(-1).astype(float)
@@ -755,6 +753,15 @@ def _sw(t):
     return np.swapaxes(t, -1, -2)
 
 
+def _mask_rows(ops, mq, mk):
+    """Zero padded rows: keys/values with ``mk``, queries with ``mq`` (self-attention only)."""
+    out = dict(ops)
+    for t, m in (("q", mq), ("k", mk), ("v", mk)):
+        if m is not None:
+            out[t] = ops[t] * m
+    return out
+
+
 def oformer_attention_backward(dout, cache):
     """Gradients of :func:`oformer_attention_forward`: ``x``, ``z`` (cross) and every params key.
 
@@ -783,9 +790,7 @@ def oformer_attention_backward(dout, cache):
         da = gq @ _sw(cache["wv"])
         dh["q"] = da @ hat["k"]
         dh["k"] = _sw(da) @ hat["q"]
-    if cache["mk"] is not None:
-        dh = {t: dh[t] * (cache["mq"] if t == "q" else cache["mk"]) if (t != "q" or cache["mq"] is not None)
-              else dh[t] for t in dh}
+    dh = _mask_rows(dh, cache["mq"], cache["mk"])
     if npos:
         dh = {t: dh[t][..., npos:] for t in dh}
     if cache["tq"] is not None:

@@ -75,7 +75,7 @@ def _check_clamp(tau_clamp):
     return lo, hi
 
 
-def _slice_dims(params, n_head):
+def _slice_dims(params):
     """Infer (D, G) from ``in_project_slice.weight`` before the full validation."""
     if not isinstance(params, dict):
         raise TypeError(f"params must be a dict of arrays; got {type(params).__name__}")
@@ -152,7 +152,7 @@ def _validate_front(x, params, n_head, tau_clamp, slice_eps, extra_spec, optiona
     x = as_float(x, "x", ndim=3)
     c = x.shape[2]
     n_head = check_int(n_head, "n_head", minimum=1)
-    d, g = _slice_dims(params, n_head)
+    d, g = _slice_dims(params)
     tau_clamp = _check_clamp(tau_clamp)
     slice_eps = check_positive(slice_eps, "slice_eps", allow_zero=True)
     spec = _front_spec(c, n_head, d, g)
@@ -457,8 +457,6 @@ def geotransolver_gale_forward(x, params, context=None, *, n_head: int, state_mi
     concat-project: GELU and linear VJPs, split back into the two halves.
     """
     check_choice(state_mixing_mode, "state_mixing_mode", ("weighted", "concat_project"))
-    b = None
-    dc = 0
     if context is not None:
         context = as_float(context, "context", ndim=4)
         dc = context.shape[-1]
@@ -703,7 +701,7 @@ def _check_linear_no_vs_transolver(rng):
     x = rng.standard_normal((2, n, c))
     out_t, ct = transolver_physics_attention_forward(x, tp, n_head=h, slice_attention="identity",
                                                      slice_eps=0.0)
-    xm, fm = ct["front"]["xm"], ct["front"]["fm"]
+    fm = ct["front"]["fm"]
     lq = ct["front"]["sm"]["logits"] / ct["front"]["sm"]["tb"]
     lk = np.log(ct["w"])
     phq, _ = softmax_lse(lq, -1)
@@ -712,7 +710,6 @@ def _check_linear_no_vs_transolver(rng):
     ref = merge_heads(y) @ tp["to_out.0.weight"] + tp["to_out.0.bias"]
     err = float(np.abs(out_t - ref).max())
     assert err < 1e-12, f"LinearNO form does not reproduce Transolver: {err}"
-    del xm
     return err
 
 
