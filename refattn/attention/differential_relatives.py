@@ -287,8 +287,13 @@ def _shift_t(y, boundary):
 
 
 def momentum_shear(x, gamma, *, boundary="zero_velocity"):
-    r"""$\tilde x_t = x_t + \gamma(x_t - x_{t-1}) = (1+\gamma)x_t - \gamma x_{t-1}$ along axis -2
-    (unvalidated helper; ``gamma`` broadcasts against ``x[..., :1, :1]``)."""
+    r"""$\tilde x_t = x_t + \gamma(x_t - x_{t-1}) = (1+\gamma)x_t - \gamma x_{t-1}$ along the token
+    axis -2 of ``x (..., N, d)``; ``gamma`` is a scalar or broadcasts to ``x`` (per head:
+    ``(H, 1, 1)``). ``boundary`` as in :func:`momentum_attention_forward`."""
+    x = as_float(x, "x", min_ndim=2)
+    check_choice(boundary, "boundary", ("zero_velocity", "zero"))
+    gamma = as_float(gamma, "gamma")
+    check_broadcastable("gamma", gamma.shape, x.shape, "x of shape")
     return x + gamma * (x - _shift(x, boundary))
 
 
