@@ -28,7 +28,8 @@ from refattn.operators.spectral import (
 from refattn.testing import run_record_checks
 
 SLUGS = ["fno_spectral_conv", "afno_dpot_fourier_mixer", "factformer_factorized_attention",
-         "ifactformer_m_parallel_attention", "ono_orthogonal_attention", "continuum_attention_quadrature"]
+         "ifactformer_m_parallel_attention", "ono_orthogonal_attention", "continuum_attention_quadrature",
+         "scot_poseidon_block"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -315,3 +316,109 @@ def test_continuum_weight_scale_invariance_and_bad_weights():
         continuum_attention_forward(q, k, v, quad_weights=np.ones(4))
     with pytest.raises(ValueError, match="quad_weights"):
         continuum_attention_forward(q, k, v, quad_weights=-w)
+
+
+# ------------------------------------------------------------------------------------- scOT
+
+
+def _scot_torch(torch, x, t, p, nh, ws, shift):
+    # poseidon scOT/model.py ScOTLayer.forward + transformers Swinv2SelfAttention, re-stated.
+    F = torch.nn.functional
+    a = "attention.self."
+    B, H, W, C = x.shape
+
+    def cln(z, pre):
+        mean = z.mean(-1, keepdim=True)
+        var = (z**2).mean(-1, keepdim=True) - mean**2
+        z = (z - mean) / (var + 1e-5).sqrt()
+        wgt = (t.reshape(-1, 1) @ p[pre + "weight.weight"] + p[pre + "weight.bias"])[:, None, None]
+        bia = (t.reshape(-1, 1) @ p[pre + "bias.weight"] + p[pre + "bias.bias"])[:, None, None]
+        return wgt * z + bia
+
+    hp, wp = -(-H // ws) * ws, -(-W // ws) * ws
+    xp = F.pad(x, (0, 0, 0, wp - W, 0, hp - H))
+    xs = torch.roll(xp, shifts=(-shift, -shift), dims=(1, 2)) if shift else xp
+    win = xs.view(B, hp // ws, ws, wp // ws, ws, C).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws, C)
+    d = C // nh
+
+    def heads(z):
+        return z.view(z.shape[0], z.shape[1], nh, d).permute(0, 2, 1, 3)
+
+    q = heads(win @ p[a + "query.weight"] + p[a + "query.bias"])
+    k = heads(win @ p[a + "key.weight"])
+    v = heads(win @ p[a + "value.weight"] + p[a + "value.bias"])
+    sc = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+    sc = sc * torch.clamp(p[a + "logit_scale"], max=np.log(100.0)).exp()
+    rh = torch.arange(-(ws - 1), ws, dtype=torch.float64)
+    table = torch.stack(torch.meshgrid([rh, rh], indexing="ij")).permute(1, 2, 0).unsqueeze(0) / (ws - 1) * 8
+    table = torch.sign(table) * torch.log2(table.abs() + 1.0) / np.log2(8)
+    cpb = F.relu(table @ p[a + "continuous_position_bias_mlp.0.weight"]
+                 + p[a + "continuous_position_bias_mlp.0.bias"]) @ p[a + "continuous_position_bias_mlp.2.weight"]
+    coords = torch.flatten(torch.stack(torch.meshgrid([torch.arange(ws), torch.arange(ws)], indexing="ij")), 1)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0).contiguous()
+    rel[:, :, 0] += ws - 1
+    rel[:, :, 1] += ws - 1
+    rel[:, :, 0] *= 2 * ws - 1
+    idx = rel.sum(-1)
+    rpb = cpb.view(-1, nh)[idx.view(-1)].view(ws * ws, ws * ws, -1).permute(2, 0, 1)
+    sc = sc + 16 * torch.sigmoid(rpb).unsqueeze(0)
+    if shift:
+        img = torch.zeros((1, hp, wp, 1), dtype=torch.float64)
+        cnt = 0
+        for hs in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+            for wsl in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+                img[:, hs, wsl, :] = cnt
+                cnt += 1
+        mw = img.view(1, hp // ws, ws, wp // ws, ws, 1).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws)
+        mask = (mw.unsqueeze(1) - mw.unsqueeze(2))
+        mask = mask.masked_fill(mask != 0, -100.0).masked_fill(mask == 0, 0.0)
+        nw = mask.shape[0]
+        sc = sc.view(-1, nw, nh, ws * ws, ws * ws) + mask.unsqueeze(1).unsqueeze(0)
+        sc = (sc + mask.unsqueeze(1).unsqueeze(0)).view(-1, nh, ws * ws, ws * ws)
+    ctx = (torch.softmax(sc, -1) @ v).permute(0, 2, 1, 3).reshape(-1, ws * ws, C)
+    att = ctx @ p["attention.output.dense.weight"] + p["attention.output.dense.bias"]
+    att = att.view(B, hp // ws, wp // ws, ws, ws, C).permute(0, 1, 3, 2, 4, 5).reshape(B, hp, wp, C)
+    if shift:
+        att = torch.roll(att, shifts=(shift, shift), dims=(1, 2))
+    att = att[:, :H, :W]
+    h = x + cln(att, "layernorm_before.")
+    m = F.gelu(h @ p["intermediate.dense.weight"] + p["intermediate.dense.bias"])
+    m = m @ p["output.dense.weight"] + p["output.dense.bias"]
+    return h + cln(m, "layernorm_after.")
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_scot_torch_parity(shift):
+    torch = pytest.importorskip("torch")
+    from refattn.operators.scot import scot_layer_backward, scot_layer_forward
+
+    s = registry.get("scot_poseidon_block").sample(np.random.default_rng(14), "small", shift=shift)
+    x, t = s.inputs["x"], s.inputs["t"]
+    out, cache = scot_layer_forward(x, t, s.params, **s.config)
+    xt, tt = torch.from_numpy(x).requires_grad_(), torch.from_numpy(t).requires_grad_()
+    pt = {k: torch.from_numpy(v).requires_grad_() for k, v in s.params.items()}
+    ot = _scot_torch(torch, xt, tt, pt, s.config["num_heads"], cache["ws"], cache["shift"])
+    assert cache["shift"] == (2 if shift else 0)
+    np.testing.assert_allclose(out, ot.detach().numpy(), rtol=1e-10, atol=1e-11)
+    g = np.random.default_rng(15).standard_normal(out.shape)
+    ot.backward(torch.from_numpy(g))
+    grads = scot_layer_backward(g, cache)
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(grads["t"], tt.grad.numpy(), rtol=1e-8, atol=1e-10)
+    for k in pt:
+        np.testing.assert_allclose(grads[k], pt[k].grad.numpy(), rtol=1e-8, atol=1e-10, err_msg=k)
+
+
+def test_scot_bad_input():
+    from refattn.operators.scot import scot_layer
+
+    s = registry.get("scot_poseidon_block").sample(np.random.default_rng(16), "tiny")
+    x, t = s.inputs["x"], s.inputs["t"]
+    with pytest.raises(ValueError, match="t must"):
+        scot_layer(x, np.ones(3), s.params, **s.config)
+    with pytest.raises(ValueError, match="num_heads"):
+        scot_layer(x, t, s.params, **{**s.config, "num_heads": 3})
+    with pytest.raises(ValueError, match="query.weight"):
+        scot_layer(x, t, {**s.params, "attention.self.query.weight": np.ones((4, 3))}, **s.config)
+    with pytest.raises(ValueError, match="missing"):
+        scot_layer(x, t, {k: v for k, v in s.params.items() if k != "output.dense.bias"}, **s.config)
