@@ -18,7 +18,7 @@ from refattn.testing import run_record_checks
 from refattn.testing.runner import record_check_names
 
 SLUGS = ["diff_attention_core", "diff_attention_v1", "diff_attention_v2", "diffclip_attention",
-         "grouped_differential_attention", "dint_attention"]
+         "grouped_differential_attention", "dint_attention", "dex_differential_adaptation"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -456,3 +456,53 @@ def test_dint_auto_picks_the_causal_average():
     assert np.abs(auto - DV.dint_attention(x, P, num_heads=2, depth=0, integral="all")).max() > 1e-6
     with pytest.raises(ValueError, match="integral"):
         DV.dint_attention(x, P, num_heads=2, depth=0, integral="mean")
+
+
+# ------------------------------------------------------------------------------ DEX
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_dex_matches_torch_autograd(per_head):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(21)
+    B, n, C, H, Hkv, d, dv = 2, 5, 6, 4, 2, 2, 3
+    x = rng.standard_normal((B, n, C))
+    P = DV._dex_params(rng, C, H, Hkv, d, dv, per_head=per_head)
+    rel = D.rope_tables(n, d)
+    cfg = dict(num_heads=H, num_kv_heads=Hkv, heads=[1, 3], rel_pos=rel)
+    out, cache = DV.dex_differential_adaptation_forward(x, P, **cfg)
+    xt = torch.from_numpy(x).requires_grad_()
+    T = {k: torch.from_numpy(v).requires_grad_() for k, v in P.items()}
+    cos, sin = (torch.from_numpy(t)[:, None, :] for t in rel)
+
+    def rope_half(t):  # rotate-half (GPT-NeoX / HF Llama), t (B, N, heads, d)
+        a, b = t[..., : d // 2], t[..., d // 2:]
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
+
+    q = rope_half((xt @ T["q_proj.weight"]).view(B, n, H, d)).transpose(1, 2)
+    k = rope_half((xt @ T["k_proj.weight"]).view(B, n, Hkv, d)).transpose(1, 2)
+    v = (xt @ T["v_proj.weight"]).view(B, n, Hkv, dv).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    f = torch.einsum("bhnd,hde->bhne", o, T["f_D.weight"]) if per_head else o @ T["f_D.weight"]
+    f = f + T["f_D.bias"]
+    sel = torch.tensor([0.0, 1.0, 0.0, 1.0], dtype=torch.float64)[:, None, None]
+    o = o - T["lambda"][0] * sel * f
+    yt = o.transpose(1, 2).reshape(B, n, H * dv) @ T["o_proj.weight"]
+    np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-11, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    yt.backward(torch.from_numpy(g))
+    grads = DV.dex_differential_adaptation_backward(g, cache)
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    for key, t in T.items():
+        np.testing.assert_allclose(grads[key], t.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
+
+
+def test_dex_bad_heads():
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((2, 3, 3))
+    P = DV._dex_params(rng, 3, 2, 2, 2, 2)
+    with pytest.raises(ValueError, match="heads"):
+        DV.dex_differential_adaptation(x, P, num_heads=2, heads=[2])
+    with pytest.raises(ValueError, match="lambda"):
+        DV.dex_differential_adaptation(x, dict(P, **{"lambda": np.ones(2)}), num_heads=2)
