@@ -26,7 +26,11 @@ $$\hat u(x) = \mathrm{GELU}(h_L W_{p1} + b_{p1})W_{p2} + b_{p2}.$$
 Training: mean-squared error on the output grid, :class:`refattn.optim.Adam`. The reported test
 error is the mean relative $L^2$ error $\|\hat u - u\|/\|u\|$ over held-out samples.
 
-Run ``python -m refattn.demos.pde`` (about a minute on one core) or call :func:`train`.
+Run ``OMP_NUM_THREADS=1 python -m refattn.demos.pde`` or call :func:`train`. With the defaults
+(256 training samples, 3 layers, width 32, 50 epochs) the training MSE falls about 200x and the
+test error is about 8 % (Galerkin; FNO reaches about 2 %), in about 30 s on one core. The arrays are
+small, so a multi-threaded BLAS only adds overhead; on a busy machine it can be 10x slower —
+hence ``OMP_NUM_THREADS=1``.
 """
 
 from __future__ import annotations
@@ -232,7 +236,7 @@ def rel_l2(pred: np.ndarray, target: np.ndarray) -> float:
 
 
 def train(*, model: str = "galerkin", n_train: int = 256, n_test: int = 64, n_grid: int = 64,
-          epochs: int = 60, batch_size: int = 16, lr: float = 3e-3, width: int = 32, n_layers: int = 2,
+          epochs: int = 50, batch_size: int = 16, lr: float = 5e-3, width: int = 32, n_layers: int = 3,
           n_head: int = 4, seed: int = 0, verbose: bool = False, **data_kw) -> TrainResult:
     """Generate Burgers data, train the model with Adam, report the test error.
 
@@ -273,7 +277,7 @@ def train(*, model: str = "galerkin", n_train: int = 256, n_test: int = 64, n_gr
 def main(argv=None) -> TrainResult:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="galerkin", choices=("galerkin", "fno"))
-    ap.add_argument("--epochs", type=int, default=60)
+    ap.add_argument("--epochs", type=int, default=50)
     ap.add_argument("--n-train", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
