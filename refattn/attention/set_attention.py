@@ -307,7 +307,24 @@ def _mab_params(rng, dim_q, dim_k, D, ln, prefix=""):
     return p
 
 
+def _min_relu_margin(s) -> float:
+    """Smallest |pre-activation| of the rFF ReLUs at a sample (kink distance)."""
+    _, c = set_transformer_forward(**s.inputs, params=s.params, **s.config)
+    caches = [c[key] for key in ("c", "c0", "c1") if key in c]
+    return min(float(np.min(np.abs(cc["z"]))) for cc in caches)
+
+
 def _block_sample(rng, size, block, ln, scale_dim="full"):
+    """A sample whose ReLU pre-activations are all at least 1e-3 from the kink (rejection), so
+    finite differences (steps 1e-6 / 1e-5) never cross it."""
+    for _ in range(200):
+        s = _block_sample_raw(rng, size, block, ln, scale_dim)
+        if _min_relu_margin(s) > 1e-3:
+            return s
+    raise RuntimeError("could not draw a Set Transformer sample away from the ReLU kink")
+
+
+def _block_sample_raw(rng, size, block, ln, scale_dim="full"):
     tiny = size == "tiny"
     B = 2
     n = int(rng.integers(3, 5)) if tiny else int(rng.integers(6, 12))
