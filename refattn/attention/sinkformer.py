@@ -197,6 +197,48 @@ def _check_doubly_stochastic(rng):
     return max(e_rows, e_cols, e2)
 
 
+def _implicit_grad_scores(P: np.ndarray, Gbar: np.ndarray, eps: float) -> np.ndarray:
+    r"""Implicit-function VJP of the Sinkhorn fixed point for one ``(N, M)`` plan $P$ (balanced).
+
+    $P_{ij} = e^{L_{ij}+u_i+v_j}$ with fixed marginals: $dP = P\odot(dL + du\oplus dv)$ and the
+    row/column sums of $dP$ vanish. For any $lpha,eta$,
+    $\sum_{ij}(lpha_i+eta_j)dP_{ij} = 0$, so choosing them to cancel the $du, dv$
+    coefficients, $\sum_j P_{ij}(ar G_{ij}+lpha_i+eta_j) = 0$ and
+    $\sum_i P_{ij}(ar G_{ij}+lpha_i+eta_j) = 0$ (a singular but consistent
+    $(N+M)$-system, null vector $(\mathbf 1, -\mathbf 1)$), gives
+    $\partial\mathcal L/\partial L = P\odot(ar G + lpha\opluseta)$ and $dS = $ that $/arepsilon$.
+    """
+    n, m = P.shape
+    top = np.hstack([np.diag(P.sum(1)), P])
+    bot = np.hstack([P.T, np.diag(P.sum(0))])
+    rhs = -np.concatenate([(P * Gbar).sum(1), (P * Gbar).sum(0)])
+    sol = np.linalg.lstsq(np.vstack([top, bot]), rhs, rcond=None)[0]
+    alpha, beta = sol[:n], sol[n:]
+    return P * (Gbar + alpha[:, None] + beta[None, :]) / eps
+
+
+def _check_unrolled_equals_implicit(rng):
+    """At convergence the unrolled backward equals implicit differentiation of the fixed point
+    (catalogue: the instructive alternative must agree at convergence)."""
+    q = rng.standard_normal((1, 1, 6, 3))
+    k = rng.standard_normal((1, 1, 6, 3))
+    v = rng.standard_normal((1, 1, 6, 2))
+    eps = 0.9
+    out, cache = sinkformer_forward(q, k, v, n_iter=401, eps=eps)
+    g = rng.standard_normal(out.shape)
+    unrolled = sinkformer_backward(g, cache)
+    A = cache["A"][0, 0]
+    m = A.shape[-1]
+    # A = M P, out = A v: dL/dP = M g v^T
+    dS = _implicit_grad_scores(A / m, m * (g[0, 0] @ v[0, 0].T), eps)
+    s = cache["s"]
+    dq, dk = s * dS @ k[0, 0], s * dS.T @ q[0, 0]
+    err = max(float(np.abs(dq - unrolled["q"][0, 0]).max()), float(np.abs(dk - unrolled["k"][0, 0]).max()))
+    scale = max(float(np.abs(unrolled["q"]).max()), float(np.abs(unrolled["k"]).max()))
+    assert err < 1e-8 * max(scale, 1.0), f"unrolled and implicit gradients differ by {err}"
+    return err
+
+
 def _check_fd_non_square(rng):
     """FD gradcheck with N != M (upstream marginals 1/N, 1/M) and several iteration counts."""
     from ..testing import gradcheck
@@ -220,6 +262,7 @@ register(
         forward=sinkformer_forward, backward=sinkformer_backward, sample=_sample, reference=_reference,
         checks={"one_iteration_is_softmax_attention": _check_one_iteration_is_softmax,
                 "doubly_stochastic_at_convergence": _check_doubly_stochastic,
+                "unrolled_equals_implicit_at_convergence": _check_unrolled_equals_implicit,
                 "gradcheck_non_square": _check_fd_non_square},
         docs="linear-attention.md#sinkformer",
     ),
