@@ -29,7 +29,7 @@ from refattn.testing import run_record_checks
 
 SLUGS = ["fno_spectral_conv", "afno_dpot_fourier_mixer", "factformer_factorized_attention",
          "ifactformer_m_parallel_attention", "ono_orthogonal_attention", "continuum_attention_quadrature",
-         "scot_poseidon_block"]
+         "scot_poseidon_block", "coda_no_codomain_attention"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -422,3 +422,45 @@ def test_scot_bad_input():
         scot_layer(x, t, {**s.params, "attention.self.query.weight": np.ones((4, 3))}, **s.config)
     with pytest.raises(ValueError, match="missing"):
         scot_layer(x, t, {k: v for k, v in s.params.items() if k != "output.dense.bias"}, **s.config)
+
+
+# ------------------------------------------------------------------------------------- CoDA-NO
+
+
+def test_coda_no_torch_parity_with_upstream_layout():
+    torch = pytest.importorskip("torch")
+    from refattn.operators.coda_no import codomain_attention_backward, codomain_attention_forward
+
+    rng = np.random.default_rng(17)
+    b, a, nv, d, g1, g2 = 2, 2, 3, 2, 4, 5
+    # Upstream layout: K/Q/V blocks output (b*k, a*d, g1, g2); compute_attention rearranges to
+    # 'b a k (d g1 g2)'. refattn takes (b, a, k, d, g1, g2).
+    up = {n: rng.standard_normal((b * nv, a * d, g1, g2)) for n in "qkv"}
+    ours = {n: up[n].reshape(b, nv, a, d, g1, g2).transpose(0, 2, 1, 3, 4, 5) for n in "qkv"}
+    out, cache = codomain_attention_forward(**ours, temperature=0.7)
+    t = {n: torch.from_numpy(up[n]).requires_grad_() for n in "qkv"}
+    r = {n: t[n].reshape(b, nv, a, d * g1 * g2).permute(0, 2, 1, 3) for n in "qkv"}
+    dprod = torch.softmax(r["q"] @ r["k"].transpose(-1, -2) / (0.7 * np.sqrt(r["k"].shape[-1])), -1)
+    att = (dprod @ r["v"]).reshape(b, a, nv, d, g1, g2).permute(0, 2, 1, 3, 4, 5).reshape(b * nv, a * d, g1, g2)
+    np.testing.assert_allclose(out.transpose(0, 2, 1, 3, 4, 5).reshape(b * nv, a * d, g1, g2),
+                               att.detach().numpy(), rtol=1e-11, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    att.backward(torch.from_numpy(g.transpose(0, 2, 1, 3, 4, 5).reshape(b * nv, a * d, g1, g2)))
+    grads = codomain_attention_backward(g, cache)
+    for n in "qkv":
+        tg = t[n].grad.numpy().reshape(b, nv, a, d, g1, g2).transpose(0, 2, 1, 3, 4, 5)
+        np.testing.assert_allclose(grads[n], tg, rtol=1e-10, atol=1e-12)
+
+
+def test_coda_no_bad_input():
+    from refattn.operators.coda_no import codomain_attention
+
+    q = np.ones((2, 1, 3, 2, 4))
+    with pytest.raises(ValueError, match="k must"):
+        codomain_attention(q, np.ones((2, 1, 3, 2, 5)), q)
+    with pytest.raises(ValueError, match="quad_weights"):
+        codomain_attention(q, q, q, quad_weights=np.ones(4))
+    with pytest.raises(ValueError, match="quad_weights"):
+        codomain_attention(q, q, q, score_scaling="quadrature", quad_weights=np.ones(5))
+    with pytest.raises(ValueError, match="temperature"):
+        codomain_attention(q, q, q, temperature=0.0)
