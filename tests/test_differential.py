@@ -18,7 +18,8 @@ from refattn.testing import run_record_checks
 from refattn.testing.runner import record_check_names
 
 SLUGS = ["diff_attention_core", "diff_attention_v1", "diff_attention_v2", "diffclip_attention",
-         "grouped_differential_attention", "dint_attention", "dex_differential_adaptation"]
+         "grouped_differential_attention", "dint_attention", "dex_differential_adaptation", "difflora",
+         "shared_diff_attention"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -506,3 +507,81 @@ def test_dex_bad_heads():
         DV.dex_differential_adaptation(x, P, num_heads=2, heads=[2])
     with pytest.raises(ValueError, match="lambda"):
         DV.dex_differential_adaptation(x, dict(P, **{"lambda": np.ones(2)}), num_heads=2)
+
+
+# ------------------------------------------------------------------------------ DiffLoRA, Shared DIFF
+
+
+@pytest.mark.parametrize("mode", ["base_lora", "lora_only", "full"])
+def test_difflora_matches_torch_autograd(mode):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(23)
+    B, n, C, H, Hkv, d, r = 2, 5, 6, 4, 2, 2, 2
+    x = rng.standard_normal((B, n, C))
+    P = DV._twobranch_params(rng, C, H, Hkv, d, d, r, DV._LLAMA_NAMES, negative_term=mode, reparam=True,
+                             norm=True, lambda_init=0.3)
+    cfg = dict(num_heads=H, num_kv_heads=Hkv, lambda_init=0.3, lambda_mode="reparam", negative_term=mode,
+               lora_scale=0.5, subln="rms")
+    out, cache = DV.difflora_forward(x, P, **cfg)
+    xt = torch.from_numpy(x).requires_grad_()
+    T = {k: torch.from_numpy(v).requires_grad_() for k, v in P.items()}
+
+    def branch(t, a):
+        if a == "2" and mode == "full":
+            return xt @ T[f"{t[0]}2_proj.weight"]
+        lora = 0.5 * (xt @ T[f"{t}.lora_A{a}"]) @ T[f"{t}.lora_B{a}"]
+        return lora if (a == "2" and mode == "lora_only") else xt @ T[f"{t}.weight"] + lora
+
+    heads = lambda y, h: y.view(B, n, h, d).transpose(1, 2)  # noqa: E731
+    v = heads(xt @ T["v_proj.weight"], Hkv)
+    o = []
+    for a in ("1", "2"):
+        o.append(F.scaled_dot_product_attention(heads(branch("q_proj", a), H), heads(branch("k_proj", a), Hkv), v,
+                                                is_causal=True, enable_gqa=True))
+    lam = (torch.exp(torch.sum(T["lambda_q1"] * T["lambda_k1"])) - torch.exp(torch.sum(T["lambda_q2"] * T["lambda_k2"]))
+           + 0.3)
+    z = o[0] - lam * o[1]
+    z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 1e-5) * T["subln.weight"] * (1 - 0.3)
+    yt = z.transpose(1, 2).reshape(B, n, H * d) @ T["o_proj.weight"]
+    np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-11, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    yt.backward(torch.from_numpy(g))
+    grads = DV.difflora_backward(g, cache)
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-10, atol=1e-12)
+    for key, t in T.items():
+        np.testing.assert_allclose(grads[key], t.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=key)
+
+
+def test_difflora_requires_lambda_init_and_mode_params():
+    rng = np.random.default_rng(24)
+    x = rng.standard_normal((2, 3, 3))
+    P = DV._twobranch_params(rng, 3, 2, 2, 2, 2, 1, DV._LLAMA_NAMES)
+    with pytest.raises(TypeError):
+        DV.difflora(x, P, num_heads=2)
+    with pytest.raises(ValueError, match="missing"):
+        DV.difflora(x, P, num_heads=2, lambda_init=0.5, lambda_mode="reparam")
+    with pytest.raises(ValueError, match="negative_term"):
+        DV.difflora(x, P, num_heads=2, lambda_init=0.5, negative_term="both")
+
+
+def test_shared_diff_zero_updates_tie_the_maps():
+    # zero low-rank updates: Q1 = Q2, K1 = K2, so the pre-norm output is (1 - lambda) A V
+    rng = np.random.default_rng(25)
+    B, n, C, H, d = 2, 4, 4, 2, 2
+    x = rng.standard_normal((B, n, C))
+    P = DV._twobranch_params(rng, C, H, H, d, 2 * d, 1, DV._SHARED_NAMES, reparam=True, zero_B=True,
+                             lambda_init=0.2)
+    out, cache = DV.shared_diff_attention_forward(x, P, num_heads=H, depth=0, subln="none", rescale=False)
+    lam = float(cache["hc"]["core"]["lam_b"].reshape(-1)[0])
+    q = _split(x @ P["q_proj.weight"], H, d)
+    k = _split(x @ P["k_proj.weight"], H, d)
+    v = _split(x @ P["v_proj.weight"], H, 2 * d)
+    from refattn.attention.softmax import sdpa
+
+    ref = np.swapaxes((1 - lam) * sdpa(q, k, v, is_causal=True), 1, 2).reshape(B, n, -1) @ P["out_proj.weight"]
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
+
+
+def _split(y, h, w):
+    return np.swapaxes(y.reshape(y.shape[:-1] + (h, w)), 1, 2)

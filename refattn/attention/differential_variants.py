@@ -24,17 +24,25 @@ from .differential import (
     _check_rel_pos,
     _core_fwd,
     _draw_lambda_vectors,
+    _gather_heads,
+    _heads_bwd,
+    _heads_fwd,
+    _lambda_bwd,
+    _lambda_fwd,
+    _layer_config,
     _merge_heads,
     _proj,
     _proj_bwd,
     _resolve_lambda_init,
     _rope_apply,
     _sample_v1,
+    _scatter_heads,
     _split_heads,
     _v1_generic_backward,
     _v1_generic_forward,
     diff_attention_v1_backward,
     diff_attention_v1_forward,
+    kv_head_index,
     lambda_init_fn,
     rope_tables,
     v1_pairing_index,
@@ -58,6 +66,12 @@ __all__ = [
     "dex_differential_adaptation_forward",
     "dex_differential_adaptation_backward",
     "dex_differential_adaptation",
+    "difflora_forward",
+    "difflora_backward",
+    "difflora",
+    "shared_diff_attention_forward",
+    "shared_diff_attention_backward",
+    "shared_diff_attention",
 ]
 
 
@@ -951,5 +965,392 @@ register(
         forward=dex_differential_adaptation_forward, backward=dex_differential_adaptation_backward,
         sample=_sample_dex, docs="differential.md#dex_differential_adaptation",
         checks={"lambda_zero_empty_heads_identity_fd": _check_dex_reductions},
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Two-branch low-rank differential layers: DiffLoRA and Shared DIFF
+
+
+def _lora_apply(x, A, B, s):
+    xa = x @ A
+    return s * (xa @ B), xa
+
+
+def _lora_bwd(dy, x, xa, A, B, s):
+    r"""$y = s\,(xA)B$: $dB = s\,(xA)^\top dy$, $dA = s\,x^\top(dy\,B^\top)$, $dx = s\,dy\,B^\top A^\top$."""
+    r = A.shape[1]
+    dyb = dy @ B.T
+    dB = s * (xa.reshape(-1, r).T @ dy.reshape(-1, B.shape[1]))
+    dA = s * (x.reshape(-1, A.shape[0]).T @ dyb.reshape(-1, r))
+    return dA, dB, s * (dyb @ A.T)
+
+
+def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, negative_term, lora_scale,
+                       lambda_mode, lambda_init_value, attn_mask, is_causal, causal_alignment, rel_pos,
+                       rope_interleaved, scale, subln, subln_affine, subln_eps, rescale):
+    r"""$Q_a = xW_q + s\,(xA_{q,a})B_{q,a}$ (and $K_a$), $V = xW_v$; the V1 head computation on
+    $(Q_1, K_1, Q_2, K_2, V)$; $Y = ZW_o$. Branch 2 per ``negative_term``."""
+    from .._checks import check_choice, check_positive
+
+    H = check_int(num_heads, "num_heads", minimum=1)
+    Hkv = H if num_kv_heads is None else check_int(num_kv_heads, "num_kv_heads", minimum=1)
+    if H % Hkv:
+        raise ValueError(f"num_heads ({H}) must be a multiple of num_kv_heads ({Hkv})")
+    check_choice(negative_term, "negative_term", ("base_lora", "lora_only", "full"))
+    check_choice(lambda_mode, "lambda_mode", ("fixed", "reparam"))
+    s = check_positive(lora_scale, "lora_scale")
+    if not isinstance(rescale, (bool, np.bool_)) or not isinstance(subln_affine, (bool, np.bool_)):
+        raise TypeError("rescale and subln_affine must be bools")
+    x = as_float(x, "x", min_ndim=2)
+    C = x.shape[-1]
+    nq, nk, nv, no = names["q"], names["k"], names["v"], names["o"]
+    need = (f"{nq}.weight", f"{nv}.weight", f"{no}.weight", f"{nq}.lora_A1")
+    if not isinstance(params, dict) or any(k not in params for k in need):
+        raise ValueError(f"params must be a dict containing {list(need)} and the other projections of {where}")
+    qw, vw, ow, aw = (np.shape(params[k]) for k in need)
+    if len(qw) != 2 or qw[1] % H:
+        raise ValueError(f"{nq}.weight must have shape (C, num_heads * d) with num_heads = {H}; got {qw}")
+    if len(vw) != 2 or vw[1] % Hkv:
+        raise ValueError(f"{nv}.weight must have shape (C, num_kv_heads * dv) with num_kv_heads = {Hkv}; got {vw}")
+    if len(ow) != 2 or len(aw) != 2:
+        raise ValueError(f"{no}.weight must be (num_heads * dv, C_out) and {nq}.lora_A1 (C, rank); got {ow}, {aw}")
+    d, dv, r = qw[1] // H, vw[1] // Hkv, aw[1]
+    req = {f"{nq}.weight": (C, H * d), f"{nk}.weight": (C, Hkv * d), f"{nv}.weight": (C, Hkv * dv),
+           f"{no}.weight": (H * dv, ow[1])}
+    branches = ("1",) if negative_term == "full" else ("1", "2")
+    for t, w in ((nq, H * d), (nk, Hkv * d)):
+        for a in branches:
+            req[f"{t}.lora_A{a}"] = (C, r)
+            req[f"{t}.lora_B{a}"] = (r, w)
+    if negative_term == "full":
+        req[f"{names['q2']}.weight"] = (C, H * d)
+        req[f"{names['k2']}.weight"] = (C, Hkv * d)
+    if lambda_mode == "reparam":
+        for key in _V1_LAMBDA:
+            req[key] = (d,)
+    if subln == "rms" and subln_affine:
+        req["subln.weight"] = (dv,)
+    P = _check_params(params, req, {}, where)
+    dt = compute_dtype(x, *P.values())
+    x = x.astype(dt, copy=False)
+    P = {k: v.astype(dt, copy=False) for k, v in P.items()}
+    n = x.shape[-2]
+    mask, cos, sin, sc, eps = _layer_config(x, n, is_causal, attn_mask, causal_alignment, rel_pos,
+                                            rope_interleaved, scale, d, subln, subln_eps, H, dt)
+    proj, saved = {}, {}
+    for t, tag, heads in ((nq, "q", H), (nk, "k", Hkv)):
+        base = x @ P[f"{t}.weight"]
+        for a in branches:
+            y, xa = _lora_apply(x, P[f"{t}.lora_A{a}"], P[f"{t}.lora_B{a}"], s)
+            saved[(t, a)] = xa
+            proj[tag + a] = base + y if (a == "1" or negative_term == "base_lora") else y
+        if negative_term == "full":
+            proj[tag + "2"] = x @ P[f"{names[tag + '2']}.weight"]
+        for a in ("1", "2"):
+            proj[tag + a] = _split_heads(proj[tag + a], heads, d)
+    v = _split_heads(x @ P[f"{nv}.weight"], Hkv, dv)
+    idx = kv_head_index(H, Hkv, "contiguous")
+    if lambda_mode == "reparam":
+        lam, lam_saved = _lambda_fwd(*(P[key] for key in _V1_LAMBDA), lambda_init_value)
+    else:
+        lam, lam_saved = np.asarray(lambda_init_value, dtype=dt), None
+    o, hc = _heads_fwd(proj["q1"], _gather_heads(proj["k1"], idx), proj["q2"], _gather_heads(proj["k2"], idx),
+                       _gather_heads(v, idx), lam, mask=mask, scale=sc, cos=cos, sin=sin,
+                       interleaved=bool(rope_interleaved), subln=subln, norm_w=P.get("subln.weight"), eps=eps,
+                       rescale=(1.0 - lambda_init_value) if rescale else 1.0)
+    z = _merge_heads(o)
+    out = z @ P[f"{no}.weight"]
+    cache = {"x": x, "P": P, "names": names, "hc": hc, "z": z, "saved": saved, "s": s, "idx": idx,
+             "H": H, "Hkv": Hkv, "dv": dv, "negative_term": negative_term, "lam_saved": lam_saved,
+             "out_shape": out.shape}
+    return out, cache
+
+
+def _twobranch_backward(dout, cache):
+    dout = as_float(dout, "dout", finite=False)
+    if dout.shape != cache["out_shape"]:
+        raise ValueError(f"dout must have the output's shape {cache['out_shape']}; got {dout.shape}")
+    x, P, names, s = cache["x"], cache["P"], cache["names"], cache["s"]
+    nq, nk, nv, no = names["q"], names["k"], names["v"], names["o"]
+    dout = dout.astype(x.dtype, copy=False)
+    grads: dict = {}
+    dz = _proj_bwd(dout, cache["z"], P, no, grads)
+    dh = _heads_bwd(_split_heads(dz, cache["H"], cache["dv"]), cache["hc"], P.get("subln.weight"))
+    if "subln.weight" in P:
+        grads["subln.weight"] = dh["norm_weight"]
+    if cache["lam_saved"] is not None:
+        grads.update(_lambda_bwd(dh["lam"], *(P[key] for key in _V1_LAMBDA), cache["lam_saved"]))
+    idx, Hkv, mode = cache["idx"], cache["Hkv"], cache["negative_term"]
+    d_in = {"q1": dh["q1"], "q2": dh["q2"], "k1": _scatter_heads(dh["k1"], idx, Hkv),
+            "k2": _scatter_heads(dh["k2"], idx, Hkv)}
+    dx = _proj_bwd(_merge_heads(_scatter_heads(dh["v"], idx, Hkv)), x, P, nv, grads)
+    for t, tag in ((nq, "q"), (nk, "k")):
+        dy1, dy2 = _merge_heads(d_in[tag + "1"]), _merge_heads(d_in[tag + "2"])
+        dbase = dy1 + dy2 if mode == "base_lora" else dy1
+        dx = dx + _proj_bwd(dbase, x, P, t, grads)
+        for a, dy in (("1", dy1), ("2", dy2)):
+            if (t, a) in cache["saved"]:
+                dA, dB, dxa = _lora_bwd(dy, x, cache["saved"][(t, a)], P[f"{t}.lora_A{a}"], P[f"{t}.lora_B{a}"], s)
+                grads[f"{t}.lora_A{a}"], grads[f"{t}.lora_B{a}"] = dA, dB
+                dx = dx + dxa
+        if mode == "full":
+            dx = dx + _proj_bwd(dy2, x, P, names[tag + "2"], grads)
+    grads["x"] = dx
+    return grads
+
+
+def difflora_forward(x, params, *, num_heads: int, lambda_init: float, num_kv_heads: int | None = None,
+                     lambda_mode: str = "fixed", negative_term: str = "base_lora", lora_scale: float = 1.0,
+                     attn_mask=None, is_causal: bool = True, causal_alignment: str = "bottom_right",
+                     rel_pos=None, rope_interleaved: bool = False, scale=None, subln: str = "none",
+                     subln_affine: bool = True, subln_eps: float = 1e-5, rescale: bool = True):
+    r"""DiffLoRA (Misrahi, Chirkova, Louis, Nikoulina, "DiffLoRA: Differential Low-Rank Adapters for
+    Large Language Models", 2025, arXiv 2507.23588): differential attention on a pretrained model
+    via low-rank adapters on both attention terms.
+
+    [paper] Low-rank adapters on the positive and the negative attention term; LoRA-level parameter
+    cost. [recon] (the catalogue's reading of an unconfirmed public Llama implementation,
+    ``LlamaLoraCustomDiffAttention``; every choice is a keyword): the base model's heads and head
+    width are kept (no halving), $V$ is unchanged, $s$ = ``lora_scale`` ($\alpha/r$ in PEFT):
+
+    $$Q_1 = xW_q + s\,(xA_{q1})B_{q1},\qquad K_1 = xW_k + s\,(xA_{k1})B_{k1},$$
+
+    and the negative term per ``negative_term``: ``"base_lora"`` (default) $Q_2 = xW_q + s\,(xA_{q2})B_{q2}$
+    (same for $K_2$), ``"lora_only"`` $Q_2 = s\,(xA_{q2})B_{q2}$, ``"full"`` $Q_2 = xW_{q2}$ (a full
+    matrix ``q2_proj.weight``). Then
+
+    $$O = (1-\lambda_{init})\,[\mathrm{RMSNorm}]\bigl((A_1 - \lambda A_2)V\bigr)W_o,$$
+
+    λ fixed at ``lambda_init`` (``lambda_mode="fixed"``; the implementation uses one value as both
+    λ and $\lambda_{init}$) or V1's re-parameterisation (``"reparam"``, params ``lambda_q1..k2``).
+    The $(1-\lambda_{init})$ factor is applied even without a norm (``rescale=True``), so with
+    $B = 0$ a converted model outputs $(1-\lambda_{init})(1-\lambda)$ times the pretrained attention
+    — it does *not* reproduce the pretrained model at init. The optional ReLU on $A$ of that
+    implementation is not provided.
+
+    Parameters
+    ----------
+    x : array (B.., N, C)
+    params : dict
+        Llama names: ``q_proj.weight (C, Hd)``, ``k_proj.weight (C, H_{kv}d)``,
+        ``v_proj.weight (C, H_{kv}d)``, ``o_proj.weight (Hd, C_out)``; adapters in ``(in, out)``
+        orientation ``q_proj.lora_A1 (C, r)``, ``q_proj.lora_B1 (r, Hd)``, ``..._A2``, ``..._B2``
+        and the same for ``k_proj`` (PEFT stores ``lora_A.weight (r, in)``, ``lora_B.weight (out, r)``:
+        pass their transposes); ``q2_proj.weight``, ``k2_proj.weight`` for ``negative_term="full"``;
+        ``lambda_q1..lambda_k2 (d,)`` for ``lambda_mode="reparam"``; ``subln.weight (d,)`` for
+        ``subln="rms"`` with ``subln_affine``.
+    num_heads, num_kv_heads, lambda_init
+        Base model heads; λ (fixed) or $\lambda_{init}$ (reparam). Required: the paper's value is open.
+    attn_mask, is_causal, causal_alignment, rel_pos, rope_interleaved, scale
+        As the base Llama attention: causal, rotate-half RoPE, $d^{-1/2}$.
+    subln, subln_affine, subln_eps, rescale
+        Per-head norm (default ``"none"``, open) and the $(1-\lambda_{init})$ factor.
+
+    Notes
+    -----
+    Backward: V1's head chain (:func:`refattn.attention.differential._heads_bwd`), GQA scatter,
+    then per branch $dW_q \mathrel{+}= x^\top dQ_a$ (both branches in ``"base_lora"``),
+    $dB_{qa} = s\,(xA_{qa})^\top dQ_a$, $dA_{qa} = s\,x^\top dQ_aB_{qa}^\top$,
+    $dx \mathrel{+}= dQ_a W_q^\top + s\,dQ_aB_{qa}^\top A_{qa}^\top$ (same for $K$).
+    """
+    if isinstance(lambda_init, (bool, np.bool_)) or not isinstance(lambda_init, (int, float, np.number)):
+        raise TypeError(f"lambda_init must be a real number; got {type(lambda_init).__name__}")
+    if not np.isfinite(lambda_init):
+        raise ValueError(f"lambda_init must be finite; got {lambda_init}")
+    return _twobranch_forward(
+        x, params, where="difflora", names=_LLAMA_NAMES, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        negative_term=negative_term, lora_scale=lora_scale, lambda_mode=lambda_mode,
+        lambda_init_value=float(lambda_init), attn_mask=attn_mask, is_causal=is_causal,
+        causal_alignment=causal_alignment, rel_pos=rel_pos, rope_interleaved=rope_interleaved, scale=scale,
+        subln=subln, subln_affine=subln_affine, subln_eps=subln_eps, rescale=rescale)
+
+
+def difflora_backward(dout, cache):
+    """Gradient of :func:`difflora_forward` (derivation in its Notes): ``x`` and every params key."""
+    return _twobranch_backward(dout, cache)
+
+
+def difflora(x, params, **config) -> np.ndarray:
+    """Convenience wrapper: the output of :func:`difflora_forward`."""
+    return difflora_forward(x, params, **config)[0]
+
+
+_LLAMA_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "q2": "q2_proj", "k2": "k2_proj"}
+_SHARED_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj", "q2": "q2_proj", "k2": "k2_proj"}
+
+
+def shared_diff_attention_forward(x, params, *, num_heads: int, num_kv_heads: int | None = None,
+                                  depth: int | None = None, lambda_init: float | None = None,
+                                  lambda_init_convention: str = "unilm", lora_scale: float = 1.0,
+                                  attn_mask=None, is_causal: bool | None = None,
+                                  causal_alignment: str = "bottom_right", rel_pos=None,
+                                  rope_interleaved: bool = True, scale=None, subln: str = "rms",
+                                  subln_affine: bool = True, subln_eps: float = 1e-5, rescale: bool = True):
+    r"""Shared DIFF Transformer (Cang, Liu, Zhang et al., "Shared DIFF Transformer", 2025, arXiv 2501.17900).
+
+    [paper] A shared base matrix models global patterns and low-rank updates add task-specific
+    flexibility ("differential amplifier" design), reducing DIFF's parameter redundancy. No public
+    code. [recon] (catalogue): the two query/key branches of DIFF V1 share a base and differ by
+    rank-$r$ updates,
+
+    $$W_{Q,a} = W_Q^{sh} + s\,A_{Q,a}B_{Q,a},\qquad W_{K,a} = W_K^{sh} + s\,A_{K,a}B_{K,a},\qquad a\in\{1,2\},$$
+
+    then exactly ``diff_attention_v1`` (λ re-parameterisation with $\lambda_{init}(\text{depth})$,
+    per-head RMSNorm over the value width, $(1-\lambda_{init})$, interleaved RoPE, causal by
+    unilm's rule). Head $i$ uses $Q_{1,i}, Q_{2,i}$ and kv head $\lfloor i/n_{rep}\rfloor$ of $K_1, K_2, V$
+    (V1's ``gqa_pairing="flash"``: each branch is its own projection).
+
+    Parameters
+    ----------
+    x : array (B.., N, C)
+    params : dict
+        ``q_proj.weight (C, Hd)`` = $W_Q^{sh}$, ``k_proj.weight (C, H_{kv}d)``, ``v_proj.weight
+        (C, H_{kv}d_v)`` (V1: $d_v = 2d$), ``out_proj.weight (Hd_v, C_out)``, low-rank factors
+        ``q_proj.lora_A1 (C, r)``, ``q_proj.lora_B1 (r, Hd)``, ``..._A2``, ``..._B2`` (and for
+        ``k_proj``), ``lambda_q1..lambda_k2 (d,)``, ``subln.weight (d_v,)``.
+    lora_scale : float
+        $s$ (1 in the paper's form).
+    Other keywords
+        As :func:`refattn.attention.differential.diff_attention_v1_forward`.
+
+    Notes
+    -----
+    Backward: V1's chain; the shared base accumulates both branches, $dW^{sh} = dW_{Q,1} + dW_{Q,2}$,
+    and each low-rank pair gets $dB = s(xA)^\top dQ_a$, $dA = s\,x^\top dQ_aB^\top$.
+    """
+    lam0 = _resolve_lambda_init(depth, lambda_init, lambda_init_convention)
+    return _twobranch_forward(
+        x, params, where="shared_diff_attention", names=_SHARED_NAMES, num_heads=num_heads,
+        num_kv_heads=num_kv_heads, negative_term="base_lora", lora_scale=lora_scale, lambda_mode="reparam",
+        lambda_init_value=lam0, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
+        rel_pos=rel_pos, rope_interleaved=rope_interleaved, scale=scale, subln=subln, subln_affine=subln_affine,
+        subln_eps=subln_eps, rescale=rescale)
+
+
+def shared_diff_attention_backward(dout, cache):
+    """Gradient of :func:`shared_diff_attention_forward` (V1's chain; see its Notes)."""
+    return _twobranch_backward(dout, cache)
+
+
+def shared_diff_attention(x, params, **config) -> np.ndarray:
+    """Convenience wrapper: the output of :func:`shared_diff_attention_forward`."""
+    return shared_diff_attention_forward(x, params, **config)[0]
+
+
+def _twobranch_params(rng, C, H, Hkv, d, dv, r, names, *, negative_term="base_lora", reparam=False,
+                      norm=False, lambda_init=0.5, zero_B=False):
+    P = {f"{names['q']}.weight": rng.standard_normal((C, H * d)) / np.sqrt(C),
+         f"{names['k']}.weight": rng.standard_normal((C, Hkv * d)) / np.sqrt(C),
+         f"{names['v']}.weight": rng.standard_normal((C, Hkv * dv)) / np.sqrt(C),
+         f"{names['o']}.weight": rng.standard_normal((H * dv, C)) / np.sqrt(H * dv)}
+    branches = ("1",) if negative_term == "full" else ("1", "2")
+    for t, w in ((names["q"], H * d), (names["k"], Hkv * d)):
+        for a in branches:
+            P[f"{t}.lora_A{a}"] = rng.standard_normal((C, r)) / np.sqrt(C)
+            P[f"{t}.lora_B{a}"] = np.zeros((r, w)) if zero_B else 0.5 * rng.standard_normal((r, w))
+    if negative_term == "full":
+        P[f"{names['q2']}.weight"] = rng.standard_normal((C, H * d)) / np.sqrt(C)
+        P[f"{names['k2']}.weight"] = rng.standard_normal((C, Hkv * d)) / np.sqrt(C)
+    if reparam:
+        P.update(_draw_lambda_vectors(rng, d, lambda_init))
+    if norm:
+        P["subln.weight"] = 1.0 + 0.2 * rng.standard_normal(dv)
+    return P
+
+
+def _sample_difflora(rng, size):
+    if size == "tiny":
+        B, n, C, H, d, r = 2, int(rng.integers(2, 4)), 3, 2, 2, 1
+    else:
+        B, n, C, H, d, r = 2, int(rng.integers(4, 7)), 6, 4, 2, 2
+    Hkv = int(rng.choice([1, 2]))
+    mode = str(rng.choice(["base_lora", "lora_only", "full"]))
+    lam_mode = str(rng.choice(["fixed", "reparam"]))
+    P = _twobranch_params(rng, C, H, Hkv, d, d, r, _LLAMA_NAMES, negative_term=mode,
+                          reparam=lam_mode == "reparam", lambda_init=0.4)
+    return Sample(inputs={"x": rng.standard_normal((B, n, C))}, params=P,
+                  config={"num_heads": H, "num_kv_heads": Hkv, "lambda_init": 0.4, "lambda_mode": lam_mode,
+                          "negative_term": mode, "lora_scale": 2.0, "rel_pos": rope_tables(n, d)})
+
+
+def _sample_shared(rng, size):
+    if size == "tiny":
+        B, n, C, H, d, r = 2, int(rng.integers(2, 4)), 3, 2, 1, 1
+    else:
+        B, n, C, H, d, r = 2, int(rng.integers(4, 7)), 6, 2, 2, 2
+    Hkv = int(rng.choice([1, H]))
+    depth = int(rng.integers(0, 6))
+    P = _twobranch_params(rng, C, H, Hkv, d, 2 * d, r, _SHARED_NAMES, reparam=True, norm=True,
+                          lambda_init=lambda_init_fn(depth))
+    cfg = {"num_heads": H, "num_kv_heads": Hkv, "depth": depth}
+    if d % 2 == 0:
+        cfg["rel_pos"] = rope_tables(n, d)
+    return Sample(inputs={"x": rng.standard_normal((B, n, C))}, params=P, config=cfg)
+
+
+def _check_difflora_init(rng):
+    # B = 0 (default mode, fixed lambda = lambda_init, no norm): (1 - lambda_init)^2 x the base attention.
+    B, n, C, H, Hkv, d = 2, 5, 6, 4, 2, 2
+    x = rng.standard_normal((B, n, C))
+    P = _twobranch_params(rng, C, H, Hkv, d, d, 2, _LLAMA_NAMES, zero_B=True)
+    lam0 = 0.3
+    out = difflora(x, P, num_heads=H, num_kv_heads=Hkv, lambda_init=lam0)
+    q = _split_heads(x @ P["q_proj.weight"], H, d)
+    k = _split_heads(x @ P["k_proj.weight"], Hkv, d)
+    v = _split_heads(x @ P["v_proj.weight"], Hkv, d)
+    base = _merge_heads(sdpa_forward(q, k, v, is_causal=True)[0]) @ P["o_proj.weight"]
+    err = float(np.abs(out - (1 - lam0) ** 2 * base).max())
+    assert err < 1e-12, f"DiffLoRA at init is not (1 - lambda_init)^2 x the base attention ({err})"
+    return err
+
+
+def _v1_from_shared(P, H, Hkv, d, s):
+    """V1 params (adjacent half-heads, one q_proj) equivalent to Shared DIFF params."""
+    Q = {k: v for k, v in P.items() if "lora" not in k}
+    for t, heads in (("q_proj", H), ("k_proj", Hkv)):
+        w = [P[f"{t}.weight"] + s * P[f"{t}.lora_A{a}"] @ P[f"{t}.lora_B{a}"] for a in ("1", "2")]
+        C = w[0].shape[0]
+        Q[f"{t}.weight"] = np.stack([w[0].reshape(C, heads, d), w[1].reshape(C, heads, d)], axis=2).reshape(C, -1)
+    return Q
+
+
+def _check_shared_is_v1(rng):
+    # Shared DIFF == V1 (flash GQA pairing) with W_{Q,a} = W_sh + s A_a B_a; dW_sh = dW_{Q,1} + dW_{Q,2}.
+    s = _sample_shared(rng, "small")
+    x, P, cfg = s.inputs["x"], s.params, s.config
+    H, Hkv = cfg["num_heads"], cfg["num_kv_heads"]
+    d = P["q_proj.weight"].shape[1] // H
+    out, cache = shared_diff_attention_forward(x, P, lora_scale=1.5, **cfg)
+    Q = _v1_from_shared(P, H, Hkv, d, 1.5)
+    ref, vcache = diff_attention_v1_forward(x, Q, gqa_pairing="flash", **cfg)
+    err = float(np.abs(out - ref).max())
+    g = rng.standard_normal(out.shape)
+    ga, gv = shared_diff_attention_backward(g, cache), diff_attention_v1_backward(g, vcache)
+    for t, heads in (("q_proj", H), ("k_proj", Hkv)):
+        dw = gv[f"{t}.weight"].reshape(-1, heads, 2, d)
+        err = max(err, float(np.abs(ga[f"{t}.weight"] - (dw[:, :, 0] + dw[:, :, 1]).reshape(-1, heads * d)).max()))
+    for key in ("x", "v_proj.weight", "out_proj.weight", "subln.weight", *_V1_LAMBDA):
+        err = max(err, float(np.abs(ga[key] - gv[key]).max()))
+    assert err < 1e-11, f"Shared DIFF vs V1 with merged weights: {err}"
+    return err
+
+
+register(
+    Mechanism(
+        slug="difflora", family="2-differential", tier="T1",
+        title="DiffLoRA: differential attention via LoRA adapters on both terms",
+        paper="Misrahi, Chirkova, Louis, Nikoulina, 'DiffLoRA: Differential Low-Rank Adapters for Large "
+              "Language Models', 2025, arXiv 2507.23588",
+        forward=difflora_forward, backward=difflora_backward, sample=_sample_difflora,
+        docs="differential.md#difflora", checks={"init_is_scaled_base_attention": _check_difflora_init},
+    ),
+    Mechanism(
+        slug="shared_diff_attention", family="2-differential", tier="T1",
+        title="Shared DIFF Transformer (shared base + low-rank updates)",
+        paper="Cang, Liu, Zhang et al., 'Shared DIFF Transformer', 2025, arXiv 2501.17900",
+        forward=shared_diff_attention_forward, backward=shared_diff_attention_backward, sample=_sample_shared,
+        docs="differential.md#shared_diff_attention", checks={"equals_v1_with_merged_weights": _check_shared_is_v1},
     ),
 )
