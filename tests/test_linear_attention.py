@@ -510,3 +510,20 @@ def test_linear_no_is_efficient_attention_on_learned_features():
     y = efficient_attention_forward(xm @ p["to_q.weight"], xm @ p["to_k.weight"], xm @ p["to_v.weight"])[0]
     out = y.transpose(0, 2, 1, 3).reshape(B, N, H * D) @ p["to_out.0.weight"] + p["to_out.0.bias"]
     np.testing.assert_allclose(linear_no_attention(x, p, n_head=H), out, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_float32_stays_float32_in_every_mode(causal):
+    """Regression: the Performer denominator guard promoted float32 to float64 (bool * Python
+    float is float64) in the non-causal path."""
+    rng = np.random.default_rng(20)
+    q, k, v = (a.astype(np.float32) for a in _qkv(rng, n=5, d=3))
+    proj = performer_projection_matrix(4, 3)
+    outs = [performer_forward(q, k, v, projection=proj, causal=causal),
+            linear_attention_forward(q, k, v, causal=causal),
+            kernelized_rpe_forward(q, k, v, {"b": np.zeros(9, np.float32)}, projection=proj, causal=causal),
+            transnormer_forward(q, k, v, causal=causal)]
+    for (out, cache), bwd in zip(outs, (performer_backward, linear_attention_backward, kernelized_rpe_backward,
+                                        transnormer_backward)):
+        assert out.dtype == np.float32
+        assert all(g.dtype == np.float32 for g in bwd(np.ones_like(out), cache).values())

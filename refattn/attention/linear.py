@@ -153,7 +153,7 @@ def _core_forward(fq, fk, v, *, causal: bool, eps: float, normalise: bool, den_g
             z = np.sum(fk, axis=-2)  # (..., d)
             den = np.einsum("...nd,...d->...n", fq, z) + eps
             if den_guard > 0:  # google-research performer: R + 2 s (|R| <= s); locally constant
-                den = den + 2.0 * den_guard * (np.abs(den) <= den_guard)
+                den = np.where(np.abs(den) <= den_guard, den + 2.0 * den_guard, den)  # keeps the dtype
             den = np.where(den == 0, 1.0, den)  # no key at all (padding, eps = 0): num = 0, out = 0
             out = num / den[..., None]
         else:
@@ -171,7 +171,7 @@ def _core_forward(fq, fk, v, *, causal: bool, eps: float, normalise: bool, den_g
             z = z + fk[..., i, :]
             di = np.einsum("...d,...d->...", fq[..., i, :], z) + eps
             if den_guard > 0:
-                di = di + 2.0 * den_guard * (np.abs(di) <= den_guard)
+                di = np.where(np.abs(di) <= den_guard, di + 2.0 * den_guard, di)
             di = np.where(di == 0, 1.0, di)
             den[..., i] = di
             out[..., i, :] = num / di[..., None]
