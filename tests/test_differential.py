@@ -19,7 +19,7 @@ from refattn.testing.runner import record_check_names
 
 SLUGS = ["diff_attention_core", "diff_attention_v1", "diff_attention_v2", "diffclip_attention",
          "grouped_differential_attention", "dint_attention", "dex_differential_adaptation", "difflora",
-         "shared_diff_attention"]
+         "shared_diff_attention", "differential_cross_attention"]
 
 
 @pytest.mark.parametrize("slug", SLUGS)
@@ -585,3 +585,43 @@ def test_shared_diff_zero_updates_tie_the_maps():
 
 def _split(y, h, w):
     return np.swapaxes(y.reshape(y.shape[:-1] + (h, w)), 1, 2)
+
+
+# ------------------------------------------------------------------------------ differential cross-attention
+
+
+def test_cross_attention_matches_torch_autograd():
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    rng = np.random.default_rng(26)
+    B, H, Hkv, n, m1, m2, d, dv = 2, 4, 2, 3, 6, 4, 3, 5
+    arrs = dict(q1=rng.standard_normal((B, H, n, d)), k1=rng.standard_normal((B, Hkv, m1, d)),
+                v1=rng.standard_normal((B, Hkv, m1, dv)), q2=rng.standard_normal((B, H, n, d)),
+                k2=rng.standard_normal((B, Hkv, m2, d)), v2=rng.standard_normal((B, Hkv, m2, dv)),
+                lam=rng.standard_normal((B, H, n)))
+    keep2 = rng.random((n, m2)) > 0.5
+    keep2[0, 0] = True
+    keep2[1] = False  # an empty subset for query 1: branch 2 contributes 0 there
+    out, cache = DV.differential_cross_attention_forward(**arrs, attn_mask2=keep2)
+    T = {k: torch.from_numpy(v).requires_grad_() for k, v in arrs.items()}
+    o1 = F.scaled_dot_product_attention(T["q1"], T["k1"], T["v1"], enable_gqa=True)
+    add = torch.from_numpy(np.where(keep2, 0.0, -1e300))  # finite stand-in for -inf (torch gives NaN rows)
+    o2 = F.scaled_dot_product_attention(T["q2"], T["k2"], T["v2"], attn_mask=add, enable_gqa=True)
+    o2 = o2 * torch.from_numpy(keep2.any(-1)[:, None].astype(float))
+    yt = o1 - T["lam"][..., None] * o2
+    np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-11, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    yt.backward(torch.from_numpy(g))
+    grads = DV.differential_cross_attention_backward(g, cache)
+    for key, t in T.items():
+        np.testing.assert_allclose(grads[key], t.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
+
+
+def test_cross_attention_validation():
+    rng = np.random.default_rng(27)
+    q = rng.standard_normal((2, 2, 3, 2))
+    k = rng.standard_normal((2, 1, 4, 2))
+    with pytest.raises(ValueError, match="v2"):
+        DV.differential_cross_attention(q, k, k, q, k, k[..., :1], np.ones(1))
+    with pytest.raises(ValueError, match="attn_mask2"):
+        DV.differential_cross_attention(q, k, k, q, k, k, np.ones(1), attn_mask2=np.ones((3, 5), bool))

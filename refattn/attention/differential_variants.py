@@ -72,6 +72,9 @@ __all__ = [
     "shared_diff_attention_forward",
     "shared_diff_attention_backward",
     "shared_diff_attention",
+    "differential_cross_attention_forward",
+    "differential_cross_attention_backward",
+    "differential_cross_attention",
 ]
 
 
@@ -1352,5 +1355,155 @@ register(
         paper="Cang, Liu, Zhang et al., 'Shared DIFF Transformer', 2025, arXiv 2501.17900",
         forward=shared_diff_attention_forward, backward=shared_diff_attention_backward, sample=_sample_shared,
         docs="differential.md#shared_diff_attention", checks={"equals_v1_with_merged_weights": _check_shared_is_v1},
+    ),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Differential cross-attention
+
+
+def differential_cross_attention_forward(q1, k1, v1, q2, k2, v2, lam, *, attn_mask=None, attn_mask2=None,
+                                         scale=None, kv_group_map: str = "contiguous"):
+    r"""Differential cross-attention with masked or external keys (FDA, STR decoders, GSRA).
+
+    Papers: Tian, Lin, Zhao, Shen, "Function-word De-Attention" (FDA), 2025, arXiv 2512.07222;
+    a scene-text-recognition decoder with differential cross-attention; PhaSR's GSRA
+    (geometric–semantic rectification attention). [paper] FDA computes the original cross-attention
+    and a function-word cross-attention inside each head and subtracts the latter; GSRA subtracts
+    across modalities. No official code was available (FDA's is announced). [recon] the generic op:
+
+    $$O = \mathrm{softmax}(sQ_1K_1^\top + M_1)V_1 - \lambda\odot\mathrm{softmax}(sQ_2K_2^\top + M_2)V_2,$$
+
+    where branch 2 reads either a *masked subset* of branch 1's memory (FDA: ``k2 = k1``, ``v2 = v1``,
+    ``attn_mask2`` keeps the function-word tokens) or a second memory/modality (its own length
+    $M_2$). The V1-style STR form (two query projections, $K_1, K_2$ over one memory, shared $V$) is
+    :func:`refattn.attention.differential.diff_attention_core_forward` with $N \ne M$. No per-head
+    norm and no λ re-parameterisation here (open in the papers): compose them around this op.
+
+    Parameters
+    ----------
+    q1, q2 : array (B.., H, N, d)
+    k1, v1 : arrays (B.., Hkv, M1, d) and (B.., Hkv, M1, dv)
+    k2, v2 : arrays (B.., Hkv2, M2, d) and (B.., Hkv2, M2, dv)
+    lam : array broadcastable to (B.., H, N), at least 1-d
+    attn_mask, attn_mask2 : bool (True = keep) or additive masks of branch 1 / branch 2,
+        broadcastable to ``(B.., H, N, M1)`` / ``(B.., H, N, M2)``. A query whose branch-2 row is
+        fully masked (an empty subset) gets 0 from that branch, i.e. plain cross-attention.
+    scale : float, optional
+        Default $d^{-1/2}$.
+    kv_group_map : {"contiguous", "strided"}
+        GQA map of both branches (as :func:`refattn.attention.softmax.sdpa_forward`).
+
+    Notes
+    -----
+    Backward: two independent SDPA backwards with $dO_1 = G$, $dO_2 = -\lambda G$, and
+    $d\lambda = -\sum_c G_{\cdot c}O_{2,\cdot c}$ summed to λ's shape.
+    """
+    q1 = as_float(q1, "q1", min_ndim=4)
+    q2 = as_float(q2, "q2", min_ndim=4)
+    k1, v1 = as_float(k1, "k1", min_ndim=4), as_float(v1, "v1", min_ndim=4)
+    k2, v2 = as_float(k2, "k2", min_ndim=4), as_float(v2, "v2", min_ndim=4)
+    if q2.shape != q1.shape:
+        raise ValueError(f"q2 must have q1's shape {q1.shape}; got {q2.shape}")
+    for name, k, v in (("1", k1, v1), ("2", k2, v2)):
+        if k.ndim != q1.ndim or v.ndim != q1.ndim:
+            raise ValueError(f"k{name} and v{name} must have q1's number of dimensions {q1.ndim}; got "
+                             f"{k.shape} and {v.shape}")
+        if k.shape[:-3] != q1.shape[:-3] or v.shape[:-3] != q1.shape[:-3]:
+            raise ValueError(f"batch axes of k{name} {k.shape[:-3]} and v{name} {v.shape[:-3]} must equal q1's "
+                             f"{q1.shape[:-3]}")
+        if k.shape[-1] != q1.shape[-1]:
+            raise ValueError(f"k{name} must have q1's head width d = {q1.shape[-1]}; got {k.shape[-1]}")
+        if v.shape[-3:-1] != k.shape[-3:-1]:
+            raise ValueError(f"v{name} must have k{name}'s heads and length {k.shape[-3:-1]}; got {v.shape[-3:-1]}")
+        if q1.shape[-3] % k.shape[-3]:
+            raise ValueError(f"the query heads H = {q1.shape[-3]} must be a multiple of k{name}'s heads {k.shape[-3]}")
+    if v2.shape[-1] != v1.shape[-1]:
+        raise ValueError(f"v2 must have v1's value width {v1.shape[-1]}; got {v2.shape[-1]}")
+    lam = as_float(lam, "lam", min_ndim=1, max_ndim=q1.ndim - 1)
+    check_broadcastable("lam", lam.shape, q1.shape[:-1], "the (..., H, N) output rows of shape")
+    m1 = as_bool_or_float_mask(attn_mask, "attn_mask")
+    m2 = as_bool_or_float_mask(attn_mask2, "attn_mask2")
+    if m1 is not None:
+        check_broadcastable("attn_mask", m1.shape, q1.shape[:-1] + (k1.shape[-2],), "the scores (..., H, N, M1) of shape")
+    if m2 is not None:
+        check_broadcastable("attn_mask2", m2.shape, q1.shape[:-1] + (k2.shape[-2],), "the scores (..., H, N, M2) of shape")
+    dt = compute_dtype(q1, q2, k1, v1, k2, v2, lam)
+    q1, q2, k1, v1, k2, v2, lam = (a.astype(dt, copy=False) for a in (q1, q2, k1, v1, k2, v2, lam))
+    o1, c1 = sdpa_forward(q1, k1, v1, attn_mask=m1, scale=scale, kv_group_map=kv_group_map)
+    o2, c2 = sdpa_forward(q2, k2, v2, attn_mask=m2, scale=scale, kv_group_map=kv_group_map)
+    lam_b = np.broadcast_to(lam, o1.shape[:-1])[..., None]
+    out = o1 - lam_b * o2
+    return out, {"c1": c1, "c2": c2, "o2": o2, "lam_b": lam_b, "lam_shape": lam.shape, "out_shape": out.shape}
+
+
+def differential_cross_attention_backward(dout, cache):
+    """Gradient of :func:`differential_cross_attention_forward`: ``q1, k1, v1, q2, k2, v2, lam``."""
+    from .differential import _sum_to
+
+    dout = as_float(dout, "dout", finite=False)
+    if dout.shape != cache["out_shape"]:
+        raise ValueError(f"dout must have the output's shape {cache['out_shape']}; got {dout.shape}")
+    g = dout.astype(cache["o2"].dtype, copy=False)
+    g1 = sdpa_backward(g, cache["c1"])
+    g2 = sdpa_backward(-cache["lam_b"] * g, cache["c2"])
+    return {"q1": g1["q"], "k1": g1["k"], "v1": g1["v"], "q2": g2["q"], "k2": g2["k"], "v2": g2["v"],
+            "lam": _sum_to(-np.sum(g * cache["o2"], axis=-1), cache["lam_shape"])}
+
+
+def differential_cross_attention(q1, k1, v1, q2, k2, v2, lam, **config) -> np.ndarray:
+    """Convenience wrapper: the output of :func:`differential_cross_attention_forward`."""
+    return differential_cross_attention_forward(q1, k1, v1, q2, k2, v2, lam, **config)[0]
+
+
+def _sample_cross(rng, size):
+    if size == "tiny":
+        B, H, Hkv, n, m1, m2, d, dv = 2, 2, 1, int(rng.integers(2, 4)), int(rng.integers(2, 4)), 2, 2, 2
+    else:
+        B, H, Hkv, n, m1, m2, d, dv = 2, 4, 2, int(rng.integers(3, 6)), int(rng.integers(4, 8)), 3, 3, 4
+    q1, q2 = rng.standard_normal((2, B, H, n, d))
+    keep1 = rng.random((B, 1, n, m1)) > 0.3
+    keep1[..., 0] = True
+    keep2 = rng.random((B, 1, n, m2)) > 0.3
+    return Sample(inputs={"q1": q1, "k1": rng.standard_normal((B, Hkv, m1, d)),
+                          "v1": rng.standard_normal((B, Hkv, m1, dv)), "q2": q2,
+                          "k2": rng.standard_normal((B, Hkv, m2, d)), "v2": rng.standard_normal((B, Hkv, m2, dv)),
+                          "lam": 0.5 + 0.3 * rng.standard_normal((B, H, 1))},
+                  config={"attn_mask": keep1, "attn_mask2": keep2})
+
+
+def _check_cross_identities(rng):
+    s = _sample_cross(rng, "small")
+    i = s.inputs
+    plain = sdpa_forward(i["q1"], i["k1"], i["v1"], attn_mask=s.config["attn_mask"])[0]
+    # empty function-word subset: branch 2 is empty, the result is plain cross-attention
+    fda = differential_cross_attention(i["q1"], i["k1"], i["v1"], i["q2"], i["k1"], i["v1"], i["lam"],
+                                       attn_mask=s.config["attn_mask"],
+                                       attn_mask2=np.zeros(i["k1"].shape[-2], bool))
+    err = float(np.abs(fda - plain).max())
+    # identical branches with lambda = 1 cancel exactly
+    same = differential_cross_attention(i["q1"], i["k1"], i["v1"], i["q1"], i["k1"], i["v1"], np.ones(1),
+                                        attn_mask=s.config["attn_mask"], attn_mask2=s.config["attn_mask"])
+    err = max(err, float(np.abs(same).max()))
+    # shared memory and values: the V1 core on cross-attention lengths
+    from .differential import diff_attention_core
+
+    core = diff_attention_core(i["q1"], i["k1"], i["q2"], i["k1"] * 0.5, i["v1"], i["lam"])
+    cross = differential_cross_attention(i["q1"], i["k1"], i["v1"], i["q2"], i["k1"] * 0.5, i["v1"], i["lam"])
+    err = max(err, float(np.abs(core - cross).max()))
+    assert err < 1e-12, f"differential cross-attention identities fail ({err})"
+    return err
+
+
+register(
+    Mechanism(
+        slug="differential_cross_attention", family="2-differential", tier="T1",
+        title="Differential cross-attention with masked or external keys (FDA, STR decoder, GSRA)",
+        paper="Tian, Lin, Zhao, Shen, 'Function-word De-Attention', 2025, arXiv 2512.07222; STR decoder "
+              "and PhaSR GSRA (see the docs)",
+        forward=differential_cross_attention_forward, backward=differential_cross_attention_backward,
+        sample=_sample_cross, docs="differential.md#differential_cross_attention",
+        checks={"empty_subset_cancel_and_core": _check_cross_identities},
     ),
 )
