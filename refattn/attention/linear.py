@@ -271,7 +271,8 @@ def _lin_config(eps, feature_map, causal):
 
 
 def linear_attention_forward(q, k, v, *, causal: bool = False, eps: float = 1e-6,
-                             feature_map: str = "elu_plus_one", key_padding_mask=None):
+                             feature_map: str = "elu_plus_one", key_padding_mask=None,
+                             normalise: bool = True):
     r"""Linear attention (Katharopoulos et al., "Transformers are RNNs", ICML 2020, arXiv 2006.16236).
 
     $$o_i = \frac{\phi(q_i)^\top\sum_j\phi(k_j)v_j^\top}{\phi(q_i)^\top\sum_j\phi(k_j)+\epsilon},$$
@@ -296,6 +297,10 @@ def linear_attention_forward(q, k, v, *, causal: bool = False, eps: float = 1e-6
         numerator and the denominator (fast-transformers' ``key_lengths``:
         ``K = K * key_lengths.float_matrix``). A query that sees no key outputs 0 (with
         ``eps = 0`` too).
+    normalise : bool
+        ``False`` drops the denominator: $o_i = \phi(q_i)^\top\sum_j\phi(k_j)v_j^\top$ (the
+        un-normalised form TransNormer builds on; ``eps`` is then unused). fast-transformers
+        always normalises (default True).
 
     Returns
     -------
@@ -313,9 +318,11 @@ def linear_attention_forward(q, k, v, *, causal: bool = False, eps: float = 1e-6
     fk = feature_map_forward(k, feature_map)
     if kmask is not None:
         fk = fk * kmask[..., None]
-    out, state = _core_forward(fq, fk, v, causal=bool(causal), eps=eps, normalise=True)
+    if not isinstance(normalise, (bool, np.bool_)):
+        raise TypeError(f"normalise must be a bool; got {type(normalise).__name__}")
+    out, state = _core_forward(fq, fk, v, causal=bool(causal), eps=eps, normalise=bool(normalise))
     cache = {"q": q, "k": k, "v": v, "fq": fq, "fk": fk, "out": out, "state": state, "kmask": kmask,
-             "causal": bool(causal), "feature_map": feature_map, "eps": eps}
+             "causal": bool(causal), "feature_map": feature_map, "eps": eps, "normalise": bool(normalise)}
     return out, cache
 
 
@@ -326,7 +333,7 @@ def linear_attention_backward(dout, cache):
     out = cache["out"]
     g = _check_dout(dout, out.shape, out.dtype)
     dfq, dfk, dv = _core_backward(g, cache["fq"], cache["fk"], cache["v"], out, cache["state"],
-                                  causal=cache["causal"], normalise=True)
+                                  causal=cache["causal"], normalise=cache.get("normalise", True))
     fm = cache["feature_map"]
     if cache.get("kmask") is not None:
         dfk = dfk * cache["kmask"][..., None]
@@ -335,10 +342,10 @@ def linear_attention_backward(dout, cache):
 
 
 def linear_attention(q, k, v, *, causal: bool = False, eps: float = 1e-6,
-                     feature_map: str = "elu_plus_one", key_padding_mask=None) -> np.ndarray:
+                     feature_map: str = "elu_plus_one", key_padding_mask=None, normalise: bool = True) -> np.ndarray:
     """Convenience wrapper: the output of :func:`linear_attention_forward`."""
     return linear_attention_forward(q, k, v, causal=causal, eps=eps, feature_map=feature_map,
-                                    key_padding_mask=key_padding_mask)[0]
+                                    key_padding_mask=key_padding_mask, normalise=normalise)[0]
 
 
 def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: str = "elu_plus_one"):
@@ -363,7 +370,8 @@ def causal_linear_attention_backward(dout, cache):
 
 
 def linear_attention_explicit(q, k, v, *, causal: bool = False, eps: float = 1e-6,
-                              feature_map: str = "elu_plus_one", key_padding_mask=None) -> np.ndarray:
+                              feature_map: str = "elu_plus_one", key_padding_mask=None,
+                              normalise: bool = True) -> np.ndarray:
     r"""The explicit $O(N^2)$ form: $A = \phi(Q)\phi(K)^\top$ (lower-triangular if causal, zero
     columns for padded keys), $O = AV/(A\mathbf 1+\epsilon)$ (0 for a row without keys)."""
     eps = _lin_config(eps, feature_map, causal)
@@ -374,6 +382,8 @@ def linear_attention_explicit(q, k, v, *, causal: bool = False, eps: float = 1e-
         A = A * kmask[..., None, :]
     if causal:
         A = np.tril(A)
+    if not normalise:
+        return A @ v
     den = A.sum(-1, keepdims=True) + eps
     return (A @ v) / np.where(den == 0, 1.0, den)
 
@@ -456,9 +466,9 @@ def _check_rnn_equals_scan(rng):
 def _check_fd_both_modes(rng):
     errs = []
     for causal in (False, True):
-        for padded in (False, True):
+        for padded, normalise in ((False, True), (True, True), (True, False)):
             q, k, v = _qkv(rng, "tiny")
-            config = {"causal": causal}
+            config = {"causal": causal, "normalise": normalise}
             if padded:  # batch 0 keeps 2 keys, batch 1 all
                 keep = np.ones(k.shape[:-1], dtype=bool)
                 keep[0, :, 2:] = False
@@ -1315,7 +1325,7 @@ register(
         checks={"causal_scan_equals_masked_explicit": _check_causal_equals_masked,
                 "linear_equals_explicit_cross": _check_linear_equals_explicit,
                 "recurrent_equals_scan": _check_rnn_equals_scan,
-                "gradcheck_causal_noncausal_padded": _check_fd_both_modes,
+                "gradcheck_causal_padded_unnormalised": _check_fd_both_modes,
                 "weights_convex_eps0": _check_rows_are_convex},
         docs="linear-attention.md#linear-attention-katharopoulos",
     ),
