@@ -464,3 +464,21 @@ def test_coda_no_bad_input():
         codomain_attention(q, q, q, score_scaling="quadrature", quad_weights=np.ones(5))
     with pytest.raises(ValueError, match="temperature"):
         codomain_attention(q, q, q, temperature=0.0)
+
+
+def test_init_helpers_match_upstream_shapes_and_ranges():
+    from refattn.operators.spectral import init_afno_params, init_fno_params
+
+    rng = np.random.default_rng(18)
+    p = init_fno_params(rng, 4, 5, (3, 2))
+    assert set(p) == {f"weights{i}_{q}" for i in (1, 2) for q in ("real", "imag")}
+    assert all(v.shape == (4, 5, 3, 2) and v.min() >= 0 and v.max() < 1 / 20 for v in p.values())
+    assert fno_spectral_conv(rng.standard_normal((2, 8, 6, 4)), p).shape == (2, 8, 6, 5)
+    a = init_afno_params(rng, 8, num_blocks=2, hidden_size_factor=2)
+    assert a["w1"].shape == (2, 2, 4, 8) and a["b2"].shape == (2, 2, 4) and a["w1"].std() < 0.05
+    d = init_afno_params(rng, 8, num_blocks=2, init="dpot")
+    assert d["w1"].min() >= 0 and d["w1"].max() < 1 / 16
+    assert afno_mixer(rng.standard_normal((1, 4, 4, 8)), d, mode_selection="dpot_low_corner", modes=2,
+                      activation="gelu", softshrink=None).shape == (1, 4, 4, 8)
+    with pytest.raises(ValueError, match="divisible"):
+        init_afno_params(rng, 7, num_blocks=2)

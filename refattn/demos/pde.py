@@ -44,7 +44,7 @@ import numpy as np
 from ..nn.activations import gelu, gelu_grad
 from ..nn.linear import linear_apply, linear_vjp
 from ..operators import galerkin
-from ..operators.spectral import fno_spectral_conv_backward, fno_spectral_conv_forward
+from ..operators.spectral import fno_spectral_conv_backward, fno_spectral_conv_forward, init_fno_params
 from ..optim import Adam
 
 __all__ = ["burgers_dataset", "init_model", "model_forward", "model_backward", "TrainResult", "train", "main"]
@@ -123,9 +123,8 @@ def init_model(rng, *, model: str = "galerkin", width: int = 32, n_layers: int =
             for key, val in galerkin.init_params(rng, width, n_head, pos_dim=1).items():
                 p[pre + "attn." + key] = val
         else:
-            scale = 1.0 / (width * width)   # upstream FNO init: scale * rand (real and imaginary)
-            for part in ("real", "imag"):
-                p[pre + f"spectral.weights1_{part}"] = scale * rng.random((width, width, modes))
+            for key, val in init_fno_params(rng, width, width, (modes,)).items():
+                p[pre + "spectral." + key] = val
             p[pre + "skip.weight"], p[pre + "skip.bias"] = _torch_linear(rng, width, width)
         p[pre + "ffn1.weight"], p[pre + "ffn1.bias"] = _torch_linear(rng, width, hidden)
         p[pre + "ffn2.weight"], p[pre + "ffn2.bias"] = _torch_linear(rng, hidden, width)

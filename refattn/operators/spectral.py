@@ -60,6 +60,8 @@ __all__ = [
     "afno_mixer_forward",
     "afno_mixer_backward",
     "afno_mixer",
+    "init_fno_params",
+    "init_afno_params",
 ]
 
 _NORMS = ("backward", "ortho", "forward")
@@ -264,6 +266,23 @@ def fno_spectral_conv_explicit(x, params, *, norm: str = "backward") -> np.ndarr
             out = out + beta * np.einsum("l,bklo,ks,lt->bsto", c[freqs[1]], Yk,
                                          np.conj(mats[0]), np.conj(mats[1])).real
     return np.asarray(out, dtype=dt)
+
+
+def init_fno_params(rng, in_channels: int, out_channels: int, modes, *, dtype=np.float64) -> dict:
+    """Weights initialised as zongyi-li's ``SpectralConv1d/2d``: ``scale * torch.rand(..., dtype=cfloat)``
+    with ``scale = 1/(in*out)`` — real and imaginary parts each uniform on ``[0, scale)``.
+
+    ``modes`` is ``(m1,)`` (1-D, keys ``weights1_*``) or ``(m1, m2)`` (2-D, ``weights1_*`` and
+    ``weights2_*``)."""
+    in_channels = check_int(in_channels, "in_channels", minimum=1)
+    out_channels = check_int(out_channels, "out_channels", minimum=1)
+    modes = tuple(check_int(m, "modes", minimum=1) for m in modes)
+    if len(modes) not in (1, 2):
+        raise ValueError(f"modes must have 1 or 2 entries; got {modes}")
+    scale = 1.0 / (in_channels * out_channels)
+    shape = (in_channels, out_channels) + modes
+    names = ["weights1"] if len(modes) == 1 else ["weights1", "weights2"]
+    return {f"{n}_{p}": (scale * rng.random(shape)).astype(dtype) for n in names for p in ("real", "imag")}
 
 
 # --------------------------------------------------------------------------------------------
@@ -588,6 +607,25 @@ def afno_mixer_backward(dout, cache):
 def afno_mixer(x, params, **config) -> np.ndarray:
     """Convenience wrapper: the output of :func:`afno_mixer_forward`."""
     return afno_mixer_forward(x, params, **config)[0]
+
+
+def init_afno_params(rng, hidden_size: int, num_blocks: int = 8, hidden_size_factor: int = 1, *,
+                     init: str = "afno", dtype=np.float64) -> dict:
+    """``w1, b1, w2, b2`` initialised as upstream: ``init="afno"`` (afno2d.py) ``0.02 * randn``;
+    ``init="dpot"`` (DPOT ``AFNO2D``) ``scale * rand`` with ``scale = 1/(block_size**2 * hsf)``."""
+    hidden_size = check_int(hidden_size, "hidden_size", minimum=1)
+    num_blocks = check_int(num_blocks, "num_blocks", minimum=1)
+    hsf = check_int(hidden_size_factor, "hidden_size_factor", minimum=1)
+    check_choice(init, "init", ("afno", "dpot"))
+    if hidden_size % num_blocks:
+        raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_blocks ({num_blocks})")
+    bs = hidden_size // num_blocks
+    shapes = {"w1": (2, num_blocks, bs, bs * hsf), "b1": (2, num_blocks, bs * hsf),
+              "w2": (2, num_blocks, bs * hsf, bs), "b2": (2, num_blocks, bs)}
+    if init == "afno":
+        return {k: (0.02 * rng.standard_normal(s)).astype(dtype) for k, s in shapes.items()}
+    scale = 1.0 / (bs * bs * hsf)
+    return {k: (scale * rng.random(s)).astype(dtype) for k, s in shapes.items()}
 
 
 # --------------------------------------------------------------------------------------------
