@@ -743,7 +743,9 @@ def performer_forward(q, k, v, *, projection, causal: bool = False, feature_eps:
     Backward: the feature-space linear-attention core (quotient rule; scans when causal), then
     :func:`performer_features_backward` for $Q$ and $K$.
     """
-    q, k, v = _validate_qkv(q, k, v, same_length=bool(causal) if isinstance(causal, bool) else False)
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool; got {type(causal).__name__}")
+    q, k, v = _validate_qkv(q, k, v, same_length=bool(causal))
     projection, feature_eps, guard = _performer_config(
         projection, q.shape[-1], q.dtype, feature_eps, denominator_guard, key_stabilizer, causal,
         normalize_data, stabilizer_grad)
