@@ -625,3 +625,25 @@ def test_cross_attention_validation():
         DV.differential_cross_attention(q, k, k, q, k, k[..., :1], np.ones(1))
     with pytest.raises(ValueError, match="attn_mask2"):
         DV.differential_cross_attention(q, k, k, q, k, k, np.ones(1), attn_mask2=np.ones((3, 5), bool))
+
+
+def test_v1_halves_pairing_is_a_column_permutation_of_adjacent():
+    # pairing="halves" reads Q1/Q2 (and flash K1/K2) from the two halves of q_proj; permuting the
+    # columns into adjacent order must give the adjacent layout's output exactly.
+    rng = np.random.default_rng(28)
+    B, n, C, H, Hkv, d = 2, 4, 5, 2, 1, 2
+    x = rng.standard_normal((B, n, C))
+    P = D._v1_params(rng, C, H, Hkv, d)
+    halves = D.diff_attention_v1(x, P, num_heads=H, num_kv_heads=Hkv, depth=1, pairing="halves",
+                                 gqa_pairing="flash")
+
+    def to_adjacent(w, heads):
+        cols = w.reshape(w.shape[0], 2, heads, d)  # (C, branch, head, d)
+        return np.swapaxes(cols, 1, 2).reshape(w.shape[0], -1)
+
+    Q = dict(P, **{"q_proj.weight": to_adjacent(P["q_proj.weight"], H),
+                   "k_proj.weight": to_adjacent(P["k_proj.weight"], Hkv)})
+    adjacent = D.diff_attention_v1(x, Q, num_heads=H, num_kv_heads=Hkv, depth=1, gqa_pairing="flash")
+    np.testing.assert_array_equal(halves, adjacent)
+    assert np.abs(halves - D.diff_attention_v1(x, P, num_heads=H, num_kv_heads=Hkv, depth=1,
+                                               gqa_pairing="flash")).max() > 1e-6

@@ -82,8 +82,10 @@ def lambda_init_fn(depth, convention: str = "unilm") -> float:
           $\lambda_{init} = 0.2$.
         * ``"paper"``: ``depth`` is the paper's 1-based $l$, $\ell = l - 1$ (same values as
           ``"unilm"`` shifted by one index).
-        * ``"motif"``: vLLM ``motif.py`` passes ``depth - 1`` with a 0-based depth,
-          $\ell = \text{depth} - 1$, so layer 0 gets $0.8 - 0.6e^{0.3}\approx -0.01$.
+        * ``"motif"``: vLLM ``vllm/model_executor/models/motif.py`` (``MotifAttention.lambda_init_fn``
+          returns ``0.8 - 0.6 * exp(-0.3 * (depth - 1))`` and is called with the 0-based
+          ``extract_layer_index(prefix)``), $\ell = \text{depth} - 1$, so layer 0 gets
+          $0.8 - 0.6e^{0.3}\approx -0.01$.
     """
     depth = check_int(depth, "depth")
     check_choice(convention, "lambda_init_convention", ("unilm", "paper", "motif"))
@@ -661,7 +663,7 @@ def diff_attention_v1_forward(x, params, *, num_heads: int, num_kv_heads: int | 
                               rel_pos=None, rope_interleaved: bool = True, scale=None,
                               pairing: str = "adjacent", gqa_pairing: str = "naive",
                               subln: str = "rms", subln_affine: bool = True, subln_eps: float = 1e-5,
-                              rescale: bool = True, _integral=None):
+                              rescale: bool = True):
     r"""DIFF Transformer V1 multi-head differential attention layer (unilm semantics).
 
     Follows microsoft/unilm ``Diff-Transformer/multihead_diffattn.py`` (``MultiheadDiffAttn``),
@@ -724,6 +726,18 @@ def diff_attention_v1_forward(x, params, *, num_heads: int, num_kv_heads: int | 
         ``out (B.., N, C_out)``; :func:`diff_attention_v1_backward` returns ``"x"`` and every
         params key.
     """
+    return _diff_v1_forward_impl(
+        x, params, num_heads=num_heads, num_kv_heads=num_kv_heads, depth=depth, lambda_init=lambda_init,
+        lambda_init_convention=lambda_init_convention, attn_mask=attn_mask, is_causal=is_causal,
+        causal_alignment=causal_alignment, rel_pos=rel_pos, rope_interleaved=rope_interleaved, scale=scale,
+        pairing=pairing, gqa_pairing=gqa_pairing, subln=subln, subln_affine=subln_affine, subln_eps=subln_eps,
+        rescale=rescale, integral=None)
+
+
+def _diff_v1_forward_impl(x, params, *, num_heads, num_kv_heads, depth, lambda_init, lambda_init_convention,
+                          attn_mask, is_causal, causal_alignment, rel_pos, rope_interleaved, scale, pairing,
+                          gqa_pairing, subln, subln_affine, subln_eps, rescale, integral):
+    """:func:`diff_attention_v1_forward` with DINT's optional integral term (``integral=(kind, source)``)."""
     num_heads = check_int(num_heads, "num_heads", minimum=1)
     num_kv_heads = num_heads if num_kv_heads is None else check_int(num_kv_heads, "num_kv_heads", minimum=1)
     if num_heads % num_kv_heads:
@@ -747,7 +761,7 @@ def diff_attention_v1_forward(x, params, *, num_heads: int, num_kv_heads: int | 
         causal_alignment=causal_alignment, rel_pos=rel_pos, rope_interleaved=rope_interleaved,
         scale=scale, subln=subln, subln_affine=subln_affine, subln_eps=subln_eps,
         lambda_init_value=lam0, rescale=(1.0 - lam0) if rescale else 1.0, optional_bias=True,
-        integral=_integral)
+        integral=integral)
     cache["lambda_init"] = lam0
     return out, cache
 

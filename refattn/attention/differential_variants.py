@@ -23,6 +23,7 @@ from .differential import (
     _check_params,
     _check_rel_pos,
     _core_fwd,
+    _diff_v1_forward_impl,
     _draw_lambda_vectors,
     _gather_heads,
     _heads_bwd,
@@ -682,9 +683,16 @@ def dint_attention_forward(x, params, *, num_heads: int, num_kv_heads: int | Non
     if causal is None:
         causal = v1_config.get("attn_mask") is None
     kind = ("causal" if causal else "all") if integral == "auto" else integral
-    out, cache = diff_attention_v1_forward(x, params, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                                           _integral=(kind, integral_source), **v1_config)
-    return out, cache
+    cfg = dict(depth=None, lambda_init=None, lambda_init_convention="unilm", attn_mask=None, is_causal=None,
+               causal_alignment="bottom_right", rel_pos=None, rope_interleaved=True, scale=None,
+               pairing="adjacent", gqa_pairing="naive", subln="rms", subln_affine=True, subln_eps=1e-5,
+               rescale=True)
+    unknown = sorted(set(v1_config) - set(cfg))
+    if unknown:
+        raise TypeError(f"dint_attention_forward got unexpected keywords {unknown}; expected {sorted(cfg)}")
+    cfg.update(v1_config)
+    return _diff_v1_forward_impl(x, params, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                 integral=(kind, integral_source), **cfg)
 
 
 def dint_attention_backward(dout, cache):
