@@ -482,3 +482,85 @@ def test_init_helpers_match_upstream_shapes_and_ranges():
                       activation="gelu", softshrink=None).shape == (1, 4, 4, 8)
     with pytest.raises(ValueError, match="divisible"):
         init_afno_params(rng, 7, num_blocks=2)
+
+
+def _fablock_torch(torch, u, p, pos_x, pos_y, heads, dim_head, sy):
+    # BaratiLab/FactFormer FABlock2D.forward (use_rope=True, kernel_multiplier<=4: scaling_x = 1,
+    # scaling_y = scaling_factor), re-stated with the upstream modules where they are plain torch.
+    F = torch.nn.functional
+
+    def ln(x, pre):
+        return F.layer_norm(x, (x.shape[-1],), p[pre + "weight"], p[pre + "bias"], 1e-5)
+
+    def pool(x, pre):
+        x = (x @ p[pre + "to_in.weight"]).mean(dim=tuple(range(2, x.ndim - 1)))
+        x = ln(x, pre + "out_ffn.norm.")
+        x = x @ p[pre + "out_ffn.fn.net.0.weight"] + p[pre + "out_ffn.fn.net.0.bias"]
+        c = x.shape[-1]
+        x = F.gelu(x[..., : c // 2]) * x[..., c // 2:]
+        return x @ p[pre + "out_ffn.fn.net.3.weight"] + p[pre + "out_ffn.fn.net.3.bias"]
+
+    def kernel(ua, pos, ax, scaling):
+        q = ua @ p[f"low_rank_kernel_{ax}.to_q.weight"]
+        k = ua @ p[f"low_rank_kernel_{ax}.to_k.weight"]
+        b, n, hd = q.shape
+        q = q.view(b, n, heads, hd // heads).permute(0, 2, 1, 3)
+        k = k.view(b, n, heads, hd // heads).permute(0, 2, 1, 3)
+        d = hd // heads
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        freqs = torch.einsum("i,j->ij", pos * 64.0, inv_freq)
+        freqs = torch.cat((freqs, freqs), -1)
+
+        def rot(t):
+            t1, t2 = t[..., : d // 2], t[..., d // 2:]
+            return t * freqs.cos() + torch.cat((-t2, t1), -1) * freqs.sin()
+
+        return torch.einsum("bhid,bhjd->bhij", rot(q), rot(k)) * scaling
+
+    u = ln(u, "in_norm.")
+    v = u @ p["to_v.weight"]
+    u = u @ p["to_in.weight"]
+    kx = kernel(pool(u, "to_x.0."), pos_x, "x", 1.0)
+    ky = kernel(pool(u.permute(0, 2, 1, 3), "to_y.1."), pos_y, "y", sy)
+    b, nx, ny, _ = v.shape
+    u_phi = v.view(b, nx, ny, heads, dim_head).permute(0, 3, 1, 2, 4)
+    u_phi = torch.einsum("bhij,bhjmc->bhimc", kx, u_phi)
+    u_phi = torch.einsum("bhlm,bhimc->bhilc", ky, u_phi)
+    u_phi = u_phi.permute(0, 2, 3, 1, 4).reshape(b, nx, ny, heads * dim_head)
+    with pytest.warns(UserWarning) if nx != heads * dim_head else _nullcontext():
+        u_phi = torch.nn.InstanceNorm2d(heads * dim_head)(u_phi)      # channel-last input: the upstream quirk
+    return F.gelu(u_phi @ p["to_out.1.weight"]) @ p["to_out.3.weight"]
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def test_factformer_block_torch_parity():
+    torch = pytest.importorskip("torch")
+    from refattn.operators.factformer import (
+        factformer_block_backward,
+        factformer_block_forward,
+        init_factformer_block_params,
+    )
+
+    rng = np.random.default_rng(19)
+    p = init_factformer_block_params(rng, 6, 2, 4, 2, 5)   # kernel_multiplier 3: per-head kernel width 6
+    p = {k: v + 0.2 * rng.standard_normal(v.shape) for k, v in p.items()}
+    u = rng.standard_normal((2, 5, 4, 6))
+    pos_x, pos_y = np.linspace(0, 1, 5), np.linspace(0, 1, 4)
+    out, cache = factformer_block_forward(u, p, pos_x=pos_x, pos_y=pos_y, heads=2, dim_head=2, scaling_y=0.7)
+    ut = torch.from_numpy(u).requires_grad_()
+    pt = {k: torch.from_numpy(v).requires_grad_() for k, v in p.items()}
+    ot = _fablock_torch(torch, ut, pt, torch.from_numpy(pos_x), torch.from_numpy(pos_y), 2, 2, 0.7)
+    np.testing.assert_allclose(out, ot.detach().numpy(), rtol=1e-9, atol=1e-11)
+    g = rng.standard_normal(out.shape)
+    ot.backward(torch.from_numpy(g))
+    grads = factformer_block_backward(g, cache)
+    np.testing.assert_allclose(grads["u"], ut.grad.numpy(), rtol=1e-8, atol=1e-10)
+    for k in pt:
+        np.testing.assert_allclose(grads[k], pt[k].grad.numpy(), rtol=1e-8, atol=1e-10, err_msg=k)

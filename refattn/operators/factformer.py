@@ -45,11 +45,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, check_choice, check_positive, compute_dtype
+from .._checks import as_float, check_choice, check_int, check_positive, compute_dtype
+from ..nn.activations import gelu, gelu_grad
+from ..nn.linear import linear_apply, linear_vjp
+from ..nn.norms import normalize_backward, normalize_forward
+from ..nn.rope import apply_rope, rope_angles
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["factformer_attention_forward", "factformer_attention_backward", "factformer_attention",
-           "ifactformer_m_attention_forward", "ifactformer_m_attention_backward", "ifactformer_m_attention"]
+           "ifactformer_m_attention_forward", "ifactformer_m_attention_backward", "ifactformer_m_attention",
+           "factformer_block_forward", "factformer_block_backward", "factformer_block_param_shapes",
+           "init_factformer_block_params"]
 
 
 def _validate(v, q_x, k_x, q_y, k_y, scaling_x, scaling_y):
@@ -185,6 +191,227 @@ def ifactformer_m_attention(v, q_x, k_x, q_y, k_y, **config) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------
+# The full FABlock2D around the factorised kernel
+
+
+def factformer_block_param_shapes(dim: int, dim_head: int, latent_dim: int, heads: int, dim_out: int,
+                                  kernel_multiplier: int = 3) -> dict:
+    """``FABlock2D`` state-dict keys and shapes (``W (in, out)``: PyTorch ``weight.T``)."""
+    dkh = dim_head * kernel_multiplier
+    shp = {"in_norm.weight": (dim,), "in_norm.bias": (dim,), "to_v.weight": (dim, heads * dim_head),
+           "to_in.weight": (dim, dim)}
+    for pre in ("to_x.0.", "to_y.1."):
+        shp.update({pre + "to_in.weight": (dim, dim), pre + "out_ffn.norm.weight": (dim,),
+                    pre + "out_ffn.norm.bias": (dim,), pre + "out_ffn.fn.net.0.weight": (dim, 2 * dim),
+                    pre + "out_ffn.fn.net.0.bias": (2 * dim,), pre + "out_ffn.fn.net.3.weight": (dim, latent_dim),
+                    pre + "out_ffn.fn.net.3.bias": (latent_dim,)})
+    for ax in "xy":
+        shp[f"low_rank_kernel_{ax}.to_q.weight"] = (latent_dim, dkh * heads)
+        shp[f"low_rank_kernel_{ax}.to_k.weight"] = (latent_dim, dkh * heads)
+    shp["to_out.1.weight"] = (heads * dim_head, dim_out)
+    shp["to_out.3.weight"] = (dim_out, dim_out)
+    return shp
+
+
+def _ln(x, w, b, eps):
+    xhat, st = normalize_forward(x, (x.ndim - 1,), eps)
+    return xhat * w + b, (xhat, st)
+
+
+def _ln_back(dy, w, c, grads, prefix):
+    xhat, st = c
+    red = tuple(range(dy.ndim - 1))
+    grads[prefix + "weight"] = np.sum(dy * xhat, axis=red)
+    grads[prefix + "bias"] = np.sum(dy, axis=red)
+    return normalize_backward(dy * w, xhat, st)
+
+
+def _pool_forward(ui, p, pre, eps):
+    """PoolingReducer: Linear (no bias) -> mean over the second spatial axis -> LN -> Linear -> GeGLU -> Linear."""
+    a = ui @ p[pre + "to_in.weight"]
+    m = a.mean(axis=2)
+    n, c_n = _ln(m, p[pre + "out_ffn.norm.weight"], p[pre + "out_ffn.norm.bias"], eps)
+    z = linear_apply(n, p[pre + "out_ffn.fn.net.0.weight"], p[pre + "out_ffn.fn.net.0.bias"])
+    h = z.shape[-1] // 2
+    g = gelu(z[..., :h]) * z[..., h:]
+    out = linear_apply(g, p[pre + "out_ffn.fn.net.3.weight"], p[pre + "out_ffn.fn.net.3.bias"])
+    return out, (ui, a.shape, c_n, n, z, g)
+
+
+def _pool_backward(dout, p, pre, c, grads):
+    ui, ashape, c_n, n, z, g = c
+    l3 = linear_vjp(dout, g, p[pre + "out_ffn.fn.net.3.weight"])
+    grads[pre + "out_ffn.fn.net.3.weight"], grads[pre + "out_ffn.fn.net.3.bias"] = l3["weight"], l3["bias"]
+    h = z.shape[-1] // 2
+    dz = np.concatenate([l3["x"] * z[..., h:] * gelu_grad(z[..., :h]), l3["x"] * gelu(z[..., :h])], axis=-1)
+    l0 = linear_vjp(dz, n, p[pre + "out_ffn.fn.net.0.weight"])
+    grads[pre + "out_ffn.fn.net.0.weight"], grads[pre + "out_ffn.fn.net.0.bias"] = l0["weight"], l0["bias"]
+    dm = _ln_back(l0["x"], p[pre + "out_ffn.norm.weight"], c_n, grads, pre + "out_ffn.norm.")
+    da = np.broadcast_to(dm[:, :, None, :] / ashape[2], ashape)
+    grads[pre + "to_in.weight"] = ui.reshape(-1, ui.shape[-1]).T @ da.reshape(-1, ashape[-1])
+    return da @ p[pre + "to_in.weight"].T
+
+
+def _rope_tables(pos, dkh, min_freq, dt):
+    ang = rope_angles(np.asarray(pos, dtype=np.float64) / min_freq, dkh)   # FactFormer scales t by 1/min_freq
+    return np.cos(ang).astype(dt), np.sin(ang).astype(dt)
+
+
+def factformer_block_forward(u, params, *, pos_x, pos_y, heads: int, dim_head: int, scaling_x: float = 1.0,
+                             scaling_y: float = 1.0, use_rope: bool = True, rope_min_freq: float = 1 / 64,
+                             out_norm: str = "upstream", eps: float = 1e-5):
+    r"""FactFormer's full ``FABlock2D`` (BaratiLab/FactFormer ``libs/factorization_module.py``).
+
+    $u\leftarrow\mathrm{LN}(u)$; $v = uW_v$; $u_{in} = uW_{in}$;
+    $u_x = \mathrm{PoolingReducer}_x(u_{in})$ (Linear, mean over $y$, pre-LN GeGLU MLP), $u_y$ likewise
+    over $x$; ``LowRankKernel``: $q_x = u_xW_q$, $k_x = u_xW_k$ per head, 1-D RoPE at coordinates
+    ``pos_x`` (angles $p/\text{min\_freq}\cdot10000^{-2m/d}$, half-split ``rotate_half`` layout),
+    $K_x = s_x q_xk_x^\top$; the chained contraction of :func:`factformer_attention_forward`;
+    merge heads; ``to_out`` = InstanceNorm2d → Linear → GELU → Linear (no biases).
+
+    ``out_norm``: upstream applies ``nn.InstanceNorm2d(heads*dim_head)`` to the **channel-last**
+    tensor ``(B, nx, ny, heads*dim_head)``, so PyTorch treats ``nx`` as the channel axis and
+    normalises every x-row over ``(ny, channels)`` (``"upstream"``, default). ``"channels"`` is the
+    per-channel instance norm over ``(nx, ny)`` the layer name suggests (IFactFormer-m's ``_o``
+    block rearranges to channel-first before the norm, i.e. does this).
+
+    Parameters
+    ----------
+    u : array (B, nx, ny, dim)
+    params : dict
+        Keys/shapes of :func:`factformer_block_param_shapes`.
+    pos_x, pos_y : array (nx,), (ny,)
+        Grid coordinates fed to the rotary embedding (upstream ``pos_lst``).
+
+    Returns
+    -------
+    out, cache
+        ``out (B, nx, ny, dim_out)``.
+    """
+    u = as_float(u, "u", ndim=4)
+    heads = check_int(heads, "heads", minimum=1)
+    dim_head = check_int(dim_head, "dim_head", minimum=1)
+    check_choice(out_norm, "out_norm", ("upstream", "channels"))
+    sx = check_positive(scaling_x, "scaling_x")
+    sy = check_positive(scaling_y, "scaling_y")
+    eps = check_positive(eps, "eps")
+    b, nx, ny, dim = u.shape
+    if not isinstance(params, dict) or "to_out.3.weight" not in params or "low_rank_kernel_x.to_q.weight" not in params:
+        raise ValueError("params must hold every key of factformer_block_param_shapes(...)")
+    latent = np.shape(params["low_rank_kernel_x.to_q.weight"])[0]
+    dkh_total = np.shape(params["low_rank_kernel_x.to_q.weight"])[1]
+    if dkh_total % (heads * dim_head):
+        raise ValueError(f"low_rank_kernel_x.to_q.weight has {dkh_total} outputs, not a multiple of "
+                         f"heads*dim_head = {heads * dim_head}")
+    spec = factformer_block_param_shapes(dim, dim_head, latent, heads, np.shape(params["to_out.3.weight"])[0],
+                                         dkh_total // (heads * dim_head))
+    if set(params) != set(spec):
+        raise ValueError(f"params keys differ: missing {sorted(set(spec) - set(params))}, "
+                         f"unknown {sorted(set(params) - set(spec))}")
+    p = {}
+    for k, shp in spec.items():
+        a = as_float(params[k], k)
+        if a.shape != shp:
+            raise ValueError(f"{k} must have shape {shp}; got {a.shape}")
+        p[k] = a
+    pos_x = as_float(pos_x, "pos_x", ndim=1)
+    pos_y = as_float(pos_y, "pos_y", ndim=1)
+    if pos_x.shape[0] != nx or pos_y.shape[0] != ny:
+        raise ValueError(f"pos_x/pos_y must have nx={nx} / ny={ny} entries; got {pos_x.shape}, {pos_y.shape}")
+    dt = compute_dtype(u, *p.values())
+    u = u.astype(dt, copy=False)
+    p = {k: v.astype(dt, copy=False) for k, v in p.items()}
+    dkh = dkh_total // heads
+    if use_rope and dkh % 2:
+        raise ValueError(f"rotary embedding needs an even per-head kernel width; got {dkh}")
+
+    un, c_in = _ln(u, p["in_norm.weight"], p["in_norm.bias"], eps)
+    v = (un @ p["to_v.weight"]).reshape(b, nx, ny, heads, dim_head).transpose(0, 3, 1, 2, 4)
+    ui = un @ p["to_in.weight"]
+    u_x, c_px = _pool_forward(ui, p, "to_x.0.", eps)
+    u_y, c_py = _pool_forward(ui.transpose(0, 2, 1, 3), p, "to_y.1.", eps)
+    qk, rot = {}, {}
+    for ax, ua, pos in (("x", u_x, pos_x), ("y", u_y, pos_y)):
+        n = ua.shape[1]
+        for t in ("q", "k"):
+            z = (ua @ p[f"low_rank_kernel_{ax}.to_{t}.weight"]).reshape(b, n, heads, dkh).transpose(0, 2, 1, 3)
+            if use_rope:
+                cos, sin = _rope_tables(pos, dkh, rope_min_freq, dt)
+                rot[ax] = (cos, sin)
+                z = apply_rope(z, cos, sin)
+            qk[f"{t}_{ax}"] = z
+    core, c_core = factformer_attention_forward(v, qk["q_x"], qk["k_x"], qk["q_y"], qk["k_y"],
+                                                scaling_x=sx, scaling_y=sy)
+    m = core.transpose(0, 2, 3, 1, 4).reshape(b, nx, ny, heads * dim_head)
+    axes = (2, 3) if out_norm == "upstream" else (1, 2)
+    mh, st = normalize_forward(m, axes, eps)
+    z1 = mh @ p["to_out.1.weight"]
+    out = gelu(z1) @ p["to_out.3.weight"]
+    cache = dict(p=p, c_in=c_in, un=un, c_px=c_px, c_py=c_py, u_x=u_x, u_y=u_y, rot=rot, c_core=c_core,
+                 mh=mh, st=st, z1=z1, heads=heads, dim_head=dim_head, dkh=dkh, shape=u.shape, dt=dt,
+                 out_shape=out.shape)
+    return out, cache
+
+
+def factformer_block_backward(dout, cache):
+    """Gradients ``{"u", <every params key>}`` of :func:`factformer_block_forward`."""
+    p, dt = cache["p"], cache["dt"]
+    g = _check_dout(dout, cache["out_shape"], dt)
+    b, nx, ny, dim = cache["shape"]
+    heads, dh, dkh = cache["heads"], cache["dim_head"], cache["dkh"]
+    grads = {}
+    gz = gelu(cache["z1"])
+    grads["to_out.3.weight"] = gz.reshape(-1, gz.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+    dz1 = (g @ p["to_out.3.weight"].T) * gelu_grad(cache["z1"])
+    mh = cache["mh"]
+    grads["to_out.1.weight"] = mh.reshape(-1, mh.shape[-1]).T @ dz1.reshape(-1, dz1.shape[-1])
+    dm = normalize_backward(dz1 @ p["to_out.1.weight"].T, mh, cache["st"])
+    dcore = dm.reshape(b, nx, ny, heads, dh).transpose(0, 3, 1, 2, 4)
+    gc = factformer_attention_backward(dcore, cache["c_core"])
+    un = cache["un"]
+    dui = 0.0
+    for ax, ua, c_pool, pre in (("x", cache["u_x"], cache["c_px"], "to_x.0."),
+                                ("y", cache["u_y"], cache["c_py"], "to_y.1.")):
+        n = ua.shape[1]
+        dua = 0.0
+        for t in ("q", "k"):
+            dz = gc[f"{t}_{ax}"]
+            if ax in cache["rot"]:
+                cos, sin = cache["rot"][ax]
+                dz = apply_rope(dz, cos, -sin)
+            dz = dz.transpose(0, 2, 1, 3).reshape(b, n, heads * dkh)
+            key = f"low_rank_kernel_{ax}.to_{t}.weight"
+            grads[key] = ua.reshape(-1, ua.shape[-1]).T @ dz.reshape(-1, dz.shape[-1])
+            dua = dua + dz @ p[key].T
+        dpool = _pool_backward(dua, p, pre, c_pool, grads)
+        dui = dui + (dpool if ax == "x" else dpool.transpose(0, 2, 1, 3))
+    dv = gc["v"].transpose(0, 2, 3, 1, 4).reshape(b, nx, ny, heads * dh)
+    grads["to_v.weight"] = un.reshape(-1, dim).T @ dv.reshape(-1, heads * dh)
+    grads["to_in.weight"] = un.reshape(-1, dim).T @ dui.reshape(-1, dim)
+    dun = dv @ p["to_v.weight"].T + dui @ p["to_in.weight"].T
+    du = _ln_back(dun, p["in_norm.weight"], cache["c_in"], grads, "in_norm.")
+    return {"u": du, **grads}
+
+
+def init_factformer_block_params(rng, dim: int, dim_head: int, latent_dim: int, heads: int, dim_out: int,
+                                 kernel_multiplier: int = 3) -> dict:
+    """Random parameters of the right shapes (LayerNorms at weight 1, bias 0; Linear weights
+    ``U(-1/sqrt(in), 1/sqrt(in))``; the q/k projections use upstream's small gain 0.02 in
+    ``xavier_uniform_``)."""
+    out = {}
+    for k, shp in factformer_block_param_shapes(dim, dim_head, latent_dim, heads, dim_out, kernel_multiplier).items():
+        if "norm" in k and len(shp) == 1:
+            out[k] = np.ones(shp) if k.endswith("weight") else np.zeros(shp)
+        elif "low_rank_kernel" in k:
+            bound = 0.02 * np.sqrt(6.0 / (shp[0] + shp[1]))
+            out[k] = rng.uniform(-bound, bound, shp)
+        else:
+            bound = 1.0 / np.sqrt(shp[0])
+            out[k] = rng.uniform(-bound, bound, shp)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
 # Records
 
 
@@ -261,6 +488,21 @@ def _check_branches(rng):
     return max(err, err2)
 
 
+def _check_block(rng):
+    # The full FABlock2D by finite differences (both out_norm conventions) at a small size.
+    from ..testing.gradcheck import gradcheck
+
+    worst = 0.0
+    for out_norm in ("upstream", "channels"):
+        p = init_factformer_block_params(rng, 4, 2, 3, 2, 3, kernel_multiplier=1)
+        p = {k: v + 0.3 * rng.standard_normal(v.shape) for k, v in p.items()}
+        s = Sample(inputs={"u": rng.standard_normal((2, 3, 4, 4))}, params=p,
+                   config={"pos_x": np.linspace(0, 1, 3), "pos_y": np.linspace(0, 1, 4), "heads": 2, "dim_head": 2,
+                           "out_norm": out_norm, "scaling_y": 0.5})
+        worst = max(worst, gradcheck(factformer_block_forward, factformer_block_backward, s).max_rel)
+    return worst
+
+
 register(
     Mechanism(
         slug="factformer_factorized_attention", family="3-operator", tier="T1",
@@ -268,7 +510,8 @@ register(
         paper="Li, Shu, Barati Farimani, Scalable Transformer for PDE Surrogate Modeling, NeurIPS 2023",
         forward=factformer_attention_forward, backward=factformer_attention_backward, sample=_sample,
         reference=_explicit_factformer, docs="neural-operators.md#factformer-axial-factorised-attention",
-        checks={"order_independent": _check_order, "x_permutation_equivariance": _check_x_permutation},
+        checks={"order_independent": _check_order, "x_permutation_equivariance": _check_x_permutation,
+                "fablock2d_gradcheck": _check_block},
     ),
     Mechanism(
         slug="ifactformer_m_parallel_attention", family="3-operator", tier="T1",
