@@ -1223,7 +1223,7 @@ def shared_diff_attention_forward(x, params, *, num_heads: int, num_kv_heads: in
         ``k_proj``), ``lambda_q1..lambda_k2 (d,)``, ``subln.weight (d_v,)``.
     lora_scale : float
         $s$ (1 in the paper's form).
-    Other keywords
+    num_heads, num_kv_heads, depth, lambda_init, lambda_init_convention, attn_mask, is_causal, causal_alignment, rel_pos, rope_interleaved, scale, subln, subln_affine, subln_eps, rescale
         As :func:`refattn.attention.differential.diff_attention_v1_forward`.
 
     Notes
