@@ -564,3 +564,40 @@ def test_factformer_block_torch_parity():
     np.testing.assert_allclose(grads["u"], ut.grad.numpy(), rtol=1e-8, atol=1e-10)
     for k in pt:
         np.testing.assert_allclose(grads[k], pt[k].grad.numpy(), rtol=1e-8, atol=1e-10, err_msg=k)
+
+
+def test_dpot_variant_torch_parity():
+    # thu-ml/DPOT models/dpot.py AFNO2D.forward (commit dcd2f9a), channel-last, re-stated.
+    torch = pytest.importorskip("torch")
+    from refattn.operators.spectral import init_afno_params
+
+    rng = np.random.default_rng(20)
+    p = init_afno_params(rng, 6, num_blocks=2, hidden_size_factor=2, init="dpot")
+    x = rng.standard_normal((2, 6, 7, 6))
+    m = 3
+    out, cache = afno_mixer_forward(x, p, mode_selection="dpot_low_corner", modes=m, activation="gelu",
+                                    softshrink=None)
+    xt = torch.from_numpy(x).requires_grad_()
+    pt = {k: torch.from_numpy(v).requires_grad_() for k, v in p.items()}
+    F = torch.nn.functional
+    B, H, W, C = x.shape
+    X = torch.fft.rfft2(xt, dim=(1, 2), norm="ortho").reshape(B, H, W // 2 + 1, 2, 3)
+    o1r = torch.zeros(B, H, W // 2 + 1, 2, 6, dtype=torch.float64)
+    o1i, o2r, o2i = o1r.clone(), torch.zeros(X.shape, dtype=torch.float64), torch.zeros(X.shape, dtype=torch.float64)
+    e = "...bi,bio->...bo"
+    Xk = X[:, :m, :m]
+    o1r[:, :m, :m] = F.gelu(torch.einsum(e, Xk.real, pt["w1"][0]) - torch.einsum(e, Xk.imag, pt["w1"][1]) + pt["b1"][0])
+    o1i[:, :m, :m] = F.gelu(torch.einsum(e, Xk.imag, pt["w1"][0]) + torch.einsum(e, Xk.real, pt["w1"][1]) + pt["b1"][1])
+    o2r[:, :m, :m] = (torch.einsum(e, o1r[:, :m, :m], pt["w2"][0]) - torch.einsum(e, o1i[:, :m, :m], pt["w2"][1])
+                      + pt["b2"][0])
+    o2i[:, :m, :m] = (torch.einsum(e, o1i[:, :m, :m], pt["w2"][0]) + torch.einsum(e, o1r[:, :m, :m], pt["w2"][1])
+                      + pt["b2"][1])
+    z = torch.view_as_complex(torch.stack([o2r, o2i], dim=-1)).reshape(B, H, W // 2 + 1, C)
+    ot = torch.fft.irfft2(z, s=(H, W), dim=(1, 2), norm="ortho") + xt
+    np.testing.assert_allclose(out, ot.detach().numpy(), rtol=1e-10, atol=1e-12)
+    g = rng.standard_normal(out.shape)
+    ot.backward(torch.from_numpy(g))
+    grads = afno_mixer_backward(g, cache)
+    np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-9, atol=1e-11)
+    for k in p:
+        np.testing.assert_allclose(grads[k], pt[k].grad.numpy(), rtol=1e-9, atol=1e-11, err_msg=k)
