@@ -3,9 +3,10 @@ r"""FactFormer's axial factorised kernel integral and IFactFormer-m's parallel v
 Papers: Li, Shu, Barati Farimani, "Scalable Transformer for PDE Surrogate Modeling" (FactFormer),
 NeurIPS 2023; "IFactFormer-m" (modified implicit factorised transformer), 2024.
 Upstream: BaratiLab/FactFormer ``libs/factorization_module.py`` (``FABlock2D.forward``) and
-``libs/attention.py`` (``LowRankKernel``); the parallel form as in ``FABlock2D_m`` of
-``libs/factorization_module.py`` in EntropyXi/IFactFormer-m (a public copy of the IFactFormer-m
-code; the catalogue names huiyu-2002/IFactFormer-m, which the index does not hold).
+``libs/attention.py`` (``LowRankKernel``); the parallel form as in huiyu-2002/IFactFormer-m
+``libs/factorization_module.py`` (``FABlock3D_m``, commit 3f110da: three axis branches
+concatenated per head, ``torch.cat([u_phi_x, u_phi_y, u_phi_z], dim=5)``) and its 2-D form
+``FABlock2D_m`` in the EntropyXi/IFactFormer-m copy, which this module follows.
 
 Mechanism (per batch element and head)
 --------------------------------------
