@@ -192,7 +192,9 @@ def fno_spectral_conv_forward(x, params, *, norm: str = "backward"):
         ``weights2`` (``w.real.numpy()``, ``w.imag.numpy()``). Modes are read from the shape;
         ``m2 <= n2//2+1`` and ``2*m1 <= n1``.
     norm : {"backward", "ortho", "forward"}
-        FFT normalisation of both transforms; upstream default ``"backward"`` (the only one that
+        FFT normalisation of both transforms; upstream default ``"backward"`` (current
+        ``torch.fft.rfft2``; the original 2020 files used ``torch.rfft(normalized=True)`` = ``"ortho"``
+        with ``(..., 2)`` real weight tensors). ``"backward"`` is the only one that
         makes the layer discretisation-invariant: the same weights on a finer grid give the same
         function, see the ``discretisation_invariance`` check).
 
