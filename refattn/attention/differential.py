@@ -164,26 +164,34 @@ def _combine_mask(mask, is_causal, n, m, alignment, dtype):
 # RMSNorm and RoPE pieces (unilm semantics) on the shared refattn.nn primitives
 
 
-def _rms_fwd(x, weight, eps):
-    r"""$y = x\,r\,w$ with $r = (\mathrm{mean}(x^2) + \epsilon)^{-1/2}$ over the last axis
-    (unilm ``rms_norm.py``; :func:`refattn.nn.norms.normalize_forward` uncentred)."""
-    xhat, stats = normalize_forward(x, (x.ndim - 1,), eps, center=False)
-    return (xhat * weight if weight is not None else xhat), (xhat, stats)
+def _subln_fwd(x, weight, bias, eps, center=False):
+    r"""Per-head norm over the last axis: RMSNorm $y = x\,r\,w$ with $r = (\mathrm{mean}(x^2) + \epsilon)^{-1/2}$
+    (unilm ``rms_norm.py``; ``center=False``) or LayerNorm $y = (x-\mu)\,r\,w + b$ (``center=True``),
+    both on :func:`refattn.nn.norms.normalize_forward`."""
+    xhat, stats = normalize_forward(x, (x.ndim - 1,), eps, center=center)
+    y = xhat * weight if weight is not None else xhat
+    if bias is not None:
+        y = y + bias
+    return y, (xhat, stats)
 
 
-def _rms_bwd(dy, saved, weight):
-    r"""$g = dy\odot w$; $dx = r\,(g - \hat x\,\mathrm{mean}(g\odot\hat x))$; $dw = \sum dy\odot\hat x$.
+def _subln_bwd(dy, saved, weight, has_bias=False):
+    r"""$g = dy\odot w$; RMSNorm: $dx = r\,(g - \hat x\,\mathrm{mean}(g\odot\hat x))$; LayerNorm adds
+    $-r\,\mathrm{mean}(g)$; $dw = \sum dy\odot\hat x$, $db = \sum dy$.
 
     From $\hat x = x r$, $\partial r/\partial x_j = -r^3 x_j / n$:
-    $dx_j = r g_j - \frac{r^3 x_j}{n}\sum_i g_i x_i = r\,(g_j - \hat x_j\,\frac1n\sum_i g_i\hat x_i)$.
+    $dx_j = r g_j - \frac{r^3 x_j}{n}\sum_i g_i x_i = r\,(g_j - \hat x_j\,\frac1n\sum_i g_i\hat x_i)$
+    (:func:`refattn.nn.norms.normalize_backward`).
     """
     xhat, stats = saved
     g = dy * weight if weight is not None else dy
     dx = normalize_backward(g, xhat, stats)
-    dw = None
+    dw = db = None
     if weight is not None:
         dw = (dy * xhat).reshape(-1, xhat.shape[-1]).sum(axis=0)
-    return dx, dw
+    if has_bias:
+        db = dy.reshape(-1, xhat.shape[-1]).sum(axis=0)
+    return dx, dw, db
 
 
 def _rope_apply(x, cos, sin, interleaved, conjugate=False):
@@ -481,27 +489,29 @@ def _merge_heads(y):
 
 
 def _heads_fwd(q1, k1, q2, k2, v, lam, *, mask, scale, cos, sin, interleaved, subln, norm_w, eps,
-               rescale, integral=None):
+               rescale, integral=None, norm_b=None):
     """RoPE on the four query/key tensors, the core (MHA-expanded heads), per-head norm, rescale."""
     r = [_rope_apply(t, cos, sin, interleaved) for t in (q1, k1, q2, k2)]
     o, core = _core_fwd(r[0], r[1], r[2], r[3], v, lam, mask, scale, integral)
     saved = None
-    if subln == "rms":
-        o, saved = _rms_fwd(o, norm_w, eps)
-    return o * rescale, {"core": core, "norm": saved, "rope": (cos, sin, interleaved), "rescale": rescale}
+    if subln in ("rms", "layer"):
+        o, saved = _subln_fwd(o, norm_w, norm_b, eps, center=subln == "layer")
+    return o * rescale, {"core": core, "norm": saved, "rope": (cos, sin, interleaved), "rescale": rescale,
+                         "has_bias": norm_b is not None}
 
 
 def _heads_bwd(g, c, norm_w):
     """Gradients of :func:`_heads_fwd`: q1, k1, q2, k2, v, lam (full row shape), norm weight."""
     g = g * c["rescale"]
-    dw = None
+    dw = db = None
     if c["norm"] is not None:
-        g, dw = _rms_bwd(g, c["norm"], norm_w)
+        g, dw, db = _subln_bwd(g, c["norm"], norm_w, c["has_bias"])
     d = _core_bwd(g, c["core"])
     cos, sin, inter = c["rope"]
     for key in ("q1", "k1", "q2", "k2"):
         d[key] = _rope_apply(d[key], cos, sin, inter, conjugate=True)
     d["norm_weight"] = dw
+    d["norm_bias"] = db
     return d
 
 
@@ -518,7 +528,7 @@ def _layer_config(x, n, is_causal, attn_mask, causal_alignment, rel_pos, rope_in
     check_choice(causal_alignment, "causal_alignment", ("bottom_right", "top_left"))
     if not isinstance(rope_interleaved, (bool, np.bool_)):
         raise TypeError(f"rope_interleaved must be a bool; got {type(rope_interleaved).__name__}")
-    check_choice(subln, "subln", ("rms", "none"))
+    check_choice(subln, "subln", ("rms", "layer", "none"))
     eps = check_positive(subln_eps, "subln_eps")
     scale = check_positive(scale, "scale", allow_none=True)
     cos, sin = _check_rel_pos(rel_pos, n, d, dt)
@@ -598,8 +608,10 @@ def _v1_generic_forward(x, params, *, where, names, num_heads, q_halves, k_halve
                 f"{nv}.weight": (C, v_heads * dv), f"{no}.weight": (num_heads * dv, c_out)}
     for key in _V1_LAMBDA:
         required[key] = (d,)
-    if subln == "rms" and subln_affine:
+    if subln != "none" and subln_affine:
         required[f"{nn_}.weight"] = (dv,)
+        if subln == "layer":
+            required[f"{nn_}.bias"] = (dv,)
     optional = {}
     if optional_bias:
         optional = {f"{nq}.bias": (q_halves * d,), f"{nk}.bias": (k_halves * d,),
@@ -620,7 +632,8 @@ def _v1_generic_forward(x, params, *, where, names, num_heads, q_halves, k_halve
     o, hc = _heads_fwd(_gather_heads(q, qp1), _gather_heads(k, kp1), _gather_heads(q, qp2),
                        _gather_heads(k, kp2), _gather_heads(v, vp), lam, mask=mask, scale=s,
                        cos=cos, sin=sin, interleaved=bool(rope_interleaved), subln=subln,
-                       norm_w=norm_w, eps=eps, rescale=rescale, integral=integral)
+                       norm_w=norm_w, eps=eps, rescale=rescale, integral=integral,
+                       norm_b=P.get(f"{nn_}.bias"))
     merged = _merge_heads(o)
     out = _proj(merged, P, no)
     cache = {"x": x, "P": P, "names": names, "hc": hc, "merged": merged, "lam_saved": lam_saved,
@@ -643,6 +656,8 @@ def _v1_generic_backward(dout, cache):
     dh = _heads_bwd(do, cache["hc"], P.get(norm_key))
     if norm_key in P:
         grads[norm_key] = dh["norm_weight"]
+    if f"{names['norm']}.bias" in P:
+        grads[f"{names['norm']}.bias"] = dh["norm_bias"]
     grads.update(_lambda_bwd(dh["lam"], *(P[key] for key in _V1_LAMBDA), cache["lam_saved"]))
     qp1, qp2, kp1, kp2, vp = cache["index"]
     qh, kh, vh = cache["halves"]
@@ -716,7 +731,9 @@ def diff_attention_v1_forward(x, params, *, num_heads: int, num_kv_heads: int | 
         See :func:`v1_pairing_index`; unilm's two files disagree when ``H / H_kv > 1``.
     subln, subln_affine, subln_eps
         Per-head norm over $2d$: ``"rms"`` (unilm ``RMSNorm(2d, eps=1e-5, elementwise_affine=True)``;
-        the affine flag was False in the first release, PR #1644) or ``"none"``.
+        the affine flag was False in the first release, PR #1644), ``"layer"`` (the paper's
+        "GroupNorm applied to each head independently": mean-centred, with ``subln.weight`` and
+        ``subln.bias`` of shape ``(2d,)`` shared by the heads) or ``"none"``.
     rescale : bool
         Multiply by $(1-\lambda_{init})$ after the norm (unilm: always).
 
@@ -770,7 +787,7 @@ def diff_attention_v1_backward(dout, cache):
     r"""Gradient of :func:`diff_attention_v1_forward` for ``x`` and every params key.
 
     Chain (reverse of the forward): $dZ = G W_o^\top$, $dW_o = Z^\top G$ ($Z$ the merged heads);
-    split heads; $\times(1-\lambda_{init})$; RMSNorm VJP (:func:`_rms_bwd`, gives
+    split heads; $\times(1-\lambda_{init})$; RMSNorm VJP (:func:`_subln_bwd`, gives
     ``subln.weight``); the core VJP (module docstring) with $d\lambda$ summed over batch, heads,
     positions and channels; λ re-parameterisation (:func:`_lambda_bwd`); RoPE VJP (rotation by
     $-\theta$); the adjoint of the pairing/GQA gather (sums over every differential head that used
@@ -867,10 +884,13 @@ def _sample_v1(rng, size):
     Hkv = int(rng.choice([1, H]))
     x = rng.standard_normal((B, n, C))
     depth = int(rng.integers(0, 6))
-    cfg = {"num_heads": H, "num_kv_heads": Hkv, "depth": depth,
+    subln = str(rng.choice(["rms", "rms", "layer"]))
+    cfg = {"num_heads": H, "num_kv_heads": Hkv, "depth": depth, "subln": subln,
            "rel_pos": rope_tables(n, d), "gqa_pairing": str(rng.choice(["naive", "flash"]))}
-    return Sample(inputs={"x": x}, params=_v1_params(rng, C, H, Hkv, d, lambda_init=lambda_init_fn(depth)),
-                  config=cfg)
+    P = _v1_params(rng, C, H, Hkv, d, lambda_init=lambda_init_fn(depth))
+    if subln == "layer":
+        P["subln.bias"] = 0.1 * rng.standard_normal(2 * d)
+    return Sample(inputs={"x": x}, params=P, config=cfg)
 
 
 def _check_core_explicit_gqa(rng):
@@ -973,10 +993,12 @@ def _v1_reference_loop(x, params, *, num_heads, num_kv_heads=None, depth=None, l
     w = w.reshape(B, H, 2, n, n)
     w = w[:, :, 0] - lam * w[:, :, 1]
     o = w @ v
-    if subln == "rms":
+    if subln != "none":
+        if subln == "layer":
+            o = o - np.mean(o, -1, keepdims=True)
         o = o / np.sqrt(np.mean(o ** 2, -1, keepdims=True) + subln_eps)
         if subln_affine:
-            o = o * P["subln.weight"]
+            o = o * P["subln.weight"] + (P["subln.bias"] if subln == "layer" else 0.0)
     if rescale:
         o = o * (1 - lam0)
     o = np.swapaxes(o, 1, 2).reshape(B, n, H * 2 * d)
@@ -1005,12 +1027,12 @@ def _check_v1_pairings(rng):
     s = _sample_v1(rng, "small")
     x = s.inputs["x"]
     P = _v1_params(rng, x.shape[-1], 2, 2, 4)
-    cfg = dict(s.config, num_kv_heads=2)
+    cfg = dict(s.config, num_kv_heads=2, subln="rms")
     a = diff_attention_v1(x, P, **dict(cfg, gqa_pairing="naive"))
     b = diff_attention_v1(x, P, **dict(cfg, gqa_pairing="flash"))
     assert np.array_equal(a, b), "naive and flash pairings differ under MHA"
     P = _v1_params(rng, x.shape[-1], 2, 1, 4)
-    cfg = dict(s.config, num_kv_heads=1)
+    cfg = dict(s.config, num_kv_heads=1, subln="rms")
     a = diff_attention_v1(x, P, **dict(cfg, gqa_pairing="naive"))
     b = diff_attention_v1(x, P, **dict(cfg, gqa_pairing="flash"))
     gap = float(np.abs(a - b).max())

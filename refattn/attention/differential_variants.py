@@ -1041,8 +1041,10 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
     if lambda_mode == "reparam":
         for key in _V1_LAMBDA:
             req[key] = (d,)
-    if subln == "rms" and subln_affine:
+    if subln != "none" and subln_affine:
         req["subln.weight"] = (dv,)
+        if subln == "layer":
+            req["subln.bias"] = (dv,)
     P = _check_params(params, req, {}, where)
     dt = compute_dtype(x, *P.values())
     x = x.astype(dt, copy=False)
@@ -1069,7 +1071,8 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
         lam, lam_saved = np.asarray(lambda_init_value, dtype=dt), None
     o, hc = _heads_fwd(proj["q1"], _gather_heads(proj["k1"], idx), proj["q2"], _gather_heads(proj["k2"], idx),
                        _gather_heads(v, idx), lam, mask=mask, scale=sc, cos=cos, sin=sin,
-                       interleaved=bool(rope_interleaved), subln=subln, norm_w=P.get("subln.weight"), eps=eps,
+                       interleaved=bool(rope_interleaved), subln=subln, norm_w=P.get("subln.weight"),
+                       norm_b=P.get("subln.bias"), eps=eps,
                        rescale=(1.0 - lambda_init_value) if rescale else 1.0)
     z = _merge_heads(o)
     out = z @ P[f"{no}.weight"]
@@ -1091,6 +1094,8 @@ def _twobranch_backward(dout, cache):
     dh = _heads_bwd(_split_heads(dz, cache["H"], cache["dv"]), cache["hc"], P.get("subln.weight"))
     if "subln.weight" in P:
         grads["subln.weight"] = dh["norm_weight"]
+    if "subln.bias" in P:
+        grads["subln.bias"] = dh["norm_bias"]
     if cache["lam_saved"] is not None:
         grads.update(_lambda_bwd(dh["lam"], *(P[key] for key in _V1_LAMBDA), cache["lam_saved"]))
     idx, Hkv, mode = cache["idx"], cache["Hkv"], cache["negative_term"]
