@@ -28,7 +28,7 @@ error is the mean relative $L^2$ error $\|\hat u - u\|/\|u\|$ over held-out samp
 
 Run ``OMP_NUM_THREADS=1 python -m refattn.demos.pde`` or call :func:`train`. With the defaults
 (256 training samples, 3 layers, width 32, 50 epochs) the training MSE falls about 200x and the
-test error is about 8 % (Galerkin; FNO reaches about 2 %), in about 30 s on one core. The arrays are
+test error is about 8 % (Galerkin; FNO reaches about 1 %), in about 20-30 s of CPU time on one core. The arrays are
 small, so a multi-threaded BLAS only adds overhead; on a busy machine it can be 10x slower —
 hence ``OMP_NUM_THREADS=1``.
 """
