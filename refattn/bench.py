@@ -109,7 +109,12 @@ def _torch():
     return torch
 
 
+_MINS: dict = {}
+
+
 def _median(fn, repeats: int, warmup: int = 1) -> float:
+    """Median wall time of ``repeats`` calls after ``warmup``; the minimum is kept in ``_MINS[fn]``
+    (less sensitive to other processes on a shared machine)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -117,6 +122,7 @@ def _median(fn, repeats: int, warmup: int = 1) -> float:
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
+    _MINS[fn] = min(times)
     return statistics.median(times)
 
 
@@ -195,8 +201,8 @@ def _bench_sdpa(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
         reps = repeats if name != "numpy" or n <= 1024 else max(1, repeats // 2)
         t_f = _median(f_fwd, reps)
         t_fb = _median(f_fb, reps)
-        rows[name] = {"fwd_s": t_f, "fwd_bwd_s": t_fb, "fwd_gflops": fl / t_f / 1e9,
-                      "fwd_bwd_gflops": 3.5 * fl / t_fb / 1e9}
+        rows[name] = {"fwd_s": t_f, "fwd_bwd_s": t_fb, "fwd_min_s": _MINS[f_fwd], "fwd_bwd_min_s": _MINS[f_fb],
+                      "fwd_gflops": fl / t_f / 1e9, "fwd_bwd_gflops": 3.5 * fl / t_fb / 1e9}
         if mem and name in ("numba", "numpy"):
             rows[name]["fwd_bwd_peak_numpy_bytes"] = _peak_numpy_bytes(f_fb)
     results.append({"case": "sdpa", "N": n, "B": b, "H": h, "d": d, "causal": causal, "impl": rows})
@@ -253,8 +259,8 @@ def _bench_diff(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
     for name, (f_fwd, f_fb) in impls.items():
         reps = repeats if name != "numpy" or n <= 1024 else max(1, repeats // 2)
         t_f, t_fb = _median(f_fwd, reps), _median(f_fb, reps)
-        rows[name] = {"fwd_s": t_f, "fwd_bwd_s": t_fb, "fwd_gflops": fl / t_f / 1e9,
-                      "fwd_bwd_gflops": 3.5 * fl / t_fb / 1e9}
+        rows[name] = {"fwd_s": t_f, "fwd_bwd_s": t_fb, "fwd_min_s": _MINS[f_fwd], "fwd_bwd_min_s": _MINS[f_fb],
+                      "fwd_gflops": fl / t_f / 1e9, "fwd_bwd_gflops": 3.5 * fl / t_fb / 1e9}
         if mem and name in ("numba", "numpy"):
             rows[name]["fwd_bwd_peak_numpy_bytes"] = _peak_numpy_bytes(f_fb)
     results.append({"case": "diff", "N": n, "B": b, "H": h, "d": d, "dv": 2 * d, "causal": causal, "impl": rows})
@@ -278,8 +284,8 @@ def _bench_linear(n, *, b, h, d, repeats, results, mem):
     for name, (f_fwd, f_fb) in impls.items():
         reps = repeats if name == "numba" else max(1, repeats // 2)
         t_f, t_fb = _median(f_fwd, reps), _median(f_fb, reps)
-        rows[name] = {"fwd_s": t_f, "fwd_bwd_s": t_fb, "fwd_gflops": fl / t_f / 1e9,
-                      "fwd_bwd_gflops": 3.0 * fl / t_fb / 1e9}
+        rows[name] = {"fwd_s": t_f, "fwd_bwd_s": t_fb, "fwd_min_s": _MINS[f_fwd], "fwd_bwd_min_s": _MINS[f_fb],
+                      "fwd_gflops": fl / t_f / 1e9, "fwd_bwd_gflops": 3.0 * fl / t_fb / 1e9}
         if mem:
             rows[name]["fwd_bwd_peak_numpy_bytes"] = _peak_numpy_bytes(f_fb)
     results.append({"case": "linear_causal", "N": n, "B": b, "H": h, "d": d, "causal": True, "impl": rows})
@@ -325,7 +331,8 @@ def markdown(report: dict) -> str:
         f"- measured sgemm (n={m['sgemm']['n']}): NumPy {m['sgemm']['numpy']:.1f} GFLOP/s"
         + (f", torch {m['sgemm']['torch']:.1f} GFLOP/s" if "torch" in m["sgemm"] else ""),
         "",
-        "Times are medians in ms; GFLOP/s use 4BHN²d (x0.5 causal) forward and x3.5 for forward+backward.",
+        "Times are medians in ms (minimum in brackets); GFLOP/s and ratios use the medians; FLOPs are "
+        "4BHN²d (x0.5 causal) forward and x3.5 for forward+backward (differential: both maps, dv = 2d).",
         "",
     ]
     for case in ("sdpa", "diff", "linear_causal"):
@@ -334,7 +341,7 @@ def markdown(report: dict) -> str:
             continue
         ref = "torch_two_sdpa" if case == "diff" else ("torch" if case == "sdpa" else "numpy")
         lines += [f"## {case}", "",
-                  "| N | causal | impl | fwd ms | fwd GFLOP/s | fwd+bwd ms | fwd+bwd GFLOP/s | "
+                  "| N | causal | impl | fwd ms (min) | fwd GFLOP/s | fwd+bwd ms (min) | fwd+bwd GFLOP/s | "
                   f"speed vs {ref} fwd | vs {ref} fwd+bwd | peak NumPy MiB (fwd+bwd) |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
@@ -344,8 +351,9 @@ def markdown(report: dict) -> str:
                 sp_b = f"{base['fwd_bwd_s'] / x['fwd_bwd_s']:.2f}x" if base else "—"
                 mem = x.get("fwd_bwd_peak_numpy_bytes")
                 mem = f"{mem / 2**20:.1f}" if mem is not None else "—"
-                lines.append(f"| {r['N']} | {r['causal']} | {name} | {_fmt_s(x['fwd_s'])} | {x['fwd_gflops']:.1f} | "
-                             f"{_fmt_s(x['fwd_bwd_s'])} | {x['fwd_bwd_gflops']:.1f} | {sp_f} | {sp_b} | {mem} |")
+                lines.append(f"| {r['N']} | {r['causal']} | {name} | {_fmt_s(x['fwd_s'])} ({_fmt_s(x['fwd_min_s'])}) | "
+                             f"{x['fwd_gflops']:.1f} | {_fmt_s(x['fwd_bwd_s'])} ({_fmt_s(x['fwd_bwd_min_s'])}) | "
+                             f"{x['fwd_bwd_gflops']:.1f} | {sp_f} | {sp_b} | {mem} |")
         lines.append("")
     if report.get("memory"):
         mm = report["memory"]

@@ -27,8 +27,9 @@ Loop structure: every dot product is written as an outer-product update whose in
 over a contiguous axis (``S[i, :] += q_ic * K^T[c, :]``, ``acc[i, :] += p_ij * V[j, :]``). That
 loop carries no reduction, so LLVM vectorises it without ``fastmath`` and the summation order (over
 ``c`` and over key tiles) is fixed: results are bit-identical from call to call and thread count
-to thread count. The backward accumulates dK, dV (per key tile) and dQ (over all key tiles) in
-float64 for float32 inputs; the recomputed P, dP, dS tiles stay in the input dtype.
+to thread count. The backward sums each query tile's (key tile's) contribution to dK, dV (dQ) in
+the input dtype and adds it to float64 accumulators, so the long sums over N are float64; the
+recomputed P, dP, dS tiles stay in the input dtype.
 """
 
 from __future__ import annotations
@@ -51,15 +52,67 @@ def _mask_logit(x, b, h, i, j, mask_mode, maskb, maskf, ms):
 
 
 @njit(cache=True, inline="always")
-def _scores_tile(s, qr, b, h, i0, nq, kt, nk, d):
-    """``s[:nq, :nk] = Q[i0:i0+nq] @ K_tile^T`` with ``kt`` = K_tile^T (d, bk)."""
-    for ii in range(nq):
-        for jj in range(nk):
-            s[ii, jj] = 0.0
-        for c in range(d):
-            a = qr[b, h, i0 + ii, c]
-            for jj in range(nk):
-                s[ii, jj] += a * kt[c, jj]
+def _mm_abt(S, A, a0, nx, Bt, ny, e):
+    """``S[x, y] = sum_c A[a0 + x, c] * Bt[c, y]`` for ``x < nx``, ``y < ny``, ``c < e``.
+
+    The innermost loop runs over ``y`` (contiguous in ``S`` and ``Bt``) and ``c`` is unrolled by 4
+    as ``S + a0*B0 + a1*B1 + a2*B2 + a3*B3`` evaluated left to right: the same additions in the
+    same order as four separate updates (bit-identical), with a quarter of the loads and stores of
+    ``S``.
+    """
+    e4 = e - e % 4
+    for x in range(nx):
+        for y in range(ny):
+            S[x, y] = 0.0
+        for c in range(0, e4, 4):
+            p0 = A[a0 + x, c]
+            p1 = A[a0 + x, c + 1]
+            p2 = A[a0 + x, c + 2]
+            p3 = A[a0 + x, c + 3]
+            for y in range(ny):
+                S[x, y] = S[x, y] + p0 * Bt[c, y] + p1 * Bt[c + 1, y] + p2 * Bt[c + 2, y] + p3 * Bt[c + 3, y]
+        for c in range(e4, e):
+            p0 = A[a0 + x, c]
+            for y in range(ny):
+                S[x, y] = S[x, y] + p0 * Bt[c, y]
+
+
+@njit(cache=True, inline="always")
+def _acc_pb(C, c0, P, nx, ny, B, b0, e):
+    """``C[c0 + x, :e] += sum_y P[x, y] * B[b0 + y, :e]`` (y unrolled by 4, order preserved)."""
+    ny4 = ny - ny % 4
+    for x in range(nx):
+        for y in range(0, ny4, 4):
+            p0 = P[x, y]
+            p1 = P[x, y + 1]
+            p2 = P[x, y + 2]
+            p3 = P[x, y + 3]
+            for c in range(e):
+                C[c0 + x, c] = (C[c0 + x, c] + p0 * B[b0 + y, c] + p1 * B[b0 + y + 1, c]
+                                + p2 * B[b0 + y + 2, c] + p3 * B[b0 + y + 3, c])
+        for y in range(ny4, ny):
+            p0 = P[x, y]
+            for c in range(e):
+                C[c0 + x, c] = C[c0 + x, c] + p0 * B[b0 + y, c]
+
+
+@njit(cache=True, inline="always")
+def _acc_ptb(C, P, nx, ny, B, b0, e):
+    """``C[x, :e] += sum_y P[y, x] * B[b0 + y, :e]`` (``P`` transposed; y unrolled by 4)."""
+    ny4 = ny - ny % 4
+    for x in range(nx):
+        for y in range(0, ny4, 4):
+            p0 = P[y, x]
+            p1 = P[y + 1, x]
+            p2 = P[y + 2, x]
+            p3 = P[y + 3, x]
+            for c in range(e):
+                C[x, c] = (C[x, c] + p0 * B[b0 + y, c] + p1 * B[b0 + y + 1, c]
+                           + p2 * B[b0 + y + 2, c] + p3 * B[b0 + y + 3, c])
+        for y in range(ny4, ny):
+            p0 = P[y, x]
+            for c in range(e):
+                C[x, c] = C[x, c] + p0 * B[b0 + y, c]
 
 
 @njit(cache=True, inline="always")
@@ -162,12 +215,12 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
             jend = min(M, i0 + nq + offset)  # last visible key of the tile is (i0+nq-1)+offset
         for j0 in range(0, max(jend, 0), bk):
             nk = min(bk, jend - j0)
+            vbh = v[b, hk]
             for r in range(R):
-                qr = q[r]
                 for jj in range(nk):
                     for c in range(d):
                         kt[c, jj] = k[r, b, hk, j0 + jj, c]
-                _scores_tile(s, qr, b, h, i0, nq, kt, nk, d)
+                _mm_abt(s, q[r, b, h], i0, nq, kt, nk, d)
                 for ii in range(nq):
                     _logits_row(s, th, ii, b, h, i0 + ii, j0, nk, scale, softcap, causal, offset,
                                 mask_mode, maskb, maskf, ms)
@@ -178,7 +231,9 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
                     m_old = mrow[r, ii]
                     m_new = max(m_old, mt)
                     if m_new == -np.inf:
-                        continue  # nothing visible yet in this row
+                        for jj in range(nk):
+                            s[ii, jj] = 0.0  # nothing visible yet in this row: P = 0
+                        continue
                     alpha = math.exp(m_old - m_new)  # 0 when m_old = -inf
                     mrow[r, ii] = m_new
                     _exp_row(s, ii, nk, m_new, e2, e2i, fast)
@@ -187,11 +242,7 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
                     if alpha != 1.0:
                         for c in range(dv):
                             acc[r, ii, c] *= alpha
-                    for jj in range(nk):
-                        p = s[ii, jj]
-                        if p != 0.0:
-                            for c in range(dv):
-                                acc[r, ii, c] += p * v[b, hk, j0 + jj, c]
+                _acc_pb(acc[r], 0, s, nq, nk, vbh, j0, dv)  # acc += P V_tile
         for ii in range(nq):
             i = i0 + ii
             for r in range(R):
@@ -247,6 +298,12 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         vt = np.empty((dv, bk), dtype=q.dtype)
         dka = np.empty((bk, d), dtype=np.float64)
         dva = np.empty((bk, dv), dtype=np.float64)
+        # per-query-tile partials in the input dtype (full SIMD width), added to the float64
+        # accumulators once per tile: short sums in float32, the long sums over N in float64
+        dkt = np.empty((bk, d), dtype=q.dtype)
+        dvt = np.empty((bk, dv), dtype=q.dtype)
+        dqt = np.empty((bq, d), dtype=q.dtype)
+        dobh = dout[b, h]
         for kt_i in range(sp * tiles_per_split, min(nkt, (sp + 1) * tiles_per_split)):
             j0 = kt_i * bk
             nk = min(bk, M - j0)
@@ -258,22 +315,17 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
             if causal:
                 i_start = max(0, j0 - offset)  # first query that sees key j0
             for r in range(R):
-                qr = q[r]
+                qbh = q[r, b, h]
+                kbh = k[r, b, hk]
+                dqbh = dq_part[sp, r, b, h]
                 for jj in range(nk):
                     for c in range(d):
-                        kt[c, jj] = k[r, b, hk, j0 + jj, c]
+                        kt[c, jj] = kbh[j0 + jj, c]
                         dka[jj, c] = 0.0
                 for i0 in range(i_start - i_start % bq, N, bq):
                     nq = min(bq, N - i0)
-                    _scores_tile(s, qr, b, h, i0, nq, kt, nk, d)
-                    # dp = dO V^T
-                    for ii in range(nq):
-                        for jj in range(nk):
-                            dp[ii, jj] = 0.0
-                        for c in range(dv):
-                            a = dout[b, h, i0 + ii, c]
-                            for jj in range(nk):
-                                dp[ii, jj] += a * vt[c, jj]
+                    _mm_abt(s, qbh, i0, nq, kt, nk, d)  # S = Q K^T
+                    _mm_abt(dp, dobh, i0, nq, vt, nk, dv)  # dP = dO V^T
                     for ii in range(nq):
                         i = i0 + ii
                         L = lse[r, b, h, i]
@@ -288,26 +340,27 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
                                     mask_mode, maskb, maskf, ms)
                         _exp_row(s, ii, nk, L, e2, e2i, fast)
                         for jj in range(nk):
-                            dp[ii, jj] = s[ii, jj] * (wr * dp[ii, jj] - D)
+                            pw = s[ii, jj]
+                            dp[ii, jj] = pw * (wr * dp[ii, jj] - D)
+                            s[ii, jj] = wr * pw  # w P, the dV weight
                         if softcap > 0.0:
                             for jj in range(nk):
                                 tt = th[ii, jj]
                                 dp[ii, jj] = dp[ii, jj] * (1.0 - tt * tt)
-                    # dV += w P^T dO ; dK += dS^T Q ; dQ += dS K
+                    dvt[:nk, :] = 0.0
+                    dkt[:nk, :] = 0.0
+                    dqt[:nq, :] = 0.0
+                    _acc_ptb(dvt, s, nk, nq, dobh, i0, dv)  # dV += (w P)^T dO
+                    _acc_ptb(dkt, dp, nk, nq, qbh, i0, d)  # dK += dS^T Q
+                    _acc_pb(dqt, 0, dp, nq, nk, kbh, j0, d)  # dQ += dS K
+                    for jj in range(nk):
+                        for c in range(dv):
+                            dva[jj, c] += dvt[jj, c]
+                        for c in range(d):
+                            dka[jj, c] += dkt[jj, c]
                     for ii in range(nq):
-                        i = i0 + ii
-                        for jj in range(nk):
-                            p = s[ii, jj]
-                            if p != 0.0:
-                                a = w[r, b, h, i] * p
-                                for c in range(dv):
-                                    dva[jj, c] += a * dout[b, h, i, c]
-                            g = dp[ii, jj]
-                            if g != 0.0:
-                                for c in range(d):
-                                    dka[jj, c] += g * qr[b, h, i, c]
-                                for c in range(d):
-                                    dq_part[sp, r, b, h, i, c] += g * k[r, b, hk, j0 + jj, c]
+                        for c in range(d):
+                            dqbh[i0 + ii, c] += dqt[ii, c]
                 for jj in range(nk):
                     for c in range(d):
                         dk_part[r, b, h, j0 + jj, c] = dka[jj, c]
