@@ -452,6 +452,8 @@ def geotransolver_gale_forward(x, params, context=None, *, n_head: int, state_mi
     slice_eps : float
         PhysicsNeMo adds ``1e-2`` to the slice mass (thuml Transolver: 1e-5).
 
+    Notes
+    -----
     Backward: Transolver VJP; two SDPA VJPs; weighted mix $dz_{self} = \sigma dz'$,
     $dz_{cross} = (1-\sigma)dz'$, $d\beta = \sigma'(\beta)\langle dz', z_{self}-z_{cross}\rangle$;
     concat-project: GELU and linear VJPs, split back into the two halves.
