@@ -32,11 +32,13 @@ __all__ = ["causal_linear_attention_forward", "causal_linear_attention_backward"
 
 BACKEND = "numba_cuda"
 _FM = {"identity": 0, "elu_plus_one": 1}
+MAX_TILE = 32
+"""Tokens staged in shared memory per step of the scan (the largest that fits is used, up to this)."""
 
 
 def _tile(d, dv, isz):
     for t in (32, 16, 8, 4, 2, 1):
-        if _k.smem_lin(t, d, dv, isz) <= _c.SMEM_LIMIT:
+        if t <= MAX_TILE and _k.smem_lin(t, d, dv, isz) <= _c.SMEM_LIMIT:
             return t
     raise ValueError(f"feature sizes d={d}, dv={dv} are too large for the CUDA scan's shared-memory tiles")
 
@@ -46,6 +48,17 @@ def _as3(x, dt):
     if is_device_array(x):
         return to_device(x, dt).reshape(shape3)
     return cuda.to_device(np.ascontiguousarray(np.asarray(x).reshape(shape3), dtype=dt))
+
+
+def _launch_fwd(q3, k3, v3, feature_map, eps, tile):
+    b, n, d = q3.shape
+    dv = v3.shape[2]
+    dt = np.dtype(q3.dtype)
+    out = cuda.device_array((b, n, dv), dtype=dt)
+    den = cuda.device_array((b, n), dtype=dt)
+    kern = _k.get_lin_fwd(dt.name, tile, d, dv)
+    kern[(b,), (max(d, dv),)](q3, k3, v3, _FM[feature_map], dt.type(eps), out, den)
+    return out, den
 
 
 def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: str = "elu_plus_one"):
@@ -72,11 +85,7 @@ def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: 
         raise ValueError(f"feature sizes d={d}, dv={dv} exceed the CUDA scan's {_c.MAX_THREADS} threads per block")
     require_cuda()
     q3, k3, v3 = _as3(q, dt), _as3(k, dt), _as3(v, dt)
-    b = q3.shape[0]
-    out = cuda.device_array((b, n, dv), dtype=dt)
-    den = cuda.device_array((b, n), dtype=dt)
-    kern = _k.get_lin_fwd(dt.name, tile, d, dv)
-    kern[(b,), (max(d, dv),)](q3, k3, v3, _FM[feature_map], dt.type(eps), out, den)
+    out, den = _launch_fwd(q3, k3, v3, feature_map, eps, tile)
     out_l = maybe_host(out, on_dev).reshape(qp.shape[:-1] + (dv,))
     cache = {"backend": BACKEND, "kind": "causal_linear", "q3": q3, "k3": k3, "v3": v3, "out3": out,
              "den": den, "feature_map": feature_map, "eps": eps, "tile": tile,
