@@ -388,8 +388,12 @@ def test_gda_ratio_one_equals_v1_and_layouts():
     P = DV._gda_params(rng, 5, 3, 1, 2)
     for layout, pairing in (("grouped", "adjacent"), ("split", "halves")):
         a = DV.grouped_differential_attention(x, P, num_signal_heads=3, head_layout=layout, depth=1)
-        b = D.diff_attention_v1(x, P, num_heads=3, depth=1, pairing=pairing)
+        # GDA's defaults are the Motif code's (lambda_init_convention="motif", rotate-half RoPE)
+        b = D.diff_attention_v1(x, P, num_heads=3, depth=1, pairing=pairing, **DV._GDA_V1_DEFAULTS)
         np.testing.assert_array_equal(a, b)
+        c = DV.grouped_differential_attention(x, P, num_signal_heads=3, head_layout=layout, depth=1,
+                                              lambda_init_convention="unilm", rope_interleaved=True)
+        np.testing.assert_array_equal(c, D.diff_attention_v1(x, P, num_heads=3, depth=1, pairing=pairing))
     sig, noise = DV.gda_head_index(6, 3, "grouped")
     assert list(sig) == [0, 1, 2, 4, 5, 6] and list(noise) == [3, 3, 3, 7, 7, 7]
     sig, noise = DV.gda_head_index(6, 3, "split")
@@ -407,6 +411,80 @@ def test_gda_ratio_changes_output_and_validates():
     with pytest.raises(ValueError, match="multiple"):
         DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=3, depth=0)
 
+
+
+def _vllm_gda_reference(x, P, *, Hs, r, G, d, lam0, cos, sin):
+    """Transcription of vllm-project/vllm vllm/v1/attention/backends/grouped_diff_attn.py
+    (GroupedDifferentialAttentionImpl.forward, commit 49902a1) fed by MotifTechnologies/vllm
+    vllm/model_executor/models/motif.py (MotifAttention: qkv split, neox RoPE, subln, out_proj)."""
+    B, n, _ = x.shape
+    Hq, Hkv = Hs + Hs // r, 2 * G                      # num_heads, num_kv_heads upstream
+    num_groups = Hs // r                                # num_q_head_groups = num_q2_heads
+
+    def rope(t):                                        # get_rope(..., is_neox_style=True)
+        half = t.shape[-1] // 2
+        a, b = t[..., :half], t[..., half:]
+        c, s_ = cos[:n, None, :], sin[:n, None, :]
+        return np.concatenate([a * c - b * s_, a * s_ + b * c], axis=-1)
+
+    q = rope((x @ P["q_proj.weight"]).reshape(B, n, Hq, d))
+    k = rope((x @ P["k_proj.weight"]).reshape(B, n, Hkv, d))
+    v = (x @ P["v_proj.weight"]).reshape(B, n, Hkv, d)
+    qg = q.reshape(B, n, num_groups, r + 1, d)         # split_q_heads
+    q1 = qg[:, :, :, :r].reshape(B, n, Hs, d)
+    q2 = qg[:, :, :, r:].reshape(B, n, num_groups, d)
+    k1, k2 = k.reshape(B, n, G, 2, d)[:, :, :, 0], k.reshape(B, n, G, 2, d)[:, :, :, 1]   # split_heads
+    v1, v2 = v.reshape(B, n, G, 2, d)[:, :, :, 0], v.reshape(B, n, G, 2, d)[:, :, :, 1]
+
+    def flash_attn(qq, kk, vv):                         # causal=True, GQA: q head h -> kv head h // (Hq/Hkv)
+        kk = np.repeat(kk, qq.shape[2] // kk.shape[2], axis=2)
+        vv = np.repeat(vv, qq.shape[2] // vv.shape[2], axis=2)
+        sc = np.einsum("bihd,bjhd->bhij", qq, kk) * d ** -0.5
+        sc = np.where(np.tril(np.ones((n, n), bool)), sc, -np.inf)
+        p = np.exp(sc - sc.max(-1, keepdims=True))
+        return np.einsum("bhij,bjhd->bihd", p / p.sum(-1, keepdims=True), vv)
+
+    attn1 = np.concatenate([flash_attn(q1, k1, v1), flash_attn(q1, k1, v2)], axis=-1)
+    attn2 = np.concatenate([flash_attn(q2, k2, v1), flash_attn(q2, k2, v2)], axis=-1)
+    attn2 = np.repeat(attn2, r, axis=2)                 # repeat(attn2, "... H D -> ... (H r) D")
+    lam = np.exp(P["lambda_q1"] @ P["lambda_k1"]) - np.exp(P["lambda_q2"] @ P["lambda_k2"]) + lam0
+    a = attn1 - lam * attn2
+    a = a / np.sqrt(np.mean(a * a, axis=-1, keepdims=True) + 1e-5) * P["subln.weight"]   # RMSNorm(2d)
+    return (a * (1 - lam0)).reshape(B, n, -1) @ P["out_proj.weight"]
+
+
+@pytest.mark.parametrize("Hs,r,G", [(8, 4, 2), (8, 4, 1), (6, 3, 2), (4, 2, 1), (3, 1, 3)])
+def test_gda_matches_vllm_grouped_diff_attn(Hs, r, G):
+    # Motif-2-12.7B's layout (num_attention_heads = Hs + Hs/r, num_key_value_heads = 2G), scaled down.
+    rng = np.random.default_rng(23)
+    B, n, C, d, depth = 2, 5, 6, 4, 3
+    x = rng.standard_normal((B, n, C))
+    P = DV._gda_params(rng, C, Hs, r, d, G=G)
+    cos, sin = D.rope_tables(n, d)
+    out = DV.grouped_differential_attention(x, P, num_signal_heads=Hs, noise_group_ratio=r, num_kv_heads=G,
+                                            depth=depth, rel_pos=(cos, sin))
+    lam0 = 0.8 - 0.6 * math.exp(-0.3 * (depth - 1))    # MotifAttention.lambda_init_fn(layer_idx)
+    ref = _vllm_gda_reference(x, P, Hs=Hs, r=r, G=G, d=d, lam0=lam0, cos=cos, sin=sin)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
+
+
+def test_gda_per_head_layout_and_kv_validation():
+    rng = np.random.default_rng(24)
+    x = rng.standard_normal((2, 4, 5))
+    P = DV._gda_params(rng, 5, 4, 2, 2, kv_layout="per_head")
+    out = DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, kv_layout="per_head",
+                                            depth=1)
+    assert out.shape == (2, 4, 5) and np.isfinite(out).all()
+    with pytest.raises(ValueError, match="k_proj.weight"):   # per-head keys are not the grouped layout
+        DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, depth=1)
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, kv_layout="per_head",
+                                          num_kv_heads=2, depth=1)
+    Pg = DV._gda_params(rng, 5, 4, 2, 2)
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        DV.grouped_differential_attention(x, Pg, num_signal_heads=4, noise_group_ratio=2, num_kv_heads=4, depth=1)
+    with pytest.raises(ValueError, match="kv_layout"):
+        DV.grouped_differential_attention(x, Pg, num_signal_heads=4, noise_group_ratio=2, kv_layout="mqa", depth=1)
 
 # ------------------------------------------------------------------------------ DINT
 
