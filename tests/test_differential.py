@@ -526,6 +526,35 @@ def test_dint_against_explicit_maps(kind, src):
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
 
 
+def test_dint_matches_third_party_multihead_dint_attention():
+    # jwliao1209/Differential-FT-Transformer src/models/layers.py (commit 5e94ec8), MultiheadDintAttention:
+    #   attn_weights = attn_weights.view(B, H, 2, tgt, src)
+    #   a1, a2 = attn_weights[:, :, 0], attn_weights[:, :, 1]
+    #   a3 = attn_weights[:, :, 0].mean(dim=2)[:, :, None]
+    #   attn_weights = lam * a3 + a1 - lam * a2 ; attn_output = attn_weights @ v   (use_rms_norm=False)
+    # (its scores are divided by head_dim**-0.5; the paper's/refattn's scale d**-0.5 is used here)
+    rng = np.random.default_rng(31)
+    B, n, C, H, d = 2, 6, 5, 3, 2
+    x = rng.standard_normal((B, n, C))
+    P = D._v1_params(rng, C, H, H, d)
+    P.pop("subln.weight")
+    out = DV.dint_attention(x, P, num_heads=H, lambda_init=0.3, is_causal=False, subln="none", rescale=False)
+    q = (x @ P["q_proj.weight"]).reshape(B, n, 2 * H, d).transpose(0, 2, 1, 3)
+    k = (x @ P["k_proj.weight"]).reshape(B, n, 2 * H, d).transpose(0, 2, 1, 3)
+    v = (x @ P["v_proj.weight"]).reshape(B, n, H, 2 * d).transpose(0, 2, 1, 3)
+    lam = np.exp(P["lambda_q1"] @ P["lambda_k1"]) - np.exp(P["lambda_q2"] @ P["lambda_k2"]) + 0.3
+    s = q @ k.transpose(0, 1, 3, 2) * d ** -0.5
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w = (w / w.sum(-1, keepdims=True)).reshape(B, H, 2, n, n)
+    a1, a2 = w[:, :, 0], w[:, :, 1]
+    a3 = w[:, :, 0].mean(axis=2)[:, :, None]
+    attn = lam * a3 + a1 - lam * a2
+    ref = (attn @ v).transpose(0, 2, 1, 3).reshape(B, n, -1) @ P["out_proj.weight"]
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
+    # the default integral ("auto") picks the column mean when the layer is not causal
+    np.testing.assert_array_equal(out, DV.dint_attention(x, P, num_heads=H, lambda_init=0.3, is_causal=False,
+                                                         subln="none", rescale=False, integral="all"))
+
 def test_dint_auto_picks_the_causal_average():
     rng = np.random.default_rng(20)
     x = rng.standard_normal((2, 4, 4))

@@ -791,19 +791,28 @@ def dint_attention_forward(x, params, *, num_heads: int, num_kv_heads: int | Non
                            integral: str = "auto", integral_source: str = "A1", **v1_config):
     r"""DINT attention (Cang, Liu, Zhang, Zhao, Shi, "DINT Transformer", EMNLP 2025, arXiv 2501.17486).
 
-    [paper] DIFF attention plus an *integral* term of global importance scores, with one unified
-    λ so that every attention row sums to exactly 1 (DIFF's rows sum to $1-\lambda$). No public
-    code. [recon] (the method section could not be read here; the catalogue's reconstruction is
-    followed and each choice is a keyword):
+    [paper, abstract only — the method section could not be retrieved here, no official code]
+    DIFF attention plus an *integral* term of "global importance scores" integrated into the
+    attention matrix, with one unified λ so that every attention row sums to exactly 1 (DIFF's rows
+    sum to $1-\lambda$):
 
-    $$A = A_1 - \lambda A_2 + \lambda G,\qquad G = C A_1,$$
+    $$A = A_1 - \lambda A_2 + \lambda G,\qquad G = C A_{\text{src}},$$
 
-    where $C$ averages over query rows: ``integral="all"`` (bidirectional) $G_{ij} = \frac1N\sum_{i'}A_{1,i'j}$
-    (every row is the column mean of $A_1$), ``"causal"`` $G_{ij} = \frac1{i+1}\sum_{i'\le i}A_{1,i'j}$
-    (running mean over earlier queries, keeps causality); ``"auto"`` picks ``"causal"`` when the
-    layer is causal. ``integral_source="A2"`` integrates $A_2$ instead. Rows of $G$ sum to 1, so rows
-    of $A$ sum to $1-\lambda+\lambda = 1$ (rows of fully masked queries excepted). Then as V1:
-    $\mathrm{head} = (1-\lambda_{init})\,\mathrm{RMSNorm}(AV)$, $Y = [\mathrm{head}_i]W_o$.
+    where $C$ averages over query rows. [third-party code] The only implementation found,
+    ``jwliao1209/Differential-FT-Transformer`` ``src/models/layers.py`` (commit 5e94ec8, ``MultiheadDintAttention``,
+    a bidirectional tabular model that cites the paper), computes exactly the ``integral="all"``,
+    ``integral_source="A1"`` form: ``a3 = attn_weights[:, :, 0].mean(dim=2)[:, :, None]`` (the column
+    mean of $A_1$ over the queries) and ``attn_weights = lam * a3 + a1 - lam * a2``. [recon, unverified]
+    the causal average and the ``"A2"`` source:
+
+    ``integral="all"`` (bidirectional) $G_{ij} = \frac1N\sum_{i'}A_{1,i'j}$ (every row is the column
+    mean of $A_1$), ``"causal"`` $G_{ij} = \frac1{i+1}\sum_{i'\le i}A_{1,i'j}$ (running mean over earlier
+    queries, keeps causality — how the paper's causal language models avoid future leakage is not
+    known here); ``"auto"`` picks ``"causal"`` when the layer is causal. ``integral_source="A2"``
+    integrates $A_2$ instead. Rows of $G$ sum to 1, so rows of $A$ sum to $1-\lambda+\lambda = 1$ (rows
+    of fully masked queries excepted). Then as V1: $\mathrm{head} = (1-\lambda_{init})\,\mathrm{RMSNorm}(AV)$,
+    $Y = [\mathrm{head}_i]W_o$ (the third-party code uses GroupNorm and no λ-init factor unless
+    ``use_rms_norm``; not adopted).
 
     Since $GV = C(A_1V)$, the term costs one row average of $O_1 = A_1V$ (no $N\times N$ product).
 
