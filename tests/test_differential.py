@@ -569,6 +569,36 @@ def test_dint_auto_picks_the_causal_average():
 # ------------------------------------------------------------------------------ DEX
 
 
+def test_dex_matches_fig9_pseudocode():
+    # Kong, Jang, Kwak (NeurIPS 2025) Fig. 9, transcribed line by line:
+    #   def Attn(X, W_q, W_k, W_v, f_D, lam, do):
+    #       Q, K, V = X @ W_q, X @ W_k, X @ W_v ; s = 1 / sqrt(d) ; A = Q @ K.transpose(-1, -2) * s
+    #       O = softmax(A) @ V ; O = O - lam * f_D(O) if do else O ; return O
+    #   def MHA(X, ..., f_D, W_o, lam, hs):
+    #       O = [Attn(X, ..., lam, do=(i in hs)) for i in range(h)] ; return Concat(O) @ W_o
+    rng = np.random.default_rng(32)
+    B, n, C, H, d, dv = 2, 5, 6, 3, 2, 3
+    x = rng.standard_normal((B, n, C))
+    P = DV._dex_params(rng, C, H, H, d, dv, bias=False)
+    hs = [0, 2]
+    out = DV.dex_differential_adaptation(x, P, num_heads=H, heads=hs, is_causal=False)
+    lam = P["lambda"][0]
+
+    def f_D(o):
+        return o @ P["f_D.weight"]
+
+    def attn(i, do):
+        Q = x @ P["q_proj.weight"][:, i * d:(i + 1) * d]
+        K = x @ P["k_proj.weight"][:, i * d:(i + 1) * d]
+        V = x @ P["v_proj.weight"][:, i * dv:(i + 1) * dv]
+        A = Q @ np.swapaxes(K, -1, -2) * (1 / math.sqrt(d))
+        e = np.exp(A - A.max(-1, keepdims=True))
+        O = (e / e.sum(-1, keepdims=True)) @ V
+        return O - lam * f_D(O) if do else O
+
+    ref = np.concatenate([attn(i, do=(i in hs)) for i in range(H)], axis=-1) @ P["o_proj.weight"]
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
+
 @pytest.mark.parametrize("per_head", [False, True])
 def test_dex_matches_torch_autograd(per_head):
     torch = pytest.importorskip("torch")

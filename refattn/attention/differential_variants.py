@@ -938,17 +938,25 @@ def dex_differential_adaptation_forward(x, params, *, num_heads: int, num_kv_hea
 
     [paper] DEX reuses the pretrained softmax map and adds "a lightweight differential operation
     on the output value matrix" on a selected subset of heads, with λ annealed during a short
-    adaptation ("selective head adaptation and lambda annealing"); part of the code is proprietary.
-    [recon] (the paper's Fig. 9 pseudocode as quoted by the catalogue; each unclear piece is a
-    keyword):
+    adaptation ("selective head adaptation and lambda annealing"); "some part of the code is
+    proprietary" (NeurIPS checklist), none is public. The form below is the paper's Fig. 9
+    pseudocode, read from a verbatim quotation of the figure and its caption ("The output value
+    matrix O is transformed by subtracting a λ-modulated projection from itself. This operation
+    targets a layer-specific subset of attention heads."; ri.k117.org reproducibility page for the
+    NeurIPS 2025 paper) — ``O = softmax(A) @ V`` then ``O = O − λ f_D(O) if do else O`` per head,
+    ``do = (i in hs)``, then ``Concat(O) @ W_o``:
 
     $$O_h = A_hV_h - \lambda\,[h\in\mathcal S]\;f_D(A_hV_h),\qquad f_D(o) = oW_D\,(+\,b_D),
       \qquad Y = [O_1\|\cdots\|O_H]\,W_o,$$
 
-    with $A_h$ the pretrained (GQA, causal, RoPE) softmax map of head $h$. $f_D$ is a learnable
-    linear map on the value width, shared by all heads (``f_D.weight (dv, dv)``) or per head
-    (``(H, dv, dv)``); λ is a parameter (``params["lambda"]``, shape ``(1,)``) so an annealing
-    schedule lives outside the op (its gradient is returned; ignore it for a fixed schedule).
+    with $A_h$ the pretrained (GQA, causal, RoPE) softmax map of head $h$ (Fig. 9 writes plain
+    ``softmax(Q @ K.T * s)``; mask and RoPE are the pretrained model's). $f_D$ is "a projection"
+    (Fig. 9 caption): here a learnable linear map on the value width, shared by all heads
+    (``f_D.weight (dv, dv)``) or per head (``(H, dv, dv)``), with an optional bias — which of these
+    (and its initialisation) the paper uses is not stated in the parts read: unverified. λ is a
+    scalar parameter (``params["lambda"]``, shape ``(1,)``) so the annealing schedule lives outside
+    the op (its gradient is returned; ignore it for a fixed schedule); the head subset
+    $\mathcal S$ (``hs``) is the ``heads`` keyword — the paper's selection rule is not reproduced.
 
     Parameters
     ----------
