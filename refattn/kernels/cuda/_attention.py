@@ -22,9 +22,12 @@ reduction between threads.
 * backward dK/dV: grid ``(ceil(M/BK), B*Hkv)``; a block holds one key tile and loops over the
   query heads of its kv group (fixed order, so GQA needs no reduction afterwards) and over the
   query tiles, recomputing $P$ from the LSE (FlashAttention-2);
-* backward dQ: grid ``(ceil(N/BQ), B*H)``; recomputes $P$ and $dS$ per key tile. Splitting dQ from
-  dK/dV replaces FlashAttention-2's atomic dQ accumulation by recomputation (deterministic,
-  $O(Nd)$ memory).
+* backward dQ: grid ``(ceil(N/BQ), B*H)``; recomputes $P$ and $dS$ per key tile. Splitting dQ
+  from dK/dV replaces FlashAttention-2's atomic dQ accumulation by recomputation (deterministic,
+  $O(Nd)$ memory);
+* precision (as the CPU kernels): each query tile's (key tile's) contribution to dK, dV (dQ) is
+  summed in the input dtype and added to float64 accumulators, so the long sums over N are float64;
+  the recomputed P, dP, dS stay in the input dtype.
 
 Kernels are built per (dtype, R, tile sizes, d, dv, TX) because shared and local array shapes must
 be compile-time constants; they are cached. Shared 2-D tiles have one padding column against bank
@@ -235,6 +238,7 @@ def get_fwd(dtype_name, R, BQ, BK, D, DV, TX):
 @cache
 def get_bwd_kv(dtype_name, R, BQ, BK, D, DV, TX):
     nbt = _nbt(dtype_name)
+    f64 = _nbt("float64")
     logit = _logit_fn(dtype_name)
     DP = -(-D // TX)
     DVP = -(-DV // TX)
@@ -255,8 +259,10 @@ def get_bwd_kv(dtype_name, R, BQ, BK, D, DV, TX):
         Ws = cuda.shared.array((R, BQ), nbt)
         Ps = cuda.shared.array((R, BQ, BK1), nbt)
         dSs = cuda.shared.array((R, BQ, BK1), nbt)
-        dka = cuda.local.array((R, DP), nbt)
-        dva = cuda.local.array(DVP, nbt)
+        dka = cuda.local.array((R, DP), f64)  # long sums over all queries: float64
+        dva = cuda.local.array(DVP, f64)
+        dkt = cuda.local.array((R, DP), nbt)  # one query tile's contribution, input dtype
+        dvt = cuda.local.array(DVP, nbt)
         zero = nbt(0.0)
         one = nbt(1.0)
         ninf = nbt(-math.inf)
@@ -290,9 +296,9 @@ def get_bwd_kv(dtype_name, R, BQ, BK, D, DV, TX):
                 Vs[a, c] = zero
         for r in range(R):
             for u in range(DP):
-                dka[r, u] = zero
+                dka[r, u] = 0.0
         for u in range(DVP):
-            dva[u] = zero
+            dva[u] = 0.0
         i_start = 0
         if causal != 0:
             i_start = max(0, j0 - offset)  # first query that sees key j0
@@ -352,6 +358,11 @@ def get_bwd_kv(dtype_name, R, BQ, BK, D, DV, TX):
                         dSs[r, ii, jj] = ds
                 cuda.syncthreads()
                 if jj < nk:
+                    for r in range(R):
+                        for u in range(DP):
+                            dkt[r, u] = zero
+                    for u in range(DVP):
+                        dvt[u] = zero
                     for ii in range(nq):
                         for r in range(R):
                             a = Ws[r, ii] * Ps[r, ii, jj]
@@ -359,21 +370,26 @@ def get_bwd_kv(dtype_name, R, BQ, BK, D, DV, TX):
                             for u in range(DVP):
                                 c = t + u * TX
                                 if c < DV:
-                                    dva[u] += a * Gs[ii, c]
+                                    dvt[u] += a * Gs[ii, c]
                             for u in range(DP):
                                 c = t + u * TX
                                 if c < D:
-                                    dka[r, u] += gs * Qs[r, ii, c]
+                                    dkt[r, u] += gs * Qs[r, ii, c]
+                    for r in range(R):
+                        for u in range(DP):
+                            dka[r, u] += f64(dkt[r, u])
+                    for u in range(DVP):
+                        dva[u] += f64(dvt[u])
         if jj < nk:
             for r in range(R):
                 for u in range(DP):
                     c = t + u * TX
                     if c < D:
-                        dk[r, b, hk, j, c] = dka[r, u] * scale
+                        dk[r, b, hk, j, c] = nbt(dka[r, u] * f64(scale))
             for u in range(DVP):
                 c = t + u * TX
                 if c < DV:
-                    dv[b, hk, j, c] = dva[u]
+                    dv[b, hk, j, c] = nbt(dva[u])
 
     return bwd_kv
 
@@ -384,6 +400,7 @@ def get_bwd_kv(dtype_name, R, BQ, BK, D, DV, TX):
 @cache
 def get_bwd_q(dtype_name, R, BQ, BK, D, DV, TX):
     nbt = _nbt(dtype_name)
+    f64 = _nbt("float64")
     logit = _logit_fn(dtype_name)
     DP = -(-D // TX)
     NT = BQ * TX
@@ -398,7 +415,8 @@ def get_bwd_q(dtype_name, R, BQ, BK, D, DV, TX):
         Ks = cuda.shared.array((R, BK, D1), nbt)
         Vs = cuda.shared.array((BK, DV1), nbt)
         dSs = cuda.shared.array((R, BQ, BK1), nbt)
-        dqa = cuda.local.array((R, DP), nbt)
+        dqa = cuda.local.array((R, DP), f64)  # long sum over all keys: float64
+        dqt = cuda.local.array((R, DP), nbt)  # one key tile's contribution, input dtype
         Lr = cuda.local.array(R, nbt)
         Dr = cuda.local.array(R, nbt)
         Wr = cuda.local.array(R, nbt)
@@ -435,7 +453,7 @@ def get_bwd_q(dtype_name, R, BQ, BK, D, DV, TX):
                 Gs[a, c] = zero
         for r in range(R):
             for u in range(DP):
-                dqa[r, u] = zero
+                dqa[r, u] = 0.0
             if ii < nq:
                 Lr[r] = lse[r, b, h, i]
                 Dr[r] = delta[r, b, h, i]
@@ -487,19 +505,25 @@ def get_bwd_q(dtype_name, R, BQ, BK, D, DV, TX):
                     dSs[r, ii, jj] = ds
             cuda.syncthreads()
             if ii < nq:
+                for r in range(R):
+                    for u in range(DP):
+                        dqt[r, u] = zero
                 for jj in range(nk):
                     for r in range(R):
                         gs = dSs[r, ii, jj]
                         for u in range(DP):
                             c = t + u * TX
                             if c < D:
-                                dqa[r, u] += gs * Ks[r, jj, c]
+                                dqt[r, u] += gs * Ks[r, jj, c]
+                for r in range(R):
+                    for u in range(DP):
+                        dqa[r, u] += f64(dqt[r, u])
         if ii < nq:
             for r in range(R):
                 for u in range(DP):
                     c = t + u * TX
                     if c < D:
-                        dq[r, b, h, i, c] = dqa[r, u] * scale
+                        dq[r, b, h, i, c] = nbt(dqa[r, u] * f64(scale))
 
     return bwd_q
 
