@@ -10,13 +10,18 @@
 
 from __future__ import annotations
 
+import logging
 import pkgutil
+import posixpath
+import re
 import sys
 from pathlib import Path
 
+from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
+log = logging.getLogger("mkdocs.hooks.refattn")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -36,6 +41,9 @@ def _public_modules() -> list[str]:
     return sorted(set(mods))
 
 
+# Before the plugins' on_files (default priority 0): mkdocs-jupyter turns the notebooks added here into
+# rendered pages only if they are already in the file list when its own on_files runs.
+@event_priority(50)
 def on_files(files, config):
     for mod in _public_modules():
         uri = f"api/{mod}.md"
@@ -81,3 +89,24 @@ def on_page_markdown(markdown, page, config, files):
     if "<!-- registry:table -->" in markdown:
         markdown = markdown.replace("<!-- registry:table -->", _registry_table(page.file.src_uri))
     return markdown
+
+
+_HREF = re.compile(r'href="(?!https?:|mailto:|#|/)([^"#?]+\.(?:md|ipynb))(#[^"]*)?"')
+
+
+def on_page_content(html, page, config, files):
+    """Notebook pages: mkdocs-jupyter renders their Markdown without mkdocs' link resolution, so
+    relative links to other pages (``../conventions.md#x``, ``02_flash_attention.ipynb``, written
+    relative to the notebook's place in the docs tree) are rewritten to the built pages' URLs."""
+    if not page.file.src_uri.endswith(".ipynb"):
+        return html
+    base = posixpath.dirname(page.file.src_uri)
+
+    def fix(m):
+        target = files.get_file_from_path(posixpath.normpath(posixpath.join(base, m.group(1))))
+        if target is None:
+            log.warning("%s: link %r points to no documentation file", page.file.src_uri, m.group(1))
+            return m.group(0)
+        return f'href="{target.url_relative_to(page.file)}{m.group(2) or ""}"'
+
+    return _HREF.sub(fix, html)
