@@ -702,6 +702,118 @@ def test_difflora_requires_lambda_init_and_mode_params():
         DV.difflora(x, P, num_heads=2, lambda_init=0.5, negative_term="both")
 
 
+def _bergen_difflora_reference(x, P, *, H, Hkv, d, s, lam_init, learn_lambda, lora_negative_term_only,
+                               negative_term_lora_only, negative_term_full_dim, groupnorm, rescale_version, cos, sin):
+    """Transcription of AlexandreMisrahi2005/bergen models/generators/DiffTransformer/
+    llama_lora_diff_transformer_model.py, LlamaLoraDiffAttention.forward (eager path, dropout off);
+    rescale_version "85450b0" multiplies by (1 - self.lambda_init) always, "26c5a58" by
+    (1 - lambda_full) inside `if self.subln is not None` only."""
+    B, n, _ = x.shape
+    lin = lambda W: x @ W                                                   # noqa: E731
+    lora = lambda t, a: lin(P[f"{t}.lora_A{a}"]) @ P[f"{t}.lora_B{a}"] * s  # noqa: E731
+    query_states, key_states, value_states = lin(P["q_proj.weight"]), lin(P["k_proj.weight"]), lin(P["v_proj.weight"])
+    if not lora_negative_term_only:
+        q1, k1 = query_states + lora("q_proj", "1"), key_states + lora("k_proj", "1")
+    else:
+        q1, k1 = query_states, key_states
+    if negative_term_full_dim:
+        q2, k2 = lin(P["q2_proj.weight"]), lin(P["k2_proj.weight"])
+    elif negative_term_lora_only:
+        q2, k2 = lora("q_proj", "2"), lora("k_proj", "2")
+    else:
+        q2, k2 = query_states + lora("q_proj", "2"), key_states + lora("k_proj", "2")
+    heads = lambda y, h: y.reshape(B, n, h, d).transpose(0, 2, 1, 3)      # noqa: E731
+
+    def rope(t):                                                            # apply_rotary_pos_emb (rotate_half)
+        c = np.concatenate([cos, cos], -1)[:n]
+        sn = np.concatenate([sin, sin], -1)[:n]
+        rot = np.concatenate([-t[..., d // 2:], t[..., : d // 2]], -1)
+        return t * c + rot * sn
+
+    q1, q2 = rope(heads(q1, H)), rope(heads(q2, H))
+    k1, k2 = rope(heads(k1, Hkv)), rope(heads(k2, Hkv))
+    rep = H // Hkv                                                          # repeat_kv
+    k1, k2, v = (np.repeat(t, rep, axis=1) for t in (k1, k2, heads(value_states, Hkv)))
+    causal = np.where(np.tril(np.ones((n, n), bool)), 0.0, -np.inf)
+
+    def softmax(a):
+        e = np.exp(a - a.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
+    w1 = softmax(q1 @ k1.transpose(0, 1, 3, 2) / math.sqrt(d) + causal)
+    w2 = softmax(q2 @ k2.transpose(0, 1, 3, 2) / math.sqrt(d) + causal)
+    if learn_lambda:
+        lambda_full = (np.exp(np.sum(P["lambda_q1"] * P["lambda_k1"])) - np.exp(np.sum(P["lambda_q2"] * P["lambda_k2"]))
+                       + lam_init)
+    else:
+        lambda_full = lam_init
+    o = (w1 - lambda_full * w2) @ v
+    if rescale_version == "85450b0":
+        if groupnorm:
+            o = o / np.sqrt(np.mean(o * o, -1, keepdims=True) + 1e-5) * P["subln.weight"]
+        o = o * (1 - lam_init)
+    elif groupnorm:
+        o = o / np.sqrt(np.mean(o * o, -1, keepdims=True) + 1e-5) * P["subln.weight"]
+        o = o * (1 - lambda_full)
+    return o.transpose(0, 2, 1, 3).reshape(B, n, -1) @ P["o_proj.weight"]
+
+
+@pytest.mark.parametrize("negative,positive", [("base_lora", "base_lora"), ("lora_only", "base_lora"),
+                                               ("full", "base_lora"), ("base_lora", "base"), ("full", "base")])
+@pytest.mark.parametrize("learn_lambda", [False, True])
+@pytest.mark.parametrize("rescale,groupnorm", [("lambda_init", True), ("lambda_init", False),
+                                               ("lambda_with_norm", True), ("lambda_with_norm", False)])
+def test_difflora_matches_bergen_eager(negative, positive, learn_lambda, rescale, groupnorm):
+    rng = np.random.default_rng(41)
+    B, n, C, H, Hkv, d, r = 2, 5, 8, 4, 2, 4, 3
+    x = rng.standard_normal((B, n, C))
+    P = DV._twobranch_params(rng, C, H, Hkv, d, d, r, DV._LLAMA_NAMES, negative_term=negative,
+                             positive_term=positive, reparam=learn_lambda, norm=groupnorm, lambda_init=0.35)
+    cos, sin = D.rope_tables(n, d)
+    out = DV.difflora(x, P, num_heads=H, num_kv_heads=Hkv, lambda_init=0.35,
+                      lambda_mode="reparam" if learn_lambda else "fixed", negative_term=negative,
+                      positive_term=positive, rel_pos=(cos, sin), subln="rms" if groupnorm else "none",
+                      rescale=rescale)   # lora_scale default 2.0 = attention_lora_alpha / attention_lora_r = 64 / 32
+    ref = _bergen_difflora_reference(
+        x, P, H=H, Hkv=Hkv, d=d, s=2.0, lam_init=0.35, learn_lambda=learn_lambda,
+        lora_negative_term_only=positive == "base", negative_term_lora_only=negative == "lora_only",
+        negative_term_full_dim=negative == "full", groupnorm=groupnorm,
+        rescale_version="85450b0" if rescale == "lambda_init" else "26c5a58", cos=cos, sin=sin)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
+
+
+def test_difflora_lambda_with_norm_gradcheck():
+    # (1 - lambda) after the norm makes lambda's gradient pick up -<dN, N>: FD check of every input.
+    from refattn.registry import Sample
+    from refattn.testing import gradcheck
+
+    rng = np.random.default_rng(42)
+    B, n, C, H, Hkv, d, r = 2, 3, 3, 2, 1, 2, 1
+    P = DV._twobranch_params(rng, C, H, Hkv, d, d, r, DV._LLAMA_NAMES, reparam=True, norm=True, lambda_init=0.3)
+    s = Sample(inputs={"x": rng.standard_normal((B, n, C))}, params=P,
+               config={"num_heads": H, "num_kv_heads": Hkv, "lambda_init": 0.3, "lambda_mode": "reparam",
+                       "rescale": "lambda_with_norm", "rel_pos": D.rope_tables(n, d)})
+    gradcheck(DV.difflora_forward, DV.difflora_backward, s, rtol=1e-6)
+
+
+def test_difflora_rescale_aliases_and_validation():
+    rng = np.random.default_rng(43)
+    x = rng.standard_normal((2, 3, 4))
+    P = DV._twobranch_params(rng, 4, 2, 2, 2, 2, 1, DV._LLAMA_NAMES, norm=True)
+    a = DV.difflora(x, P, num_heads=2, lambda_init=0.4)
+    np.testing.assert_array_equal(a, DV.difflora(x, P, num_heads=2, lambda_init=0.4, rescale=True))
+    np.testing.assert_array_equal(DV.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="none"),
+                                  DV.difflora(x, P, num_heads=2, lambda_init=0.4, rescale=False))
+    # fixed lambda with a norm: (1 - lambda) and (1 - lambda_init) coincide
+    np.testing.assert_allclose(a, DV.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="lambda_with_norm"),
+                               rtol=1e-14, atol=1e-15)
+    with pytest.raises(ValueError, match="rescale"):
+        DV.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="lambda")
+    with pytest.raises(ValueError, match="positive_term"):
+        DV.difflora(x, P, num_heads=2, lambda_init=0.4, positive_term="lora_only")
+    with pytest.raises(ValueError, match="unknown keys"):   # positive_term="base" takes no *_A1/_B1 adapters
+        DV.difflora(x, P, num_heads=2, lambda_init=0.4, positive_term="base")
+
 def test_shared_diff_zero_updates_tie_the_maps():
     # zero low-rank updates: Q1 = Q2, K1 = K2, so the pre-norm output is (1 - lambda) A V
     rng = np.random.default_rng(25)

@@ -1166,11 +1166,17 @@ def _lora_bwd(dy, x, xa, A, B, s):
     return dA, dB, s * (dyb @ A.T)
 
 
+_RESCALES = ("lambda_init", "lambda_with_norm", "none")
+
+
 def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, negative_term, lora_scale,
                        lambda_mode, lambda_init_value, attn_mask, is_causal, causal_alignment, rel_pos,
-                       rope_interleaved, scale, subln, subln_affine, subln_eps, rescale):
+                       rope_interleaved, scale, subln, subln_affine, subln_eps, rescale,
+                       positive_term="base_lora"):
     r"""$Q_a = xW_q + s\,(xA_{q,a})B_{q,a}$ (and $K_a$), $V = xW_v$; the V1 head computation on
-    $(Q_1, K_1, Q_2, K_2, V)$; $Y = ZW_o$. Branch 2 per ``negative_term``."""
+    $(Q_1, K_1, Q_2, K_2, V)$; $Y = ZW_o$. Branch 1 per ``positive_term``, branch 2 per
+    ``negative_term``; ``rescale`` in :data:`_RESCALES` (``"lambda_with_norm"``: $\times(1-\lambda)$
+    after the norm, none without a norm)."""
     from .._checks import check_choice, check_positive
 
     H = check_int(num_heads, "num_heads", minimum=1)
@@ -1178,27 +1184,35 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
     if H % Hkv:
         raise ValueError(f"num_heads ({H}) must be a multiple of num_kv_heads ({Hkv})")
     check_choice(negative_term, "negative_term", ("base_lora", "lora_only", "full"))
+    check_choice(positive_term, "positive_term", ("base_lora", "base"))
     check_choice(lambda_mode, "lambda_mode", ("fixed", "reparam"))
+    check_choice(rescale, "rescale", _RESCALES)
     s = check_positive(lora_scale, "lora_scale")
-    if not isinstance(rescale, (bool, np.bool_)) or not isinstance(subln_affine, (bool, np.bool_)):
-        raise TypeError("rescale and subln_affine must be bools")
+    if not isinstance(subln_affine, (bool, np.bool_)):
+        raise TypeError("subln_affine must be a bool")
     x = as_float(x, "x", min_ndim=2)
     C = x.shape[-1]
     nq, nk, nv, no = names["q"], names["k"], names["v"], names["o"]
-    need = (f"{nq}.weight", f"{nv}.weight", f"{no}.weight", f"{nq}.lora_A1")
+    branches = tuple(a for a, on in (("1", positive_term == "base_lora"), ("2", negative_term != "full")) if on)
+    need = (f"{nq}.weight", f"{nv}.weight", f"{no}.weight")
     if not isinstance(params, dict) or any(k not in params for k in need):
         raise ValueError(f"params must be a dict containing {list(need)} and the other projections of {where}")
-    qw, vw, ow, aw = (np.shape(params[k]) for k in need)
+    qw, vw, ow = (np.shape(params[k]) for k in need)
     if len(qw) != 2 or qw[1] % H:
         raise ValueError(f"{nq}.weight must have shape (C, num_heads * d) with num_heads = {H}; got {qw}")
     if len(vw) != 2 or vw[1] % Hkv:
         raise ValueError(f"{nv}.weight must have shape (C, num_kv_heads * dv) with num_kv_heads = {Hkv}; got {vw}")
-    if len(ow) != 2 or len(aw) != 2:
-        raise ValueError(f"{no}.weight must be (num_heads * dv, C_out) and {nq}.lora_A1 (C, rank); got {ow}, {aw}")
-    d, dv, r = qw[1] // H, vw[1] // Hkv, aw[1]
+    if len(ow) != 2:
+        raise ValueError(f"{no}.weight must be (num_heads * dv, C_out); got {ow}")
+    r = None
+    if branches:
+        akey = f"{nq}.lora_A{branches[0]}"
+        if akey not in params or len(np.shape(params[akey])) != 2:
+            raise ValueError(f"params must contain {akey} of shape (C, rank)")
+        r = np.shape(params[akey])[1]
+    d, dv = qw[1] // H, vw[1] // Hkv
     req = {f"{nq}.weight": (C, H * d), f"{nk}.weight": (C, Hkv * d), f"{nv}.weight": (C, Hkv * dv),
            f"{no}.weight": (H * dv, ow[1])}
-    branches = ("1",) if negative_term == "full" else ("1", "2")
     for t, w in ((nq, H * d), (nk, Hkv * d)):
         for a in branches:
             req[f"{t}.lora_A{a}"] = (C, r)
@@ -1223,12 +1237,16 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
     proj, saved = {}, {}
     for t, tag, heads in ((nq, "q", H), (nk, "k", Hkv)):
         base = x @ P[f"{t}.weight"]
+        lora = {}
         for a in branches:
-            y, xa = _lora_apply(x, P[f"{t}.lora_A{a}"], P[f"{t}.lora_B{a}"], s)
-            saved[(t, a)] = xa
-            proj[tag + a] = base + y if (a == "1" or negative_term == "base_lora") else y
+            lora[a], saved[(t, a)] = _lora_apply(x, P[f"{t}.lora_A{a}"], P[f"{t}.lora_B{a}"], s)
+        proj[tag + "1"] = base + lora["1"] if "1" in lora else base
         if negative_term == "full":
             proj[tag + "2"] = x @ P[f"{names[tag + '2']}.weight"]
+        elif negative_term == "lora_only":
+            proj[tag + "2"] = lora["2"]
+        else:
+            proj[tag + "2"] = base + lora["2"]
         for a in ("1", "2"):
             proj[tag + a] = _split_heads(proj[tag + a], heads, d)
     v = _split_heads(x @ P[f"{nv}.weight"], Hkv, dv)
@@ -1237,15 +1255,24 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
         lam, lam_saved = _lambda_fwd(*(P[key] for key in _V1_LAMBDA), lambda_init_value)
     else:
         lam, lam_saved = np.asarray(lambda_init_value, dtype=dt), None
+    post = 1.0  # the factor applied after _heads_fwd: (1 - lambda) for "lambda_with_norm" with a norm
+    if rescale == "lambda_init":
+        fixed = 1.0 - lambda_init_value
+    else:
+        fixed = 1.0
+        if rescale == "lambda_with_norm" and subln != "none":
+            post = 1.0 - lam
     o, hc = _heads_fwd(proj["q1"], _gather_heads(proj["k1"], idx), proj["q2"], _gather_heads(proj["k2"], idx),
                        _gather_heads(v, idx), lam, mask=mask, scale=sc, cos=cos, sin=sin,
                        interleaved=bool(rope_interleaved), subln=subln, norm_w=P.get("subln.weight"),
-                       norm_b=P.get("subln.bias"), eps=eps,
-                       rescale=(1.0 - lambda_init_value) if rescale else 1.0)
+                       norm_b=P.get("subln.bias"), eps=eps, rescale=fixed)
+    o_pre = o
+    o = o * post
     z = _merge_heads(o)
     out = z @ P[f"{no}.weight"]
     cache = {"x": x, "P": P, "names": names, "hc": hc, "z": z, "saved": saved, "s": s, "idx": idx,
              "H": H, "Hkv": Hkv, "dv": dv, "negative_term": negative_term, "lam_saved": lam_saved,
+             "post": post, "o_pre": o_pre if rescale == "lambda_with_norm" and subln != "none" else None,
              "out_shape": out.shape}
     return out, cache
 
@@ -1259,13 +1286,19 @@ def _twobranch_backward(dout, cache):
     dout = dout.astype(x.dtype, copy=False)
     grads: dict = {}
     dz = _proj_bwd(dout, cache["z"], P, no, grads)
-    dh = _heads_bwd(_split_heads(dz, cache["H"], cache["dv"]), cache["hc"], P.get("subln.weight"))
+    do = _split_heads(dz, cache["H"], cache["dv"])
+    dlam_post = 0.0
+    if cache["o_pre"] is not None:  # o = (1 - lam) * o_pre
+        dlam_post = -float(np.sum(do * cache["o_pre"]))
+        do = do * cache["post"]
+    dh = _heads_bwd(do, cache["hc"], P.get("subln.weight"))
     if "subln.weight" in P:
         grads["subln.weight"] = dh["norm_weight"]
     if "subln.bias" in P:
         grads["subln.bias"] = dh["norm_bias"]
     if cache["lam_saved"] is not None:
-        grads.update(_lambda_bwd(dh["lam"], *(P[key] for key in _V1_LAMBDA), cache["lam_saved"]))
+        grads.update(_lambda_bwd(np.sum(dh["lam"]) + dlam_post, *(P[key] for key in _V1_LAMBDA),
+                                 cache["lam_saved"]))
     idx, Hkv, mode = cache["idx"], cache["Hkv"], cache["negative_term"]
     d_in = {"q1": dh["q1"], "q2": dh["q2"], "k1": _scatter_heads(dh["k1"], idx, Hkv),
             "k2": _scatter_heads(dh["k2"], idx, Hkv)}
@@ -1286,33 +1319,58 @@ def _twobranch_backward(dout, cache):
 
 
 def difflora_forward(x, params, *, num_heads: int, lambda_init: float, num_kv_heads: int | None = None,
-                     lambda_mode: str = "fixed", negative_term: str = "base_lora", lora_scale: float = 1.0,
-                     attn_mask=None, is_causal: bool = True, causal_alignment: str = "bottom_right",
-                     rel_pos=None, rope_interleaved: bool = False, scale=None, subln: str = "none",
-                     subln_affine: bool = True, subln_eps: float = 1e-5, rescale: bool = True):
+                     lambda_mode: str = "fixed", negative_term: str = "base_lora", positive_term: str = "base_lora",
+                     lora_scale: float = 2.0, attn_mask=None, is_causal: bool = True,
+                     causal_alignment: str = "bottom_right", rel_pos=None, rope_interleaved: bool = False,
+                     scale=None, subln: str = "rms", subln_affine: bool = True, subln_eps: float = 1e-5,
+                     rescale="lambda_init"):
     r"""DiffLoRA (Misrahi, Chirkova, Louis, Nikoulina, "DiffLoRA: Differential Low-Rank Adapters for
     Large Language Models", 2025, arXiv 2507.23588): differential attention on a pretrained model
     via low-rank adapters on both attention terms.
 
-    [paper] Low-rank adapters on the positive and the negative attention term; LoRA-level parameter
-    cost. [recon] (the catalogue's reading of an unconfirmed public Llama implementation,
-    ``LlamaLoraCustomDiffAttention``; every choice is a keyword): the base model's heads and head
-    width are kept (no halving), $V$ is unchanged, $s$ = ``lora_scale`` ($\alpha/r$ in PEFT):
+    [paper, abstract] Low-rank adapters on the positive and the negative attention term; LoRA-level
+    parameter cost. The method section could not be retrieved here. [code] The first author's
+    implementation, ``AlexandreMisrahi2005/bergen``
+    ``models/generators/DiffTransformer/llama_lora_diff_transformer_model.py``
+    (``LlamaLoraCustomDiffAttention`` / ``LlamaLoraDiffAttention``, eager path) and
+    ``llama_lora_diff_transformer_config.py`` (commit 27a6bf1, ``LlamaLoraDiffTransformerConfig``),
+    is followed; three stored versions of the model file were read (commits 85450b0, 26c5a58 and a
+    third with the ``LlamaLoraCustomFlashDiffAttention2`` class). The base model's heads and head
+    width are kept (no halving), $V = xW_v$ unchanged, $s$ = ``lora_scale`` (``lora_scaling =
+    attention_lora_alpha / attention_lora_r``, config defaults 64/32 = 2):
 
-    $$Q_1 = xW_q + s\,(xA_{q1})B_{q1},\qquad K_1 = xW_k + s\,(xA_{k1})B_{k1},$$
+    $$Q_1 = xW_q + s\,(xA_{q1})B_{q1},\qquad K_1 = xW_k + s\,(xA_{k1})B_{k1}$$
 
-    and the negative term per ``negative_term``: ``"base_lora"`` (default) $Q_2 = xW_q + s\,(xA_{q2})B_{q2}$
-    (same for $K_2$), ``"lora_only"`` $Q_2 = s\,(xA_{q2})B_{q2}$, ``"full"`` $Q_2 = xW_{q2}$ (a full
-    matrix ``q2_proj.weight``). Then
+    (``positive_term="base"``: $Q_1 = xW_q$, $K_1 = xW_k$ — config ``lora_negative_term_only``), and the
+    negative term per ``negative_term``: ``"base_lora"`` (default) $Q_2 = xW_q + s\,(xA_{q2})B_{q2}$
+    (same for $K_2$), ``"lora_only"`` $Q_2 = s\,(xA_{q2})B_{q2}$ (``negative_term_lora_only``), ``"full"``
+    $Q_2 = xW_{q2}$ (``negative_term_full_dim``, ``wq_2``/``wk_2`` → ``q2_proj.weight``/``k2_proj.weight``).
+    RoPE rotate-half on all four (``apply_rotary_pos_emb``), ``repeat_kv`` GQA, scale $d^{-1/2}$, causal
+    mask added to both score matrices, then
 
-    $$O = (1-\lambda_{init})\,[\mathrm{RMSNorm}]\bigl((A_1 - \lambda A_2)V\bigr)W_o,$$
+    $$O = \mathrm{rescale}\cdot\mathrm{RMSNorm}_d\bigl((A_1 - \lambda A_2)V\bigr)W_o,$$
 
-    λ fixed at ``lambda_init`` (``lambda_mode="fixed"``; the implementation uses one value as both
-    λ and $\lambda_{init}$) or V1's re-parameterisation (``"reparam"``, params ``lambda_q1..k2``).
-    The $(1-\lambda_{init})$ factor is applied even without a norm (``rescale=True``), so with
-    $B = 0$ a converted model outputs $(1-\lambda_{init})(1-\lambda)$ times the pretrained attention
-    — it does *not* reproduce the pretrained model at init. The optional ReLU on $A$ of that
-    implementation is not provided.
+    the per-head norm ``subln = LlamaRMSNorm(head_dim, eps=1e-5) if config.groupnorm`` (config default
+    ``groupnorm=True``: ``subln="rms"``). λ is fixed (``learn_lambda=False``, the config default:
+    ``lambda_init_value`` = ``diff_attn_lambda`` serves as λ and as $\lambda_{init}$,
+    ``lambda_mode="fixed"``) or V1's re-parameterisation (``learn_lambda=True``: ``lambda_mode="reparam"``,
+    params ``lambda_q1..k2``; the code's $\lambda_{init}$ is ``lambda_init_fn(layer_idx)`` of unilm, or
+    ``diff_attn_lambda`` when non-zero — pass it as ``lambda_init``). The output factor differs
+    between the stored versions:
+
+    * ``rescale="lambda_init"`` (default; commit 85450b0 and the version with the flash class):
+      ``attn_output = attn_output * (1 - self.lambda_init)`` after the optional norm, applied even
+      without a norm — with $B = 0$ a converted model then outputs $(1-\lambda_{init})(1-\lambda)$ times
+      the pretrained attention and does not reproduce the pretrained model at init;
+    * ``rescale="lambda_with_norm"`` (commit 26c5a58): ``attn_output * (1 - lambda_full)`` inside the
+      ``if self.subln is not None`` branch only — the factor uses the current λ (a parameter in
+      ``"reparam"`` mode, whose gradient includes $-\langle G, \mathrm{RMSNorm}(\cdot)\rangle$) and is absent
+      without a norm;
+    * ``rescale="none"``. ``True``/``False`` are accepted for ``"lambda_init"``/``"none"``.
+
+    Not provided (options of that code outside the attention map): ``relu_on_differential``
+    ($\mathrm{ReLU}(A_1-\lambda A_2)$), adapters on $V$ and on the output (``lora_v``, ``lora_o``),
+    dropout.
 
     Parameters
     ----------
@@ -1321,31 +1379,39 @@ def difflora_forward(x, params, *, num_heads: int, lambda_init: float, num_kv_he
         Llama names: ``q_proj.weight (C, Hd)``, ``k_proj.weight (C, H_{kv}d)``,
         ``v_proj.weight (C, H_{kv}d)``, ``o_proj.weight (Hd, C_out)``; adapters in ``(in, out)``
         orientation ``q_proj.lora_A1 (C, r)``, ``q_proj.lora_B1 (r, Hd)``, ``..._A2``, ``..._B2``
-        and the same for ``k_proj`` (PEFT stores ``lora_A.weight (r, in)``, ``lora_B.weight (out, r)``:
-        pass their transposes); ``q2_proj.weight``, ``k2_proj.weight`` for ``negative_term="full"``;
+        and the same for ``k_proj`` (upstream ``wq_lora_A1.weight (r, in)``, ``wq_lora_B1.weight
+        (out, r)``: pass their transposes); no ``*_A1/_B1`` for ``positive_term="base"``;
+        ``q2_proj.weight``, ``k2_proj.weight`` for ``negative_term="full"``;
         ``lambda_q1..lambda_k2 (d,)`` for ``lambda_mode="reparam"``; ``subln.weight (d,)`` for
         ``subln="rms"`` with ``subln_affine``.
     num_heads, num_kv_heads, lambda_init
-        Base model heads; λ (fixed) or $\lambda_{init}$ (reparam). Required: the paper's value is open.
+        Base model heads; λ (fixed) or $\lambda_{init}$ (reparam). Required (config default
+        ``diff_attn_lambda=0.0`` would make the layer plain attention).
+    negative_term, positive_term, lambda_mode, lora_scale
+        See above.
     attn_mask, is_causal, causal_alignment, rel_pos, rope_interleaved, scale
         As the base Llama attention: causal, rotate-half RoPE, $d^{-1/2}$.
     subln, subln_affine, subln_eps, rescale
-        Per-head norm (default ``"none"``, open) and the $(1-\lambda_{init})$ factor.
+        Per-head norm (default ``"rms"``, eps $10^{-5}$) and the output factor (above).
 
     Notes
     -----
     Backward: V1's head chain (:func:`refattn.attention.differential._heads_bwd`), GQA scatter,
     then per branch $dW_q \mathrel{+}= x^\top dQ_a$ (both branches in ``"base_lora"``),
     $dB_{qa} = s\,(xA_{qa})^\top dQ_a$, $dA_{qa} = s\,x^\top dQ_aB_{qa}^\top$,
-    $dx \mathrel{+}= dQ_a W_q^\top + s\,dQ_aB_{qa}^\top A_{qa}^\top$ (same for $K$).
+    $dx \mathrel{+}= dQ_a W_q^\top + s\,dQ_aB_{qa}^\top A_{qa}^\top$ (same for $K$). With
+    ``"lambda_with_norm"`` ($Y = (1-\lambda)\,N W_o$): $dN = (1-\lambda)\,dN_{out}$ and
+    $d\lambda \mathrel{+}= -\langle dN_{out}, N\rangle$.
     """
     if isinstance(lambda_init, (bool, np.bool_)) or not isinstance(lambda_init, (int, float, np.number)):
         raise TypeError(f"lambda_init must be a real number; got {type(lambda_init).__name__}")
     if not np.isfinite(lambda_init):
         raise ValueError(f"lambda_init must be finite; got {lambda_init}")
+    if isinstance(rescale, (bool, np.bool_)):
+        rescale = "lambda_init" if rescale else "none"
     return _twobranch_forward(
         x, params, where="difflora", names=_LLAMA_NAMES, num_heads=num_heads, num_kv_heads=num_kv_heads,
-        negative_term=negative_term, lora_scale=lora_scale, lambda_mode=lambda_mode,
+        negative_term=negative_term, positive_term=positive_term, lora_scale=lora_scale, lambda_mode=lambda_mode,
         lambda_init_value=float(lambda_init), attn_mask=attn_mask, is_causal=is_causal,
         causal_alignment=causal_alignment, rel_pos=rel_pos, rope_interleaved=rope_interleaved, scale=scale,
         subln=subln, subln_affine=subln_affine, subln_eps=subln_eps, rescale=rescale)
@@ -1359,6 +1425,12 @@ def difflora_backward(dout, cache):
 def difflora(x, params, **config) -> np.ndarray:
     """Convenience wrapper: the output of :func:`difflora_forward`."""
     return difflora_forward(x, params, **config)[0]
+
+
+def _bool_rescale(rescale):
+    if not isinstance(rescale, (bool, np.bool_)):
+        raise TypeError(f"rescale must be a bool; got {type(rescale).__name__}")
+    return "lambda_init" if rescale else "none"
 
 
 _LLAMA_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj", "q2": "q2_proj", "k2": "k2_proj"}
@@ -1410,7 +1482,7 @@ def shared_diff_attention_forward(x, params, *, num_heads: int, num_kv_heads: in
         num_kv_heads=num_kv_heads, negative_term="base_lora", lora_scale=lora_scale, lambda_mode="reparam",
         lambda_init_value=lam0, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
         rel_pos=rel_pos, rope_interleaved=rope_interleaved, scale=scale, subln=subln, subln_affine=subln_affine,
-        subln_eps=subln_eps, rescale=rescale)
+        subln_eps=subln_eps, rescale=_bool_rescale(rescale))
 
 
 def shared_diff_attention_backward(dout, cache):
@@ -1424,12 +1496,12 @@ def shared_diff_attention(x, params, **config) -> np.ndarray:
 
 
 def _twobranch_params(rng, C, H, Hkv, d, dv, r, names, *, negative_term="base_lora", reparam=False,
-                      norm=False, lambda_init=0.5, zero_B=False):
+                      norm=False, lambda_init=0.5, zero_B=False, positive_term="base_lora"):
     P = {f"{names['q']}.weight": rng.standard_normal((C, H * d)) / np.sqrt(C),
          f"{names['k']}.weight": rng.standard_normal((C, Hkv * d)) / np.sqrt(C),
          f"{names['v']}.weight": rng.standard_normal((C, Hkv * dv)) / np.sqrt(C),
          f"{names['o']}.weight": rng.standard_normal((H * dv, C)) / np.sqrt(H * dv)}
-    branches = ("1",) if negative_term == "full" else ("1", "2")
+    branches = tuple(a for a, on in (("1", positive_term == "base_lora"), ("2", negative_term != "full")) if on)
     for t, w in ((names["q"], H * d), (names["k"], Hkv * d)):
         for a in branches:
             P[f"{t}.lora_A{a}"] = rng.standard_normal((C, r)) / np.sqrt(C)
@@ -1451,12 +1523,16 @@ def _sample_difflora(rng, size):
         B, n, C, H, d, r = 2, int(rng.integers(4, 7)), 6, 4, 2, 2
     Hkv = int(rng.choice([1, 2]))
     mode = str(rng.choice(["base_lora", "lora_only", "full"]))
+    positive = str(rng.choice(["base_lora", "base"])) if mode != "full" else "base_lora"
     lam_mode = str(rng.choice(["fixed", "reparam"]))
-    P = _twobranch_params(rng, C, H, Hkv, d, d, r, _LLAMA_NAMES, negative_term=mode,
-                          reparam=lam_mode == "reparam", lambda_init=0.4)
+    subln = str(rng.choice(["rms", "none"]))
+    rescale = str(rng.choice(["lambda_init", "lambda_with_norm", "none"]))
+    P = _twobranch_params(rng, C, H, Hkv, d, d, r, _LLAMA_NAMES, negative_term=mode, positive_term=positive,
+                          reparam=lam_mode == "reparam", lambda_init=0.4, norm=subln == "rms")
     return Sample(inputs={"x": rng.standard_normal((B, n, C))}, params=P,
                   config={"num_heads": H, "num_kv_heads": Hkv, "lambda_init": 0.4, "lambda_mode": lam_mode,
-                          "negative_term": mode, "lora_scale": 2.0, "rel_pos": rope_tables(n, d)})
+                          "negative_term": mode, "positive_term": positive, "lora_scale": 2.0, "subln": subln,
+                          "rescale": rescale, "rel_pos": rope_tables(n, d)})
 
 
 def _sample_shared(rng, size):
@@ -1475,12 +1551,13 @@ def _sample_shared(rng, size):
 
 
 def _check_difflora_init(rng):
-    # B = 0 (default mode, fixed lambda = lambda_init, no norm): (1 - lambda_init)^2 x the base attention.
+    # B = 0 (default mode, fixed lambda = lambda_init, no norm, rescale "lambda_init"):
+    # (1 - lambda_init)^2 x the base attention.
     B, n, C, H, Hkv, d = 2, 5, 6, 4, 2, 2
     x = rng.standard_normal((B, n, C))
     P = _twobranch_params(rng, C, H, Hkv, d, d, 2, _LLAMA_NAMES, zero_B=True)
     lam0 = 0.3
-    out = difflora(x, P, num_heads=H, num_kv_heads=Hkv, lambda_init=lam0)
+    out = difflora(x, P, num_heads=H, num_kv_heads=Hkv, lambda_init=lam0, subln="none")
     q = _split_heads(x @ P["q_proj.weight"], H, d)
     k = _split_heads(x @ P["k_proj.weight"], Hkv, d)
     v = _split_heads(x @ P["v_proj.weight"], Hkv, d)
