@@ -1446,16 +1446,22 @@ def shared_diff_attention_forward(x, params, *, num_heads: int, num_kv_heads: in
                                   subln_affine: bool = True, subln_eps: float = 1e-5, rescale: bool = True):
     r"""Shared DIFF Transformer (Cang, Liu, Zhang et al., "Shared DIFF Transformer", 2025, arXiv 2501.17900).
 
-    [paper] A shared base matrix models global patterns and low-rank updates add task-specific
-    flexibility ("differential amplifier" design), reducing DIFF's parameter redundancy. No public
-    code. [recon] (catalogue): the two query/key branches of DIFF V1 share a base and differ by
-    rank-$r$ updates,
+    [paper, abstracts of arXiv v1 and v2 only — the method section could not be retrieved here,
+    and no code, official or third-party, was found] A shared base matrix models global patterns
+    and low-rank updates add task-specific flexibility ("differential amplifier" design), reducing
+    DIFF's parameter redundancy (v2: also "unstable noise extraction"). [recon, unverified] (the
+    catalogue's reading): the two query/key branches of DIFF V1 share a base and differ by rank-$r$
+    updates,
 
     $$W_{Q,a} = W_Q^{sh} + s\,A_{Q,a}B_{Q,a},\qquad W_{K,a} = W_K^{sh} + s\,A_{K,a}B_{K,a},\qquad a\in\{1,2\},$$
 
     then exactly ``diff_attention_v1`` (λ re-parameterisation with $\lambda_{init}(\text{depth})$,
     per-head RMSNorm over the value width, $(1-\lambda_{init})$, interleaved RoPE, causal by
-    unilm's rule). Head $i$ uses $Q_{1,i}, Q_{2,i}$ and kv head $\lfloor i/n_{rep}\rfloor$ of $K_1, K_2, V$
+    unilm's rule). Unverified: the ranks, whether $V$ (and $W_o$) are shared or get updates, the
+    λ form, and whether the updates are independent per branch — a "differential amplifier"
+    reading with opposite updates ($W_{Q,1,2} = W_Q^{sh} \pm \Delta$) is the special case
+    $A_{Q,2}B_{Q,2} = -A_{Q,1}B_{Q,1}$ of this parameterisation. Head $i$ uses $Q_{1,i}, Q_{2,i}$ and kv
+    head $\lfloor i/n_{rep}\rfloor$ of $K_1, K_2, V$
     (V1's ``gqa_pairing="flash"``: each branch is its own projection).
 
     Parameters
