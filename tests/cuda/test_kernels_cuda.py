@@ -179,7 +179,8 @@ def test_flash_float32_error_rule(is_causal):
     rng = np.random.default_rng(5)
     n = 12 if not REAL else 300
     d = 8 if not REAL else 64
-    q, k, v = _qkv(rng, 1, 2, 2, n, n, d, d)
+    h = 2 if not REAL else 4
+    q, k, v = _qkv(rng, 1, h, h, n, n, d, d)
     q, k = q * 2.0, k * 2.0
     q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
     out64, c64 = sdpa_forward(q, k, v, is_causal=is_causal)

@@ -106,6 +106,7 @@ def _logit_fn(dtype_name):
 @cache
 def get_fwd(dtype_name, R, BQ, BK, D, DV, TX):
     nbt = _nbt(dtype_name)
+    f64 = _nbt("float64")
     logit = _logit_fn(dtype_name)
     DVP = -(-DV // TX)
     NT = BQ * TX
@@ -121,7 +122,7 @@ def get_fwd(dtype_name, R, BQ, BK, D, DV, TX):
         Ss = cuda.shared.array((R, BQ, BK1), nbt)
         acc = cuda.local.array((R, DVP), nbt)
         mrow = cuda.local.array(R, nbt)
-        lrow = cuda.local.array(R, nbt)
+        lrow = cuda.local.array(R, f64)  # softmax denominators in float64 (as the CPU kernels)
         zero = nbt(0.0)
         ninf = nbt(-math.inf)
         t = cuda.threadIdx.x
@@ -139,7 +140,7 @@ def get_fwd(dtype_name, R, BQ, BK, D, DV, TX):
         i = i0 + ii
         for r in range(R):
             mrow[r] = ninf
-            lrow[r] = zero
+            lrow[r] = 0.0
             for u in range(DVP):
                 acc[r, u] = zero
         for e in range(tid, R * BQ * D, NT):
@@ -196,28 +197,28 @@ def get_fwd(dtype_name, R, BQ, BK, D, DV, TX):
                         mrow[r] = m_new
                         for u in range(DVP):
                             acc[r, u] *= alpha
-                        ls = zero
+                        ls = f64(0.0)
                         for jj in range(nk):
                             p = math.exp(Ss[r, ii, jj] - m_new)
-                            ls += p
+                            ls += f64(p)
                             for u in range(DVP):
                                 c = t + u * TX
                                 if c < DV:
                                     acc[r, u] += p * Vs[jj, c]
-                        lrow[r] = lrow[r] * alpha + ls
+                        lrow[r] = lrow[r] * f64(alpha) + ls
         if ii < nq:
             for r in range(R):
                 l_ = lrow[r]
-                inv = zero
-                if l_ > zero:
-                    inv = nbt(1.0) / l_
+                inv = f64(0.0)
+                if l_ > 0.0:
+                    inv = 1.0 / l_
                     if t == 0:
-                        lse[r, b, h, i] = mrow[r] + math.log(l_)
+                        lse[r, b, h, i] = nbt(f64(mrow[r]) + math.log(l_))
                 elif t == 0:
                     lse[r, b, h, i] = ninf
                 for u in range(DVP):
                     c = t + u * TX
-                    o = acc[r, u] * inv
+                    o = nbt(f64(acc[r, u]) * inv)
                     acc[r, u] = o
                     if R > 1 and c < DV:
                         omap[r, b, h, i, c] = o
@@ -534,6 +535,7 @@ def get_bwd_q(dtype_name, R, BQ, BK, D, DV, TX):
 @cache
 def get_delta(dtype_name):
     nbt = _nbt(dtype_name)
+    f64 = _nbt("float64")
 
     @cuda.jit
     def delta_kernel(g, omap, w, dlse, has_dlse, rs, delta):
@@ -546,14 +548,14 @@ def get_delta(dtype_name):
         if x < R * P:
             r = x // P
             p = x - r * P
-            s = nbt(0.0)
+            s = 0.0  # float64 row sum
             for c in range(DV):
-                s += g[p, c] * omap[r, p, c]
-            rs[r, p] = s
-            dd = w[r, p] * s
+                s += f64(g[p, c]) * f64(omap[r, p, c])
+            rs[r, p] = nbt(s)
+            dd = f64(w[r, p]) * s
             if has_dlse != 0:
-                dd = dd - dlse[p]
-            delta[r, p] = dd
+                dd = dd - f64(dlse[p])
+            delta[r, p] = nbt(dd)
 
     return delta_kernel
 
