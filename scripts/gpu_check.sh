@@ -8,8 +8,9 @@
 #
 # Writes OUTDIR/summary.md (+ summary.json), nvidia-smi.txt, env.txt, install.log, cuda-tests.log,
 # cuda-tests.xml, bench.log, bench.json, bench.md.
-# Environment knobs: PYTHON (interpreter), TEST_TIMEOUT_S (default 270), BENCH_TIMEOUT_S (default 170),
-# SKIP_INSTALL=1, TEST_SIZE (default real), BENCH_ARGS (extra gpu_bench.py arguments). A dry run of the
+# Environment knobs: PYTHON (interpreter), TOTAL_BUDGET_S (default 450: every step's timeout is cut to
+# what is left of it), TEST_TIMEOUT_S (default 220), BENCH_TIMEOUT_S (default 150), SKIP_INSTALL=1,
+# TEST_SIZE (default real), BENCH_ARGS (extra gpu_bench.py arguments). A dry run of the
 # whole script on a machine without a GPU, under the CUDA simulator:
 #   NUMBA_ENABLE_CUDASIM=1 SKIP_INSTALL=1 TEST_SIZE=toy BENCH_ARGS=--toy bash scripts/gpu_check.sh /tmp/dry
 set -uo pipefail
@@ -21,7 +22,14 @@ OUT="$(cd "$OUT" && pwd)"
 T0=$(date +%s)
 STEPS=()
 
+BUDGET="${TOTAL_BUDGET_S:-450}"
 now() { echo $(( $(date +%s) - T0 )); }
+left() {  # left WANTED [RESERVE]: WANTED capped to what the budget leaves after RESERVE seconds, >= 10
+    local l=$(( BUDGET - $(now) - ${2:-0} ))
+    [ "$l" -gt "$1" ] && l=$1
+    [ "$l" -lt 10 ] && l=10
+    echo "$l"
+}
 say() { echo "[gpu_check +$(now)s] $*"; }
 record() {  # record NAME RC DETAIL
     STEPS+=("$1|$2|$3")
@@ -51,9 +59,15 @@ if [ "${SKIP_INSTALL:-0}" = "1" ]; then
 else
     say "pip install -e .[test,cuda] (falls back to the existing environment)"
     export PIP_DISABLE_PIP_VERSION_CHECK=1
-    if timeout 120 "$PY" -m pip install --retries 0 --timeout 10 --no-build-isolation -e ".[test,cuda]" >> "$OUT/install.log" 2>&1; then
+    # Never let the install replace an installed (CUDA) torch: pin whatever torch is there.
+    : > "$OUT/constraints.txt"
+    TORCH_VER="$(timeout 60 "$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)"
+    if [ -n "$TORCH_VER" ]; then echo "torch==$TORCH_VER" > "$OUT/constraints.txt"; fi
+    echo "constraints: $(cat "$OUT/constraints.txt")" >> "$OUT/install.log"
+    if timeout "$(left 60 380)" "$PY" -m pip install --retries 0 --timeout 10 --no-build-isolation \
+        -c "$OUT/constraints.txt" -e ".[test,cuda]" >> "$OUT/install.log" 2>&1; then
         record install 0 "pip install -e .[test,cuda]"
-    elif timeout 60 "$PY" -m pip install --retries 0 --timeout 10 --no-build-isolation --no-deps -e . >> "$OUT/install.log" 2>&1; then
+    elif timeout "$(left 30 380)" "$PY" -m pip install --retries 0 --timeout 10 --no-build-isolation --no-deps -e . >> "$OUT/install.log" 2>&1; then
         record install 1 "full install failed; installed refattn alone (--no-deps); see install.log"
     else
         export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -63,7 +77,7 @@ fi
 
 # ------------------------------------------------------------------ 3. environment
 say "environment"
-timeout 60 "$PY" - > "$OUT/env.txt" 2>&1 <<'PYEOF'
+timeout "$(left 45 360)" "$PY" - > "$OUT/env.txt" 2>&1 <<'PYEOF'
 import importlib, platform
 print("python", platform.python_version())
 for m in ("numpy", "numba", "torch", "pytest", "refattn"):
@@ -91,16 +105,18 @@ rc=$?
 record environment "$rc" "$(grep -m1 'refattn cuda_available' "$OUT/env.txt" || echo 'see env.txt')"
 
 # ------------------------------------------------------------------ 4. CUDA tests at real sizes
-say "tests/cuda at ${TEST_SIZE:-real} sizes (timeout ${TEST_TIMEOUT_S:-270}s)"
-REFATTN_CUDA_TEST_SIZE="${TEST_SIZE:-real}" timeout "${TEST_TIMEOUT_S:-270}" "$PY" -m pytest tests/cuda -q -p no:cacheprovider \
+TT=$(left "${TEST_TIMEOUT_S:-220}" 100)
+say "tests/cuda at ${TEST_SIZE:-real} sizes (timeout ${TT}s)"
+REFATTN_CUDA_TEST_SIZE="${TEST_SIZE:-real}" timeout "$TT" "$PY" -m pytest tests/cuda -q -p no:cacheprovider \
     -o addopts="" -rfE --durations=10 --junitxml="$OUT/cuda-tests.xml" > "$OUT/cuda-tests.log" 2>&1
 rc=$?
 record cuda-tests "$rc" "$(grep -E '(passed|failed|error)' "$OUT/cuda-tests.log" | tail -1)"
 
 # ------------------------------------------------------------------ 5. benchmark
-say "benchmark vs torch CUDA SDPA (timeout ${BENCH_TIMEOUT_S:-170}s)"
+BT=$(left "${BENCH_TIMEOUT_S:-150}" 5)
+say "benchmark vs torch CUDA SDPA (timeout ${BT}s)"
 # shellcheck disable=SC2086
-timeout "${BENCH_TIMEOUT_S:-170}" "$PY" scripts/gpu_bench.py --out "$OUT" --budget-s $(( ${BENCH_TIMEOUT_S:-170} - 30 )) ${BENCH_ARGS:-} \
+timeout "$BT" "$PY" scripts/gpu_bench.py --out "$OUT" --budget-s $(( BT > 60 ? BT - 30 : BT / 2 )) ${BENCH_ARGS:-} \
     2>&1 | tee "$OUT/bench.log"
 rc=${PIPESTATUS[0]}
 record benchmark "$rc" "$(tail -1 "$OUT/bench.log")"

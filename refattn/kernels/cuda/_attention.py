@@ -17,12 +17,12 @@ of ``BK`` key rows (dK/dV); the ``TX`` threads of a row split the output columns
 are computed redundantly by the ``TX`` threads of a row from shared memory, which needs no
 reduction between threads.
 
-* forward: grid ``(ceil(N/BQ), B*H)``; online softmax over key tiles, writes ``out``, the per-map
+* forward: grid ``(B*H, ceil(N/BQ))``; online softmax over key tiles, writes ``out``, the per-map
   normalised outputs ``omap`` (R > 1 only) and ``lse``;
-* backward dK/dV: grid ``(ceil(M/BK), B*Hkv)``; a block holds one key tile and loops over the
+* backward dK/dV: grid ``(B*Hkv, ceil(M/BK))``; a block holds one key tile and loops over the
   query heads of its kv group (fixed order, so GQA needs no reduction afterwards) and over the
   query tiles, recomputing $P$ from the LSE (FlashAttention-2);
-* backward dQ: grid ``(ceil(N/BQ), B*H)``; recomputes $P$ and $dS$ per key tile. Splitting dQ
+* backward dQ: grid ``(B*H, ceil(N/BQ))``; recomputes $P$ and $dS$ per key tile. Splitting dQ
   from dK/dV replaces FlashAttention-2's atomic dQ accumulation by recomputation (deterministic,
   $O(Nd)$ memory);
 * precision (as the CPU kernels): each query tile's (key tile's) contribution to dK, dV (dQ) is
@@ -131,11 +131,11 @@ def get_fwd(dtype_name, R, BQ, BK, D, DV, TX):
         H = q.shape[2]
         N = q.shape[3]
         M = k.shape[3]
-        bh = cuda.blockIdx.y
+        bh = cuda.blockIdx.x
         b = bh // H
         h = bh - b * H
         hk = kvmap[h]
-        i0 = cuda.blockIdx.x * BQ
+        i0 = cuda.blockIdx.y * BQ
         nq = min(BQ, N - i0)
         i = i0 + ii
         for r in range(R):
@@ -274,10 +274,10 @@ def get_bwd_kv(dtype_name, R, BQ, BK, D, DV, TX):
         N = q.shape[3]
         M = k.shape[3]
         G = heads.shape[1]
-        bh = cuda.blockIdx.y
+        bh = cuda.blockIdx.x
         b = bh // Hkv
         hk = bh - b * Hkv
-        j0 = cuda.blockIdx.x * BK
+        j0 = cuda.blockIdx.y * BK
         nk = min(BK, M - j0)
         j = j0 + jj
         for e in range(tid, R * BK * D, NT):
@@ -430,11 +430,11 @@ def get_bwd_q(dtype_name, R, BQ, BK, D, DV, TX):
         H = q.shape[2]
         N = q.shape[3]
         M = k.shape[3]
-        bh = cuda.blockIdx.y
+        bh = cuda.blockIdx.x
         b = bh // H
         h = bh - b * H
         hk = kvmap[h]
-        i0 = cuda.blockIdx.x * BQ
+        i0 = cuda.blockIdx.y * BQ
         nq = min(BQ, N - i0)
         i = i0 + ii
         for e in range(tid, R * BQ * D, NT):

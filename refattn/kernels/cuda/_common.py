@@ -124,7 +124,7 @@ def launch_forward(q, k, v, w, kvm, maskd, scale, softcap, causal, offset, plan,
     lse = cuda.device_array((R, b, h, n), dtype=dt)
     mode, mb, mf, ms = maskd
     kern = _k.get_fwd(dt.name, R, bq, bk, d, dv, tx)
-    grid = (-(-n // bq), b * h)
+    grid = (b * h, -(-n // bq))  # (batch x head) on x: up to 2**31 - 1 blocks
     kern[grid, (tx, bq)](q, k, v, w, kvm, mode, mb, mf, ms, dt.type(scale), dt.type(softcap), int(causal),
                          int(offset), out, omap, lse)
     del m
@@ -160,11 +160,11 @@ def launch_backward(q, k, v, w, kvm, heads, maskd, scale, softcap, causal, offse
     sc, cap = dt.type(scale), dt.type(softcap)
     bq, bk = plan["bwd_kv"]
     kern = _k.get_bwd_kv(dt.name, R, bq, bk, d, dv, tx)
-    kern[(-(-m // bk), b * hkv), (tx, bk)](q, k, v, w, heads, mode, mb, mf, ms, sc, cap, int(causal), int(offset),
+    kern[(b * hkv, -(-m // bk)), (tx, bk)](q, k, v, w, heads, mode, mb, mf, ms, sc, cap, int(causal), int(offset),
                                            g4, lse, delta, dk, dvv)
     bq, bk = plan["bwd_q"]
     kern = _k.get_bwd_q(dt.name, R, bq, bk, d, dv, tx)
-    kern[(-(-n // bq), b * h), (tx, bq)](q, k, v, w, kvm, mode, mb, mf, ms, sc, cap, int(causal), int(offset),
+    kern[(b * h, -(-n // bq)), (tx, bq)](q, k, v, w, kvm, mode, mb, mf, ms, sc, cap, int(causal), int(offset),
                                          g4, lse, delta, dq)
     return dq, dk, dvv
 
