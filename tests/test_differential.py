@@ -896,3 +896,106 @@ def test_v1_halves_pairing_is_a_column_permutation_of_adjacent():
     np.testing.assert_array_equal(halves, adjacent)
     assert np.abs(halves - D.diff_attention_v1(x, P, num_heads=H, num_kv_heads=Hkv, depth=1,
                                                gqa_pairing="flash")).max() > 1e-6
+
+
+def _softmax(a, axis):
+    e = np.exp(a - a.max(axis, keepdims=True))
+    return e / e.sum(axis, keepdims=True)
+
+
+def test_fda_matches_xbert_fda():
+    # michaeltian108/FDA finetune/models/xbert_FDA.py (commit 3346ed8), BertSelfAttention.forward, FDA branch:
+    #   attention_scores = q @ k^T / sqrt(d) + mask ; fda_attention_scores = q(fda_hidden) @ k^T / sqrt(d) + mask
+    #   probs_ver = Softmax(-1)(scores) ; probs_hor = Softmax(-2)(scores) ; same for fda
+    #   mask[:, 6:] = 0 (FDA on the first half of the heads)
+    #   hor = (probs_hor - gate * fda_hor * mask).relu() ; ver = (probs_ver - gate * fda_ver * mask).relu()
+    #   attention_probs = torch.clamp_max(hor, ver) ; context = attention_probs @ v
+    rng = np.random.default_rng(51)
+    B, H, N, M, d = 2, 4, 5, 6, 3
+    q, q_fda = rng.standard_normal((2, B, H, N, d))
+    k, v = rng.standard_normal((2, B, H, M, d))
+    pad = np.zeros((B, 1, 1, M))
+    pad[0, ..., -2:] = -10000.0                      # HF extended key-padding mask
+    gate = 0.7
+    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + pad
+    fda_scores = q_fda @ k.transpose(0, 1, 3, 2) / math.sqrt(d) + pad
+    head_mask = np.ones((1, H, 1, 1))
+    head_mask[:, H // 2:] = 0.0
+    hor = np.maximum(_softmax(scores, -2) - gate * _softmax(fda_scores, -2) * head_mask, 0.0)
+    ver = np.maximum(_softmax(scores, -1) - gate * _softmax(fda_scores, -1) * head_mask, 0.0)
+    ref = np.minimum(hor, ver) @ v
+    lam = gate * head_mask[0, :, :, 0]               # (H, 1): the gate on the FDA heads, 0 elsewhere
+    out = DV.differential_cross_attention(q, k, v, q_fda, k, v, lam, attn_mask=pad, attn_mask2=pad, combine="fda")
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
+    # a boolean key-padding mask gives the same output (P^k = 0 on padded keys makes A = 0 there)
+    keep = pad == 0
+    out_b = DV.differential_cross_attention(q, k, v, q_fda, k, v, lam, attn_mask=keep, attn_mask2=keep,
+                                            combine="fda")
+    np.testing.assert_allclose(out_b, ref, rtol=1e-12, atol=1e-13)
+
+
+def test_fda_matches_torch_autograd():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(52)
+    B, H, Hkv, N, M, d, dv = 2, 4, 2, 4, 5, 3, 2
+    q1, q2 = rng.standard_normal((2, B, H, N, d))
+    k1, k2 = rng.standard_normal((2, B, Hkv, M, d))
+    v1, v2 = rng.standard_normal((2, B, Hkv, M, dv))
+    lam = 0.4 + 0.3 * rng.standard_normal((H, 1))
+    keep = rng.random((B, 1, N, M)) > 0.25
+    keep[..., 0] = True
+    arrs = dict(q1=q1, k1=k1, v1=v1, q2=q2, k2=k2, v2=v2, lam=lam)
+    out, cache = DV.differential_cross_attention_forward(**arrs, attn_mask=keep, attn_mask2=keep, combine="fda")
+    T = {n_: torch.from_numpy(a).requires_grad_() for n_, a in arrs.items()}
+    rep = lambda t: t.repeat_interleave(H // Hkv, dim=1)  # noqa: E731
+    mask = torch.from_numpy(np.where(keep, 0.0, -np.inf))
+
+    def probs(q, k):
+        sc = q @ rep(k).transpose(-1, -2) / math.sqrt(d) + mask
+        return torch.nan_to_num(torch.softmax(sc, -2)), torch.softmax(sc, -1)
+
+    hor1, ver1 = probs(T["q1"], T["k1"])
+    hor2, ver2 = probs(T["q2"], T["k2"])
+    lam_t = T["lam"][..., None]
+    hor = torch.relu(hor1 - lam_t * hor2)
+    ver = torch.relu(ver1 - lam_t * ver2)
+    yt = torch.clamp_max(hor, ver) @ rep(T["v1"])
+    np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-12, atol=1e-13)
+    g = rng.standard_normal(out.shape)
+    yt.backward(torch.from_numpy(g))
+    grads = DV.differential_cross_attention_backward(g, cache)
+    for name_, t in T.items():
+        tg = np.zeros_like(arrs[name_]) if t.grad is None else t.grad.numpy()
+        np.testing.assert_allclose(grads[name_], tg, rtol=1e-10, atol=1e-12, err_msg=name_)
+
+
+def test_gsra_differential_term_is_the_output_combination():
+    # ming053l/PhaSR model.py (commit c2686d7), DifferentialWindowAttention.forward:
+    #   attn_geo = softmax(q*scale @ k_geo^T + bias) ; attn_sem = softmax(q*scale @ k_sem^T + bias)
+    #   lambda_val = sigmoid(lambda_q1 * lambda_k1) + lambda_init ; attn_diff = attn_sem - lambda_val * attn_geo
+    #   x = attn_geo @ v_geo + attn_diff @ v_sem
+    rng = np.random.default_rng(53)
+    B, H, N, d = 2, 3, 4, 2
+    q, k_geo, k_sem, v_geo, v_sem = rng.standard_normal((5, B, H, N, d))
+    bias = 0.3 * rng.standard_normal((H, N, N))
+    lq1, lk1 = 0.5 + 0.1 * rng.standard_normal(2)
+    lambda_val = 1 / (1 + np.exp(-lq1 * lk1)) + D.lambda_init_fn(2)
+    scale = d ** -0.5
+    attn_geo = _softmax(q * scale @ k_geo.transpose(0, 1, 3, 2) + bias, -1)
+    attn_sem = _softmax(q * scale @ k_sem.transpose(0, 1, 3, 2) + bias, -1)
+    ref = attn_geo @ v_geo + (attn_sem - lambda_val * attn_geo) @ v_sem
+    diff = DV.differential_cross_attention(q, k_sem, v_sem, q, k_geo, v_sem, np.array([lambda_val]),
+                                           attn_mask=bias, attn_mask2=bias)
+    from refattn.attention.softmax import sdpa_forward
+
+    np.testing.assert_allclose(diff + sdpa_forward(q, k_geo, v_geo, attn_mask=bias)[0], ref, rtol=1e-12, atol=1e-13)
+
+
+def test_fda_validation():
+    rng = np.random.default_rng(54)
+    q = rng.standard_normal((1, 2, 3, 2))
+    k = rng.standard_normal((1, 2, 4, 2))
+    with pytest.raises(ValueError, match="k2 must have k1's shape"):
+        DV.differential_cross_attention(q, k, k, q, k[..., :3, :], k[..., :3, :], np.ones(1), combine="fda")
+    with pytest.raises(ValueError, match="combine"):
+        DV.differential_cross_attention(q, k, k, q, k, k, np.ones(1), combine="map")
