@@ -4,9 +4,16 @@ r"""Differential-attention variants built on the V1 pieces of :mod:`refattn.atte
   ``Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py``): per-token, per-head
   $\lambda = \sigma(xW_\lambda)$, the two query heads of a pair share K/V, no per-head norm.
 * :func:`diffclip_attention_forward` — DiffCLIP (hammoudhasan/DiffCLIP ``diff_attention.py``).
-* :func:`grouped_differential_attention_forward` — GDA (unbalanced signal / noise head groups).
-* DEX, DiffLoRA, Shared DIFF, DINT and differential cross-attention (papers only; every unclear
-  choice is a keyword, and each docstring says what was followed).
+* :func:`grouped_differential_attention_forward` — GDA (unbalanced signal / noise head groups;
+  Motif Technologies' vLLM code).
+* :func:`difflora_forward` — DiffLoRA (the first author's code, AlexandreMisrahi2005/bergen).
+* :func:`dex_differential_adaptation_forward` — DEX (the paper's Fig. 9 pseudocode).
+* :func:`differential_cross_attention_forward` — generic / GSRA (PhaSR code) and FDA (its code).
+* :func:`dint_attention_forward`, :func:`shared_diff_attention_forward` — DINT (one third-party
+  implementation) and Shared DIFF (abstract only): reconstructions, marked unverified where so.
+
+Each docstring says which source (paper section, file and commit) was followed and what remains
+unverified; every unclear choice is a keyword.
 
 Each forward documents its backward; all are verified against central finite differences by the
 registry's generated tests.
