@@ -1774,7 +1774,6 @@ def _fda_forward(q1, k1, v1, q2, k2, v2, lam, m1, m2, scale, kv_group_map):
 
 def _fda_backward(g, c):
     from ..nn.softmax import softmax_vjp
-
     from .differential import _sum_to
 
     A, V, s, lam_b = c["A"], c["V"], c["s"], c["lam_b"]
