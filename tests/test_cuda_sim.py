@@ -48,3 +48,55 @@ def test_cuda_kernels_under_simulator():
     assert proc.returncode == 0, f"tests/cuda failed under the CUDA simulator (exit {proc.returncode}):\n{tail}"
     assert " passed" in proc.stdout, tail
     assert elapsed < TIME_LIMIT_S, f"tests/cuda took {elapsed:.0f} s under the simulator (budget {TIME_LIMIT_S} s)"
+
+
+def test_cuda_package_imports_without_numba_cuda():
+    """The registry imports kernel packages leniently, but importing refattn.kernels.cuda must not
+    fail even when numba.cuda itself cannot be imported."""
+    code = (
+        "import sys; sys.modules['numba.cuda'] = None\n"
+        "import refattn.kernels.cuda as kc\n"
+        "from refattn.kernels.cuda import flash, differential, linear\n"
+        "assert kc.cuda_available() is False\n"
+        "import numpy as np\n"
+        "q = np.ones((1, 1, 2, 2))\n"
+        "try:\n"
+        "    flash.flash_attention_forward(q, q, q)\n"
+        "except RuntimeError as e:\n"
+        "    assert 'numba-cuda' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('no RuntimeError')\n"
+        "from refattn import registry\n"
+        "assert 'numba_cuda' not in registry.get('sdpa').kernels\n"
+        "print('ok')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_cuda_entry_points_validate_before_needing_a_device():
+    """Without a GPU (and without the simulator) bad input still raises ValueError/TypeError; good
+    input raises RuntimeError, never a crash."""
+    import numpy as np
+
+    from refattn.kernels.cuda import cuda_available, differential, flash, linear
+
+    if cuda_available():
+        pytest.skip("CUDA kernels can run here")
+    q = np.ones((1, 2, 3, 4))
+    with pytest.raises(ValueError):
+        flash.flash_attention_forward(q, q[..., :2], q)
+    with pytest.raises(TypeError):
+        flash.flash_attention_forward(q.astype(int), q, q)
+    with pytest.raises(RuntimeError):
+        flash.flash_attention_forward(q, q, q)
+    with pytest.raises(ValueError):
+        differential.diff_attention_forward(q, q, q, q, q, np.ones((5, 1)))
+    with pytest.raises(RuntimeError):
+        differential.diff_attention_forward(q, q, q, q, q, np.ones(1))
+    with pytest.raises(ValueError):
+        linear.causal_linear_attention_forward(q, q, q, feature_map="relu")
+    with pytest.raises(RuntimeError):
+        linear.causal_linear_attention_forward(q, q, q)

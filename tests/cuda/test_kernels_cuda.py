@@ -208,6 +208,13 @@ def test_flash_float16_promotes_and_inputs_untouched():
     assert out.dtype == np.float32 and c["lse"].dtype == np.float32
     for a, b in zip((q, k, v), copies):
         assert np.array_equal(a, b)
+    # Fortran-order, read-only, non-contiguous float64 inputs are accepted and never modified
+    q64, k64, v64 = (np.asfortranarray(a.astype(np.float64)) for a in (q, k, v))
+    v64 = np.concatenate([v64, v64], axis=-1)[..., ::2]
+    for a in (q64, k64, v64):
+        a.flags.writeable = False
+    out64, _ = kf.flash_attention_forward(q64, k64, v64, block_q=bq, block_k=bk)
+    assert _maxerr(out64, sdpa_forward(q64, k64, v64)[0]) <= 1e-10
 
 
 def test_flash_deterministic_and_device_arrays():
