@@ -92,12 +92,48 @@ def on_page_markdown(markdown, page, config, files):
 
 
 _HREF = re.compile(r'href="(?!https?:|mailto:|#|/)([^"#?]+\.(?:md|ipynb))(#[^"]*)?"')
+_MD_CELL = '<div class="jp-RenderedHTMLCommon jp-RenderedMarkdown'
+_CODE = re.compile(r"(<code[^>]*>.*?</code>)", re.S)
+_DISPLAY = re.compile(r"\$\$(.+?)\$\$", re.S)
+_INLINE = re.compile(r"(?<![\\$])\$(?!\$)(.+?)(?<![\\$])\$", re.S)
+
+
+def _arithmatex(text: str) -> str:
+    """``$$x$$`` / ``$x$`` in rendered notebook Markdown -> arithmatex spans, outside ``<code>``."""
+    parts = _CODE.split(text)
+    for i in range(0, len(parts), 2):
+        t = _DISPLAY.sub(lambda m: f'<span class="arithmatex">\\[{m.group(1)}\\]</span>', parts[i])
+        parts[i] = _INLINE.sub(lambda m: f'<span class="arithmatex">\\({m.group(1)}\\)</span>', t)
+    return "".join(parts)
+
+
+def _notebook_math(html: str) -> str:
+    """The site's MathJax typesets only ``.arithmatex`` elements (``javascripts/mathjax-config.js``,
+    the mkdocs-material recipe for the Markdown pages); notebook Markdown cells keep TeX between
+    dollars. Rewrite the math of every Markdown cell (never code cells or outputs) into the same
+    arithmatex spans."""
+    out, pos = [], 0
+    while (start := html.find(_MD_CELL, pos)) != -1:
+        body = html.index(">", start) + 1
+        depth, j = 1, body
+        while depth:
+            nxt_open, nxt_close = html.find("<div", j), html.find("</div>", j)
+            if nxt_open != -1 and nxt_open < nxt_close:
+                depth, j = depth + 1, nxt_open + 4
+            else:
+                depth, j = depth - 1, nxt_close + 6
+        end = j - 6
+        out += [html[pos:body], _arithmatex(html[body:end])]
+        pos = end
+    out.append(html[pos:])
+    return "".join(out)
 
 
 def on_page_content(html, page, config, files):
-    """Notebook pages: mkdocs-jupyter renders their Markdown without mkdocs' link resolution, so
-    relative links to other pages (``../conventions.md#x``, ``02_flash_attention.ipynb``, written
-    relative to the notebook's place in the docs tree) are rewritten to the built pages' URLs."""
+    """Notebook pages: mkdocs-jupyter renders their Markdown without mkdocs' link resolution and
+    without arithmatex. Relative links to other pages (``../conventions.md#x``,
+    ``02_flash_attention.ipynb``, written relative to the notebook's place in the docs tree) are
+    rewritten to the built pages' URLs, and the math is put into arithmatex spans."""
     if not page.file.src_uri.endswith(".ipynb"):
         return html
     base = posixpath.dirname(page.file.src_uri)
@@ -109,4 +145,4 @@ def on_page_content(html, page, config, files):
             return m.group(0)
         return f'href="{target.url_relative_to(page.file)}{m.group(2) or ""}"'
 
-    return _HREF.sub(fix, html)
+    return _notebook_math(_HREF.sub(fix, html))

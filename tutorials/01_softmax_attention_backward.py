@@ -196,7 +196,7 @@ assert not report.passed
 # Note which rows fail: `dv` is still right (it does not go through the softmax), `dq` and `dk`
 # are wrong.
 #
-# ## How small should $\varepsilon$ be?
+# ## How small should the step be?
 #
 # The step trades truncation error ($\propto\varepsilon^2$) against round-off
 # ($\propto\epsilon_{\text{mach}}/\varepsilon$). Measuring the error of one directional derivative

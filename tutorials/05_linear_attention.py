@@ -32,6 +32,13 @@
 # grows with $N$. Module: `refattn.attention.linear`.
 
 # %%
+import os
+
+# One BLAS thread: the timings below then compare algorithms, not how well several BLAS threads
+# cope with a busy shared machine (set before NumPy is imported).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import time
 
 import matplotlib.pyplot as plt
@@ -147,8 +154,8 @@ plt.show()
 #
 # Now the other side: wall-clock time of one forward for one head ($d = d_v = 32$) as $N$ grows.
 # Softmax attention (the NumPy reference `sdpa`) does $\approx 2N^2(d + d_v)$ flops; linear
-# attention $\approx 4Nrd_v$. Timings are the best of a few runs on this machine (the
-# notebook's CI has 2 shared cores, so treat the numbers as shapes, not benchmarks).
+# attention $\approx 4Nrd_v$. Timings are single-threaded, the best of a few runs (the notebook's
+# CI has 2 shared cores, so treat the numbers as shapes, not benchmarks).
 
 # %%
 def best_time(fn, *args, min_repeat=3, budget=0.3, **kwargs):
