@@ -14,7 +14,7 @@ from . import _attention as _k
 from ._device import cuda, is_device_array, shape_proxy, to_device
 
 SMEM_LIMIT = 48 * 1024  # static shared memory per block
-MAX_THREADS = 1024
+MAX_THREADS = 256  # threads per block: 255 registers x 256 threads fit any SM's 64K registers
 # Preference order of the automatic (block_q, block_k) choice.
 _AUTO_TILES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16), (16, 8), (8, 8), (8, 4), (4, 4), (2, 2), (1, 1))
 

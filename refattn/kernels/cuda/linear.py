@@ -81,7 +81,7 @@ def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: 
     n, d = qp.shape[-2:]
     dv = vp.shape[-1]
     tile = _tile(d, dv, dt.itemsize)
-    if max(d, dv) > _c.MAX_THREADS:
+    if max(d, dv) > _c.MAX_THREADS:  # one thread per feature column
         raise ValueError(f"feature sizes d={d}, dv={dv} exceed the CUDA scan's {_c.MAX_THREADS} threads per block")
     require_cuda()
     q3, k3, v3 = _as3(q, dt), _as3(k, dt), _as3(v, dt)
