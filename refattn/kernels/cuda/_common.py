@@ -79,9 +79,28 @@ def _pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
 
 
+_CONST: dict = {}
+
+
+def const_device(key, build):
+    """A small read-only device array, built once per ``key`` (GQA tables, unit weights, the dummy
+    mask buffers): saves a host-to-device copy per call."""
+    arr = _CONST.get(key)
+    if arr is None:
+        if len(_CONST) > 64:
+            _CONST.clear()
+        arr = _CONST[key] = cuda.to_device(np.ascontiguousarray(build()))
+    return arr
+
+
 def mask_device(mask_tuple, dt):
     """CPU-style mask buffers -> device buffers (bool as uint8)."""
     mode, mb, mf, ms = mask_tuple
+    dt = np.dtype(dt)
+    if mode == 0:
+        return (0, const_device(("mb0",), lambda: np.ones(1, np.uint8)),
+                const_device(("mf0", dt.name), lambda: np.zeros(1, dt)),
+                const_device(("ms0",), lambda: np.zeros(4, np.int64)))
     return (mode, cuda.to_device(np.ascontiguousarray(mb, dtype=np.uint8)),
             cuda.to_device(np.ascontiguousarray(mf, dtype=dt)), cuda.to_device(np.ascontiguousarray(ms, dtype=np.int64)))
 

@@ -68,7 +68,7 @@ def diff_attention_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_causal:
     lam_rows = np.broadcast_to(lam.astype(dt, copy=False), q1p.shape[:-1]).reshape(b, h, n)
     w = cuda.to_device(np.ascontiguousarray(np.stack([np.ones((b, h, n), dtype=dt), -lam_rows])))
     maskd = _c.mask_device(mask_buffers(mask, lead, h, n, m, dt), dt)
-    kvm = cuda.to_device(kv_map(h, hkv, kv_group_map))
+    kvm = _c.const_device(("kvm", h, hkv, kv_group_map), lambda: kv_map(h, hkv, kv_group_map))
     offset = 0 if (causal_alignment == "top_left" or not is_causal) else m - n
     out4, omap, lse4 = _c.launch_forward(q, k, v4, w, kvm, maskd, float(s), 0.0, bool(is_causal), offset, plan,
                                          tx, omap_needed=True)
@@ -95,7 +95,8 @@ def diff_attention_backward(dout, cache):
     q, k, v4, w = c["q"], c["k"], c["v"], c["w"]
     rs, delta = _c.launch_delta(g4, c["omap"], w, None)
     h, hkv = q.shape[2], k.shape[2]
-    heads = cuda.to_device(_c.head_groups(h, hkv, c["kv_group_map"]))
+    gm = c["kv_group_map"]
+    heads = _c.const_device(("heads", h, hkv, gm), lambda: _c.head_groups(h, hkv, gm))
     dq, dk, dvv = _c.launch_backward(q, k, v4, w, c["kvm"], heads, c["mask"], c["scale"], 0.0, c["is_causal"],
                                      c["offset"], c["plan"], c["tx"], g4, c["lse4"], delta)
     on_dev = c["on_device"]

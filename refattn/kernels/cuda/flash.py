@@ -81,8 +81,8 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
     b = q4.shape[0]
     mask = mask_buffers(attn_mask, lead, h, n, m, dt)
     maskd = _c.mask_device(mask, dt)
-    kvm = cuda.to_device(kv_map(h, hkv, kv_group_map))
-    w = cuda.to_device(np.ones((1, b, h, n), dtype=dt))
+    kvm = _c.const_device(("kvm", h, hkv, kv_group_map), lambda: kv_map(h, hkv, kv_group_map))
+    w = _c.const_device(("ones", dt.name, b, h, n), lambda: np.ones((1, b, h, n), dtype=dt))
     offset = 0 if causal_alignment == "top_left" else m - n
     qr, kr = q4.reshape((1,) + q4.shape), k4.reshape((1,) + k4.shape)
     out4, _, lse4 = _c.launch_forward(qr, kr, v4, w, kvm, maskd, float(s), float(softcap or 0.0), is_causal,
@@ -126,7 +126,8 @@ def flash_attention_backward(dout, cache, *, dlse=None):
     omap = out4.reshape((1,) + tuple(out4.shape))
     _, delta = _c.launch_delta(g4, omap, w, dl)
     h, hkv = q.shape[2], k.shape[2]
-    heads = cuda.to_device(_c.head_groups(h, hkv, c["kv_group_map"]))
+    gm = c["kv_group_map"]
+    heads = _c.const_device(("heads", h, hkv, gm), lambda: _c.head_groups(h, hkv, gm))
     dq, dk, dvv = _c.launch_backward(q, k, v4, w, c["kvm"], heads, c["mask"], c["scale"],
                                      float(c["softcap"] or 0.0), c["is_causal"], c["offset"], c["plan"], c["tx"],
                                      g4, c["lse4"], delta)
