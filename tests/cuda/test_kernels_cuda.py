@@ -483,3 +483,31 @@ def test_registry_cuda_parity_checks(slug):
     rec = registry.get(slug)
     assert "numba_cuda" in rec.kernels
     assert rec.checks["kernel:numba_cuda"](np.random.default_rng(3)) <= 1e-10
+
+
+def test_diff_and_linear_device_arrays():
+    from refattn.kernels.cuda._device import cuda
+
+    rng = np.random.default_rng(40)
+    args = _diff_inputs(rng, 1, 2, 1, _n(5), _n(6), _d(3), _dv(2), (2, 1))
+    bq, bk = _tiles((4, 3))
+    out, c = kd.diff_attention_forward(*args, is_causal=True, block_q=bq, block_k=bk)
+    g = rng.standard_normal(out.shape)
+    gh = kd.diff_attention_backward(g, c)
+    dev = [cuda.to_device(a) for a in args[:5]]
+    outd, cd = kd.diff_attention_forward(*dev, cuda.to_device(args[5]), is_causal=True, block_q=bq, block_k=bk)
+    assert np.array_equal(outd.copy_to_host(), out)
+    gd = kd.diff_attention_backward(cuda.to_device(g), cd)
+    for name in gh:
+        assert np.array_equal(gd[name].copy_to_host(), gh[name]), name
+
+    q, k = rng.standard_normal((2, 1, 2, _n(6), _d(3)))
+    v = rng.standard_normal((1, 2, _n(6), _dv(2)))
+    out, c = kl.causal_linear_attention_forward(q, k, v)
+    g = rng.standard_normal(out.shape)
+    gh = kl.causal_linear_attention_backward(g, c)
+    outd, cd = kl.causal_linear_attention_forward(*(cuda.to_device(a) for a in (q, k, v)))
+    assert np.array_equal(outd.copy_to_host(), out)
+    gd = kl.causal_linear_attention_backward(cuda.to_device(g), cd)
+    for name in gh:
+        assert np.array_equal(gd[name].copy_to_host(), gh[name]), name
