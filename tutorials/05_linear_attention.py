@@ -189,8 +189,10 @@ ax.grid(True, which="both", alpha=0.3)
 plt.show()
 
 # %% [markdown]
-# The softmax curve bends to slope 2 on the log-log plot, the linear ones stay at slope 1; the
-# crossover sits where $N \approx 2r$ up to constant factors.
+# The softmax curve bends to slope 2 on the log-log plot, the linear ones stay at slope 1. The
+# flop counts cross where $N$ is of the order of $r$ (a few dozen here, below the lengths shown);
+# in practice constant factors — BLAS efficiency, the feature map, Performer's exponentials —
+# move the crossover, so measure at your sizes.
 #
 # ## Summary
 #
