@@ -129,10 +129,17 @@ def mask_buffers(attn_mask, lead: tuple, h: int, n: int, m: int, dt):
     return mode, bb, fb, ms
 
 
-def bwd_splits(b: int, h: int, m: int, block_k: int) -> int:
-    """Number of key ranges of the backward (shape-only, see ``_TARGET_BWD_TASKS``)."""
+# Memory the float64 dQ partials of the key splits may take per (batch, head).
+_DQ_SPLIT_BYTES = 16 << 20
+
+
+def bwd_splits(b: int, h: int, m: int, block_k: int, n: int = 1, d: int = 1) -> int:
+    """Number of key ranges of the backward: enough work items (``_TARGET_BWD_TASKS``) when
+    ``B*H`` is small, at most ``nkt`` and at most ``_DQ_SPLIT_BYTES / (8 N d)`` (each split holds a
+    float64 ``N x d`` dQ partial per head). Depends on the shapes only, never on the thread count."""
     nkt = -(-m // block_k)
-    return max(1, min(nkt, -(-_TARGET_BWD_TASKS // (b * h))))
+    by_memory = max(1, _DQ_SPLIT_BYTES // (8 * n * d))
+    return max(1, min(nkt, -(-_TARGET_BWD_TASKS // (b * h)), by_memory))
 
 
 __all__ = [

@@ -159,11 +159,11 @@ def diff_attention_backward(dout, cache):
     qs, ks, vs = c["shapes"]
     g = check_dout(dout, qs[:-1] + (vs[-1],), dt)
     g4 = g.reshape(omap.shape[1:])
-    rs = np.sum(g4[None] * omap, axis=-1)  # rowsum(G o O_a), (2, B, H, N)
+    rs = np.einsum("bhnc,rbhnc->rbhn", g4, omap)  # rowsum(G o O_a), (2, B, H, N), no temporary
     delta = np.ascontiguousarray(w * rs)
     _, b, h, n, d = q.shape
     hkv, m = k.shape[2], k.shape[3]
-    nsplit = bwd_splits(b, h, m, c["block_k"])
+    nsplit = bwd_splits(b, h, m, c["block_k"], 2 * n, d)
     dq_part = np.zeros((nsplit, 2, b, h, n, d), dtype=np.float64)  # accumulated over key tiles
     dk_part = np.empty((2, b, h, m, d), dtype=dt)
     dv_part = np.empty((b, h, m, v4.shape[-1]), dtype=dt)
@@ -171,9 +171,14 @@ def diff_attention_backward(dout, cache):
     kvm = kv_map(h, hkv, c["kv_group_map"])
     _k.attention_bwd(q, k, v4, w, kvm, mode, mb, mf, ms, c["scale"], 0.0, c["is_causal"], c["offset"],
                      c["block_q"], c["block_k"], nsplit, g4, c["lse4"], delta, dq_part, dk_part, dv_part)
-    s = dt.type(c["scale"])
-    dq = ((dq_part[0] if nsplit == 1 else dq_part.sum(axis=0)) * c["scale"]).astype(dt)
-    dk = reduce_heads(dk_part, hkv, c["kv_group_map"]) * s
+    dq = dq_part[0]
+    for i in range(1, nsplit):  # fixed order, in place
+        dq += dq_part[i]
+    dq *= c["scale"]
+    dq = dq.astype(dt)
+    del dq_part
+    dk = reduce_heads(dk_part, hkv, c["kv_group_map"])
+    dk *= dt.type(c["scale"])
     dvv = reduce_heads(dv_part, hkv, c["kv_group_map"])
     dlam = _sum_to((-rs[1]).reshape(qs[:-1]), c["lam_shape"])
     return {"q1": dq[0].reshape(qs), "k1": dk[0].reshape(ks), "q2": dq[1].reshape(qs),
