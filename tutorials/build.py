@@ -36,7 +36,7 @@ def execute(nb, timeout: int = TIMEOUT):
     """Run ``nb`` in place with the current interpreter (``python3`` kernel, cwd ``tutorials/``)."""
     # The inline backend (PNG outputs) regardless of a non-interactive MPLBACKEND set for CI.
     os.environ.pop("MPLBACKEND", None)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3",
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(HERE)}})
     client.execute()
     return nb
