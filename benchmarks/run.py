@@ -5,7 +5,8 @@ Usage (from the repository root)::
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/run.py [--quick] [--sizes 512 1024]
 
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, when set, force a slower OpenBLAS kernel under NumPy; unset them
-for the benchmark only (the report records which BLAS core ran). All options: ``--help`` (same as
+for the benchmark only (the report records which BLAS core ran). ``OMP_WAIT_POLICY`` defaults to
+PASSIVE (set by ``refattn.bench.main``; see there why). All options: ``--help`` (same as
 ``refattn bench``).
 """
 

@@ -61,7 +61,7 @@ def blas_info(threads: int | None = None) -> dict:
     import ctypes
 
     info = {"env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-                                                   "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}}
+                                                   "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")}}
     try:
         cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
         info["numpy_blas"] = f"{cfg.get('name')} {cfg.get('version')}"
@@ -109,12 +109,8 @@ def _torch():
     return torch
 
 
-_MINS: dict = {}
-
-
 def _median(fn, repeats: int, warmup: int = 1) -> float:
-    """Median wall time of ``repeats`` calls after ``warmup``; the minimum is kept in ``_MINS[fn]``
-    (less sensitive to other processes on a shared machine)."""
+    """Median wall time of ``repeats`` calls after ``warmup``."""
     for _ in range(warmup):
         fn()
     times = []
@@ -122,7 +118,6 @@ def _median(fn, repeats: int, warmup: int = 1) -> float:
         t = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t)
-    _MINS[fn] = min(times)
     return statistics.median(times)
 
 
@@ -136,6 +131,36 @@ def _peak_numpy_bytes(fn) -> int:
     tracemalloc.stop()
     del res
     return int(peak)
+
+
+def _measure(impls: dict, repeats: int, flops: float, fb_factor: float, ref: str, mem_names=()) -> dict:
+    """Time every implementation's forward and forward+backward, *interleaved*: each round runs
+    every implementation once, so load from other processes hits them alike; the speed ratios
+    are medians of the per-round ratios ``t_ref / t_impl``. One warm-up call each first."""
+    for f_fwd, f_fb in impls.values():
+        f_fwd()
+        f_fb()
+    t = {name: {"fwd": [], "fb": []} for name in impls}
+    for _ in range(repeats):
+        for key, idx in (("fwd", 0), ("fb", 1)):
+            for name, fns in impls.items():
+                t0 = time.perf_counter()
+                fns[idx]()
+                t[name][key].append(time.perf_counter() - t0)
+    rows = {}
+    for name, (_, f_fb) in impls.items():
+        tf, tb = t[name]["fwd"], t[name]["fb"]
+        row = {"fwd_s": statistics.median(tf), "fwd_bwd_s": statistics.median(tb), "fwd_min_s": min(tf),
+               "fwd_bwd_min_s": min(tb)}
+        row["fwd_gflops"] = flops / row["fwd_s"] / 1e9
+        row["fwd_bwd_gflops"] = fb_factor * flops / row["fwd_bwd_s"] / 1e9
+        if ref in t:
+            row[f"fwd_speed_vs_{ref}"] = statistics.median(a / b for a, b in zip(t[ref]["fwd"], tf))
+            row[f"fwd_bwd_speed_vs_{ref}"] = statistics.median(a / b for a, b in zip(t[ref]["fb"], tb))
+        if name in mem_names:
+            row["fwd_bwd_peak_numpy_bytes"] = _peak_numpy_bytes(f_fb)
+        rows[name] = row
+    return rows
 
 
 def kernel_scratch_bytes(kind: str, *, threads: int, d: int, dv: int, r: int = 1, bq: int = 64, bk: int = 64,
@@ -164,8 +189,6 @@ def _bench_sdpa(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
     q, k, v = (rng.standard_normal((b, h, n, d), dtype=np.float32) for _ in range(3))
     g = rng.standard_normal((b, h, n, d), dtype=np.float32)
     fl = _sdpa_flops(b, h, n, d, causal)
-    rows = {}
-
     def nb_fwd():
         return flash_attention_forward(q, k, v, is_causal=causal)
 
@@ -197,14 +220,7 @@ def _bench_sdpa(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
             return torch.autograd.grad(o, (qq, kk, vv), tg)
 
         impls["torch"] = (t_fwd, t_fb)
-    for name, (f_fwd, f_fb) in impls.items():
-        reps = repeats if name != "numpy" or n <= 1024 else max(1, repeats // 2)
-        t_f = _median(f_fwd, reps)
-        t_fb = _median(f_fb, reps)
-        rows[name] = {"fwd_s": t_f, "fwd_bwd_s": t_fb, "fwd_min_s": _MINS[f_fwd], "fwd_bwd_min_s": _MINS[f_fb],
-                      "fwd_gflops": fl / t_f / 1e9, "fwd_bwd_gflops": 3.5 * fl / t_fb / 1e9}
-        if mem and name in ("numba", "numpy"):
-            rows[name]["fwd_bwd_peak_numpy_bytes"] = _peak_numpy_bytes(f_fb)
+    rows = _measure(impls, repeats, fl, 3.5, "torch", ("numba", "numpy") if mem else ())
     results.append({"case": "sdpa", "N": n, "B": b, "H": h, "d": d, "causal": causal, "impl": rows})
 
 
@@ -219,8 +235,6 @@ def _bench_diff(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
     lam = np.full((h, 1), 0.6, dtype=np.float32)
     align = {"causal_alignment": "top_left"}
     fl = 2 * (_sdpa_flops(b, h, n, d, causal) + _sdpa_flops(b, h, n, 2 * d, causal)) / 2  # QK^T at d, PV at 2d
-    rows = {}
-
     def nb_fwd():
         return diff_attention_forward(q1, k1, q2, k2, v, lam, is_causal=causal, **align)
 
@@ -256,13 +270,7 @@ def _bench_diff(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
             return torch.autograd.grad(comp(*xs), xs, t[5])
 
         impls["torch_two_sdpa"] = (t_fwd, t_fb)
-    for name, (f_fwd, f_fb) in impls.items():
-        reps = repeats if name != "numpy" or n <= 1024 else max(1, repeats // 2)
-        t_f, t_fb = _median(f_fwd, reps), _median(f_fb, reps)
-        rows[name] = {"fwd_s": t_f, "fwd_bwd_s": t_fb, "fwd_min_s": _MINS[f_fwd], "fwd_bwd_min_s": _MINS[f_fb],
-                      "fwd_gflops": fl / t_f / 1e9, "fwd_bwd_gflops": 3.5 * fl / t_fb / 1e9}
-        if mem and name in ("numba", "numpy"):
-            rows[name]["fwd_bwd_peak_numpy_bytes"] = _peak_numpy_bytes(f_fb)
+    rows = _measure(impls, repeats, fl, 3.5, "torch_two_sdpa", ("numba", "numpy") if mem else ())
     results.append({"case": "diff", "N": n, "B": b, "H": h, "d": d, "dv": 2 * d, "causal": causal, "impl": rows})
 
 
@@ -274,20 +282,13 @@ def _bench_linear(n, *, b, h, d, repeats, results, mem):
     q, k, v = (rng.standard_normal((b, h, n, d), dtype=np.float32) for _ in range(3))
     g = rng.standard_normal((b, h, n, d), dtype=np.float32)
     fl = 4.0 * b * h * n * d * d + 2.0 * b * h * n * d  # state update + readout + denominator
-    rows = {}
     impls = {
         "numba": (lambda: kl.causal_linear_attention_forward(q, k, v),
                   lambda: kl.causal_linear_attention_backward(g, kl.causal_linear_attention_forward(q, k, v)[1])),
         "numpy": (lambda: causal_linear_attention_forward(q, k, v),
                   lambda: causal_linear_attention_backward(g, causal_linear_attention_forward(q, k, v)[1])),
     }
-    for name, (f_fwd, f_fb) in impls.items():
-        reps = repeats if name == "numba" else max(1, repeats // 2)
-        t_f, t_fb = _median(f_fwd, reps), _median(f_fb, reps)
-        rows[name] = {"fwd_s": t_f, "fwd_bwd_s": t_fb, "fwd_min_s": _MINS[f_fwd], "fwd_bwd_min_s": _MINS[f_fb],
-                      "fwd_gflops": fl / t_f / 1e9, "fwd_bwd_gflops": 3.0 * fl / t_fb / 1e9}
-        if mem:
-            rows[name]["fwd_bwd_peak_numpy_bytes"] = _peak_numpy_bytes(f_fb)
+    rows = _measure(impls, repeats, fl, 3.0, "numpy", ("numba", "numpy") if mem else ())
     results.append({"case": "linear_causal", "N": n, "B": b, "H": h, "d": d, "causal": True, "impl": rows})
 
 
@@ -333,7 +334,9 @@ def markdown(report: dict) -> str:
         f"- measured sgemm (n={m['sgemm']['n']}): NumPy {m['sgemm']['numpy']:.1f} GFLOP/s"
         + (f", torch {m['sgemm']['torch']:.1f} GFLOP/s" if "torch" in m["sgemm"] else ""),
         "",
-        "Times are medians in ms (minimum in brackets); GFLOP/s and ratios use the medians; FLOPs are "
+        "Times are medians in ms (minimum in brackets); implementations are timed interleaved (one call "
+        "of each per round) and the speed ratios are medians of the per-round ratios; GFLOP/s use the "
+        "median times; FLOPs are "
         "4BHN²d (x0.5 causal) forward and x3.5 for forward+backward (differential: both maps, dv = 2d).",
         "",
     ]
@@ -347,10 +350,11 @@ def markdown(report: dict) -> str:
                   f"speed vs {ref} fwd | vs {ref} fwd+bwd | peak NumPy MiB (fwd+bwd) |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            base = r["impl"].get(ref)
             for name, x in r["impl"].items():
-                sp_f = f"{base['fwd_s'] / x['fwd_s']:.2f}x" if base else "—"
-                sp_b = f"{base['fwd_bwd_s'] / x['fwd_bwd_s']:.2f}x" if base else "—"
+                sp_f = x.get(f"fwd_speed_vs_{ref}")
+                sp_b = x.get(f"fwd_bwd_speed_vs_{ref}")
+                sp_f = f"{sp_f:.2f}x" if sp_f is not None else "—"
+                sp_b = f"{sp_b:.2f}x" if sp_b is not None else "—"
                 mem = x.get("fwd_bwd_peak_numpy_bytes")
                 mem = f"{mem / 2**20:.1f}" if mem is not None else "—"
                 lines.append(f"| {r['N']} | {r['causal']} | {name} | {_fmt_s(x['fwd_s'])} ({_fmt_s(x['fwd_min_s'])}) | "
@@ -466,6 +470,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--memory-n", type=int, default=16384, help="N of the per-head memory measurement (0: skip)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output directory")
     args = p.parse_args(argv)
+    # torch (its bundled libgomp) and Numba's "omp" threading layer each keep an OpenMP pool in
+    # this process; with the default active spin-wait the idle pool's workers steal the cores from
+    # the busy one (measured: torch SDPA at N=128 went from ~3 ms to ~80 ms on 2 cores). Passive
+    # waiting is set before either runtime starts unless the caller chose a policy.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.threads < 1 or args.repeats < 1 or any(n < 1 for n in args.sizes):
         p.error("--threads, --repeats and --sizes must be positive")
     if args.quick:
