@@ -587,6 +587,7 @@ def _phi_fns(dtype_name):
 @cache
 def get_lin_fwd(dtype_name, T, D, DV):
     nbt = _nbt(dtype_name)
+    f64 = _nbt("float64")
     phi, _ = _phi_fns(dtype_name)
     NT = max(D, DV)
     D1, DV1 = D + 1, DV + 1
@@ -626,19 +627,19 @@ def get_lin_fwd(dtype_name, T, D, DV):
                 if e < DV:
                     ve = Vt[a, e]
                 num = zero
-                dd = zero
+                dd = f64(0.0)  # denominators in float64, as the CPU scan
                 for c in range(D):
                     fk = FK[a, c]
                     z[c] += fk
                     Scol[c] += fk * ve
                     fq = FQ[a, c]
                     num += fq * Scol[c]
-                    dd += fq * z[c]
-                dd += eps
+                    dd += f64(fq * z[c])
+                dd += f64(eps)
                 if e < DV:
-                    out[b, i0 + a, e] = num / dd
+                    out[b, i0 + a, e] = nbt(f64(num) / dd)
                 if e == 0:
-                    den[b, i0 + a] = dd
+                    den[b, i0 + a] = nbt(dd)
 
     return lin_fwd
 
@@ -646,6 +647,7 @@ def get_lin_fwd(dtype_name, T, D, DV):
 @cache
 def get_lin_bwd(dtype_name, T, D, DV):
     nbt = _nbt(dtype_name)
+    f64 = _nbt("float64")
     phi, dphi = _phi_fns(dtype_name)
     NT = max(D, DV)
     D1, DV1 = D + 1, DV + 1
@@ -694,19 +696,19 @@ def get_lin_bwd(dtype_name, T, D, DV):
             cuda.syncthreads()
             for a in range(nt):
                 di = Dn[a]
-                go = zero
+                go = f64(0.0)
                 for e in range(DV):
-                    go += Gt[a, e] * Ot[a, e]
-                ci = -go / di
+                    go += f64(Gt[a, e] * Ot[a, e])
+                ci = -go / f64(di)
                 if t < D:
                     fk = FK[a, t]
                     zc += fk
-                    acc = zero
+                    acc = f64(0.0)
                     for e in range(DV):
                         Srow[e] += fk * Vt[a, e]
-                        acc += Srow[e] * (Gt[a, e] / di)
+                        acc += f64(Srow[e] * (Gt[a, e] / di))
                     xq = q[b, i0 + a, t]
-                    dq[b, i0 + a, t] = (acc + ci * zc) * dphi(xq, fm)
+                    dq[b, i0 + a, t] = nbt(acc + ci * f64(zc)) * dphi(xq, fm)
         for e in range(DV):
             Srow[e] = zero  # reused as R[c, :]
         rc = zero
@@ -733,18 +735,18 @@ def get_lin_bwd(dtype_name, T, D, DV):
             for a in range(nt - 1, -1, -1):
                 dj = Dn[a]
                 if t < D:
-                    go = zero
+                    go = f64(0.0)
                     for e in range(DV):
-                        go += Gt[a, e] * Ot[a, e]
-                    cj = -go / dj
+                        go += f64(Gt[a, e] * Ot[a, e])
+                    cj = -go / f64(dj)
                     fq = FQ[a, t]
-                    acc = zero
+                    acc = f64(0.0)
                     for e in range(DV):
                         Srow[e] += fq * (Gt[a, e] / dj)
-                        acc += Srow[e] * Vt[a, e]
-                    rc += cj * fq
+                        acc += f64(Srow[e] * Vt[a, e])
+                    rc = nbt(f64(rc) + cj * f64(fq))
                     xk = k[b, i0 + a, t]
-                    dk[b, i0 + a, t] = (acc + rc) * dphi(xk, fm)
+                    dk[b, i0 + a, t] = nbt(acc + f64(rc)) * dphi(xk, fm)
                 if t < DV:
                     ue = Gt[a, t] / dj
                     acc2 = zero

@@ -14,7 +14,8 @@ threads). The backward (derivation in :mod:`refattn.attention.linear`) runs a fo
 thread ``c`` owns the state row $S_{c,:}$ and $z_c$ ($d\phi(q_i)_c = S_{c,:}u_i + c_iz_c$), then a
 reverse scan in which thread ``c`` owns $R_{c,:}, r_c$ ($d\phi(k_j)_c$) and thread ``e`` owns
 $R_{:,e}$ ($dv_{je}$). The feature map $\phi$ (ELU+1 or identity) and its derivative are applied in
-the kernels. Extra memory: $O(d\,d_v)$ registers per head plus the $N$ denominators.
+the kernels. As in the CPU scan, the states are kept in the input dtype and the per-step dot
+products that end in a division (denominators, $g\cdot o$, $d\phi$ sums) accumulate in float64. Extra memory: $O(d\,d_v)$ registers per head plus the $N$ denominators.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _launch_fwd(q3, k3, v3, feature_map, eps, tile):
     out = cuda.device_array((b, n, dv), dtype=dt)
     den = cuda.device_array((b, n), dtype=dt)
     kern = _k.get_lin_fwd(dt.name, tile, d, dv)
-    kern[(b,), (max(d, dv),)](q3, k3, v3, _FM[feature_map], dt.type(eps), out, den)
+    kern[(b,), (max(d, dv),)](q3, k3, v3, _FM[feature_map], np.float64(eps), out, den)
     return out, den
 
 
