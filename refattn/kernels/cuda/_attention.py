@@ -109,6 +109,7 @@ def get_fwd(dtype_name, R, BQ, BK, D, DV, TX):
     f64 = _nbt("float64")
     logit = _logit_fn(dtype_name)
     DVP = -(-DV // TX)
+    KP = -(-BK // TX)
     NT = BQ * TX
     D1, DV1, BK1 = D + 1, DV + 1, BK + 1
 
@@ -121,6 +122,7 @@ def get_fwd(dtype_name, R, BQ, BK, D, DV, TX):
         Vs = cuda.shared.array((BK, DV1), nbt)
         Ss = cuda.shared.array((R, BQ, BK1), nbt)
         acc = cuda.local.array((R, DVP), nbt)
+        xs = cuda.local.array(KP, nbt)
         mrow = cuda.local.array(R, nbt)
         lrow = cuda.local.array(R, f64)  # softmax denominators in float64 (as the CPU kernels)
         zero = nbt(0.0)
@@ -174,16 +176,25 @@ def get_fwd(dtype_name, R, BQ, BK, D, DV, TX):
                     Vs[a, c] = v[b, hk, j0 + a, c]
             cuda.syncthreads()
             for r in range(R):
-                for jj in range(t, nk, TX):
-                    x = zero
-                    for c in range(D):
-                        x += Qs[r, ii, c] * Ks[r, jj, c]
-                    if ii < nq:
-                        x, th = logit(x, b, h, i, j0 + jj, scale, softcap, causal, offset,
-                                      mask_mode, maskb, maskf, ms)
-                    else:
-                        x = ninf
-                    Ss[r, ii, jj] = x
+                # register tile: this thread's KP scores share each load of Q[ii, c]
+                for u in range(KP):
+                    xs[u] = zero
+                for c in range(D):
+                    qc = Qs[r, ii, c]
+                    for u in range(KP):
+                        jj = t + u * TX
+                        if jj < nk:
+                            xs[u] += qc * Ks[r, jj, c]
+                for u in range(KP):
+                    jj = t + u * TX
+                    if jj < nk:
+                        x = xs[u]
+                        if ii < nq:
+                            x, th = logit(x, b, h, i, j0 + jj, scale, softcap, causal, offset,
+                                          mask_mode, maskb, maskf, ms)
+                        else:
+                            x = ninf
+                        Ss[r, ii, jj] = x
             cuda.syncthreads()
             if ii < nq:
                 for r in range(R):
@@ -243,6 +254,7 @@ def get_bwd_kv(dtype_name, R, BQ, BK, D, DV, TX):
     logit = _logit_fn(dtype_name)
     DP = -(-D // TX)
     DVP = -(-DV // TX)
+    IP = -(-BQ // TX)
     NT = BK * TX
     D1, DV1, BK1 = D + 1, DV + 1, BK + 1
 
@@ -264,6 +276,8 @@ def get_bwd_kv(dtype_name, R, BQ, BK, D, DV, TX):
         dva = cuda.local.array(DVP, f64)
         dkt = cuda.local.array((R, DP), nbt)  # one query tile's contribution, input dtype
         dvt = cuda.local.array(DVP, nbt)
+        xs = cuda.local.array(IP, nbt)
+        dps = cuda.local.array(IP, nbt)
         zero = nbt(0.0)
         one = nbt(1.0)
         ninf = nbt(-math.inf)
@@ -336,27 +350,42 @@ def get_bwd_kv(dtype_name, R, BQ, BK, D, DV, TX):
                         Dls[r, a] = zero
                         Ws[r, a] = zero
                 cuda.syncthreads()
-                for ii in range(t, BQ, TX):
-                    dp = zero
-                    if jj < nk and ii < nq:
-                        for c in range(DV):
-                            dp += Gs[ii, c] * Vs[jj, c]
-                    for r in range(R):
-                        p = zero
-                        ds = zero
-                        L = Ls[r, ii]
-                        if jj < nk and L > ninf:
-                            x = zero
-                            for c in range(D):
-                                x += Qs[r, ii, c] * Ks[r, jj, c]
-                            x, th = logit(x, b, h, i0 + ii, j, scale, softcap, causal, offset,
-                                          mask_mode, maskb, maskf, ms)
-                            p = math.exp(x - L)
-                            ds = p * (Ws[r, ii] * dp - Dls[r, ii])
-                            if softcap > 0:
-                                ds = ds * (one - th * th)
-                        Ps[r, ii, jj] = p
-                        dSs[r, ii, jj] = ds
+                # register tiles over this thread's IP query rows ii = t + u*TX: each load of
+                # V[jj, c] / K[jj, c] serves IP products
+                for u in range(IP):
+                    dps[u] = zero
+                if jj < nk:
+                    for c in range(DV):
+                        vc = Vs[jj, c]
+                        for u in range(IP):
+                            ii = t + u * TX
+                            if ii < nq:
+                                dps[u] += Gs[ii, c] * vc
+                for r in range(R):
+                    for u in range(IP):
+                        xs[u] = zero
+                    if jj < nk:
+                        for c in range(D):
+                            kc = Ks[r, jj, c]
+                            for u in range(IP):
+                                ii = t + u * TX
+                                if ii < nq:
+                                    xs[u] += Qs[r, ii, c] * kc
+                    for u in range(IP):
+                        ii = t + u * TX
+                        if ii < BQ:
+                            p = zero
+                            ds = zero
+                            L = Ls[r, ii]
+                            if jj < nk and L > ninf:
+                                x, th = logit(xs[u], b, h, i0 + ii, j, scale, softcap, causal, offset,
+                                              mask_mode, maskb, maskf, ms)
+                                p = math.exp(x - L)
+                                ds = p * (Ws[r, ii] * dps[u] - Dls[r, ii])
+                                if softcap > 0:
+                                    ds = ds * (one - th * th)
+                            Ps[r, ii, jj] = p
+                            dSs[r, ii, jj] = ds
                 cuda.syncthreads()
                 if jj < nk:
                     for r in range(R):
@@ -404,6 +433,7 @@ def get_bwd_q(dtype_name, R, BQ, BK, D, DV, TX):
     f64 = _nbt("float64")
     logit = _logit_fn(dtype_name)
     DP = -(-D // TX)
+    KP = -(-BK // TX)
     NT = BQ * TX
     D1, DV1, BK1 = D + 1, DV + 1, BK + 1
 
@@ -418,6 +448,8 @@ def get_bwd_q(dtype_name, R, BQ, BK, D, DV, TX):
         dSs = cuda.shared.array((R, BQ, BK1), nbt)
         dqa = cuda.local.array((R, DP), f64)  # long sum over all keys: float64
         dqt = cuda.local.array((R, DP), nbt)  # one key tile's contribution, input dtype
+        xs = cuda.local.array(KP, nbt)
+        dps = cuda.local.array(KP, nbt)
         Lr = cuda.local.array(R, nbt)
         Dr = cuda.local.array(R, nbt)
         Wr = cuda.local.array(R, nbt)
@@ -485,25 +517,40 @@ def get_bwd_q(dtype_name, R, BQ, BK, D, DV, TX):
                 if a < nk:
                     Vs[a, c] = v[b, hk, j0 + a, c]
             cuda.syncthreads()
-            for jj in range(t, nk, TX):
-                dp = zero
-                if ii < nq:
-                    for c in range(DV):
-                        dp += Gs[ii, c] * Vs[jj, c]
-                for r in range(R):
-                    ds = zero
-                    L = Lr[r]
-                    if L > ninf:
-                        x = zero
-                        for c in range(D):
-                            x += Qs[r, ii, c] * Ks[r, jj, c]
-                        x, th = logit(x, b, h, i, j0 + jj, scale, softcap, causal, offset,
-                                      mask_mode, maskb, maskf, ms)
-                        p = math.exp(x - L)
-                        ds = p * (Wr[r] * dp - Dr[r])
-                        if softcap > 0:
-                            ds = ds * (one - th * th)
-                    dSs[r, ii, jj] = ds
+            # register tiles over this thread's KP keys jj = t + u*TX: each load of dO[ii, c] /
+            # Q[ii, c] serves KP products
+            for u in range(KP):
+                dps[u] = zero
+            if ii < nq:
+                for c in range(DV):
+                    gc = Gs[ii, c]
+                    for u in range(KP):
+                        jj = t + u * TX
+                        if jj < nk:
+                            dps[u] += gc * Vs[jj, c]
+            for r in range(R):
+                L = Lr[r]
+                for u in range(KP):
+                    xs[u] = zero
+                if L > ninf:
+                    for c in range(D):
+                        qc = Qs[r, ii, c]
+                        for u in range(KP):
+                            jj = t + u * TX
+                            if jj < nk:
+                                xs[u] += qc * Ks[r, jj, c]
+                for u in range(KP):
+                    jj = t + u * TX
+                    if jj < nk:
+                        ds = zero
+                        if L > ninf:
+                            x, th = logit(xs[u], b, h, i, j0 + jj, scale, softcap, causal, offset,
+                                          mask_mode, maskb, maskf, ms)
+                            p = math.exp(x - L)
+                            ds = p * (Wr[r] * dps[u] - Dr[r])
+                            if softcap > 0:
+                                ds = ds * (one - th * th)
+                        dSs[r, ii, jj] = ds
             cuda.syncthreads()
             if ii < nq:
                 for r in range(R):
