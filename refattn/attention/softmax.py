@@ -32,7 +32,7 @@ $\mathrm{rowsum}(P\odot dP)_i = G_i\cdot O_i = D_i$ is FlashAttention's $D$. The
 :func:`refattn.nn.softmax.softmax_vjp`; $\partial L_i/\partial S_{ij} = P_{ij}$ gives the LSE term.
 Masked entries have $P_{ij}=0$ and so $dS_{ij}=0$; fully masked rows give $O_i = 0$,
 $L_i=-\infty$ and zero gradients (refattn's convention, see :mod:`refattn.nn.softmax`; PyTorch
-returns NaN there).
+2.13's SDPA also returns 0 there, an explicit softmax gives NaN).
 
 Conventions (keyword, default, who uses what)
 ---------------------------------------------

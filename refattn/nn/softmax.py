@@ -6,10 +6,10 @@ Masks
 floating (``0`` keeps, ``-inf`` removes, any finite value is a bias). It must broadcast to ``x``.
 
 **Fully masked rows.** A row whose every entry is masked has no softmax. refattn defines its
-output as all zeros and its gradient as zero (no NaN, no warning). PyTorch's
-``scaled_dot_product_attention`` returns NaN there and unilm's Diff Transformer applies
-``nan_to_num`` to avoid it; zero is the value the attention output converges to under either
-fix, and it keeps a padded batch finite. ``logsumexp`` of such a row is ``-inf`` and its
+output as all zeros and its gradient as zero (no NaN, no warning). PyTorch 2.13's
+``scaled_dot_product_attention`` also returns 0 there (checked on CPU); an explicit
+``softmax`` of an all ``-inf`` row gives NaN, which unilm's Diff Transformer removes with
+``nan_to_num``. Zero keeps a padded batch finite. ``logsumexp`` of such a row is ``-inf`` and its
 gradient 0; ``log_softmax`` is ``-inf`` on masked entries (log 0).
 
 Derivation
