@@ -96,3 +96,18 @@ def test_float32_drift_is_bounded(rec):
     out, _ = call_forward(rec, s32, p32, s.config)
     drift = float(np.max(np.abs(out.astype(np.float64) - ref)) / max(np.max(np.abs(ref)), 1e-30))
     assert drift <= DRIFT_BOUND, f"{rec.slug}: float32 drift {drift:.2e} > {DRIFT_BOUND:.0e}"
+
+
+def test_fully_masked_rows_match_pytorch_sdpa():
+    """PyTorch 2.13's SDPA also returns 0 on a fully masked row (docs/numerics.md says so)."""
+    torch = pytest.importorskip("torch")
+    from refattn.attention.softmax import sdpa_forward
+
+    rng = np.random.default_rng(1)
+    q, k, v = rng.standard_normal((1, 2, 3, 4)), rng.standard_normal((1, 2, 5, 4)), rng.standard_normal((1, 2, 5, 3))
+    keep = rng.random((3, 5)) > 0.3
+    keep[0] = False
+    ours, _ = sdpa_forward(q, k, v, attn_mask=keep)
+    theirs = torch.nn.functional.scaled_dot_product_attention(
+        *(torch.from_numpy(a) for a in (q, k, v)), attn_mask=torch.from_numpy(keep)).numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
