@@ -44,6 +44,11 @@ def plan_tiles(R, d, dv, dtype, block_q, block_k, tx, n=None, m=None):
     Explicit ``block_q``/``block_k`` are used for every kernel (``ValueError`` if they do not fit);
     ``None`` picks the largest power-of-two tiles from 64 down that fit, per kernel.
     """
+    from ._device import simulator_enabled
+
+    # Under the simulator every thread is a Python thread: tiles larger than the problem only cost
+    # time. On a GPU the tiles do not depend on N, M, so fewer kernel variants are compiled.
+    clamp = simulator_enabled()
     isz = np.dtype(dtype).itemsize
     kernels = {"fwd": (_k.smem_fwd, "q"), "bwd_kv": (_k.smem_bwd_kv, "k"), "bwd_q": (_k.smem_bwd_q, "q")}
     plan = {}
@@ -62,9 +67,9 @@ def plan_tiles(R, d, dv, dtype, block_q, block_k, tx, n=None, m=None):
             continue
         best = None
         for bq, bk in _AUTO_TILES:
-            # never larger than the problem (rounded up to a power of two)
-            bq = min(bq, _pow2(n)) if n else bq
-            bk = min(bk, _pow2(m)) if m else bk
+            if clamp:  # simulator: never larger than the problem (rounded up to a power of two)
+                bq = min(bq, _pow2(n)) if n else bq
+                bk = min(bk, _pow2(m)) if m else bk
             rows_n = bq if rows == "q" else bk
             if smem(R, bq, bk, d, dv, isz) <= SMEM_LIMIT and rows_n * tx <= MAX_THREADS:
                 best = (bq, bk)
