@@ -128,11 +128,19 @@ def main(argv=None) -> int:
         info["device_error"] = repr(exc)
     if torch is not None:
         info["torch_device"] = torch.cuda.get_device_name(0)
+        try:
+            info["torch_sdp_backends_enabled"] = {
+                "flash": torch.backends.cuda.flash_sdp_enabled(),
+                "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+                "math": torch.backends.cuda.math_sdp_enabled()}
+        except Exception:  # noqa: BLE001
+            pass
         try:  # the machine's float32 GEMM rate (no TF32) as the yardstick for the GFLOP/s figures
             torch.backends.cuda.matmul.allow_tf32 = False
             a = torch.randn(4096, 4096, device="cuda")
             _, med = _median_time(lambda: a @ a, torch.cuda.synchronize, 5)
             info["sgemm_gflops"] = round(2 * 4096**3 / med / 1e9, 1)
+            info["torch_allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
         except Exception as exc:  # noqa: BLE001
             info["sgemm_error"] = repr(exc)
     log(f"environment: {info}")
