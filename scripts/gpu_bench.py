@@ -39,11 +39,11 @@ def log(msg: str) -> None:
     print(f"[gpu_bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _torch():
+def _torch(allow_cpu: bool = False):
     try:
         import torch
 
-        return torch if torch.cuda.is_available() else None
+        return torch if (torch.cuda.is_available() or allow_cpu) else None
     except Exception:  # noqa: BLE001
         return None
 
@@ -80,6 +80,8 @@ def main(argv=None) -> int:
     ap.add_argument("--toy", action="store_true", help="tiny sizes (CUDA simulator)")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--budget-s", type=float, default=200.0, help="skip remaining cases after this many seconds")
+    ap.add_argument("--torch-cpu", action="store_true",
+                    help="with --toy and no GPU: run the torch side on the CPU (tests this script's torch code)")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -91,8 +93,9 @@ def main(argv=None) -> int:
     from refattn.kernels.cuda import linear as kl
 
     cuda = _device.cuda
-    torch = _torch()
     toy = args.toy
+    torch = _torch(allow_cpu=args.torch_cpu and toy)
+    tdev = "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
     reps = args.reps if args.reps is not None else (1 if toy else 5)
     if toy:
         B, H, D = 1, 2, 8
@@ -126,8 +129,12 @@ def main(argv=None) -> int:
             info["compute_capability"] = list(dev.compute_capability)
     except Exception as exc:  # noqa: BLE001
         info["device_error"] = repr(exc)
+    def tsync():
+        if tdev == "cuda":
+            torch.cuda.synchronize()
+
     if torch is not None:
-        info["torch_device"] = torch.cuda.get_device_name(0)
+        info["torch_device"] = torch.cuda.get_device_name(0) if tdev == "cuda" else "cpu"
         try:
             info["torch_sdp_backends_enabled"] = {
                 "flash": torch.backends.cuda.flash_sdp_enabled(),
@@ -137,9 +144,10 @@ def main(argv=None) -> int:
             pass
         try:  # the machine's float32 GEMM rate (no TF32) as the yardstick for the GFLOP/s figures
             torch.backends.cuda.matmul.allow_tf32 = False
-            a = torch.randn(4096, 4096, device="cuda")
-            _, med = _median_time(lambda: a @ a, torch.cuda.synchronize, 5)
-            info["sgemm_gflops"] = round(2 * 4096**3 / med / 1e9, 1)
+            sz = 4096 if tdev == "cuda" else 256
+            a = torch.randn(sz, sz, device=tdev)
+            _, med = _median_time(lambda: a @ a, tsync, 5)
+            info["sgemm_gflops"] = round(2 * sz**3 / med / 1e9, 1)
             info["torch_allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
         except Exception as exc:  # noqa: BLE001
             info["sgemm_error"] = repr(exc)
@@ -148,11 +156,11 @@ def main(argv=None) -> int:
     def csync():
         cuda.synchronize()
 
-    def tsync():
-        torch.cuda.synchronize()
 
     results = []
     errors = []
+    outputs = {}
+    agreement = []
 
     def over_budget() -> bool:
         return time.monotonic() - t_start > args.budget_s
@@ -200,6 +208,9 @@ def main(argv=None) -> int:
                 first, med = _median_time(fwdbwd, csync, reps)
                 record("sdpa", "refattn.cuda", n, causal, "fwd+bwd", first, med,
                        sdpa_flops(B, H, n, n, D, D, causal, "fwd+bwd"))
+                out, c = fwd()
+                grads = kf.flash_attention_backward(gd, c)
+                outputs[("sdpa", n, causal)] = [out.copy_to_host()] + [grads[x].copy_to_host() for x in "qkv"]
 
             guarded(f"sdpa refattn N={n} causal={causal}", run_refattn)
             if torch is None:
@@ -207,8 +218,8 @@ def main(argv=None) -> int:
 
             def run_torch(q=q, k=k, v=v, g=g, n=n, causal=causal):
                 F = torch.nn.functional
-                qt, kt, vt = (torch.tensor(a, device="cuda", requires_grad=True) for a in (q, k, v))
-                gt = torch.tensor(g, device="cuda")
+                qt, kt, vt = (torch.tensor(a, device=tdev, requires_grad=True) for a in (q, k, v))
+                gt = torch.tensor(g, device=tdev)
 
                 def fwd():
                     with torch.no_grad():
@@ -223,6 +234,14 @@ def main(argv=None) -> int:
                 first, med = _median_time(fwdbwd, tsync, reps)
                 record("sdpa", "torch.sdpa", n, causal, "fwd+bwd", first, med,
                        sdpa_flops(B, H, n, n, D, D, causal, "fwd+bwd"))
+                mine = outputs.get(("sdpa", n, causal))
+                if mine is not None:  # agreement of the two implementations at this size
+                    o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                    theirs = [o.detach()] + list(torch.autograd.grad(o, (qt, kt, vt), gt))
+                    diffs = {name: float(np.abs(a - t.cpu().numpy()).max())
+                             for name, a, t in zip(("out", "dq", "dk", "dv"), mine, theirs)}
+                    agreement.append({"bench": "sdpa", "N": n, "causal": causal, "max_abs_diff": diffs})
+                    log(f"sdpa N={n} causal={causal}: max |refattn - torch| {diffs}")
 
             guarded(f"sdpa torch N={n} causal={causal}", run_torch)
 
@@ -258,9 +277,9 @@ def main(argv=None) -> int:
 
         def run_torch_diff(q1=q1, q2=q2, k1=k1, k2=k2, v=v, g=g, n=n, lam=lam, flops_f=flops_f, flops_b=flops_b):
             F = torch.nn.functional
-            ts = [torch.tensor(a, device="cuda", requires_grad=True) for a in (q1, k1, q2, k2, v)]
-            lt = torch.tensor(lam, device="cuda", requires_grad=True)
-            gt = torch.tensor(g, device="cuda")
+            ts = [torch.tensor(a, device=tdev, requires_grad=True) for a in (q1, k1, q2, k2, v)]
+            lt = torch.tensor(lam, device=tdev, requires_grad=True)
+            gt = torch.tensor(g, device=tdev)
 
             def comp():
                 a, b_, c, d_, vv = ts
@@ -313,7 +332,8 @@ def main(argv=None) -> int:
             ratios.append({"bench": bench, "N": n, "causal": causal, "mode": mode,
                            "refattn_over_torch": round(r["median_ms"] / o["median_ms"], 3)})
     elapsed = time.monotonic() - t_start
-    report = {"info": info, "results": results, "ratios": ratios, "errors": errors, "elapsed_s": round(elapsed, 1)}
+    report = {"info": info, "results": results, "ratios": ratios, "agreement": agreement, "errors": errors,
+              "elapsed_s": round(elapsed, 1)}
     (out_dir / "bench.json").write_text(json.dumps(report, indent=2))
     lines = ["# refattn CUDA kernels: benchmark", "",
              f"Environment: `{json.dumps(info)}`", "",
@@ -329,6 +349,11 @@ def main(argv=None) -> int:
                   "| --- | ---: | --- | --- | ---: |"]
         lines += [f"| {x['bench']} | {x['N']} | {x['causal']} | {x['mode']} | {x['refattn_over_torch']} |"
                   for x in ratios]
+    if agreement:
+        lines += ["", "## max |refattn - torch| (float32, same inputs)", "", "| N | causal | out | dq | dk | dv |",
+                  "| ---: | --- | ---: | ---: | ---: | ---: |"]
+        lines += [f"| {a['N']} | {a['causal']} | " + " | ".join(f"{a['max_abs_diff'][x]:.2e}" for x in
+                                                            ("out", "dq", "dk", "dv")) + " |" for a in agreement]
     if errors:
         lines += ["", "## Errors", ""] + [f"- {e['case']}: {e['error']}" for e in errors]
     lines += ["", f"Total benchmark time: {elapsed:.1f} s", ""]

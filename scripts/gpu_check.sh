@@ -12,7 +12,7 @@
 # what is left of it), TEST_TIMEOUT_S (default 220), BENCH_TIMEOUT_S (default 150), SKIP_INSTALL=1,
 # TEST_SIZE (default real), BENCH_ARGS (extra gpu_bench.py arguments). A dry run of the
 # whole script on a machine without a GPU, under the CUDA simulator:
-#   NUMBA_ENABLE_CUDASIM=1 SKIP_INSTALL=1 TEST_SIZE=toy BENCH_ARGS=--toy bash scripts/gpu_check.sh /tmp/dry
+#   NUMBA_ENABLE_CUDASIM=1 SKIP_INSTALL=1 TEST_SIZE=toy BENCH_ARGS="--toy --torch-cpu" bash scripts/gpu_check.sh /tmp/dry
 set -uo pipefail
 
 cd "$(dirname "$0")/.." || exit 1

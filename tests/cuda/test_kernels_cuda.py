@@ -511,3 +511,31 @@ def test_diff_and_linear_device_arrays():
     gd = kl.causal_linear_attention_backward(cuda.to_device(g), cd)
     for name in gh:
         assert np.array_equal(gd[name].copy_to_host(), gh[name]), name
+
+
+# ------------------------------------------------------------------------------------ GPU check script
+
+
+@pytest.mark.skipif(REAL, reason="scripts/gpu_check.sh runs the benchmark itself on a GPU")
+def test_gpu_bench_runs_end_to_end_at_toy_sizes(tmp_path):
+    """scripts/gpu_bench.py (what gpu_check.sh runs on a GPU) at toy sizes, with the torch side on
+    the CPU, so its code is known to run before GPU time is spent on it."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_bench.py"
+    spec = importlib.util.spec_from_file_location("gpu_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--toy", "--torch-cpu", "--reps", "1", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert not report["errors"], report["errors"]
+    impls = {(r["bench"], r["impl"]) for r in report["results"]}
+    assert {("sdpa", "refattn.cuda"), ("diff", "refattn.cuda fused"), ("linear", "refattn.cuda scan")} <= impls
+    if importlib.util.find_spec("torch") is not None:
+        assert {("sdpa", "torch.sdpa"), ("diff", "torch 2x sdpa")} <= impls
+        assert report["ratios"] and report["agreement"]
+    for a in report["agreement"]:
+        assert max(a["max_abs_diff"].values()) < 1e-4, a
+    assert (tmp_path / "bench.md").read_text().startswith("# refattn CUDA kernels")
