@@ -89,12 +89,19 @@ def as_float(
     return arr
 
 
-def as_dout(dout, shape: tuple, dtype) -> np.ndarray:
+def as_dout(dout, shape: tuple, dtype, *, name: str = "dout") -> np.ndarray:
     """Validate the upstream gradient of a backward: floating, exactly the output's ``shape``;
-    returned in the forward's compute ``dtype`` (float16 upstream gradients are promoted)."""
-    g = as_float(dout, "dout", finite=False, allow_empty=True)
+    returned in the forward's compute ``dtype`` (float16 upstream gradients are promoted).
+
+    Every ``*_backward`` validates its ``dout`` here. NaN/inf entries are allowed (they propagate).
+    ``name`` names a secondary upstream gradient in messages (``"dlse"``, ``"dp"``); its ``shape``
+    is then that of the forward quantity it is the gradient of. Raises ``TypeError`` for a
+    non-floating array and ``ValueError`` naming ``name`` for a wrong shape.
+    """
+    g = as_float(dout, name, finite=False, allow_empty=True)
     if g.shape != tuple(shape):
-        raise ValueError(f"dout must have the forward output's shape {tuple(shape)}; got {g.shape}")
+        what = "the forward output's shape" if name == "dout" else "shape"
+        raise ValueError(f"{name} must have {what} {tuple(shape)}; got {g.shape}")
     return g.astype(dtype, copy=False)
 
 

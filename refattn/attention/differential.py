@@ -39,6 +39,7 @@ import numpy as np
 
 from .._checks import (
     as_bool_or_float_mask,
+    as_dout,
     as_float,
     check_broadcastable,
     check_choice,
@@ -404,10 +405,7 @@ def diff_attention_core_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_ca
 
 def diff_attention_core_backward(dout, cache):
     """Gradient of :func:`diff_attention_core_forward` (derivation in the module docstring)."""
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != cache["out_shape"]:
-        raise ValueError(f"dout must have the output's shape {cache['out_shape']}; got {dout.shape}")
-    g = _core_bwd(dout.astype(cache["v"].dtype, copy=False), cache)
+    g = _core_bwd(as_dout(dout, cache["out_shape"], cache["v"].dtype), cache)
     idx, hkv = cache["idx"], cache["n_kv"]
     return {"q1": g["q1"], "k1": _scatter_heads(g["k1"], idx, hkv), "q2": g["q2"],
             "k2": _scatter_heads(g["k2"], idx, hkv), "v": _scatter_heads(g["v"], idx, hkv),
@@ -643,11 +641,8 @@ def _v1_generic_forward(x, params, *, where, names, num_heads, q_halves, k_halve
 
 
 def _v1_generic_backward(dout, cache):
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != cache["out_shape"]:
-        raise ValueError(f"dout must have the output's shape {cache['out_shape']}; got {dout.shape}")
     x, P, names = cache["x"], cache["P"], cache["names"]
-    dout = dout.astype(x.dtype, copy=False)
+    dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads: dict = {}
     dmerged = _proj_bwd(dout, cache["merged"], P, names["o"], grads)
     H, dv = cache["num_heads"], cache["dv"]

@@ -33,6 +33,7 @@ import numpy as np
 
 from .._checks import (
     as_bool_or_float_mask,
+    as_dout,
     as_float,
     check_broadcastable,
     check_choice,
@@ -72,13 +73,6 @@ __all__ = [
 
 # ============================================================================================
 # Shared validation and the plain softmax-attention core
-
-
-def _check_dout(dout, shape, dtype):
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != tuple(shape):
-        raise ValueError(f"dout must have the output's shape {tuple(shape)}; got {dout.shape}")
-    return dout.astype(dtype, copy=False)
 
 
 def _qkv(q, k, v, *, same_heads=True, self_attention=False):
@@ -251,7 +245,7 @@ def shaped_attention_forward(q, k, v, params, *, attn_mask=None, is_causal=True,
 def shaped_attention_backward(dout, cache):
     """Gradients of :func:`shaped_attention_forward` (derivation in its docstring)."""
     q, k, v, p, a = cache["q"], cache["k"], cache["v"], cache["p"], cache["a"]
-    g = _check_dout(dout, q.shape[:-1] + (v.shape[-1],), q.dtype)
+    g = as_dout(dout, q.shape[:-1] + (v.shape[-1],), q.dtype)
     da = g @ np.swapaxes(v, -1, -2)
     dv = np.swapaxes(a, -1, -2) @ g
     axes = tuple(range(da.ndim - 3)) + (da.ndim - 2, da.ndim - 1)
@@ -353,7 +347,7 @@ def momentum_attention_forward(q, k, v, params, *, attn_mask=None, is_causal=Tru
 def momentum_attention_backward(dout, cache):
     """Gradients of :func:`momentum_attention_forward` (derivation in its docstring)."""
     qt, kt, v, p, gb = cache["qt"], cache["kt"], cache["v"], cache["p"], cache["gb"]
-    g = _check_dout(dout, qt.shape[:-1] + (v.shape[-1],), qt.dtype)
+    g = as_dout(dout, qt.shape[:-1] + (v.shape[-1],), qt.dtype)
     dv = np.swapaxes(p, -1, -2) @ g
     dqt, dkt, _ = _attn_bwd(g @ np.swapaxes(v, -1, -2), p, qt, kt, cache["scale"])
     b = cache["boundary"]
@@ -493,7 +487,7 @@ def pct_offset_attention_forward(x, params, *, shared_qk=True, scale=1.0, col_ep
 def pct_offset_attention_backward(dout, cache):
     """Gradients of :func:`pct_offset_attention_forward` (derivation in its docstring)."""
     x = cache["x"]
-    g = _check_dout(dout, x.shape, x.dtype)
+    g = as_dout(dout, x.shape, x.dtype)
     du = g * (cache["u"] > 0)
     that, rstd = cache["that"], cache["rstd"]
     dgw = np.sum(du * that, axis=(0, 1))
@@ -685,7 +679,7 @@ def reflexsplit_dual_stream_attention_forward(x, params, *, num_heads, window_si
 def reflexsplit_dual_stream_attention_backward(dout, cache):
     """Gradients of :func:`reflexsplit_dual_stream_attention_forward` (derivation in its docstring)."""
     x, br = cache["x"], cache["branch"]
-    g = _check_dout(dout, x.shape, x.dtype)
+    g = as_dout(dout, x.shape, x.dtype)
     b_, _, n, c = x.shape
     q, k, v, a, d, lam = cache["q"], cache["k"], cache["v"], cache["a"], cache["d"], cache["lam"]
     nh, hd = q.shape[2], q.shape[-1]
@@ -837,7 +831,7 @@ def mala_linear_attention_forward(q, k, v, *, sin=None, cos=None, scale=None, ep
 def mala_linear_attention_backward(dout, cache):
     """Gradients of :func:`mala_linear_attention_forward` (derivation in its docstring)."""
     v, z, m = cache["v"], cache["z"], cache["m"]
-    g = _check_dout(dout, cache["nu"].shape, v.dtype)
+    g = as_dout(dout, cache["nu"].shape, v.dtype)
     n = v.shape[-2]
     sc, sin, cos = cache["scale"], cache["sin"], cache["cos"]
     dnu = g * cache["beta"]
@@ -1060,7 +1054,7 @@ def multi_token_attention_forward(q, k, v, params=None, *, attn_mask=None, is_ca
 def multi_token_attention_backward(dout, cache):
     """Gradients of :func:`multi_token_attention_forward` (derivation in its docstring)."""
     q, k, v, P, rem = cache["q"], cache["k"], cache["v"], cache["P"], cache["removed"]
-    g = _check_dout(dout, q.shape[:-1] + (v.shape[-1],), q.dtype)
+    g = as_dout(dout, q.shape[:-1] + (v.shape[-1],), q.dtype)
     grads = {}
     if "gate.weight" in P:
         o, u = cache["o_pregate"], cache["u"]

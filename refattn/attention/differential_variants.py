@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_bool_or_float_mask, as_float, check_broadcastable, check_int, compute_dtype
+from .._checks import as_bool_or_float_mask, as_dout, as_float, check_broadcastable, check_int, compute_dtype
 from ..registry import Mechanism, Sample, register
 from .differential import (
     _V1_LAMBDA,
@@ -197,11 +197,8 @@ def diff_attention_v2_forward(x, params, *, num_heads: int, num_kv_heads: int | 
 
 def diff_attention_v2_backward(dout, cache):
     """Gradient of :func:`diff_attention_v2_forward` (derivation in its Notes): ``x`` and every params key."""
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != cache["out_shape"]:
-        raise ValueError(f"dout must have the output's shape {cache['out_shape']}; got {dout.shape}")
     x, P, H, d = cache["x"], cache["P"], cache["H"], cache["d"]
-    dout = dout.astype(x.dtype, copy=False)
+    dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads: dict = {}
     dz = _proj_bwd(dout, cache["z"], P, "o_proj", grads)
     go = _split_heads(dz, H, d)
@@ -1048,11 +1045,8 @@ def dex_differential_adaptation_forward(x, params, *, num_heads: int, num_kv_hea
 
 def dex_differential_adaptation_backward(dout, cache):
     """Gradient of :func:`dex_differential_adaptation_forward` (derivation in its Notes)."""
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != cache["out_shape"]:
-        raise ValueError(f"dout must have the output's shape {cache['out_shape']}; got {dout.shape}")
     x, P = cache["x"], cache["P"]
-    dout = dout.astype(x.dtype, copy=False)
+    dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads: dict = {}
     dz = _proj_bwd(dout, cache["z"], P, "o_proj", grads)
     go = _split_heads(dz, cache["H"], cache["dv"])
@@ -1285,12 +1279,9 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
 
 
 def _twobranch_backward(dout, cache):
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != cache["out_shape"]:
-        raise ValueError(f"dout must have the output's shape {cache['out_shape']}; got {dout.shape}")
     x, P, names, s = cache["x"], cache["P"], cache["names"], cache["s"]
     nq, nk, nv, no = names["q"], names["k"], names["v"], names["o"]
-    dout = dout.astype(x.dtype, copy=False)
+    dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads: dict = {}
     dz = _proj_bwd(dout, cache["z"], P, no, grads)
     do = _split_heads(dz, cache["H"], cache["dv"])
@@ -1796,12 +1787,10 @@ def differential_cross_attention_backward(dout, cache):
     """Gradient of :func:`differential_cross_attention_forward`: ``q1, k1, v1, q2, k2, v2, lam``."""
     from .differential import _sum_to
 
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != cache["out_shape"]:
-        raise ValueError(f"dout must have the output's shape {cache['out_shape']}; got {dout.shape}")
-    if cache["combine"] == "fda":
-        return _fda_backward(dout.astype(cache["A"].dtype, copy=False), cache)
-    g = dout.astype(cache["o2"].dtype, copy=False)
+    fda = cache["combine"] == "fda"
+    g = as_dout(dout, cache["out_shape"], (cache["A"] if fda else cache["o2"]).dtype)
+    if fda:
+        return _fda_backward(g, cache)
     g1 = sdpa_backward(g, cache["c1"])
     g2 = sdpa_backward(-cache["lam_b"] * g, cache["c2"])
     return {"q1": g1["q"], "k1": g1["k"], "v1": g1["v"], "q2": g2["q"], "k2": g2["k"], "v2": g2["v"],

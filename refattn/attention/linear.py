@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, check_choice, check_dim, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_choice, check_dim, check_int, check_positive, compute_dtype
 from ..nn.activations import elu_plus_one, elu_plus_one_grad
 from ..nn.norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
 from ..nn.softmax import softmax_lse, softmax_vjp
@@ -127,13 +127,6 @@ def _validate_qkv(q, k, v, *, same_length: bool = False):
         check_dim("q", q.shape[-2], "k", k.shape[-2], "the sequence length (axis -2, causal)")
     dt = compute_dtype(q, k, v)
     return q.astype(dt, copy=False), k.astype(dt, copy=False), v.astype(dt, copy=False)
-
-
-def _check_dout(dout, shape, dtype):
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != tuple(shape):
-        raise ValueError(f"dout must have the output's shape {tuple(shape)}; got {dout.shape}")
-    return dout.astype(dtype, copy=False)
 
 
 def _mT(a):
@@ -331,7 +324,7 @@ def linear_attention_backward(dout, cache):
     docstring — quotient rule on the denominator; reverse scans when causal — then the feature-map
     VJP)."""
     out = cache["out"]
-    g = _check_dout(dout, out.shape, out.dtype)
+    g = as_dout(dout, out.shape, out.dtype)
     dfq, dfk, dv = _core_backward(g, cache["fq"], cache["fk"], cache["v"], out, cache["state"],
                                   causal=cache["causal"], normalise=cache.get("normalise", True))
     fm = cache["feature_map"]
@@ -529,7 +522,7 @@ def efficient_attention_forward(q, k, v, *, normalization: str = "softmax"):
 def efficient_attention_backward(dout, cache):
     r"""Gradients ``{"q", "k", "v"}`` of :func:`efficient_attention_forward` (see its docstring)."""
     rq, rk, v, S = cache["rq"], cache["rk"], cache["v"], cache["S"]
-    g = _check_dout(dout, cache["out_shape"], rq.dtype)
+    g = as_dout(dout, cache["out_shape"], rq.dtype)
     drq = g @ _mT(S)
     dS = _mT(rq) @ g
     drk = v @ _mT(dS)
@@ -762,7 +755,7 @@ def performer_backward(dout, cache):
     r"""Gradients ``{"q", "k", "v"}`` of :func:`performer_forward`: core VJP, then the positive
     feature VJP $\partial\phi_l/\partial x = e_l(a w_l - a^2 x)$ minus the stabiliser term."""
     out = cache["out"]
-    g = _check_dout(dout, out.shape, out.dtype)
+    g = as_dout(dout, out.shape, out.dtype)
     dfq, dfk, dv = _core_backward(g, cache["fq"], cache["fk"], cache["v"], out, cache["state"],
                                   causal=cache["causal"], normalise=True)
     sg = cache["stabilizer_grad"]
@@ -969,7 +962,7 @@ def transnormer_backward(dout, cache):
     r"""Gradients ``{"q", "k", "v"}`` (+ ``"layer_norm.weight"``/``"layer_norm.bias"``) of
     :func:`transnormer_forward`: norm VJP, core VJP with $\mathrm{den}=1$, feature-map VJP."""
     h = cache["h"]
-    g = _check_dout(dout, h.shape, h.dtype)
+    g = as_dout(dout, h.shape, h.dtype)
     ng = _NORMS[cache["norm"]][1](g, cache["ncache"])
     dfq, dfk, dv = _core_backward(ng["x"], cache["fq"], cache["fk"], cache["v"], h, cache["state"],
                                   causal=cache["causal"], normalise=False)
@@ -1015,7 +1008,7 @@ def diag_attention_forward(q, k, v, *, block_size: int, causal: bool = False, sc
 def diag_attention_backward(dout, cache):
     """Gradients ``{"q", "k", "v"}`` of :func:`diag_attention_forward` (see its docstring)."""
     P, q, k, v, s = cache["P"], cache["q"], cache["k"], cache["v"], cache["s"]
-    g = _check_dout(dout, cache["out_shape"], P.dtype)
+    g = as_dout(dout, cache["out_shape"], P.dtype)
     dS = softmax_vjp(P, g @ _mT(v), axis=-1)
     return {"q": s * (dS @ k), "k": s * (_mT(dS) @ q), "v": _mT(P) @ g}
 
@@ -1220,7 +1213,7 @@ def kernelized_rpe_backward(dout, cache):
     r"""Gradients ``{"q", "k", "v", "b"}`` of :func:`kernelized_rpe_forward` (derivation in its
     docstring)."""
     out = cache["out"]
-    g = _check_dout(dout, out.shape, out.dtype)
+    g = as_dout(dout, out.shape, out.dtype)
     fq, fk, v, U, u, den, c = (cache[x] for x in ("fq", "fk", "v", "U", "u", "den", "c"))
     m, dv = fk.shape[-1], v.shape[-1]
     dn = g / den[..., None]

@@ -76,11 +76,10 @@ import math
 
 import numpy as np
 
-from .._checks import check_choice
+from .._checks import as_dout, check_choice
 from ..registry import Mechanism, Sample, register
 from .softmax import (
     KV_GROUP_MAPS,
-    _check_dout,
     _check_size,
     _sdpa_reference,
     _validate_config,
@@ -266,7 +265,7 @@ def flash_attention_forward(q, k, v, *, block_q: int = 32, block_k: int = 64, at
 def flash_attention_backward(dout, cache):
     """FlashAttention-2 backward (recompute $P$ from $L$, $D = \\mathrm{rowsum}(dO\\odot O)$): ``{"q","k","v"}``."""
     t: _Tiles = cache["tiles"]
-    g = _check_dout(dout, cache["out"].shape, t.dtype)
+    g = as_dout(dout, cache["out"].shape, t.dtype)
     lse = _lse_to_natural(cache["lse"], cache["lse_base"])
     return _flash_backward_tiles(t, cache["out"], lse, g, _blocks(t.n, cache["block_q"]),
                                  _blocks(t.m, cache["block_k"]))
@@ -331,7 +330,7 @@ def rabe_staats_backward(dout, cache):
     r"""Backward of :func:`rabe_staats_forward`: checkpointed (recompute each chunk, chain rule
     through the combine) or the flash backward, per ``backward_mode``. ``{"q", "k", "v"}``."""
     t: _Tiles = cache["tiles"]
-    g = _check_dout(dout, cache["out"].shape, t.dtype)
+    g = as_dout(dout, cache["out"].shape, t.dtype)
     qb, kb = _blocks(t.n, cache["qc"]), _blocks(t.m, cache["kc"])
     if cache["backward_mode"] == "flash":
         return _flash_backward_tiles(t, cache["out"], cache["lse"], g, qb, kb)
@@ -440,7 +439,7 @@ def tree_attention_forward(q, k, v, *, num_chunks: int = 4, chunk_sizes=None, at
 def tree_attention_backward(dout, cache):
     """Flash-style backward of :func:`tree_attention_forward` from $L = m + \\log\\ell$: ``{"q","k","v"}``."""
     t: _Tiles = cache["tiles"]
-    g = _check_dout(dout, cache["out"].shape, t.dtype)
+    g = as_dout(dout, cache["out"].shape, t.dtype)
     return _flash_backward_tiles(t, cache["out"], cache["lse"], g, [(0, t.n)], cache["kb"])
 
 

@@ -62,11 +62,10 @@ import math
 
 import numpy as np
 
-from .._checks import as_float, check_choice, check_positive
+from .._checks import as_dout, as_float, check_choice, check_positive
 from ..registry import Mechanism, Sample, register
 from .softmax import (
     CAUSAL_ALIGNMENTS,
-    _check_dout,
     _check_size,
     _validate_qkv,
     attention_core_backward,
@@ -338,7 +337,7 @@ def shaw_attention_backward(dout, cache):
     """Gradient of :func:`shaw_attention_forward`: ``q, k, v, relative_positions_keys`` (and ``_values``)."""
     sh = cache["shaw"]
     onehot, ak, av, w = sh["onehot"], sh["ak"], sh["av"], sh["w"]
-    g = _check_dout(dout, cache["out_total_shape"], ak.dtype)
+    g = as_dout(dout, cache["out_total_shape"], ak.dtype)
     grads = {}
     dp = None
     if av is not None:

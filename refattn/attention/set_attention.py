@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, check_choice, check_int, compute_dtype
+from .._checks import as_dout, as_float, check_choice, check_int, compute_dtype
 from ..nn.linear import linear_apply, linear_vjp
 from ..nn.norms import layer_norm_backward, layer_norm_forward
 from ..nn.softmax import softmax_lse, softmax_vjp
@@ -258,10 +258,7 @@ def set_transformer_forward(x, y=None, params=None, *, block: str = "sab", num_h
 def set_transformer_backward(dout, cache):
     r"""Gradients of :func:`set_transformer_forward`: ``"x"`` (and ``"y"`` for MAB) plus every
     parameter key (``"I"``/``"S"`` summed over the batch). Derivation in the module docstring."""
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != cache["shape"]:
-        raise ValueError(f"dout must have the output's shape {cache['shape']}; got {dout.shape}")
-    g = dout.astype(cache["dt"], copy=False)
+    g = as_dout(dout, cache["shape"], cache["dt"])
     block = cache["block"]
     if block in ("mab", "sab"):
         dx, dy, gp = mab_backward(g, cache["c"])

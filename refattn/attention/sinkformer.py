@@ -48,7 +48,7 @@ import math
 
 import numpy as np
 
-from .._checks import as_float, check_dim, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_dim, check_int, check_positive, compute_dtype
 from ..nn.softmax import softmax_lse
 from ..registry import Mechanism, Sample, register
 
@@ -119,10 +119,7 @@ def sinkformer_backward(dout, cache):
     r"""Gradients ``{"q", "k", "v"}`` of :func:`sinkformer_forward` through the unrolled
     iterations: $dL = dL' - P_t\odot\sum_{ax_t}dL'$ per step, in reverse."""
     A, q, k, v = cache["A"], cache["q"], cache["k"], cache["v"]
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != cache["out_shape"]:
-        raise ValueError(f"dout must have the output's shape {cache['out_shape']}; got {dout.shape}")
-    g = dout.astype(A.dtype, copy=False)
+    g = as_dout(dout, cache["out_shape"], A.dtype)
     dv = _mT(A) @ g
     dL = (g @ _mT(v)) * A
     for t in range(len(cache["Ps"]) - 1, -1, -1):

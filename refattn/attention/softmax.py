@@ -65,6 +65,7 @@ import numpy as np
 
 from .._checks import (
     as_bool_or_float_mask,
+    as_dout,
     as_float,
     check_broadcastable,
     check_choice,
@@ -270,13 +271,6 @@ def attention_core_forward(q, k, v, bias=None, *, attn_mask=None, is_causal: boo
     return out, cache
 
 
-def _check_dout(dout, shape, dt, name="dout"):
-    dout = as_float(dout, name, finite=False)
-    if dout.shape != shape:
-        raise ValueError(f"{name} must have the output's shape {shape}; got {dout.shape}")
-    return dout.astype(dt, copy=False)
-
-
 def attention_core_backward(dout, cache, *, dlse=None, dp=None):
     r"""Gradient of :func:`attention_core_forward` (the attention VJP in the module docstring).
 
@@ -288,14 +282,14 @@ def attention_core_backward(dout, cache, *, dlse=None, dp=None):
     """
     p, ve, ke, q = cache["p"], cache["ve"], cache["ke"], cache["q"]
     dt = p.dtype
-    g = _check_dout(dout, cache["out"].shape, dt)
+    g = as_dout(dout, cache["out"].shape, dt)
     dve = np.swapaxes(p, -1, -2) @ g
     dpp = g @ np.swapaxes(ve, -1, -2)
     if dp is not None:
-        dpp = dpp + _check_dout(dp, p.shape, dt, "dp")
+        dpp = dpp + as_dout(dp, p.shape, dt, name="dp")
     ds = softmax_vjp(p, dpp)
     if dlse is not None:
-        dlse = _check_dout(dlse, cache["lse"].shape, dt, "dlse")
+        dlse = as_dout(dlse, cache["lse"].shape, dt, name="dlse")
         ds = ds + p * dlse[..., None]
     grads = {}
     if cache["bias_shape"] is not None:
@@ -751,7 +745,7 @@ def mha_backward(dout, cache):
     """Gradient of :func:`mha_forward`: ``x`` (and ``context``), every weight and given bias."""
     w, core = cache["w"], cache["core"]
     x, src = cache["x"], cache["src"]
-    g = _check_dout(dout, cache["y_shape"], x.dtype)
+    g = as_dout(dout, cache["y_shape"], x.dtype)
     grads = {}
     go = linear_vjp(g, cache["oc"], w["out_proj"], "out_proj" in cache["has_bias"])
     h, n, dv = core["out"].shape[-3:]

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import erf, expit
 
-from .._checks import as_float, check_choice
+from .._checks import as_dout, as_float, check_choice
 from ..registry import Mechanism, Sample, register
 
 __all__ = [
@@ -121,16 +121,9 @@ def swiglu_vjp(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
 # Validated forward/backward pairs
 
 
-def _check_dout(dout, shape, dtype):
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != tuple(shape):
-        raise ValueError(f"dout must have the output's shape {tuple(shape)}; got {dout.shape}")
-    return dout.astype(dtype, copy=False)
-
-
 def _pointwise_backward(dout, cache, grad_fn):
     x = cache["x"]
-    dout = _check_dout(dout, x.shape, x.dtype)
+    dout = as_dout(dout, x.shape, x.dtype)
     return {"x": dout * grad_fn(x)}
 
 
@@ -206,7 +199,7 @@ def swiglu_forward(x):
 def swiglu_backward(dout, cache):
     r"""$dx = [\,dy\odot b\odot\mathrm{SiLU}'(a),\; dy\odot\mathrm{SiLU}(a)\,]$ along the last axis."""
     x = cache["x"]
-    dout = _check_dout(dout, x.shape[:-1] + (x.shape[-1] // 2,), x.dtype)
+    dout = as_dout(dout, x.shape[:-1] + (x.shape[-1] // 2,), x.dtype)
     return {"x": swiglu_vjp(dout, x)}
 
 

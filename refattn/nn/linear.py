@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, compute_dtype
+from .._checks import as_dout, as_float, compute_dtype
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["linear_forward", "linear_backward", "linear", "linear_apply", "linear_vjp", "check_linear_params"]
@@ -106,11 +106,8 @@ def linear_forward(x, params):
 def linear_backward(dout, cache):
     """Gradient of :func:`linear_forward`: ``{"x", "weight"[, "bias"]}`` (see the module docstring)."""
     x, w = cache["x"], cache["weight"]
-    dout = as_float(dout, "dout", finite=False)
-    expected = x.shape[:-1] + (w.shape[1],)
-    if dout.shape != expected:
-        raise ValueError(f"dout must have the output's shape {expected}; got {dout.shape}")
-    return linear_vjp(dout.astype(x.dtype, copy=False), x, w, cache["has_bias"])
+    dout = as_dout(dout, x.shape[:-1] + (w.shape[1],), x.dtype)
+    return linear_vjp(dout, x, w, cache["has_bias"])
 
 
 def linear(x, params) -> np.ndarray:

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, check_broadcastable, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_broadcastable, check_int, check_positive, compute_dtype
 from ..registry import Mechanism, Sample, register
 
 __all__ = [
@@ -187,13 +187,6 @@ def _affine_backward(dy, xhat, aff: dict, shapes: dict, mask=None):
     return g, grads
 
 
-def _check_dout(dout, shape):
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != tuple(shape):
-        raise ValueError(f"dout must have the output's shape {tuple(shape)}; got {dout.shape}")
-    return dout
-
-
 # --------------------------------------------------------------------------------------------
 # LayerNorm and RMSNorm: statistics over `axis`
 
@@ -217,7 +210,7 @@ def _axis_norm_forward(x, params, axis, eps, center, allowed, what):
 
 def _axis_norm_backward(dout, cache):
     xhat = cache["xhat"]
-    dout = _check_dout(dout, xhat.shape).astype(xhat.dtype, copy=False)
+    dout = as_dout(dout, xhat.shape, xhat.dtype)
     g, grads = _affine_backward(dout, xhat, cache["aff"], cache["shapes"])
     grads["x"] = normalize_backward(g, xhat, cache["stats"])
     return grads
@@ -350,7 +343,7 @@ def _channel_norm_forward(x, params, num_groups, channel_axis, eps, mask, what, 
 
 def _channel_norm_backward(dout, cache):
     xhat = cache["xhat"]
-    dout = _check_dout(dout, xhat.shape).astype(xhat.dtype, copy=False)
+    dout = as_dout(dout, xhat.shape, xhat.dtype)
     g, grads = _affine_backward(dout, xhat, cache["aff"], cache["shapes"], cache["mfull"])
     gg = np.moveaxis(g, cache["ch"], -1).reshape(cache["gshape"])
     dxg = normalize_backward(gg, cache["xhat_g"], cache["stats"])

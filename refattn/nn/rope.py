@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, check_broadcastable, check_int, check_positive
+from .._checks import as_dout, as_float, check_broadcastable, check_int, check_positive
 from ..registry import Mechanism, Sample, register
 
 __all__ = [
@@ -182,10 +182,8 @@ def rope_forward(x, *, positions=None, base: float = 10000.0, interleaved: bool 
 
 def rope_backward(dout, cache):
     r"""$dx = R(-\phi)\,dy$: the same rotation with the sine negated (RoPE is orthogonal)."""
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != cache["shape"]:
-        raise ValueError(f"dout must have the output's shape {cache['shape']}; got {dout.shape}")
-    dx = apply_rope(dout.astype(cache["dtype"], copy=False), cache["cos"], -cache["sin"], cache["interleaved"])
+    dout = as_dout(dout, cache["shape"], cache["dtype"])
+    dx = apply_rope(dout, cache["cos"], -cache["sin"], cache["interleaved"])
     return {"x": dx}
 
 

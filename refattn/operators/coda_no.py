@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, check_choice, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_choice, check_positive, compute_dtype
 from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..registry import Mechanism, Sample, register
 
@@ -119,10 +119,8 @@ def codomain_attention_forward(q, k, v, *, temperature: float = 1.0, score_scali
 def codomain_attention_backward(dout, cache):
     """Gradients ``{"q", "k", "v"}`` (the attention VJP on flattened variable tokens)."""
     vshape = cache["vshape"]
-    g = as_float(dout, "dout", finite=False)
-    if g.shape != vshape:
-        raise ValueError(f"dout must have the output's shape {vshape}; got {g.shape}")
     gr = cache["core"]
+    g = as_dout(dout, vshape, gr["p"].dtype)
     grads = attention_core_backward(g.reshape(*vshape[:3], -1), gr)
     dq = grads["q"] if cache["wf"] is None else grads["q"] * cache["wf"]
     return {"q": dq.reshape(cache["qshape"]), "k": grads["k"].reshape(cache["qshape"]),

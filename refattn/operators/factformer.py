@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, check_choice, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_choice, check_int, check_positive, compute_dtype
 from ..nn.activations import gelu, gelu_grad
 from ..nn.linear import linear_apply, linear_vjp
 from ..nn.norms import normalize_backward, normalize_forward
@@ -90,13 +90,6 @@ def _kernel_grads(a, dkx, dky, sx, sy):
             "q_y": sy * (dky @ a["k_y"]), "k_y": sy * (np.swapaxes(dky, -1, -2) @ a["q_y"])}
 
 
-def _check_dout(dout, shape, dt):
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != tuple(shape):
-        raise ValueError(f"dout must have the output's shape {tuple(shape)}; got {dout.shape}")
-    return dout.astype(dt, copy=False)
-
-
 def factformer_attention_forward(v, q_x, k_x, q_y, k_y, *, scaling_x: float = 1.0, scaling_y: float = 1.0,
                                  order: str = "xy"):
     r"""FactFormer chained axial kernel integral $u' = K_y\times_y(K_x\times_x v)$.
@@ -134,7 +127,7 @@ def factformer_attention_forward(v, q_x, k_x, q_y, k_y, *, scaling_x: float = 1.
 def factformer_attention_backward(dout, cache):
     """Gradients ``{"v", "q_x", "k_x", "q_y", "k_y"}`` (derivation in the module docstring)."""
     v, kx, ky, t = cache["v"], cache["kx"], cache["ky"], cache["t"]
-    g = _check_dout(dout, v.shape, cache["dt"])
+    g = as_dout(dout, v.shape, cache["dt"])
     if cache["order"] == "xy":
         dt_ = np.einsum("bhlm,bhilc->bhimc", ky, g)
         dky = np.einsum("bhilc,bhimc->bhlm", g, t)
@@ -177,7 +170,7 @@ def ifactformer_m_attention_backward(dout, cache):
     """Gradients ``{"v", "q_x", "k_x", "q_y", "k_y"}``: the concat VJP is a split, then two
     independent axis contractions whose ``v`` gradients add."""
     v, kx, ky = cache["v"], cache["kx"], cache["ky"]
-    g = _check_dout(dout, cache["out_shape"], cache["dt"])
+    g = as_dout(dout, cache["out_shape"], cache["dt"])
     c = v.shape[-1]
     gx, gy = (g[..., :c], g[..., c:]) if cache["combine"] == "concat" else (g, g)
     dv = np.einsum("bhij,bhilc->bhjlc", kx, gx) + np.einsum("bhlm,bhilc->bhimc", ky, gy)
@@ -357,7 +350,7 @@ def factformer_block_forward(u, params, *, pos_x, pos_y, heads: int, dim_head: i
 def factformer_block_backward(dout, cache):
     """Gradients ``{"u", <every params key>}`` of :func:`factformer_block_forward`."""
     p, dt = cache["p"], cache["dt"]
-    g = _check_dout(dout, cache["out_shape"], dt)
+    g = as_dout(dout, cache["out_shape"], dt)
     b, nx, ny, dim = cache["shape"]
     heads, dh, dkh = cache["heads"], cache["dim_head"], cache["dkh"]
     grads = {}

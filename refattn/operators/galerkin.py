@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, check_choice, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_choice, check_int, check_positive, compute_dtype
 from ..nn.linear import linear_apply, linear_vjp
 from ..nn.norms import normalize_backward, normalize_forward
 from ..nn.rope import apply_rope, rope_frequencies
@@ -135,13 +135,6 @@ def merge_heads(t):
     """(B, H, N, d) -> (B, N, H*d)."""
     b, h, n, d = t.shape
     return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
-
-
-def check_dout(dout, shape, dt):
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != tuple(shape):
-        raise ValueError(f"dout must have the output's shape {tuple(shape)}; got {dout.shape}")
-    return dout.astype(dt, copy=False)
 
 
 def _lin_params(prefix, n_in, n_out, bias=True):
@@ -246,7 +239,7 @@ def _simple_backward(dout, cache):
     x, p, pos, n_head, npos = cache["x"], cache["p"], cache["pos"], cache["n_head"], cache["npos"]
     hat = cache["hat"]
     b, n, c = x.shape
-    dout = check_dout(dout, cache["out_shape"], x.dtype)
+    dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
     dzm = _lin_back(grads, p, "fc", dout, cache["zm"]) if pos is not None else dout
     dz = split_heads(dzm, n_head)
@@ -774,7 +767,7 @@ def oformer_attention_backward(dout, cache):
     """
     x, src, p, n_head = cache["x"], cache["src"], cache["p"], cache["n_head"]
     hat, sv, so, npos = cache["hat"], cache["sv"], cache["so"], cache["npos"]
-    dout = check_dout(dout, cache["out_shape"], x.dtype)
+    dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
     dzm = _lin_back(grads, p, "to_out.0", dout, cache["zm"]) if cache["project_out"] else dout
     gq = so * split_heads(dzm, n_head)

@@ -46,11 +46,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, check_choice, check_int, compute_dtype
+from .._checks import as_dout, as_float, check_choice, check_int, compute_dtype
 from ..nn.activations import gelu, gelu_grad, sigmoid, sigmoid_grad
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
-from .galerkin import _lin, _lin_back, cast_all, check_dout, check_params, merge_heads, split_heads
+from .galerkin import _lin, _lin_back, cast_all, check_params, merge_heads, split_heads
 
 __all__ = [
     "gnot_hna_attention_forward",
@@ -189,7 +189,7 @@ def gnot_hna_attention_backward(dout, cache):
     """Gradients of :func:`gnot_hna_attention_forward`: ``x``, ``y`` (when given; a list when a
     list was given) and every params key."""
     x, p, phq, fm = cache["x"], cache["p"], cache["phq"], cache["fmap"]
-    dout = check_dout(dout, cache["out_shape"], x.dtype)
+    dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
     g = split_heads(_lin_back(grads, p, "proj", dout, cache["zm"]), cache["n_head"])
     dphq = g.copy() if cache["res"] else np.zeros_like(phq)
@@ -319,7 +319,7 @@ def gnot_geometric_gating_moe_forward(x, pos, params, *, act="gelu"):
 def gnot_geometric_gating_moe_backward(dout, cache):
     """Gradients of :func:`gnot_geometric_gating_moe_forward`: ``x``, ``pos`` and every params key."""
     x, p, gate, eo = cache["x"], cache["p"], cache["gate"], cache["eo"]
-    dout = check_dout(dout, cache["out_shape"], x.dtype)
+    dout = as_dout(dout, cache["out_shape"], x.dtype)
     _, fg = _act(cache["act"])
     grads = {}
     dgate = np.einsum("bnc,bnec->bne", dout, eo)

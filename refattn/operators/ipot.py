@@ -53,12 +53,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_int, check_positive, compute_dtype
 from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..nn.activations import gelu, gelu_grad
 from ..nn.norms import normalize_backward, normalize_forward
 from ..registry import Mechanism, Sample, register
-from .galerkin import _lin, _lin_back, cast_all, check_dout, check_params, merge_heads, split_heads
+from .galerkin import _lin, _lin_back, cast_all, check_params, merge_heads, split_heads
 
 __all__ = [
     "ipot_inducing_point_operator_forward",
@@ -285,7 +285,7 @@ def ipot_inducing_point_operator_forward(inputs, query, params, *, num_layers: i
 def ipot_inducing_point_operator_backward(dout, cache):
     """Gradients of :func:`ipot_inducing_point_operator_forward`: ``inputs``, ``query`` and every params key."""
     p, heads, inputs = cache["p"], cache["heads"], cache["inputs"]
-    dout = check_dout(dout, cache["out_shape"], inputs.dtype)
+    dout = as_dout(dout, cache["out_shape"], inputs.dtype)
     grads = {}
     do = dout * cache["scale"]
     dln = _ff_back(grads, p, "decoder_ff.fn", do, cache["dec_ff"])

@@ -47,7 +47,7 @@ import numpy as np
 from scipy.linalg import solve_triangular
 from scipy.special import expit
 
-from .._checks import as_float, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_positive, compute_dtype
 from ..registry import Mechanism, Sample, register
 from ..testing.gradcheck import gradcheck
 
@@ -158,10 +158,7 @@ def ono_attention_forward(psi, fx, params, *, feature_cov=None, jitter: float | 
 def ono_attention_backward(dout, cache):
     """Gradients ``{"psi", "fx", "mu"}`` (derivation in the module docstring)."""
     psi, fx, psi_t, s, a, L, dt = (cache[k] for k in ("psi", "fx", "psi_t", "s", "a", "L", "dt"))
-    g = as_float(dout, "dout", finite=False)
-    if g.shape != fx.shape:
-        raise ValueError(f"dout must have the output's shape {fx.shape}; got {g.shape}")
-    g = g.astype(dt, copy=False)
+    g = as_dout(dout, fx.shape, dt)
     b, n, k = psi.shape
     ga = np.einsum("bnd,bcd->bnc", g, a)                  # G A^T
     da = np.einsum("bnc,bnd->bcd", psi_t * s, g)

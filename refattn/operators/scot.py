@@ -58,7 +58,7 @@ import math
 import numpy as np
 from scipy.special import expit
 
-from .._checks import as_float, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_int, check_positive, compute_dtype
 from ..nn.activations import gelu, gelu_grad
 from ..nn.linear import linear_apply, linear_vjp
 from ..nn.softmax import softmax_lse, softmax_vjp
@@ -382,10 +382,7 @@ def scot_layer_forward(x, t, params, *, num_heads: int, window_size: int, shift_
 def scot_layer_backward(dout, cache):
     """Gradients ``{"x", "t", <every params key>}`` (derivation in the module docstring)."""
     p, t, dt = cache["p"], cache["t"], cache["dt"]
-    g = as_float(dout, "dout", finite=False)
-    if g.shape != cache["shape"]:
-        raise ValueError(f"dout must have the output's shape {cache['shape']}; got {g.shape}")
-    g = g.astype(dt, copy=False)
+    g = as_dout(dout, cache["shape"], dt)
     grads = {}
     dm, dt2 = _cln_backward(g, t, p, "layernorm_after.", cache["c_ln2"], grads)
     lo = linear_vjp(dm, cache["gz"], p["output.dense.weight"])

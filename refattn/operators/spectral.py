@@ -45,7 +45,7 @@ import math
 
 import numpy as np
 
-from .._checks import as_float, check_choice, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_choice, check_int, check_positive, compute_dtype
 from ..nn.activations import gelu, gelu_grad
 from ..registry import Mechanism, Sample, register
 from ..testing.gradcheck import gradcheck
@@ -221,11 +221,9 @@ def fno_spectral_conv_backward(dout, cache):
     X, ws, d, grid, norm, dt = cache["X"], cache["ws"], cache["d"], cache["grid"], cache["norm"], cache["dt"]
     c_out = ws["weights1_real"].shape[1]
     expected = (X.shape[0],) + tuple(grid) + (c_out,)
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != expected:
-        raise ValueError(f"dout must have the output's shape {expected}; got {dout.shape}")
+    dout = as_dout(dout, expected, dt)
     axes = tuple(range(1, d + 1))
-    dY = _cast_complex(irfftn_adjoint(dout.astype(dt, copy=False), axes, norm), dt)
+    dY = _cast_complex(irfftn_adjoint(dout, axes, norm), dt)
     dX = np.zeros_like(X)
     _, bwd_x, bwd_w = _fno_eins(d)
     grads = {}
@@ -564,10 +562,7 @@ def afno_mixer_backward(dout, cache):
     """
     B, H, W, C = cache["shape"]
     dt, p, keep = cache["dt"], cache["p"], cache["keep"]
-    dout = as_float(dout, "dout", finite=False)
-    if dout.shape != (B, H, W, C):
-        raise ValueError(f"dout must have the output's shape {(B, H, W, C)}; got {dout.shape}")
-    g = dout.astype(dt, copy=False)
+    g = as_dout(dout, (B, H, W, C), dt)
     w1, w2 = p["w1"], p["w2"]
     nb, bs = w1.shape[1:3]
     dY = irfftn_adjoint(g, (1, 2), cache["norm"])

@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float, check_choice, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_choice, check_int, check_positive, compute_dtype
 from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..nn.activations import gelu, gelu_grad, sigmoid
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
-from .galerkin import _lin, _lin_back, cast_all, check_dout, check_params, merge_heads, split_heads
+from .galerkin import _lin, _lin_back, cast_all, check_params, merge_heads, split_heads
 
 __all__ = [
     "transolver_physics_attention_forward",
@@ -222,7 +222,7 @@ def transolver_physics_attention_forward(x, params, *, n_head: int, tau_clamp=No
 def transolver_physics_attention_backward(dout, cache):
     """Gradients of :func:`transolver_physics_attention_forward` (derivation in the module docstring)."""
     x, p, w = cache["x"], cache["p"], cache["w"]
-    dout = check_dout(dout, cache["out_shape"], x.dtype)
+    dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
     dy = split_heads(_lin_back(grads, p, "to_out.0", dout, cache["ym"]), cache["n_head"])
     dzp = _sw(w) @ dy
@@ -360,7 +360,7 @@ def linear_no_attention_forward(x, params, *, n_head: int, use_temperature: bool
 def linear_no_attention_backward(dout, cache):
     """Gradients of :func:`linear_no_attention_forward` (derivation in its docstring)."""
     x, p = cache["x"], cache["p"]
-    dout = check_dout(dout, cache["out_shape"], x.dtype)
+    dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
     dy = split_heads(_lin_back(grads, p, "to_out.0", dout, cache["ym"]), cache["n_head"])
     phq, phk, v, s, xm = cache["phq"], cache["phk"], cache["v"], cache["s"], cache["xm"]
@@ -511,7 +511,7 @@ def geotransolver_gale_forward(x, params, context=None, *, n_head: int, state_mi
 def geotransolver_gale_backward(dout, cache):
     """Gradients of :func:`geotransolver_gale_forward`: ``x``, ``context`` (if given), params."""
     x, p, w, d, tok = cache["x"], cache["p"], cache["w"], cache["d"], cache["tok"]
-    dout = check_dout(dout, cache["out_shape"], x.dtype)
+    dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
     dy = split_heads(_lin_back(grads, p, "out_linear", dout, cache["ym"]), cache["n_head"])
     dzp = _sw(w) @ dy
