@@ -84,12 +84,20 @@ def main(argv=None) -> int:
         torch = None
     rng = np.random.default_rng(0)
     q, k, v, g = (rng.standard_normal((1, a.heads, a.n, a.d), dtype=np.float32) for _ in range(4))
+    x = rng.standard_normal((1024, 1024), dtype=np.float32)
+    sgemm = {"numpy": 2 * 1024**3 / _cpu_best(lambda: x @ x, a.repeats) / 1e9}
+    if torch is not None:
+        tx = torch.from_numpy(x)
+        sgemm["torch"] = 2 * 1024**3 / _cpu_best(lambda: tx @ tx, a.repeats) / 1e9
     rows = [_row(causal, q, k, v, g, torch, a.heads * a.n * a.n * (0.5 if causal else 1.0), a.repeats)
             for causal in (False, True)]
-    report = {"n": a.n, "heads": a.heads, "d": a.d, "threads": 1, "blas": info,
+    report = {"n": a.n, "heads": a.heads, "d": a.d, "threads": 1, "blas": info, "sgemm_1thread_gflops": sgemm,
               "loadavg": os.getloadavg(), "rows": rows}
     lines = [f"Single thread, float32, B=1, H={a.heads}, N=M={a.n}, d={a.d}: CPU ns per score entry "
              f"(best of {a.repeats}; load average {tuple(round(x, 2) for x in report['loadavg'])}).", "",
+             f"Single-thread sgemm (1024³, CPU time): NumPy ({info.get('openblas_core')}) {sgemm['numpy']:.0f} GFLOP/s"
+             + (f", torch {sgemm['torch']:.0f} GFLOP/s" if "torch" in sgemm else "") + ". "
+             "At 4d flops per entry (QKᵀ and PV, d = 64), 1 ns per entry is 256 GFLOP/s.", "",
              "| causal | Numba fwd | torch fwd | Numba fwd+bwd | torch fwd+bwd | Numba speed vs torch, fwd | fwd+bwd |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:

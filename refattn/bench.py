@@ -385,13 +385,14 @@ def plot(report: dict, path: Path) -> bool:
     for ax, (case, causal) in zip(axes, cases):
         rows = [r for r in report["results"] if r["case"] == case and r["causal"] == causal]
         names = sorted({n for r in rows for n in r["impl"]})
-        for name in names:
+        for ci, name in enumerate(names):
+            color = f"C{ci}"
             pts = [(r["N"], r["impl"][name]["fwd_bwd_s"]) for r in rows if name in r["impl"]]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=f"{name} fwd+bwd")
+                ax.plot(*zip(*pts), marker="o", color=color, label=f"{name} fwd+bwd")
             pts = [(r["N"], r["impl"][name]["fwd_s"]) for r in rows if name in r["impl"]]
             if pts:
-                ax.plot(*zip(*pts), marker="x", linestyle="--", label=f"{name} fwd")
+                ax.plot(*zip(*pts), marker="x", linestyle="--", color=color, label=f"{name} fwd")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("N")
