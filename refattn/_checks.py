@@ -26,6 +26,9 @@ __all__ = [
     "check_choice",
     "check_broadcastable",
     "check_int",
+    "check_param_keys",
+    "check_params",
+    "cast_all",
 ]
 
 
@@ -174,3 +177,75 @@ def check_choice(value, name: str, choices: Iterable) -> None:
     choices = tuple(choices)
     if value not in choices:
         raise ValueError(f"{name} must be one of {choices}; got {value!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Flat parameter dicts ({"q_proj.weight": array, ...})
+
+
+def _for(where) -> str:
+    return f" for {where}" if where else ""
+
+
+def check_param_keys(params, required, optional=(), *, name: str = "params", where: str | None = None,
+                     shapes: dict | None = None) -> None:
+    """Validate the key set of a flat parameter dict (values are not looked at).
+
+    * ``TypeError`` unless ``params`` is a dict;
+    * ``ValueError`` listing the unknown keys (neither in ``required`` nor in ``optional``), then
+      ``ValueError`` listing the missing ``required`` keys.
+
+    ``name`` names the dict and ``where`` (optional) the mechanism in messages; ``shapes``
+    (key -> expected shape) adds the expected shapes of missing keys to the message. A key whose
+    value is ``None`` counts as present here (:func:`check_params` decides what ``None`` means).
+    """
+    required, optional = tuple(required), tuple(optional)
+    if not isinstance(params, dict):
+        opt = f" and optional {list(optional)}" if optional else ""
+        raise TypeError(f"{name}{_for(where)} must be a dict of arrays with keys {list(required)}{opt}; "
+                        f"got {type(params).__name__}")
+    extra = sorted(set(params) - set(required) - set(optional))
+    if extra:
+        raise ValueError(f"{name} has unknown keys {extra}{_for(where)}; expected {sorted(required)}"
+                         + (f" and optional {sorted(optional)}" if optional else ""))
+    missing = [k for k in required if k not in params]
+    if missing:
+        hint = ""
+        if shapes:
+            hint = " (expected shapes: " + ", ".join(f"{k} {tuple(shapes[k])}" for k in missing) + ")"
+        raise ValueError(f"{name} is missing {missing}{_for(where)}{hint}")
+
+
+def check_params(params, spec: dict, *, name: str = "params", optional=(), where: str | None = None) -> dict:
+    """Validate a flat parameter dict against ``spec`` (key -> expected shape) and return its arrays.
+
+    Keys in ``optional`` may be absent or ``None`` (then they are left out of the result). Raises
+
+    * ``TypeError`` when ``params`` is not a dict, a value is not a floating array (naming the
+      key), or a required key is ``None``;
+    * ``ValueError`` for unknown keys, missing required keys (see :func:`check_param_keys`) and
+      wrong shapes: ``"<key> must have shape <expected>; got <given>"`` (with a reminder that
+      PyTorch's ``nn.Linear.weight`` is the transpose, for 2-D ``*.weight`` keys).
+
+    Returns ``{key: float array}`` in ``spec`` order, each in its own dtype (float16 promoted to
+    float32; see :func:`as_float`); cast them together with :func:`cast_all`.
+    """
+    optional = tuple(optional)
+    check_param_keys(params, [k for k in spec if k not in optional], [k for k in spec if k in optional],
+                     name=name, where=where, shapes=spec)
+    out = {}
+    for key, shape in spec.items():
+        if key in optional and params.get(key) is None:
+            continue
+        arr = as_float(params[key], key)
+        if arr.shape != tuple(shape):
+            hint = (" (PyTorch's nn.Linear.weight is (out, in): pass its transpose)"
+                    if key.endswith(".weight") and len(shape) == 2 else "")
+            raise ValueError(f"{key} must have shape {tuple(shape)}; got {arr.shape}{hint}")
+        out[key] = arr
+    return out
+
+
+def cast_all(dt, d: dict) -> dict:
+    """``{k: v.astype(dt)}`` for a dict of arrays (no copy where ``v`` already has dtype ``dt``)."""
+    return {k: v.astype(dt, copy=False) for k, v in d.items()}

@@ -41,9 +41,11 @@ from .._checks import (
     as_bool_or_float_mask,
     as_dout,
     as_float,
+    cast_all,
     check_broadcastable,
     check_choice,
     check_int,
+    check_params,
     check_positive,
     compute_dtype,
 )
@@ -437,28 +439,6 @@ def _lambda_bwd(dlam, lq1, lk1, lq2, lk2, saved):
             "lambda_q2": -dlam * e2 * lk2, "lambda_k2": -dlam * e2 * lq2}
 
 
-def _check_params(params, required: dict, optional: dict, where: str) -> dict:
-    """Validate a flat params dict: ``required``/``optional`` map key -> expected shape."""
-    if not isinstance(params, dict):
-        raise TypeError(f"params must be a dict of arrays for {where}; got {type(params).__name__}")
-    unknown = sorted(set(params) - set(required) - set(optional))
-    if unknown:
-        raise ValueError(f"params has unknown keys {unknown} for {where}; expected {sorted(required)}"
-                         + (f" and optional {sorted(optional)}" if optional else ""))
-    missing = sorted(set(required) - set(params))
-    if missing:
-        raise ValueError(f"params is missing {missing} for {where}")
-    out = {}
-    for key, shape in list(required.items()) + [(k, s) for k, s in optional.items() if k in params]:
-        arr = as_float(params[key], key, ndim=len(shape))
-        if arr.shape != tuple(shape):
-            hint = (" (PyTorch's nn.Linear.weight is (out, in): pass its transpose)"
-                    if key.endswith(".weight") and len(shape) == 2 else "")
-            raise ValueError(f"{key} must have shape {tuple(shape)}; got {arr.shape}{hint}")
-        out[key] = arr
-    return out
-
-
 def _proj(x, P, name):
     y = x @ P[name + ".weight"]
     b = P.get(name + ".bias")
@@ -614,10 +594,10 @@ def _v1_generic_forward(x, params, *, where, names, num_heads, q_halves, k_halve
     if optional_bias:
         optional = {f"{nq}.bias": (q_halves * d,), f"{nk}.bias": (k_halves * d,),
                     f"{nv}.bias": (v_heads * dv,), f"{no}.bias": (c_out,)}
-    P = _check_params(params, required, optional, where)
+    P = check_params(params, {**required, **optional}, optional=tuple(optional), where=where)
     dt = compute_dtype(x, *P.values())
     x = x.astype(dt, copy=False)
-    P = {k: v.astype(dt, copy=False) for k, v in P.items()}
+    P = cast_all(dt, P)
     n = x.shape[-2]
     mask, cos, sin, s, eps = _layer_config(x, n, is_causal, attn_mask, causal_alignment, rel_pos,
                                            rope_interleaved, scale, d, subln, subln_eps, num_heads, dt)

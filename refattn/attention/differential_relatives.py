@@ -38,6 +38,7 @@ from .._checks import (
     check_broadcastable,
     check_choice,
     check_int,
+    check_param_keys,
     check_positive,
     compute_dtype,
 )
@@ -146,17 +147,6 @@ def _head_param(params, name, h, dt, *, allow_scalar=False):
     return x.astype(dt, copy=False)
 
 
-def _params(params, required, optional=(), what="params"):
-    if not isinstance(params, dict):
-        raise TypeError(f"{what} must be a dict; got {type(params).__name__}")
-    missing = [k for k in required if k not in params]
-    if missing:
-        raise ValueError(f"{what} is missing {missing}; expected keys {list(required) + list(optional)}")
-    extra = sorted(set(params) - set(required) - set(optional))
-    if extra:
-        raise ValueError(f"{what} has unknown keys {extra}; expected keys {list(required) + list(optional)}")
-
-
 def _sum_to(g, shape):
     """Sum a broadcast gradient back to ``shape`` (leading axes and size-1 axes)."""
     while g.ndim > len(shape):
@@ -223,7 +213,7 @@ def shaped_attention_forward(q, k, v, params, *, attn_mask=None, is_causal=True,
     """
     q, k, v, dt = _qkv(q, k, v, self_attention=False)
     h, n, m = q.shape[-3], q.shape[-2], k.shape[-2]
-    _params(params, ("attn_mat_resid_gain", "attn_mat_skip_gain", "centre_attn_gain"))
+    check_param_keys(params, ("attn_mat_resid_gain", "attn_mat_skip_gain", "centre_attn_gain"))
     beta = _head_param(params, "attn_mat_resid_gain", h, dt)
     alpha = _head_param(params, "attn_mat_skip_gain", h, dt)
     gamma = _head_param(params, "centre_attn_gain", h, dt)
@@ -329,7 +319,7 @@ def momentum_attention_forward(q, k, v, params, *, attn_mask=None, is_causal=Tru
     """
     q, k, v, dt = _qkv(q, k, v, self_attention=True)
     h = q.shape[-3]
-    _params(params, ("gamma",))
+    check_param_keys(params, ("gamma",))
     gamma = _head_param(params, "gamma", h, dt, allow_scalar=True)
     check_choice(boundary, "boundary", ("zero_velocity", "zero"))
     sc = _scale(scale, q.shape[-1])
@@ -436,7 +426,7 @@ def pct_offset_attention_forward(x, params, *, shared_qk=True, scale=1.0, col_ep
     keys = _PCT_KEYS if shared_qk else _PCT_KEYS + ("q_conv.weight",)
     if not isinstance(shared_qk, (bool, np.bool_)):
         raise TypeError(f"shared_qk must be a bool; got {type(shared_qk).__name__}")
-    _params(params, keys)
+    check_param_keys(params, keys)
     dt = compute_dtype(x, *[np.asarray(params[k]) for k in keys if np.asarray(params[k]).dtype.kind == "f"])
     x = x.astype(dt, copy=False)
     wk = _weight(params, "k_conv.weight", c, dt)
@@ -612,7 +602,7 @@ def reflexsplit_dual_stream_attention_forward(x, params, *, num_heads, window_si
     keys = _rs_keys(branch)
     bias_keys = {k for k in keys if k.endswith(".bias") and k.startswith(("sa_qkv", "ca_q", "ca_kv"))}
     need = tuple(k for k in keys if qkv_bias or k not in bias_keys)
-    _params(params, need)
+    check_param_keys(params, need)
     dt = compute_dtype(x, *[np.asarray(params[k]) for k in need if np.asarray(params[k]).dtype.kind == "f"])
     x = x.astype(dt, copy=False)
     P = {}
@@ -979,7 +969,7 @@ def multi_token_attention_forward(q, k, v, params=None, *, attn_mask=None, is_ca
     h, m, d = q.shape[-3], k.shape[-2], q.shape[-1]
     dv_ = v.shape[-1]
     params = {} if params is None else params
-    _params(params, (), _MTA_KEYS)
+    check_param_keys(params, (), _MTA_KEYS)
     check_choice(pad_key, "pad_key", ("both", "left", "right"))
     if "head_kernel" in params and "wposm" in params:
         raise ValueError("params may hold 'head_kernel' or 'wposm' (post-softmax head mixing), not both "

@@ -23,11 +23,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_bool_or_float_mask, as_dout, as_float, check_broadcastable, check_int, compute_dtype
+from .._checks import (
+    as_bool_or_float_mask,
+    as_dout,
+    as_float,
+    cast_all,
+    check_broadcastable,
+    check_int,
+    check_params,
+    compute_dtype,
+)
 from ..registry import Mechanism, Sample, register
 from .differential import (
     _V1_LAMBDA,
-    _check_params,
     _check_rel_pos,
     _core_fwd,
     _diff_v1_forward_impl,
@@ -168,12 +176,12 @@ def diff_attention_v2_forward(x, params, *, num_heads: int, num_kv_heads: int | 
     if len(ow) != 2:
         raise ValueError(f"o_proj.weight must have shape (num_heads * d, C_out); got {ow}")
     d = qw[1] // (2 * H)
-    P = _check_params(params, {"q_proj.weight": (C, 2 * H * d), "k_proj.weight": (C, Hkv * d),
-                               "v_proj.weight": (C, Hkv * d), "o_proj.weight": (H * d, ow[1]),
-                               "lambda_proj.weight": (C, H)}, {}, "diff_attention_v2")
+    P = check_params(params, {"q_proj.weight": (C, 2 * H * d), "k_proj.weight": (C, Hkv * d),
+                              "v_proj.weight": (C, Hkv * d), "o_proj.weight": (H * d, ow[1]),
+                              "lambda_proj.weight": (C, H)}, where="diff_attention_v2")
     dt = compute_dtype(x, *P.values())
     x = x.astype(dt, copy=False)
-    P = {k: v.astype(dt, copy=False) for k, v in P.items()}
+    P = cast_all(dt, P)
     n = x.shape[-2]
     mask = as_bool_or_float_mask(attn_mask, "attn_mask")
     if mask is not None:
@@ -1005,7 +1013,8 @@ def dex_differential_adaptation_forward(x, params, *, num_heads: int, num_kv_hea
     required = {"q_proj.weight": (C, H * d), "k_proj.weight": (C, Hkv * d), "v_proj.weight": (C, Hkv * dv),
                 "o_proj.weight": (H * dv, ow[1]), "f_D.weight": (H, dv, dv) if per_head else (dv, dv),
                 "lambda": (1,)}
-    P = _check_params(params, required, {"f_D.bias": (dv,)}, "dex_differential_adaptation")
+    P = check_params(params, {**required, "f_D.bias": (dv,)}, optional=("f_D.bias",),
+                     where="dex_differential_adaptation")
     sel = np.zeros(H, bool)
     if heads is None:
         sel[:] = True
@@ -1019,7 +1028,7 @@ def dex_differential_adaptation_forward(x, params, *, num_heads: int, num_kv_hea
         sel[idx] = True
     dt = compute_dtype(x, *P.values())
     x = x.astype(dt, copy=False)
-    P = {k: v.astype(dt, copy=False) for k, v in P.items()}
+    P = cast_all(dt, P)
     n = x.shape[-2]
     mask = as_bool_or_float_mask(attn_mask, "attn_mask")
     if mask is not None:
@@ -1228,10 +1237,10 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
         req["subln.weight"] = (dv,)
         if subln == "layer":
             req["subln.bias"] = (dv,)
-    P = _check_params(params, req, {}, where)
+    P = check_params(params, req, where=where)
     dt = compute_dtype(x, *P.values())
     x = x.astype(dt, copy=False)
-    P = {k: v.astype(dt, copy=False) for k, v in P.items()}
+    P = cast_all(dt, P)
     n = x.shape[-2]
     mask, cos, sin, sc, eps = _layer_config(x, n, is_causal, attn_mask, causal_alignment, rel_pos,
                                             rope_interleaved, scale, d, subln, subln_eps, H, dt)

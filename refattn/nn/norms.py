@@ -44,7 +44,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_broadcastable, check_int, check_positive, compute_dtype
+from .._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_broadcastable,
+    check_int,
+    check_param_keys,
+    check_positive,
+    compute_dtype,
+)
 from ..registry import Mechanism, Sample, register
 
 __all__ = [
@@ -122,15 +131,11 @@ def _norm_axes(axis, ndim: int, name: str = "axis") -> tuple[int, ...]:
 
 
 def _check_params(params, allowed: tuple[str, ...], what: str) -> dict:
+    """``{}`` for ``params=None`` (no affine); else the dict's non-None entries, after checking
+    its keys: ``"weight"`` required, the rest of ``allowed`` optional (shapes: :func:`_affine_shapes`)."""
     if params is None:
         return {}
-    if not isinstance(params, dict):
-        raise TypeError(f"params must be None (no affine) or a dict with keys {allowed}; got {type(params).__name__}")
-    extra = sorted(set(params) - set(allowed))
-    if extra:
-        raise ValueError(f"params has unknown keys {extra}; {what} takes {allowed}")
-    if "weight" not in params:
-        raise ValueError(f"params must contain 'weight' ({what}); pass params=None for no affine")
+    check_param_keys(params, ("weight",), [k for k in allowed if k != "weight"], where=what)
     return {k: v for k, v in params.items() if v is not None}
 
 
@@ -201,7 +206,7 @@ def _axis_norm_forward(x, params, axis, eps, center, allowed, what):
     aff = _affine_shapes(params, x.shape, norm_shape, full)
     dt = compute_dtype(x, *aff.values())
     x = x.astype(dt, copy=False)
-    aff = {k: v.astype(dt, copy=False) for k, v in aff.items()}
+    aff = cast_all(dt, aff)
     xhat, stats = normalize_forward(x, axes, eps, center=center)
     y = _affine_forward(xhat, aff)
     shapes = {k: np.shape(v) for k, v in params.items()}

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_positive, compute_dtype
 from ..nn.activations import gelu, gelu_grad
 from ..nn.linear import linear_apply, linear_vjp
 from ..nn.norms import normalize_backward, normalize_forward
@@ -314,7 +314,7 @@ def factformer_block_forward(u, params, *, pos_x, pos_y, heads: int, dim_head: i
         raise ValueError(f"pos_x/pos_y must have nx={nx} / ny={ny} entries; got {pos_x.shape}, {pos_y.shape}")
     dt = compute_dtype(u, *p.values())
     u = u.astype(dt, copy=False)
-    p = {k: v.astype(dt, copy=False) for k, v in p.items()}
+    p = cast_all(dt, p)
     dkh = dkh_total // heads
     if use_rope and dkh % 2:
         raise ValueError(f"rotary embedding needs an even per-head kernel width; got {dkh}")

@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
 from ..nn.linear import linear_apply, linear_vjp
 from ..nn.norms import normalize_backward, normalize_forward
 from ..nn.rope import apply_rope, rope_frequencies
@@ -95,34 +95,6 @@ __all__ = [
 
 # --------------------------------------------------------------------------------------------
 # Small shared helpers (also used by the other operator modules)
-
-
-def check_params(params, spec: dict, *, name: str = "params", optional=()) -> dict:
-    """Validate a flat parameter dict against ``spec`` (key -> expected shape).
-
-    Keys in ``optional`` may be absent; unknown keys, missing keys and wrong shapes raise
-    ``ValueError`` naming the key with expected vs given; non-float arrays raise ``TypeError``.
-    """
-    if not isinstance(params, dict):
-        raise TypeError(f"{name} must be a dict of arrays with keys {sorted(spec)}; got {type(params).__name__}")
-    extra = sorted(set(params) - set(spec))
-    if extra:
-        raise ValueError(f"{name} has unknown keys {extra}; expected {sorted(spec)}")
-    out = {}
-    for key, shape in spec.items():
-        if key not in params or params[key] is None:
-            if key in optional:
-                continue
-            raise ValueError(f"{name} is missing {key!r} (expected shape {shape})")
-        arr = as_float(params[key], key)
-        if arr.shape != tuple(shape):
-            raise ValueError(f"{key} must have shape {tuple(shape)}; got {arr.shape}")
-        out[key] = arr
-    return out
-
-
-def cast_all(dt, d: dict) -> dict:
-    return {k: v.astype(dt, copy=False) for k, v in d.items()}
 
 
 def split_heads(t, n_head):

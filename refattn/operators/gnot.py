@@ -46,11 +46,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_int, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, compute_dtype
 from ..nn.activations import gelu, gelu_grad, sigmoid, sigmoid_grad
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
-from .galerkin import _lin, _lin_back, cast_all, check_params, merge_heads, split_heads
+from .galerkin import _lin, _lin_back, merge_heads, split_heads
 
 __all__ = [
     "gnot_hna_attention_forward",

@@ -58,7 +58,7 @@ import math
 import numpy as np
 from scipy.special import expit
 
-from .._checks import as_dout, as_float, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_int, check_positive, compute_dtype
 from ..nn.activations import gelu, gelu_grad
 from ..nn.linear import linear_apply, linear_vjp
 from ..nn.softmax import softmax_lse, softmax_vjp
@@ -238,7 +238,7 @@ def _validate(x, t, params, num_heads, window_size, shift_size, eps, mask_value,
     if shift >= ws:
         raise ValueError(f"shift_size ({shift_size}) must be smaller than the window ({ws})")
     dt = compute_dtype(x, t, *p.values())
-    return (x.astype(dt, copy=False), t.astype(dt, copy=False), {k: v.astype(dt, copy=False) for k, v in p.items()},
+    return (x.astype(dt, copy=False), t.astype(dt, copy=False), cast_all(dt, p),
             num_heads, ws, shift, eps, dt, pretrained_window_size)
 
 

@@ -45,7 +45,7 @@ import math
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_positive, compute_dtype
 from ..nn.activations import gelu, gelu_grad
 from ..registry import Mechanism, Sample, register
 from ..testing.gradcheck import gradcheck
@@ -154,7 +154,7 @@ def _fno_validate(x, params, norm):
         raise ValueError(f"modes1 ({modes[0]}) must be <= n1/2 = {grid[0] / 2} so that the two kept "
                          f"corners [:m1] and [-m1:] of axis 1 do not overlap (grid {grid})")
     dt = compute_dtype(x, *ws.values())
-    return x.astype(dt, copy=False), {k: v.astype(dt, copy=False) for k, v in ws.items()}, d, grid, modes, dt
+    return x.astype(dt, copy=False), cast_all(dt, ws), d, grid, modes, dt
 
 
 def _fno_corners(d, grid, modes):

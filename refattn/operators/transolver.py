@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
 from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..nn.activations import gelu, gelu_grad, sigmoid
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
-from .galerkin import _lin, _lin_back, cast_all, check_params, merge_heads, split_heads
+from .galerkin import _lin, _lin_back, merge_heads, split_heads
 
 __all__ = [
     "transolver_physics_attention_forward",
