@@ -49,6 +49,7 @@ from .._checks import (
     check_positive,
     compute_dtype,
 )
+from ..nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.norms import normalize_backward, normalize_forward
 from ..nn.rope import apply_rope, rope_angles
 from ..nn.softmax import apply_mask, softmax_lse, softmax_vjp
@@ -439,33 +440,6 @@ def _lambda_bwd(dlam, lq1, lk1, lq2, lk2, saved):
             "lambda_q2": -dlam * e2 * lk2, "lambda_k2": -dlam * e2 * lq2}
 
 
-def _proj(x, P, name):
-    y = x @ P[name + ".weight"]
-    b = P.get(name + ".bias")
-    return y if b is None else y + b
-
-
-def _proj_bwd(dy, x, P, name, grads):
-    """Accumulate ``{name.weight, name.bias}`` gradients and return ``dx``."""
-    w = P[name + ".weight"]
-    grads[name + ".weight"] = x.reshape(-1, w.shape[0]).T @ dy.reshape(-1, w.shape[1])
-    if name + ".bias" in P:
-        grads[name + ".bias"] = dy.reshape(-1, w.shape[1]).sum(axis=0)
-    return dy @ w.T
-
-
-def _split_heads(y, n_heads, width):
-    """``(B.., N, n_heads * width) -> (B.., n_heads, N, width)`` (unilm ``view`` + ``transpose``)."""
-    y = y.reshape(y.shape[:-1] + (n_heads, width))
-    return np.swapaxes(y, -2, -3)
-
-
-def _merge_heads(y):
-    """``(B.., H, N, w) -> (B.., N, H * w)``."""
-    y = np.swapaxes(y, -2, -3)
-    return y.reshape(y.shape[:-2] + (y.shape[-2] * y.shape[-1],))
-
-
 def _heads_fwd(q1, k1, q2, k2, v, lam, *, mask, scale, cos, sin, interleaved, subln, norm_w, eps,
                rescale, integral=None, norm_b=None):
     """RoPE on the four query/key tensors, the core (MHA-expanded heads), per-head norm, rescale."""
@@ -602,9 +576,9 @@ def _v1_generic_forward(x, params, *, where, names, num_heads, q_halves, k_halve
     mask, cos, sin, s, eps = _layer_config(x, n, is_causal, attn_mask, causal_alignment, rel_pos,
                                            rope_interleaved, scale, d, subln, subln_eps, num_heads, dt)
     qp1, qp2, kp1, kp2, vp = index
-    q = _split_heads(_proj(x, P, nq), q_halves, d)
-    k = _split_heads(_proj(x, P, nk), k_halves, d)
-    v = _split_heads(_proj(x, P, nv), v_heads, dv)
+    q = split_heads(linear_prefixed(P, nq, x), q_halves, d)
+    k = split_heads(linear_prefixed(P, nk, x), k_halves, d)
+    v = split_heads(linear_prefixed(P, nv, x), v_heads, dv)
     lam, lam_saved = _lambda_fwd(*(P[key] for key in _V1_LAMBDA), lambda_init_value)
     norm_w = P.get(f"{nn_}.weight")
     o, hc = _heads_fwd(_gather_heads(q, qp1), _gather_heads(k, kp1), _gather_heads(q, qp2),
@@ -612,8 +586,8 @@ def _v1_generic_forward(x, params, *, where, names, num_heads, q_halves, k_halve
                        cos=cos, sin=sin, interleaved=bool(rope_interleaved), subln=subln,
                        norm_w=norm_w, eps=eps, rescale=rescale, integral=integral,
                        norm_b=P.get(f"{nn_}.bias"))
-    merged = _merge_heads(o)
-    out = _proj(merged, P, no)
+    merged = merge_heads(o)
+    out = linear_prefixed(P, no, merged)
     cache = {"x": x, "P": P, "names": names, "hc": hc, "merged": merged, "lam_saved": lam_saved,
              "index": index, "halves": (q_halves, k_halves, v_heads), "d": d, "dv": dv,
              "num_heads": num_heads, "out_shape": out.shape, "lam": lam}
@@ -624,9 +598,9 @@ def _v1_generic_backward(dout, cache):
     x, P, names = cache["x"], cache["P"], cache["names"]
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads: dict = {}
-    dmerged = _proj_bwd(dout, cache["merged"], P, names["o"], grads)
+    dmerged = linear_prefixed_vjp(grads, P, names["o"], dout, cache["merged"])
     H, dv = cache["num_heads"], cache["dv"]
-    do = np.swapaxes(dmerged.reshape(dmerged.shape[:-1] + (H, dv)), -2, -3)
+    do = split_heads(dmerged, H, dv)
     norm_key = f"{names['norm']}.weight"
     dh = _heads_bwd(do, cache["hc"], P.get(norm_key))
     if norm_key in P:
@@ -639,9 +613,9 @@ def _v1_generic_backward(dout, cache):
     dq = _scatter_heads(dh["q1"], qp1, qh) + _scatter_heads(dh["q2"], qp2, qh)
     dk = _scatter_heads(dh["k1"], kp1, kh) + _scatter_heads(dh["k2"], kp2, kh)
     dvv = _scatter_heads(dh["v"], vp, vh)
-    dx = _proj_bwd(_merge_heads(dq), x, P, names["q"], grads)
-    dx = dx + _proj_bwd(_merge_heads(dk), x, P, names["k"], grads)
-    dx = dx + _proj_bwd(_merge_heads(dvv), x, P, names["v"], grads)
+    dx = linear_prefixed_vjp(grads, P, names["q"], merge_heads(dq), x)
+    dx = dx + linear_prefixed_vjp(grads, P, names["k"], merge_heads(dk), x)
+    dx = dx + linear_prefixed_vjp(grads, P, names["v"], merge_heads(dvv), x)
     grads["x"] = dx
     return grads
 

@@ -33,6 +33,7 @@ from .._checks import (
     check_params,
     compute_dtype,
 )
+from ..nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..registry import Mechanism, Sample, register
 from .differential import (
     _V1_LAMBDA,
@@ -46,14 +47,10 @@ from .differential import (
     _lambda_bwd,
     _lambda_fwd,
     _layer_config,
-    _merge_heads,
-    _proj,
-    _proj_bwd,
     _resolve_lambda_init,
     _rope_apply,
     _sample_v1,
     _scatter_heads,
-    _split_heads,
     _v1_generic_backward,
     _v1_generic_forward,
     diff_attention_v1_backward,
@@ -189,14 +186,14 @@ def diff_attention_v2_forward(x, params, *, num_heads: int, num_kv_heads: int | 
         if mask.ndim >= 3 and mask.shape[-3] == H and H > 1:
             mask = np.repeat(mask, 2, axis=-3)  # both heads of pair i see head i's mask
     cos, sin = _check_rel_pos(rel_pos, n, d, dt)
-    q = _rope_apply(_split_heads(_proj(x, P, "q_proj"), 2 * H, d), cos, sin, rope_interleaved)
-    k = _rope_apply(_split_heads(_proj(x, P, "k_proj"), Hkv, d), cos, sin, rope_interleaved)
-    v = _split_heads(_proj(x, P, "v_proj"), Hkv, d)
+    q = _rope_apply(split_heads(linear_prefixed(P, "q_proj", x), 2 * H, d), cos, sin, rope_interleaved)
+    k = _rope_apply(split_heads(linear_prefixed(P, "k_proj", x), Hkv, d), cos, sin, rope_interleaved)
+    v = split_heads(linear_prefixed(P, "v_proj", x), Hkv, d)
     attn, sc = sdpa_forward(q, k, v, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
                             scale=scale)
     sig = np.swapaxes(_sigmoid(x @ P["lambda_proj.weight"]), -1, -2)[..., None]  # (B.., H, N, 1)
     o = attn[..., 0::2, :, :] - sig * attn[..., 1::2, :, :]
-    z = _merge_heads(o)
+    z = merge_heads(o)
     out = z @ P["o_proj.weight"]
     cache = {"x": x, "P": P, "sdpa": sc, "attn2": attn[..., 1::2, :, :], "sig": sig, "z": z, "H": H,
              "d": d, "Hkv": Hkv, "rope": (cos, sin, rope_interleaved), "out_shape": out.shape}
@@ -208,8 +205,8 @@ def diff_attention_v2_backward(dout, cache):
     x, P, H, d = cache["x"], cache["P"], cache["H"], cache["d"]
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads: dict = {}
-    dz = _proj_bwd(dout, cache["z"], P, "o_proj", grads)
-    go = _split_heads(dz, H, d)
+    dz = linear_prefixed_vjp(grads, P, "o_proj", dout, cache["z"])
+    go = split_heads(dz, H, d)
     sig = cache["sig"]
     dsig = -np.sum(go * cache["attn2"], axis=-1)  # (B.., H, N)
     dlogit = np.swapaxes(dsig * sig[..., 0] * (1.0 - sig[..., 0]), -1, -2)  # (B.., N, H)
@@ -223,9 +220,9 @@ def diff_attention_v2_backward(dout, cache):
     dq = _rope_apply(gs["q"], cos, sin, inter, conjugate=True)
     dk = _rope_apply(gs["k"], cos, sin, inter, conjugate=True)
     dx = dlogit @ w.T
-    dx = dx + _proj_bwd(_merge_heads(dq), x, P, "q_proj", grads)
-    dx = dx + _proj_bwd(_merge_heads(dk), x, P, "k_proj", grads)
-    dx = dx + _proj_bwd(_merge_heads(gs["v"]), x, P, "v_proj", grads)
+    dx = dx + linear_prefixed_vjp(grads, P, "q_proj", merge_heads(dq), x)
+    dx = dx + linear_prefixed_vjp(grads, P, "k_proj", merge_heads(dk), x)
+    dx = dx + linear_prefixed_vjp(grads, P, "v_proj", merge_heads(gs["v"]), x)
     grads["x"] = dx
     return grads
 
@@ -292,12 +289,12 @@ def _check_v2_sigma_zero(rng):
     out = diff_attention_v2(x, P, **s.config)
     H, Hkv = s.config["num_heads"], s.config["num_kv_heads"]
     d = P["q_proj.weight"].shape[1] // (2 * H)
-    q = _split_heads(x @ P["q_proj.weight"], 2 * H, d)[..., 0::2, :, :]
+    q = split_heads(x @ P["q_proj.weight"], 2 * H, d)[..., 0::2, :, :]
     cos, sin = s.config["rel_pos"]
     q = _rope_apply(q, cos, sin, True)
-    k = _rope_apply(_split_heads(x @ P["k_proj.weight"], Hkv, d), cos, sin, True)
-    v = _split_heads(x @ P["v_proj.weight"], Hkv, d)
-    ref = _merge_heads(sdpa_forward(q, k, v, is_causal=True)[0]) @ P["o_proj.weight"]
+    k = _rope_apply(split_heads(x @ P["k_proj.weight"], Hkv, d), cos, sin, True)
+    v = split_heads(x @ P["v_proj.weight"], Hkv, d)
+    ref = merge_heads(sdpa_forward(q, k, v, is_causal=True)[0]) @ P["o_proj.weight"]
     err = float(np.abs(out - ref).max())
     assert err < 1e-12, f"sigma -> 0 differs from GQA attention of heads 0::2 by {err}"
     return err
@@ -1034,9 +1031,9 @@ def dex_differential_adaptation_forward(x, params, *, num_heads: int, num_kv_hea
     if mask is not None:
         check_broadcastable("attn_mask", mask.shape, x.shape[:-2] + (H, n, n), "the scores (B, H, N, N) of shape")
     cos, sin = _check_rel_pos(rel_pos, n, d, dt)
-    q = _rope_apply(_split_heads(_proj(x, P, "q_proj"), H, d), cos, sin, rope_interleaved)
-    k = _rope_apply(_split_heads(_proj(x, P, "k_proj"), Hkv, d), cos, sin, rope_interleaved)
-    v = _split_heads(_proj(x, P, "v_proj"), Hkv, dv)
+    q = _rope_apply(split_heads(linear_prefixed(P, "q_proj", x), H, d), cos, sin, rope_interleaved)
+    k = _rope_apply(split_heads(linear_prefixed(P, "k_proj", x), Hkv, d), cos, sin, rope_interleaved)
+    v = split_heads(linear_prefixed(P, "v_proj", x), Hkv, dv)
     o, sc = sdpa_forward(q, k, v, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
                          scale=scale)
     W = P["f_D.weight"]
@@ -1045,7 +1042,7 @@ def dex_differential_adaptation_forward(x, params, *, num_heads: int, num_kv_hea
         f = f + P["f_D.bias"]
     selb = sel[:, None, None].astype(dt)
     o2 = o - P["lambda"][0] * selb * f
-    z = _merge_heads(o2)
+    z = merge_heads(o2)
     out = z @ P["o_proj.weight"]
     cache = {"x": x, "P": P, "sdpa": sc, "o": o, "f": f, "sel": selb, "z": z, "H": H, "dv": dv,
              "per_head": per_head, "rope": (cos, sin, rope_interleaved), "out_shape": out.shape}
@@ -1057,8 +1054,8 @@ def dex_differential_adaptation_backward(dout, cache):
     x, P = cache["x"], cache["P"]
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads: dict = {}
-    dz = _proj_bwd(dout, cache["z"], P, "o_proj", grads)
-    go = _split_heads(dz, cache["H"], cache["dv"])
+    dz = linear_prefixed_vjp(grads, P, "o_proj", dout, cache["z"])
+    go = split_heads(dz, cache["H"], cache["dv"])
     lam = P["lambda"][0]
     gbar = go * cache["sel"]
     W, o = P["f_D.weight"], cache["o"]
@@ -1076,9 +1073,9 @@ def dex_differential_adaptation_backward(dout, cache):
     cos, sin, inter = cache["rope"]
     dq = _rope_apply(gs["q"], cos, sin, inter, conjugate=True)
     dk = _rope_apply(gs["k"], cos, sin, inter, conjugate=True)
-    dx = _proj_bwd(_merge_heads(dq), x, P, "q_proj", grads)
-    dx = dx + _proj_bwd(_merge_heads(dk), x, P, "k_proj", grads)
-    dx = dx + _proj_bwd(_merge_heads(gs["v"]), x, P, "v_proj", grads)
+    dx = linear_prefixed_vjp(grads, P, "q_proj", merge_heads(dq), x)
+    dx = dx + linear_prefixed_vjp(grads, P, "k_proj", merge_heads(dk), x)
+    dx = dx + linear_prefixed_vjp(grads, P, "v_proj", merge_heads(gs["v"]), x)
     grads["x"] = dx
     return grads
 
@@ -1118,9 +1115,9 @@ def _dex_plain(x, P, cfg):
     d = P["q_proj.weight"].shape[1] // H
     dv = P["v_proj.weight"].shape[1] // Hkv
     cos, sin = cfg["rel_pos"]
-    q = _rope_apply(_split_heads(x @ P["q_proj.weight"], H, d), cos, sin, False)
-    k = _rope_apply(_split_heads(x @ P["k_proj.weight"], Hkv, d), cos, sin, False)
-    o = sdpa_forward(q, k, _split_heads(x @ P["v_proj.weight"], Hkv, dv), is_causal=True)[0]
+    q = _rope_apply(split_heads(x @ P["q_proj.weight"], H, d), cos, sin, False)
+    k = _rope_apply(split_heads(x @ P["k_proj.weight"], Hkv, d), cos, sin, False)
+    o = sdpa_forward(q, k, split_heads(x @ P["v_proj.weight"], Hkv, dv), is_causal=True)[0]
     return o
 
 
@@ -1129,7 +1126,7 @@ def _check_dex_reductions(rng):
     s = _sample_dex(rng, "small")
     x, P, cfg = s.inputs["x"], dict(s.params), dict(s.config)
     o = _dex_plain(x, P, cfg)
-    plain = _merge_heads(o) @ P["o_proj.weight"]
+    plain = merge_heads(o) @ P["o_proj.weight"]
     err = float(np.abs(dex_differential_adaptation(x, dict(P, **{"lambda": np.zeros(1)}), **cfg) - plain).max())
     err = max(err, float(np.abs(dex_differential_adaptation(x, P, **dict(cfg, heads=[])) - plain).max()))
     dv = o.shape[-1]
@@ -1138,7 +1135,7 @@ def _check_dex_reductions(rng):
     lam = P["lambda"][0]
     sel = np.zeros(cfg["num_heads"])
     sel[cfg["heads"] if cfg["heads"] is not None else slice(None)] = 1.0
-    ref = _merge_heads(o * (1 - lam * sel[:, None, None])) @ P["o_proj.weight"]
+    ref = merge_heads(o * (1 - lam * sel[:, None, None])) @ P["o_proj.weight"]
     err = max(err, float(np.abs(dex_differential_adaptation(x, P_id, **dict(cfg, num_kv_heads=cfg["num_kv_heads"]))
                                 - ref).max()))
     assert err < 1e-12, f"DEX reductions fail ({err})"
@@ -1258,8 +1255,8 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
         else:
             proj[tag + "2"] = base + lora["2"]
         for a in ("1", "2"):
-            proj[tag + a] = _split_heads(proj[tag + a], heads, d)
-    v = _split_heads(x @ P[f"{nv}.weight"], Hkv, dv)
+            proj[tag + a] = split_heads(proj[tag + a], heads, d)
+    v = split_heads(x @ P[f"{nv}.weight"], Hkv, dv)
     idx = kv_head_index(H, Hkv, "contiguous")
     if lambda_mode == "reparam":
         lam, lam_saved = _lambda_fwd(*(P[key] for key in _V1_LAMBDA), lambda_init_value)
@@ -1278,7 +1275,7 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
                        norm_b=P.get("subln.bias"), eps=eps, rescale=fixed)
     o_pre = o
     o = o * post
-    z = _merge_heads(o)
+    z = merge_heads(o)
     out = z @ P[f"{no}.weight"]
     cache = {"x": x, "P": P, "names": names, "hc": hc, "z": z, "saved": saved, "s": s, "idx": idx,
              "H": H, "Hkv": Hkv, "dv": dv, "negative_term": negative_term, "lam_saved": lam_saved,
@@ -1292,8 +1289,8 @@ def _twobranch_backward(dout, cache):
     nq, nk, nv, no = names["q"], names["k"], names["v"], names["o"]
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads: dict = {}
-    dz = _proj_bwd(dout, cache["z"], P, no, grads)
-    do = _split_heads(dz, cache["H"], cache["dv"])
+    dz = linear_prefixed_vjp(grads, P, no, dout, cache["z"])
+    do = split_heads(dz, cache["H"], cache["dv"])
     dlam_post = 0.0
     if cache["o_pre"] is not None:  # o = (1 - lam) * o_pre
         dlam_post = -float(np.sum(do * cache["o_pre"]))
@@ -1309,18 +1306,18 @@ def _twobranch_backward(dout, cache):
     idx, Hkv, mode = cache["idx"], cache["Hkv"], cache["negative_term"]
     d_in = {"q1": dh["q1"], "q2": dh["q2"], "k1": _scatter_heads(dh["k1"], idx, Hkv),
             "k2": _scatter_heads(dh["k2"], idx, Hkv)}
-    dx = _proj_bwd(_merge_heads(_scatter_heads(dh["v"], idx, Hkv)), x, P, nv, grads)
+    dx = linear_prefixed_vjp(grads, P, nv, merge_heads(_scatter_heads(dh["v"], idx, Hkv)), x)
     for t, tag in ((nq, "q"), (nk, "k")):
-        dy1, dy2 = _merge_heads(d_in[tag + "1"]), _merge_heads(d_in[tag + "2"])
+        dy1, dy2 = merge_heads(d_in[tag + "1"]), merge_heads(d_in[tag + "2"])
         dbase = dy1 + dy2 if mode == "base_lora" else dy1
-        dx = dx + _proj_bwd(dbase, x, P, t, grads)
+        dx = dx + linear_prefixed_vjp(grads, P, t, dbase, x)
         for a, dy in (("1", dy1), ("2", dy2)):
             if (t, a) in cache["saved"]:
                 dA, dB, dxa = _lora_bwd(dy, x, cache["saved"][(t, a)], P[f"{t}.lora_A{a}"], P[f"{t}.lora_B{a}"], s)
                 grads[f"{t}.lora_A{a}"], grads[f"{t}.lora_B{a}"] = dA, dB
                 dx = dx + dxa
         if mode == "full":
-            dx = dx + _proj_bwd(dy2, x, P, names[tag + "2"], grads)
+            dx = dx + linear_prefixed_vjp(grads, P, names[tag + "2"], dy2, x)
     grads["x"] = dx
     return grads
 
@@ -1571,10 +1568,10 @@ def _check_difflora_init(rng):
     P = _twobranch_params(rng, C, H, Hkv, d, d, 2, _LLAMA_NAMES, zero_B=True)
     lam0 = 0.3
     out = difflora(x, P, num_heads=H, num_kv_heads=Hkv, lambda_init=lam0, subln="none")
-    q = _split_heads(x @ P["q_proj.weight"], H, d)
-    k = _split_heads(x @ P["k_proj.weight"], Hkv, d)
-    v = _split_heads(x @ P["v_proj.weight"], Hkv, d)
-    base = _merge_heads(sdpa_forward(q, k, v, is_causal=True)[0]) @ P["o_proj.weight"]
+    q = split_heads(x @ P["q_proj.weight"], H, d)
+    k = split_heads(x @ P["k_proj.weight"], Hkv, d)
+    v = split_heads(x @ P["v_proj.weight"], Hkv, d)
+    base = merge_heads(sdpa_forward(q, k, v, is_causal=True)[0]) @ P["o_proj.weight"]
     err = float(np.abs(out - (1 - lam0) ** 2 * base).max())
     assert err < 1e-12, f"DiffLoRA at init is not (1 - lambda_init)^2 x the base attention ({err})"
     return err

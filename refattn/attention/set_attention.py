@@ -48,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import as_dout, as_float, check_choice, check_int, compute_dtype
-from ..nn.linear import linear_apply, linear_vjp
+from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
 from ..nn.norms import layer_norm_backward, layer_norm_forward
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
@@ -92,20 +92,16 @@ def _get_mab_params(params: dict, prefix: str, dim_q: int, dim_k: int, ln: bool,
 def mab_forward(x: np.ndarray, y: np.ndarray, p: dict, *, num_heads: int, ln: bool, scale_dim: str):
     r"""One MAB on validated arrays ``x (B, nq, dQ)``, ``y (B, nk, dK)`` and a prefix-free param
     dict (see the module docstring). Returns ``(out, cache)``."""
-    B, nq, _ = x.shape
-    nk = y.shape[1]
     D = p["fc_q.weight"].shape[1]
     H = num_heads
     dh = D // H
     Q = linear_apply(x, p["fc_q.weight"], p["fc_q.bias"])
     K = linear_apply(y, p["fc_k.weight"], p["fc_k.bias"])
     V = linear_apply(y, p["fc_v.weight"], p["fc_v.bias"])
-    Qh = Q.reshape(B, nq, H, dh).transpose(0, 2, 1, 3)
-    Kh = K.reshape(B, nk, H, dh).transpose(0, 2, 1, 3)
-    Vh = V.reshape(B, nk, H, dh).transpose(0, 2, 1, 3)
+    Qh, Kh, Vh = split_heads(Q, H, dh), split_heads(K, H, dh), split_heads(V, H, dh)
     s = float(D if scale_dim == "full" else dh) ** -0.5  # a Python float keeps float32
     P, _ = softmax_lse(s * (Qh @ np.swapaxes(Kh, -1, -2)), axis=-1)
-    O = (Qh + P @ Vh).transpose(0, 2, 1, 3).reshape(B, nq, D)
+    O = merge_heads(Qh + P @ Vh)
     c0 = c1 = None
     O1 = O
     if ln:
@@ -134,18 +130,13 @@ def mab_backward(g: np.ndarray, c: dict):
     if ln:
         lg = layer_norm_backward(g1, c["c0"])
         g1, grads["ln0.weight"], grads["ln0.bias"] = lg["x"], lg["weight"], lg["bias"]
-    B, nq, D = g1.shape
-    dh = D // H
-    gO = g1.reshape(B, nq, H, dh).transpose(0, 2, 1, 3)
+    gO = split_heads(g1, H)
     P, Qh, Kh, Vh, s = c["P"], c["Qh"], c["Kh"], c["Vh"], c["s"]
     dVh = np.swapaxes(P, -1, -2) @ gO
     dS = softmax_vjp(P, gO @ np.swapaxes(Vh, -1, -2), axis=-1)
     dQh = gO + s * (dS @ Kh)
     dKh = s * (np.swapaxes(dS, -1, -2) @ Qh)
-    nk = Kh.shape[2]
-    dQ = dQh.transpose(0, 2, 1, 3).reshape(B, nq, D)
-    dK = dKh.transpose(0, 2, 1, 3).reshape(B, nk, D)
-    dV = dVh.transpose(0, 2, 1, 3).reshape(B, nk, D)
+    dQ, dK, dV = merge_heads(dQh), merge_heads(dKh), merge_heads(dVh)
     dx = None
     dy = 0.0
     for name, d, inp in (("fc_q", dQ, c["x"]), ("fc_k", dK, c["y"]), ("fc_v", dV, c["y"])):

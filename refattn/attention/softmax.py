@@ -67,12 +67,13 @@ from .._checks import (
     as_bool_or_float_mask,
     as_dout,
     as_float,
+    cast_all,
     check_broadcastable,
     check_choice,
     check_positive,
     compute_dtype,
 )
-from ..nn.linear import linear_apply, linear_vjp
+from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
 
@@ -722,19 +723,14 @@ def mha_forward(x, context=None, params=None, *, num_heads: int, num_kv_heads=No
     w, b, d, dv = _check_mha_params(params, x.shape[-1], src.shape[-1], num_heads, num_kv_heads)
     dt = compute_dtype(x, src, *w.values(), *b.values())
     x, src = x.astype(dt, copy=False), src.astype(dt, copy=False)
-    w = {n: a.astype(dt, copy=False) for n, a in w.items()}
-    b = {n: a.astype(dt, copy=False) for n, a in b.items()}
-
-    def heads(t, nh, e):  # (..., L, nh*e) -> (..., nh, L, e)
-        return np.swapaxes(t.reshape(*t.shape[:-1], nh, e), -2, -3)
-
-    qh = heads(linear_apply(x, w["q_proj"], b.get("q_proj")), num_heads, d)
-    kh = heads(linear_apply(src, w["k_proj"], b.get("k_proj")), num_kv_heads, d)
-    vh = heads(linear_apply(src, w["v_proj"], b.get("v_proj")), num_kv_heads, dv)
+    w, b = cast_all(dt, w), cast_all(dt, b)
+    qh = split_heads(linear_apply(x, w["q_proj"], b.get("q_proj")), num_heads, d)
+    kh = split_heads(linear_apply(src, w["k_proj"], b.get("k_proj")), num_kv_heads, d)
+    vh = split_heads(linear_apply(src, w["v_proj"], b.get("v_proj")), num_kv_heads, dv)
     o, core = attention_core_forward(qh, kh, vh, attn_mask=attn_mask, is_causal=is_causal,
                                      causal_alignment=causal_alignment, scale=scale, softcap=softcap,
                                      kv_group_map=kv_group_map)
-    oc = np.swapaxes(o, -2, -3).reshape(*x.shape[:-1], num_heads * dv)
+    oc = merge_heads(o)
     y = linear_apply(oc, w["out_proj"], b.get("out_proj"))
     cache = {"x": x, "src": src, "self": context is None, "w": w, "has_bias": set(b), "core": core, "oc": oc,
              "y_shape": y.shape}
@@ -748,16 +744,11 @@ def mha_backward(dout, cache):
     g = as_dout(dout, cache["y_shape"], x.dtype)
     grads = {}
     go = linear_vjp(g, cache["oc"], w["out_proj"], "out_proj" in cache["has_bias"])
-    h, n, dv = core["out"].shape[-3:]
-    do = np.swapaxes(go["x"].reshape(*go["x"].shape[:-1], h, dv), -2, -3)
-    gc = attention_core_backward(do, core)
-
-    def tokens(t):  # (..., nh, L, e) -> (..., L, nh*e)
-        return np.swapaxes(t, -2, -3).reshape(*t.shape[:-3], t.shape[-2], t.shape[-3] * t.shape[-1])
-
-    gq = linear_vjp(tokens(gc["q"]), x, w["q_proj"], "q_proj" in cache["has_bias"])
-    gk = linear_vjp(tokens(gc["k"]), src, w["k_proj"], "k_proj" in cache["has_bias"])
-    gv = linear_vjp(tokens(gc["v"]), src, w["v_proj"], "v_proj" in cache["has_bias"])
+    h, _, dv = core["out"].shape[-3:]
+    gc = attention_core_backward(split_heads(go["x"], h, dv), core)
+    gq = linear_vjp(merge_heads(gc["q"]), x, w["q_proj"], "q_proj" in cache["has_bias"])
+    gk = linear_vjp(merge_heads(gc["k"]), src, w["k_proj"], "k_proj" in cache["has_bias"])
+    gv = linear_vjp(merge_heads(gc["v"]), src, w["v_proj"], "v_proj" in cache["has_bias"])
     dsrc = gk["x"] + gv["x"]
     if cache["self"]:
         grads["x"] = gq["x"] + dsrc

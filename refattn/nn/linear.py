@@ -28,7 +28,8 @@ import numpy as np
 from .._checks import as_dout, as_float, compute_dtype
 from ..registry import Mechanism, Sample, register
 
-__all__ = ["linear_forward", "linear_backward", "linear", "linear_apply", "linear_vjp", "check_linear_params"]
+__all__ = ["linear_forward", "linear_backward", "linear", "linear_apply", "linear_vjp", "check_linear_params",
+           "linear_prefixed", "linear_prefixed_vjp", "linear_prefixed_spec", "split_heads", "merge_heads"]
 
 
 def linear_apply(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -51,6 +52,53 @@ def linear_vjp(dy: np.ndarray, x: np.ndarray, weight: np.ndarray, has_bias: bool
     if has_bias:
         grads["bias"] = g2.sum(axis=0)
     return grads
+
+
+# --------------------------------------------------------------------------------------------
+# Layers stored in a flat params dict under a prefix ("q_proj.weight", "q_proj.bias"), as in a
+# PyTorch state_dict (weights transposed to (in, out)). Unvalidated: callers validate the dict
+# first (``refattn._checks.check_params`` with :func:`linear_prefixed_spec`).
+
+
+def linear_prefixed_spec(prefix: str, n_in: int, n_out: int, bias: bool = True) -> dict:
+    """The ``check_params`` spec of one prefixed layer: ``{prefix.weight: (n_in, n_out)[, prefix.bias: (n_out,)]}``."""
+    spec = {f"{prefix}.weight": (n_in, n_out)}
+    if bias:
+        spec[f"{prefix}.bias"] = (n_out,)
+    return spec
+
+
+def linear_prefixed(params: dict, prefix: str, x: np.ndarray) -> np.ndarray:
+    """``x @ params[prefix.weight] (+ params[prefix.bias])``; the bias is optional (absent or None)."""
+    return linear_apply(x, params[f"{prefix}.weight"], params.get(f"{prefix}.bias"))
+
+
+def linear_prefixed_vjp(grads: dict, params: dict, prefix: str, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Backward of :func:`linear_prefixed` for upstream gradient ``dy`` at input ``x``: returns ``dx``.
+
+    The gradients of ``prefix.weight`` (and ``prefix.bias`` when ``params`` has that key) are
+    *added* into ``grads`` (set if absent), so a layer applied several times accumulates.
+    """
+    g = linear_vjp(dy, x, params[f"{prefix}.weight"], f"{prefix}.bias" in params)
+    for k in ("weight", "bias"):
+        if k in g:
+            key = f"{prefix}.{k}"
+            grads[key] = grads[key] + g[k] if key in grads else g[k]
+    return g["x"]
+
+
+def split_heads(t: np.ndarray, n_heads: int, width: int | None = None) -> np.ndarray:
+    """``(..., N, n_heads * width) -> (..., n_heads, N, width)`` (a view; PyTorch ``view`` +
+    ``transpose(1, 2)``). ``width`` defaults to ``t.shape[-1] // n_heads``."""
+    if width is None:
+        width = t.shape[-1] // n_heads
+    return np.swapaxes(t.reshape(t.shape[:-1] + (n_heads, width)), -2, -3)
+
+
+def merge_heads(t: np.ndarray) -> np.ndarray:
+    """``(..., H, N, w) -> (..., N, H * w)``: the inverse of :func:`split_heads`."""
+    t = np.swapaxes(t, -2, -3)
+    return t.reshape(t.shape[:-2] + (t.shape[-2] * t.shape[-1],))
 
 
 def check_linear_params(params, x_features: int, name: str = "params", *, prefix: str = ""):

@@ -48,7 +48,7 @@ import numpy as np
 
 from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_positive, compute_dtype
 from ..nn.activations import gelu, gelu_grad
-from ..nn.linear import linear_apply, linear_vjp
+from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
 from ..nn.norms import normalize_backward, normalize_forward
 from ..nn.rope import apply_rope, rope_angles
 from ..registry import Mechanism, Sample, register
@@ -326,9 +326,8 @@ def factformer_block_forward(u, params, *, pos_x, pos_y, heads: int, dim_head: i
     u_y, c_py = _pool_forward(ui.transpose(0, 2, 1, 3), p, "to_y.1.", eps)
     qk, rot = {}, {}
     for ax, ua, pos in (("x", u_x, pos_x), ("y", u_y, pos_y)):
-        n = ua.shape[1]
         for t in ("q", "k"):
-            z = (ua @ p[f"low_rank_kernel_{ax}.to_{t}.weight"]).reshape(b, n, heads, dkh).transpose(0, 2, 1, 3)
+            z = split_heads(ua @ p[f"low_rank_kernel_{ax}.to_{t}.weight"], heads, dkh)
             if use_rope:
                 cos, sin = _rope_tables(pos, dkh, rope_min_freq, dt)
                 rot[ax] = (cos, sin)
@@ -352,7 +351,7 @@ def factformer_block_backward(dout, cache):
     p, dt = cache["p"], cache["dt"]
     g = as_dout(dout, cache["out_shape"], dt)
     b, nx, ny, dim = cache["shape"]
-    heads, dh, dkh = cache["heads"], cache["dim_head"], cache["dkh"]
+    heads, dh = cache["heads"], cache["dim_head"]
     grads = {}
     gz = gelu(cache["z1"])
     grads["to_out.3.weight"] = gz.reshape(-1, gz.shape[-1]).T @ g.reshape(-1, g.shape[-1])
@@ -366,14 +365,13 @@ def factformer_block_backward(dout, cache):
     dui = 0.0
     for ax, ua, c_pool, pre in (("x", cache["u_x"], cache["c_px"], "to_x.0."),
                                 ("y", cache["u_y"], cache["c_py"], "to_y.1.")):
-        n = ua.shape[1]
         dua = 0.0
         for t in ("q", "k"):
             dz = gc[f"{t}_{ax}"]
             if ax in cache["rot"]:
                 cos, sin = cache["rot"][ax]
                 dz = apply_rope(dz, cos, -sin)
-            dz = dz.transpose(0, 2, 1, 3).reshape(b, n, heads * dkh)
+            dz = merge_heads(dz)
             key = f"low_rank_kernel_{ax}.to_{t}.weight"
             grads[key] = ua.reshape(-1, ua.shape[-1]).T @ dz.reshape(-1, dz.shape[-1])
             dua = dua + dz @ p[key].T

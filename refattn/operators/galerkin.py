@@ -74,7 +74,13 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
-from ..nn.linear import linear_apply, linear_vjp
+from ..nn.linear import (
+    linear_prefixed,
+    linear_prefixed_spec,
+    linear_prefixed_vjp,
+    merge_heads,
+    split_heads,
+)
 from ..nn.norms import normalize_backward, normalize_forward
 from ..nn.rope import apply_rope, rope_frequencies
 from ..registry import Mechanism, Sample, register
@@ -92,43 +98,6 @@ __all__ = [
     "oformer_attention",
     "oformer_init_params",
 ]
-
-# --------------------------------------------------------------------------------------------
-# Small shared helpers (also used by the other operator modules)
-
-
-def split_heads(t, n_head):
-    """(B, N, H*d) -> (B, H, N, d)."""
-    b, n, c = t.shape
-    return t.reshape(b, n, n_head, c // n_head).transpose(0, 2, 1, 3)
-
-
-def merge_heads(t):
-    """(B, H, N, d) -> (B, N, H*d)."""
-    b, h, n, d = t.shape
-    return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
-
-
-def _lin_params(prefix, n_in, n_out, bias=True):
-    spec = {f"{prefix}.weight": (n_in, n_out)}
-    if bias:
-        spec[f"{prefix}.bias"] = (n_out,)
-    return spec
-
-
-def _lin(p, prefix, x):
-    return linear_apply(x, p[f"{prefix}.weight"], p.get(f"{prefix}.bias"))
-
-
-def _lin_back(grads, p, prefix, dy, x):
-    """Accumulate the weight/bias gradients of ``prefix`` into ``grads``; return dx."""
-    g = linear_vjp(dy, x, p[f"{prefix}.weight"], f"{prefix}.bias" in p)
-    for k in ("weight", "bias"):
-        if k in g:
-            key = f"{prefix}.{k}"
-            grads[key] = grads[key] + g[k] if key in grads else g[k]
-    return g["x"]
-
 
 # --------------------------------------------------------------------------------------------
 # Galerkin / Fourier (SimpleAttention)
@@ -155,13 +124,13 @@ def _validate_simple(x, params, pos, n_head, attention_type, norm_type, eps, sca
         npos = pos.shape[2]
     spec = {}
     for i in range(3):
-        spec.update(_lin_params(f"linears.{i}", c, c))
+        spec.update(linear_prefixed_spec(f"linears.{i}", c, c))
     if norm_type == "layer":
         for t in _NORMED[attention_type]:
             spec[f"{_NORM_KEY[t]}.weight"] = (n_head, d)
             spec[f"{_NORM_KEY[t]}.bias"] = (n_head, d)
     if pos is not None:
-        spec.update(_lin_params("fc", c + n_head * npos, c))
+        spec.update(linear_prefixed_spec("fc", c + n_head * npos, c))
     p = check_params(params, spec)
     dt = compute_dtype(x, pos, *p.values())
     x = x.astype(dt, copy=False)
@@ -173,7 +142,7 @@ def _simple_forward(x, params, pos, *, n_head, attention_type, norm_type, eps, s
     x, p, pos, n_head, d, eps, scale = _validate_simple(
         x, params, pos, n_head, attention_type, norm_type, eps, scale)
     b, n, c = x.shape
-    qkv = {t: split_heads(_lin(p, f"linears.{i}", x), n_head) for i, t in enumerate("qkv")}
+    qkv = {t: split_heads(linear_prefixed(p, f"linears.{i}", x), n_head) for i, t in enumerate("qkv")}
     norm_cache = {}
     for t in _NORMED[attention_type] if norm_type is not None else ():
         if norm_type == "layer":
@@ -201,7 +170,7 @@ def _simple_forward(x, params, pos, *, n_head, attention_type, norm_type, eps, s
         z = a @ hat["v"]
         core = {"a": a, "s": s}
     zm = merge_heads(z)
-    out = _lin(p, "fc", zm) if pos is not None else zm
+    out = linear_prefixed(p, "fc", zm) if pos is not None else zm
     cache = dict(x=x, p=p, pos=pos, n_head=n_head, type=attention_type, norm_type=norm_type,
                  norm=norm_cache, hat=hat, zm=zm, npos=npos, out_shape=out.shape, **core)
     return out, cache
@@ -213,7 +182,7 @@ def _simple_backward(dout, cache):
     b, n, c = x.shape
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
-    dzm = _lin_back(grads, p, "fc", dout, cache["zm"]) if pos is not None else dout
+    dzm = linear_prefixed_vjp(grads, p, "fc", dout, cache["zm"]) if pos is not None else dout
     dz = split_heads(dzm, n_head)
     if cache["type"] == "galerkin":
         m = cache["m"]
@@ -241,7 +210,7 @@ def _simple_backward(dout, cache):
             dhat[t] = normalize_backward(dhat[t], xhat, stats)
     dx = np.zeros_like(x)
     for i, t in enumerate("qkv"):
-        dx = dx + _lin_back(grads, p, f"linears.{i}", merge_heads(dhat[t]), x)
+        dx = dx + linear_prefixed_vjp(grads, p, f"linears.{i}", merge_heads(dhat[t]), x)
     grads["x"] = dx
     if pos is not None:
         grads["pos"] = grads_pos
@@ -385,7 +354,7 @@ def _galerkin_reference(x, params, pos=None, **config):
     hat, n = cache["hat"], x.shape[1]
     z = (hat["q"] @ np.swapaxes(hat["k"], -1, -2)) @ hat["v"] / n
     zm = merge_heads(z)
-    return _lin(cache["p"], "fc", zm) if pos is not None else zm
+    return linear_prefixed(cache["p"], "fc", zm) if pos is not None else zm
 
 
 def _fourier_reference(x, params, pos=None, **config):
@@ -394,7 +363,7 @@ def _fourier_reference(x, params, pos=None, **config):
     hat, n, s = cache["hat"], x.shape[1], cache["s"]
     z = hat["q"] @ (np.swapaxes(hat["k"], -1, -2) @ hat["v"]) * (s / n)
     zm = merge_heads(z)
-    return _lin(cache["p"], "fc", zm) if pos is not None else zm
+    return linear_prefixed(cache["p"], "fc", zm) if pos is not None else zm
 
 
 def _check_permutation(fwd, sample):
@@ -706,7 +675,7 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
         core = {"a": a}
     zz = so * zq
     zm = merge_heads(zz)
-    out = _lin(p, "to_out.0", zm) if project_out else zm
+    out = linear_prefixed(p, "to_out.0", zm) if project_out else zm
     cache = dict(x=x, src=src, p=p, cross=cross, n_head=n_head, d=d, type=attn_type,
                  norm_type=norm_type, norm=norm_cache, tq=tables_q, tk=tables_k, npos=npos,
                  mq=mq, mk=mk, hat=hat, wv=wv, sv=sv, so=so, zq=zq, zm=zm,
@@ -741,7 +710,7 @@ def oformer_attention_backward(dout, cache):
     hat, sv, so, npos = cache["hat"], cache["sv"], cache["so"], cache["npos"]
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
-    dzm = _lin_back(grads, p, "to_out.0", dout, cache["zm"]) if cache["project_out"] else dout
+    dzm = linear_prefixed_vjp(grads, p, "to_out.0", dout, cache["zm"]) if cache["project_out"] else dout
     gq = so * split_heads(dzm, n_head)
     if cache["type"] == "galerkin":
         mm = cache["mm"]
@@ -870,7 +839,7 @@ def _oformer_reference(x, params, z=None, **config):
     h = c["hat"]
     zq = (h["q"] @ _sw(h["k"])) @ c["wv"] if c["type"] == "galerkin" else h["q"] @ (_sw(h["k"]) @ c["wv"])
     zm = merge_heads(c["so"] * zq)
-    return _lin(c["p"], "to_out.0", zm) if c["project_out"] else zm
+    return linear_prefixed(c["p"], "to_out.0", zm) if c["project_out"] else zm
 
 
 def _check_oformer_variants_fd(rng):

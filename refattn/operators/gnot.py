@@ -48,9 +48,9 @@ import numpy as np
 
 from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, compute_dtype
 from ..nn.activations import gelu, gelu_grad, sigmoid, sigmoid_grad
+from ..nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
-from .galerkin import _lin, _lin_back, merge_heads, split_heads
 
 __all__ = [
     "gnot_hna_attention_forward",
@@ -157,13 +157,13 @@ def gnot_hna_attention_forward(x, params, y=None, *, n_head: int, feature_map="s
     ys = [t.astype(dt, copy=False) for t in ys]
     yin = None if (y is None and not cross) else ys
 
-    q = split_heads(_lin(p, "query", x), n_head)
+    q = split_heads(linear_prefixed(p, "query", x), n_head)
     phq = _fmap(q, feature_map)
     z = phq if query_residual else np.zeros_like(phq)
     branches = []
     for (kn, vn), t in zip(kv, ys):
-        k = split_heads(_lin(p, kn, t), n_head)
-        v = split_heads(_lin(p, vn, t), n_head)
+        k = split_heads(linear_prefixed(p, kn, t), n_head)
+        v = split_heads(linear_prefixed(p, vn, t), n_head)
         phk = _fmap(k, feature_map)
         ksum = phk.sum(axis=2, keepdims=True)                 # (B, H, 1, d)
         if normaliser == "1/N":
@@ -178,7 +178,7 @@ def gnot_hna_attention_forward(x, params, y=None, *, n_head: int, feature_map="s
         branches.append({"kn": kn, "vn": vn, "y": t, "k": k, "phk": phk, "v": v, "ksum": ksum,
                          "den": den, "s": s, "num": num})
     zm = merge_heads(z)
-    out = _lin(p, "proj", zm)
+    out = linear_prefixed(p, "proj", zm)
     cache = {"x": x, "p": p, "n_head": n_head, "q": q, "phq": phq, "br": branches, "zm": zm,
              "fmap": feature_map, "norm": normaliser, "res": query_residual, "cross": cross,
              "yin": yin, "is_list": is_list, "out_shape": out.shape}
@@ -191,7 +191,7 @@ def gnot_hna_attention_backward(dout, cache):
     x, p, phq, fm = cache["x"], cache["p"], cache["phq"], cache["fmap"]
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
-    g = split_heads(_lin_back(grads, p, "proj", dout, cache["zm"]), cache["n_head"])
+    g = split_heads(linear_prefixed_vjp(grads, p, "proj", dout, cache["zm"]), cache["n_head"])
     dphq = g.copy() if cache["res"] else np.zeros_like(phq)
     dys = []
     for br in cache["br"]:
@@ -211,11 +211,11 @@ def gnot_hna_attention_backward(dout, cache):
             dphq = dphq + delta * dden_dq
             dphk = dphk + np.sum(delta * dden_dk, axis=2, keepdims=True)
         dk = _fmap_vjp(dphk, br["k"], phk, fm)
-        dy = _lin_back(grads, p, br["kn"], merge_heads(dk), br["y"])
-        dy = dy + _lin_back(grads, p, br["vn"], merge_heads(dv), br["y"])
+        dy = linear_prefixed_vjp(grads, p, br["kn"], merge_heads(dk), br["y"])
+        dy = dy + linear_prefixed_vjp(grads, p, br["vn"], merge_heads(dv), br["y"])
         dys.append(dy)
     dq = _fmap_vjp(dphq, cache["q"], phq, fm)
-    dx = _lin_back(grads, p, "query", merge_heads(dq), x)
+    dx = linear_prefixed_vjp(grads, p, "query", merge_heads(dq), x)
     if cache["yin"] is None:
         dx = dx + dys[0]
     else:
@@ -301,11 +301,11 @@ def gnot_geometric_gating_moe_forward(x, pos, params, *, act="gelu"):
     dt = compute_dtype(x, pos, *p.values())
     x, pos, p = x.astype(dt, copy=False), pos.astype(dt, copy=False), cast_all(dt, p)
     f, _ = _act(act)
-    a0 = _lin(p, "gatenet.0", pos)
+    a0 = linear_prefixed(p, "gatenet.0", pos)
     h0 = f(a0)
-    a2 = _lin(p, "gatenet.2", h0)
+    a2 = linear_prefixed(p, "gatenet.2", h0)
     h2 = f(a2)
-    logits = _lin(p, "gatenet.4", h2)
+    logits = linear_prefixed(p, "gatenet.4", h2)
     gate, _ = softmax_lse(logits, -1)                                   # (B, N, E)
     ea = np.einsum("bnc,eci->bnei", x, p["moe_mlp.0.weight"]) + p["moe_mlp.0.bias"]
     eh = f(ea)
@@ -331,9 +331,9 @@ def gnot_geometric_gating_moe_backward(dout, cache):
     grads["moe_mlp.0.bias"] = dea.sum(axis=(0, 1))
     grads["x"] = np.einsum("bnei,eci->bnc", dea, p["moe_mlp.0.weight"])
     dlogits = softmax_vjp(gate, dgate, -1)
-    dh2 = _lin_back(grads, p, "gatenet.4", dlogits, cache["h2"])
-    dh0 = _lin_back(grads, p, "gatenet.2", dh2 * fg(cache["a2"]), cache["h0"])
-    grads["pos"] = _lin_back(grads, p, "gatenet.0", dh0 * fg(cache["a0"]), cache["pos"])
+    dh2 = linear_prefixed_vjp(grads, p, "gatenet.4", dlogits, cache["h2"])
+    dh0 = linear_prefixed_vjp(grads, p, "gatenet.2", dh2 * fg(cache["a2"]), cache["h0"])
+    grads["pos"] = linear_prefixed_vjp(grads, p, "gatenet.0", dh0 * fg(cache["a0"]), cache["pos"])
     return grads
 
 
@@ -389,7 +389,7 @@ def _hna_reference(x, params, y=None, *, n_head, feature_map="softmax", normalis
     for br in c["br"]:
         w = (c["phq"] @ _sw(br["phk"])) / br["den"]
         z = z + w @ br["v"]
-    return _lin(c["p"], "proj", merge_heads(z))
+    return linear_prefixed(c["p"], "proj", merge_heads(z))
 
 
 def _check_hna_convex(rng):

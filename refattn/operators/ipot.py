@@ -56,9 +56,9 @@ import numpy as np
 from .._checks import as_dout, as_float, cast_all, check_int, check_params, check_positive, compute_dtype
 from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..nn.activations import gelu, gelu_grad
+from ..nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.norms import normalize_backward, normalize_forward
 from ..registry import Mechanism, Sample, register
-from .galerkin import _lin, _lin_back, merge_heads, split_heads
 
 __all__ = [
     "ipot_inducing_point_operator_forward",
@@ -94,12 +94,12 @@ def _attn(p, prefix, xq, ctx, heads, mask=None):
     am = None if mask is None else mask[:, None, None, :]
     o, ac = attention_core_forward(q, k, v, attn_mask=am)
     om = merge_heads(o)
-    out = _lin(p, f"{prefix}.to_out", om)
+    out = linear_prefixed(p, f"{prefix}.to_out", om)
     return out, {"xq": xq, "ctx": ctx, "ac": ac, "om": om, "inner": inner}
 
 
 def _attn_back(grads, p, prefix, dy, c, heads):
-    dom = _lin_back(grads, p, f"{prefix}.to_out", dy, c["om"])
+    dom = linear_prefixed_vjp(grads, p, f"{prefix}.to_out", dy, c["om"])
     g = attention_core_backward(split_heads(dom, heads), c["ac"])
     dq, dk, dv = merge_heads(g["q"]), merge_heads(g["k"]), merge_heads(g["v"])
     _acc(grads, f"{prefix}.to_q.weight", np.einsum("bni,bno->io", c["xq"], dq))
@@ -109,17 +109,17 @@ def _attn_back(grads, p, prefix, dy, c, heads):
 
 
 def _ff(p, prefix, x):
-    a = _lin(p, f"{prefix}.net.0", x)
+    a = linear_prefixed(p, f"{prefix}.net.0", x)
     h2 = a.shape[-1] // 2
     u, g = a[..., :h2], a[..., h2:]
     hh = u * gelu(g)
-    return _lin(p, f"{prefix}.net.3", hh), {"x": x, "u": u, "g": g, "h": hh}
+    return linear_prefixed(p, f"{prefix}.net.3", hh), {"x": x, "u": u, "g": g, "h": hh}
 
 
 def _ff_back(grads, p, prefix, dy, c):
-    dh = _lin_back(grads, p, f"{prefix}.net.3", dy, c["h"])
+    dh = linear_prefixed_vjp(grads, p, f"{prefix}.net.3", dy, c["h"])
     da = np.concatenate([dh * gelu(c["g"]), dh * c["u"] * gelu_grad(c["g"])], -1)
-    return _lin_back(grads, p, f"{prefix}.net.0", da, c["x"])
+    return linear_prefixed_vjp(grads, p, f"{prefix}.net.0", da, c["x"])
 
 
 def _attn_spec(prefix, c_q, c_ctx, inner, c_out):

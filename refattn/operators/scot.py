@@ -60,7 +60,7 @@ from scipy.special import expit
 
 from .._checks import as_dout, as_float, cast_all, check_int, check_positive, compute_dtype
 from ..nn.activations import gelu, gelu_grad
-from ..nn.linear import linear_apply, linear_vjp
+from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
 
@@ -252,12 +252,9 @@ def _attention_forward(x, p, nh, ws, shift, mask_value, mask_twice, pretrained_w
     xw = _partition(xs, ws)                                   # (B, nW, L, C)
     d = c // nh
 
-    def heads(z):
-        return z.reshape(*z.shape[:-1], nh, d).swapaxes(-2, -3)  # (B, nW, nh, L, d)
-
-    q = heads(linear_apply(xw, p[a + "query.weight"], p[a + "query.bias"]))
-    k = heads(linear_apply(xw, p[a + "key.weight"]))
-    v = heads(linear_apply(xw, p[a + "value.weight"], p[a + "value.bias"]))
+    q = split_heads(linear_apply(xw, p[a + "query.weight"], p[a + "query.bias"]), nh, d)  # (B, nW, nh, L, d)
+    k = split_heads(linear_apply(xw, p[a + "key.weight"]), nh, d)
+    v = split_heads(linear_apply(xw, p[a + "value.weight"], p[a + "value.bias"]), nh, d)
     qn = np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
     kn = np.maximum(np.linalg.norm(k, axis=-1, keepdims=True), 1e-12)
     qh, kh = q / qn, k / kn
@@ -274,7 +271,7 @@ def _attention_forward(x, p, nh, ws, shift, mask_value, mask_twice, pretrained_w
         s = s + ((2.0 if mask_twice else 1.0) * mask_value) * mask[None, :, None].astype(dt)
     prob, _ = softmax_lse(s, axis=-1)
     o = prob @ v                                               # (B, nW, nh, L, d)
-    om = o.swapaxes(-2, -3).reshape(b, -1, ws * ws, c)
+    om = merge_heads(o)                                        # (B, nW, L, C)
     y = linear_apply(om, p["attention.output.dense.weight"], p["attention.output.dense.bias"])
     yr = _reverse(y, ws, hp, wp)
     if shift:
@@ -296,7 +293,7 @@ def _attention_backward(dy, p, c_, nh, ws, shift, grads):
     lg = linear_vjp(gw, c_["om"], p["attention.output.dense.weight"])
     grads["attention.output.dense.weight"], grads["attention.output.dense.bias"] = lg["weight"], lg["bias"]
     d = c // nh
-    do = lg["x"].reshape(*gw.shape[:-1], nh, d).swapaxes(-2, -3)
+    do = split_heads(lg["x"], nh, d)
     prob, v = c_["prob"], c_["v"]
     dv = prob.swapaxes(-1, -2) @ do
     ds = softmax_vjp(prob, do @ v.swapaxes(-1, -2))
@@ -317,13 +314,10 @@ def _attention_backward(dy, p, c_, nh, ws, shift, grads):
     dq = (dqh - qh * np.sum(qh * dqh, -1, keepdims=True)) / c_["qn"]
     dk = (dkh - kh * np.sum(kh * dkh, -1, keepdims=True)) / c_["kn"]
 
-    def merge(z):
-        return z.swapaxes(-2, -3).reshape(*gw.shape[:-1], c)
-
     xw = c_["xw"]
     dxw = 0.0
     for name, dz, bias in (("query", dq, True), ("key", dk, False), ("value", dv, True)):
-        lz = linear_vjp(merge(dz), xw, p[a + name + ".weight"], bias)
+        lz = linear_vjp(merge_heads(dz), xw, p[a + name + ".weight"], bias)
         grads[a + name + ".weight"] = lz["weight"]
         if bias:
             grads[a + name + ".bias"] = lz["bias"]

@@ -39,9 +39,9 @@ import numpy as np
 from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
 from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..nn.activations import gelu, gelu_grad, sigmoid
+from ..nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
-from .galerkin import _lin, _lin_back, merge_heads, split_heads
 
 __all__ = [
     "transolver_physics_attention_forward",
@@ -123,9 +123,9 @@ def _slice_tokens_bwd(dtok, c):
 
 def _physics_front(x, p, n_head, tau_clamp, slice_eps):
     """Projections, slice weights and slice tokens (Transolver steps 1)."""
-    xm = split_heads(_lin(p, "in_project_x", x), n_head)
-    fm = split_heads(_lin(p, "in_project_fx", x), n_head)
-    logits = _lin(p, "in_project_slice", xm)
+    xm = split_heads(linear_prefixed(p, "in_project_x", x), n_head)
+    fm = split_heads(linear_prefixed(p, "in_project_fx", x), n_head)
+    logits = linear_prefixed(p, "in_project_slice", xm)
     w, sm_c = _tempered_softmax_fwd(logits, p["temperature"], tau_clamp, -1)
     tok, tok_c = _slice_tokens_fwd(w, fm, slice_eps)
     return w, tok, {"xm": xm, "fm": fm, "sm": sm_c, "tok": tok_c}
@@ -135,9 +135,9 @@ def _physics_front_bwd(grads, p, x, dw, dtok, c):
     dw2, dfm = _slice_tokens_bwd(dtok, c["tok"])
     dlogits, dtau = _tempered_softmax_bwd(dw + dw2, c["sm"])
     grads["temperature"] = dtau
-    dxm = _lin_back(grads, p, "in_project_slice", dlogits, c["xm"])
-    dx = _lin_back(grads, p, "in_project_x", merge_heads(dxm), x)
-    dx = dx + _lin_back(grads, p, "in_project_fx", merge_heads(dfm), x)
+    dxm = linear_prefixed_vjp(grads, p, "in_project_slice", dlogits, c["xm"])
+    dx = linear_prefixed_vjp(grads, p, "in_project_x", merge_heads(dxm), x)
+    dx = dx + linear_prefixed_vjp(grads, p, "in_project_fx", merge_heads(dfm), x)
     return dx
 
 
@@ -213,7 +213,7 @@ def transolver_physics_attention_forward(x, params, *, n_head: int, tau_clamp=No
         zp, att_c = tok, None
     y = w @ zp
     ym = merge_heads(y)
-    out = _lin(p, "to_out.0", ym)
+    out = linear_prefixed(p, "to_out.0", ym)
     cache = {"x": x, "p": p, "n_head": n_head, "w": w, "tok": tok, "zp": zp, "att": att_c,
              "ym": ym, "front": front, "out_shape": out.shape}
     return out, cache
@@ -224,7 +224,7 @@ def transolver_physics_attention_backward(dout, cache):
     x, p, w = cache["x"], cache["p"], cache["w"]
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
-    dy = split_heads(_lin_back(grads, p, "to_out.0", dout, cache["ym"]), cache["n_head"])
+    dy = split_heads(linear_prefixed_vjp(grads, p, "to_out.0", dout, cache["ym"]), cache["n_head"])
     dzp = _sw(w) @ dy
     dw = dy @ _sw(cache["zp"])
     if cache["att"] is not None:
@@ -340,7 +340,7 @@ def linear_no_attention_forward(x, params, *, n_head: int, use_temperature: bool
     p = check_params(params, _linear_no_spec(use_temperature)(x.shape[2], n_head, d, m))
     dt = compute_dtype(x, *p.values())
     x, p = x.astype(dt, copy=False), cast_all(dt, p)
-    xm = split_heads(_lin(p, "in_project_x", x), n_head)
+    xm = split_heads(linear_prefixed(p, "in_project_x", x), n_head)
     lq, lk, v = xm @ p["to_q.weight"], xm @ p["to_k.weight"], xm @ p["to_v.weight"]
     if use_temperature:
         phq, cq = _tempered_softmax_fwd(lq, p["temperature_q"], tau_clamp, -1)
@@ -351,7 +351,7 @@ def linear_no_attention_forward(x, params, *, n_head: int, use_temperature: bool
     s = _sw(phk) @ v
     y = phq @ s
     ym = merge_heads(y)
-    out = _lin(p, "to_out.0", ym)
+    out = linear_prefixed(p, "to_out.0", ym)
     cache = {"x": x, "p": p, "n_head": n_head, "xm": xm, "phq": phq, "phk": phk, "v": v, "s": s,
              "ym": ym, "cq": cq, "ck": ck, "out_shape": out.shape}
     return out, cache
@@ -362,7 +362,7 @@ def linear_no_attention_backward(dout, cache):
     x, p = cache["x"], cache["p"]
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
-    dy = split_heads(_lin_back(grads, p, "to_out.0", dout, cache["ym"]), cache["n_head"])
+    dy = split_heads(linear_prefixed_vjp(grads, p, "to_out.0", dout, cache["ym"]), cache["n_head"])
     phq, phk, v, s, xm = cache["phq"], cache["phk"], cache["v"], cache["s"], cache["xm"]
     dphq = dy @ _sw(s)
     ds = _sw(phq) @ dy
@@ -377,7 +377,7 @@ def linear_no_attention_backward(dout, cache):
     for name, dl in (("to_q", dlq), ("to_k", dlk), ("to_v", dv)):
         grads[f"{name}.weight"] = np.einsum("bhni,bhno->io", xm, dl)
         dxm = dxm + dl @ p[f"{name}.weight"].T
-    grads["x"] = _lin_back(grads, p, "in_project_x", merge_heads(dxm), x)
+    grads["x"] = linear_prefixed_vjp(grads, p, "in_project_x", merge_heads(dxm), x)
     return grads
 
 
@@ -486,7 +486,7 @@ def geotransolver_gale_forward(x, params, context=None, *, n_head: int, state_mi
     mix = None
     if context is not None:
         context = context.astype(dt, copy=False)
-        cq, ck, cv = _lin(p, "cross_q", tok), _lin(p, "cross_k", context), _lin(p, "cross_v", context)
+        cq, ck, cv = linear_prefixed(p, "cross_q", tok), linear_prefixed(p, "cross_k", context), linear_prefixed(p, "cross_v", context)
         z_cross, cross_c = attention_core_forward(cq, ck, cv)
         if state_mixing_mode == "weighted":
             s = sigmoid(p["state_mixing"])
@@ -494,14 +494,14 @@ def geotransolver_gale_forward(x, params, context=None, *, n_head: int, state_mi
             mix = {"s": s}
         else:
             cat = np.concatenate([z_self, z_cross], axis=-1)
-            pre = _lin(p, "concat_project.0", cat)
+            pre = linear_prefixed(p, "concat_project.0", cat)
             zp = gelu(pre)
             mix = {"cat": cat, "pre": pre}
     else:
         z_cross, cross_c, zp = None, None, z_self
     y = w @ zp
     ym = merge_heads(y)
-    out = _lin(p, "out_linear", ym)
+    out = linear_prefixed(p, "out_linear", ym)
     cache = {"x": x, "p": p, "n_head": n_head, "d": d, "w": w, "tok": tok, "zp": zp, "ym": ym,
              "front": front, "self": self_c, "cross": cross_c, "z_self": z_self, "z_cross": z_cross,
              "context": context, "mix": mix, "mode": state_mixing_mode, "out_shape": out.shape}
@@ -513,7 +513,7 @@ def geotransolver_gale_backward(dout, cache):
     x, p, w, d, tok = cache["x"], cache["p"], cache["w"], cache["d"], cache["tok"]
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
-    dy = split_heads(_lin_back(grads, p, "out_linear", dout, cache["ym"]), cache["n_head"])
+    dy = split_heads(linear_prefixed_vjp(grads, p, "out_linear", dout, cache["ym"]), cache["n_head"])
     dzp = _sw(w) @ dy
     dw = dy @ _sw(cache["zp"])
     dtok = 0.0
@@ -526,13 +526,13 @@ def geotransolver_gale_backward(dout, cache):
                 np.sum(dzp * (cache["z_self"] - cache["z_cross"])) * s * (1.0 - s), np.shape(s))
         else:
             dpre = dzp * gelu_grad(mix["pre"])
-            dcat = _lin_back(grads, p, "concat_project.0", dpre, mix["cat"])
+            dcat = linear_prefixed_vjp(grads, p, "concat_project.0", dpre, mix["cat"])
             dz_self, dz_cross = dcat[..., :d], dcat[..., d:]
         gc = attention_core_backward(dz_cross, cache["cross"])
-        dtok = dtok + _lin_back(grads, p, "cross_q", gc["q"], tok)
+        dtok = dtok + linear_prefixed_vjp(grads, p, "cross_q", gc["q"], tok)
         ctx = cache["context"]
-        grads["context"] = (_lin_back(grads, p, "cross_k", gc["k"], ctx)
-                            + _lin_back(grads, p, "cross_v", gc["v"], ctx))
+        grads["context"] = (linear_prefixed_vjp(grads, p, "cross_k", gc["k"], ctx)
+                            + linear_prefixed_vjp(grads, p, "cross_v", gc["v"], ctx))
     else:
         dz_self = dzp
         for k in ("cross_q.weight", "cross_q.bias", "cross_k.weight", "cross_k.bias",
