@@ -37,7 +37,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 
 @njit(cache=True, inline="always")
@@ -51,36 +52,71 @@ def _mask_logit(x, b, h, i, j, mask_mode, maskb, maskf, ms):
     return x
 
 
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """``a * b + c`` rounded once (``llvm.fma``), for three floats of one type.
+
+    An explicit, correctly rounded IEEE operation: deterministic and allowed with
+    ``fastmath=False`` (which forbids the compiler from *contracting* ``a * b + c`` on its own).
+    LLVM vectorises it to FMA instructions.
+    """
+    if not (isinstance(a, types.Float) and a == b and b == c):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.fma(*args)
+
+    return a(a, b, c), codegen
+
+
 @njit(cache=True, inline="always")
 def _mm_abt(S, A, a0, nx, Bt, b0, ny, e):
     """``S[x, y] = sum_c A[a0 + x, c] * Bt[c, b0 + y]`` for ``x < nx``, ``y < ny``, ``c < e``.
 
-    The innermost loop runs over ``y`` (contiguous in ``S`` and ``Bt``) and ``c`` is unrolled by 4
-    as ``S + a0*B0 + a1*B1 + a2*B2 + a3*B3`` evaluated left to right: the same additions in the
-    same order as four separate updates (bit-identical), with a quarter of the loads and stores of
-    ``S``.
+    The innermost loop runs over ``y`` (contiguous in ``S`` and ``Bt``); ``c`` is unrolled by 4 and
+    two rows share every load of ``Bt`` (register blocking). Each ``S`` entry accumulates over ``c``
+    in increasing order with one FMA per term, so the result does not depend on the blocking.
     """
     e4 = e - e % 4
-    for x in range(nx):
+    nx2 = nx - nx % 2
+    for x in range(0, nx2, 2):
         for y in range(ny):
             S[x, y] = 0.0
+            S[x + 1, y] = 0.0
         for c in range(0, e4, 4):
             p0 = A[a0 + x, c]
             p1 = A[a0 + x, c + 1]
             p2 = A[a0 + x, c + 2]
             p3 = A[a0 + x, c + 3]
+            r0 = A[a0 + x + 1, c]
+            r1 = A[a0 + x + 1, c + 1]
+            r2 = A[a0 + x + 1, c + 2]
+            r3 = A[a0 + x + 1, c + 3]
             for y in range(ny):
-                S[x, y] = (S[x, y] + p0 * Bt[c, b0 + y] + p1 * Bt[c + 1, b0 + y] + p2 * Bt[c + 2, b0 + y]
-                           + p3 * Bt[c + 3, b0 + y])
+                k0 = Bt[c, b0 + y]
+                k1 = Bt[c + 1, b0 + y]
+                k2 = Bt[c + 2, b0 + y]
+                k3 = Bt[c + 3, b0 + y]
+                S[x, y] = _fma(p3, k3, _fma(p2, k2, _fma(p1, k1, _fma(p0, k0, S[x, y]))))
+                S[x + 1, y] = _fma(r3, k3, _fma(r2, k2, _fma(r1, k1, _fma(r0, k0, S[x + 1, y]))))
         for c in range(e4, e):
             p0 = A[a0 + x, c]
+            r0 = A[a0 + x + 1, c]
             for y in range(ny):
-                S[x, y] = S[x, y] + p0 * Bt[c, b0 + y]
+                S[x, y] = _fma(p0, Bt[c, b0 + y], S[x, y])
+                S[x + 1, y] = _fma(r0, Bt[c, b0 + y], S[x + 1, y])
+    for x in range(nx2, nx):
+        for y in range(ny):
+            S[x, y] = 0.0
+        for c in range(e):
+            p0 = A[a0 + x, c]
+            for y in range(ny):
+                S[x, y] = _fma(p0, Bt[c, b0 + y], S[x, y])
 
 
 @njit(cache=True, inline="always")
 def _acc_pb(C, c0, P, nx, ny, B, b0, e):
-    """``C[c0 + x, :e] += sum_y P[x, y] * B[b0 + y, :e]`` (y unrolled by 4, order preserved)."""
+    """``C[c0 + x, :e] += sum_y P[x, y] * B[b0 + y, :e]`` (y unrolled by 4, FMA, order preserved)."""
     ny4 = ny - ny % 4
     for x in range(nx):
         for y in range(0, ny4, 4):
@@ -89,17 +125,17 @@ def _acc_pb(C, c0, P, nx, ny, B, b0, e):
             p2 = P[x, y + 2]
             p3 = P[x, y + 3]
             for c in range(e):
-                C[c0 + x, c] = (C[c0 + x, c] + p0 * B[b0 + y, c] + p1 * B[b0 + y + 1, c]
-                                + p2 * B[b0 + y + 2, c] + p3 * B[b0 + y + 3, c])
+                C[c0 + x, c] = _fma(p3, B[b0 + y + 3, c], _fma(p2, B[b0 + y + 2, c], _fma(
+                    p1, B[b0 + y + 1, c], _fma(p0, B[b0 + y, c], C[c0 + x, c]))))
         for y in range(ny4, ny):
             p0 = P[x, y]
             for c in range(e):
-                C[c0 + x, c] = C[c0 + x, c] + p0 * B[b0 + y, c]
+                C[c0 + x, c] = _fma(p0, B[b0 + y, c], C[c0 + x, c])
 
 
 @njit(cache=True, inline="always")
 def _acc_ptb(C, P, nx, ny, B, b0, e):
-    """``C[x, :e] += sum_y P[y, x] * B[b0 + y, :e]`` (``P`` transposed; y unrolled by 4)."""
+    """``C[x, :e] += sum_y P[y, x] * B[b0 + y, :e]`` (``P`` transposed; y unrolled by 4, FMA)."""
     ny4 = ny - ny % 4
     for x in range(nx):
         for y in range(0, ny4, 4):
@@ -108,12 +144,12 @@ def _acc_ptb(C, P, nx, ny, B, b0, e):
             p2 = P[y + 2, x]
             p3 = P[y + 3, x]
             for c in range(e):
-                C[x, c] = (C[x, c] + p0 * B[b0 + y, c] + p1 * B[b0 + y + 1, c]
-                           + p2 * B[b0 + y + 2, c] + p3 * B[b0 + y + 3, c])
+                C[x, c] = _fma(p3, B[b0 + y + 3, c], _fma(p2, B[b0 + y + 2, c], _fma(
+                    p1, B[b0 + y + 1, c], _fma(p0, B[b0 + y, c], C[x, c]))))
         for y in range(ny4, ny):
             p0 = P[y, x]
             for c in range(e):
-                C[x, c] = C[x, c] + p0 * B[b0 + y, c]
+                C[x, c] = _fma(p0, B[b0 + y, c], C[x, c])
 
 
 @njit(cache=True, inline="always")
