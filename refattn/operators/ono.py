@@ -45,9 +45,9 @@ import warnings
 
 import numpy as np
 from scipy.linalg import solve_triangular
-from scipy.special import expit
 
 from .._checks import as_dout, as_float, check_positive, compute_dtype
+from ..nn.activations import sigmoid
 from ..registry import Mechanism, Sample, register
 from ..testing.gradcheck import gradcheck
 
@@ -164,7 +164,7 @@ def ono_attention_backward(dout, cache):
     da = np.einsum("bnc,bnd->bcd", psi_t * s, g)
     dfx = np.einsum("bnc,bcd->bnd", psi_t, da)
     dpsi_t = ga * s + np.einsum("bnd,bcd->bnc", fx, da)
-    dmu = np.einsum("bnc,bnc->c", ga, psi_t) * expit(cache["mu"])
+    dmu = np.einsum("bnc,bnc->c", ga, psi_t) * sigmoid(cache["mu"])
     flat = dpsi_t.reshape(-1, k)
     dpsi = solve_triangular(L, flat.T, lower=True, trans="T").T.reshape(b, n, k)   # dpsi_t L^{-1}
     if cache["train"]:

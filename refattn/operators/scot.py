@@ -56,10 +56,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.special import expit
 
 from .._checks import as_dout, as_float, cast_all, check_int, check_positive, compute_dtype
-from ..nn.activations import gelu, gelu_grad
+from ..nn.activations import gelu, gelu_grad, sigmoid
 from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
@@ -264,7 +263,7 @@ def _attention_forward(x, p, nh, ws, shift, mask_value, mask_twice, pretrained_w
     table, idx = _relative_tables(ws, pretrained_window_size)
     h1 = table.astype(dt) @ p[a + "continuous_position_bias_mlp.0.weight"] + p[a + "continuous_position_bias_mlp.0.bias"]
     cpb = np.maximum(h1, 0.0) @ p[a + "continuous_position_bias_mlp.2.weight"]   # (T, nh)
-    sig = expit(cpb[idx].transpose(2, 0, 1))                 # (nh, L, L)
+    sig = sigmoid(cpb[idx].transpose(2, 0, 1))               # (nh, L, L)
     s = tau[:, None, None] * cos + 16.0 * sig
     if shift:
         mask = _shift_mask(hp, wp, ws, shift)                 # (nW, L, L)
