@@ -213,7 +213,7 @@ def check_param_keys(params, required, optional=(), *, name: str = "params", whe
         hint = ""
         if shapes:
             hint = " (expected shapes: " + ", ".join(f"{k} {tuple(shapes[k])}" for k in missing) + ")"
-        raise ValueError(f"{name} is missing {missing}{_for(where)}{hint}")
+        raise ValueError(f"{name} is missing keys {missing}{_for(where)}{hint}")
 
 
 def check_params(params, spec: dict, *, name: str = "params", optional=(), where: str | None = None) -> dict:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_dim, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, check_choice, check_dim, check_int, check_params, check_positive, compute_dtype
 from ..nn.activations import elu_plus_one, elu_plus_one_grad
 from ..nn.norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
 from ..nn.softmax import softmax_lse, softmax_vjp
@@ -932,18 +932,11 @@ def transnormer_forward(q, k, v, params=None, *, causal: bool = False, feature_m
     width = q.shape[-3] * v.shape[-1] if norm_over == "concat_heads" else v.shape[-1]
     nparams = None
     if params is not None:
-        if not isinstance(params, dict):
-            raise TypeError(f"params must be a dict or None; got {type(params).__name__}")
-        allowed = tuple(f"layer_norm.{x}" for x in keys)
-        extra = sorted(set(params) - set(allowed))
-        if extra or "layer_norm.weight" not in params:
-            raise ValueError(f"params for norm={norm!r} must have keys {allowed} ('layer_norm.weight' "
-                             f"required); got {sorted(params)}")
+        spec = {f"layer_norm.{x}": (width,) for x in keys}
+        checked = check_params(params, spec, optional=[k for k in spec if k != "layer_norm.weight"],
+                               where=f"norm={norm!r}, norm_over={norm_over!r}")
         nparams = {}
-        for key in params:
-            a = as_float(params[key], key, ndim=1)
-            if a.shape[0] != width:
-                raise ValueError(f"{key} must have shape ({width},) for norm_over={norm_over!r}; got {a.shape}")
+        for key, a in checked.items():
             a = a.astype(q.dtype, copy=False)
             if norm_over == "concat_heads":
                 a = a.reshape(q.shape[-3], 1, v.shape[-1])

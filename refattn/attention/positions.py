@@ -62,7 +62,7 @@ import math
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_positive
+from .._checks import as_dout, as_float, check_choice, check_param_keys, check_positive
 from ..registry import Mechanism, Sample, register
 from .softmax import (
     CAUSAL_ALIGNMENTS,
@@ -168,11 +168,7 @@ def alibi_attention_forward(q, k, v, params=None, *, is_causal: bool = True, sym
     h, n, m = q.shape[-3], q.shape[-2], k.shape[-2]
     learn = False
     if params is not None:
-        if not isinstance(params, dict):
-            raise TypeError(f"params must be a dict {{'alibi_slopes': (H,)}}; got {type(params).__name__}")
-        extra = sorted(set(params) - {"alibi_slopes"})
-        if extra:
-            raise ValueError(f"params has unknown keys {extra}; expected 'alibi_slopes'")
+        check_param_keys(params, (), ("alibi_slopes",), where="alibi_attention (alibi_slopes: (H,))")
         learn = "alibi_slopes" in params
     if learn:
         slopes = as_float(params["alibi_slopes"], "alibi_slopes", ndim=1)

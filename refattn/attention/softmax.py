@@ -70,6 +70,7 @@ from .._checks import (
     cast_all,
     check_broadcastable,
     check_choice,
+    check_param_keys,
     check_positive,
     compute_dtype,
 )
@@ -595,11 +596,7 @@ def biased_attention_forward(q, k, v, bias=None, params=None, *, index_map=None,
     q, k, v = _validate_qkv(q, k, v)
     table, idx = None, None
     if params is not None:
-        if not isinstance(params, dict):
-            raise TypeError(f"params must be a dict {{'table': (T, H)}}; got {type(params).__name__}")
-        extra = sorted(set(params) - {"table"})
-        if extra:
-            raise ValueError(f"params has unknown keys {extra}; expected 'table'")
+        check_param_keys(params, (), ("table",), where="biased_attention (table: (T, H))")
         table = params.get("table")
     if table is not None:
         table = as_float(table, "table", ndim=2)
@@ -642,15 +639,8 @@ MHA_WEIGHTS = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
 def _check_mha_params(params, c, cc, num_heads, num_kv_heads):
-    if not isinstance(params, dict):
-        raise TypeError(f"params must be a dict with {MHA_WEIGHTS} (and optional *_bias); got {type(params).__name__}")
-    allowed = set(MHA_WEIGHTS) | {w + "_bias" for w in MHA_WEIGHTS}
-    extra = sorted(set(params) - allowed)
-    if extra:
-        raise ValueError(f"params has unknown keys {extra}; expected {sorted(allowed)}")
-    missing = [w for w in MHA_WEIGHTS if w not in params]
-    if missing:
-        raise ValueError(f"params is missing {missing} (weights (in, out); PyTorch: weight.T)")
+    check_param_keys(params, MHA_WEIGHTS, [w + "_bias" for w in MHA_WEIGHTS],
+                     where="mha (weights (in, out); PyTorch: weight.T)")
     w = {n: as_float(params[n], n, ndim=2) for n in MHA_WEIGHTS}
     b = {n: as_float(params[n + "_bias"], n + "_bias", ndim=1) for n in MHA_WEIGHTS if params.get(n + "_bias") is not None}
     h, hkv = num_heads, num_kv_heads

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
 from ..nn.activations import gelu, gelu_grad
 from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
 from ..nn.norms import normalize_backward, normalize_forward
@@ -299,15 +299,7 @@ def factformer_block_forward(u, params, *, pos_x, pos_y, heads: int, dim_head: i
                          f"heads*dim_head = {heads * dim_head}")
     spec = factformer_block_param_shapes(dim, dim_head, latent, heads, np.shape(params["to_out.3.weight"])[0],
                                          dkh_total // (heads * dim_head))
-    if set(params) != set(spec):
-        raise ValueError(f"params keys differ: missing {sorted(set(spec) - set(params))}, "
-                         f"unknown {sorted(set(params) - set(spec))}")
-    p = {}
-    for k, shp in spec.items():
-        a = as_float(params[k], k)
-        if a.shape != shp:
-            raise ValueError(f"{k} must have shape {shp}; got {a.shape}")
-        p[k] = a
+    p = check_params(params, spec)
     pos_x = as_float(pos_x, "pos_x", ndim=1)
     pos_y = as_float(pos_y, "pos_y", ndim=1)
     if pos_x.shape[0] != nx or pos_y.shape[0] != ny:

@@ -57,7 +57,7 @@ import math
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_int, check_positive, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_int, check_params, check_positive, compute_dtype
 from ..nn.activations import gelu, gelu_grad, sigmoid
 from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
@@ -224,15 +224,7 @@ def _validate(x, t, params, num_heads, window_size, shift_size, eps, mask_value,
     except (KeyError, IndexError):
         raise ValueError("params must contain every key of scot_param_shapes(dim, num_heads)") from None
     spec = scot_param_shapes(c, num_heads, mlp_ratio=hid / c, cpb_hidden=cpb_hidden)
-    if set(params) != set(spec):
-        raise ValueError(f"params keys differ from scot_param_shapes: missing {sorted(set(spec) - set(params))}, "
-                         f"unknown {sorted(set(params) - set(spec))}")
-    p = {}
-    for k, shp in spec.items():
-        a = as_float(params[k], k)
-        if a.shape != shp:
-            raise ValueError(f"{k} must have shape {shp}; got {a.shape}")
-        p[k] = a
+    p = check_params(params, spec, where="scot_layer (the keys of scot_param_shapes)")
     ws, shift = _window_and_shift(h, w, window_size, shift_size)
     if shift >= ws:
         raise ValueError(f"shift_size ({shift_size}) must be smaller than the window ({ws})")
