@@ -954,13 +954,20 @@ def _v1_reference_loop(x, params, *, num_heads, num_kv_heads=None, depth=None, l
     return o @ P["out_proj.weight"]
 
 
-def _check_v1_lambda_zero(rng):
-    # lambda = 0 (e1 - e2 = -lambda_init): the layer is (1 - lambda_init) RMSNorm(A1 V) W_o.
+def _v1_sample_lambda_zero(rng):
+    """A small V1 sample whose ``lambda_k2`` is set so that lambda = 0 (``e1 - e2 = -lambda_init``);
+    returns ``(sample, params, lambda_init)``."""
     s = _sample_v1(rng, "small")
     P = dict(s.params)
     lam0 = lambda_init_fn(s.config["depth"])
     e1 = np.exp(P["lambda_q1"] @ P["lambda_k1"])
     P["lambda_k2"] = P["lambda_q2"] * np.log(e1 + lam0) / (P["lambda_q2"] @ P["lambda_q2"])
+    return s, P, lam0
+
+
+def _check_v1_lambda_zero(rng):
+    # lambda = 0 (e1 - e2 = -lambda_init): the layer is (1 - lambda_init) RMSNorm(A1 V) W_o.
+    s, P, lam0 = _v1_sample_lambda_zero(rng)
     out, cache = diff_attention_v1_forward(**s.inputs, params=P, **s.config)
     assert abs(float(cache["lam"])) < 1e-12
     ref = _v1_reference_loop(**s.inputs, params=dict(P, lambda_q2=P["lambda_q1"], lambda_k2=P["lambda_k1"]),

@@ -53,6 +53,7 @@ from .differential import (
     _scatter_heads,
     _v1_generic_backward,
     _v1_generic_forward,
+    _v1_sample_lambda_zero,
     diff_attention_v1_backward,
     diff_attention_v1_forward,
     kv_head_index,
@@ -896,11 +897,7 @@ def _check_dint_rows_sum_to_one(rng):
 
 
 def _check_dint_lambda_zero_is_v1(rng):
-    s = _sample_v1(rng, "small")
-    P = dict(s.params)
-    lam0 = lambda_init_fn(s.config["depth"])
-    e1 = np.exp(P["lambda_q1"] @ P["lambda_k1"])
-    P["lambda_k2"] = P["lambda_q2"] * np.log(e1 + lam0) / (P["lambda_q2"] @ P["lambda_q2"])
+    s, P, _ = _v1_sample_lambda_zero(rng)
     a = dint_attention(**s.inputs, params=P, **s.config)
     b = diff_attention_v1_forward(**s.inputs, params=P, **s.config)[0]
     err = float(np.abs(a - b).max())
