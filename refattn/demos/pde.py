@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..nn.activations import gelu, gelu_grad
-from ..nn.linear import linear_apply, linear_vjp
+from ..nn.linear import linear_prefixed, linear_prefixed_vjp
 from ..operators import galerkin
 from ..operators.spectral import fno_spectral_conv_backward, fno_spectral_conv_forward, init_fno_params
 from ..optim import Adam
@@ -141,40 +141,30 @@ def _sub(p, prefix):
     return {k[len(prefix):]: v for k, v in p.items() if k.startswith(prefix)}
 
 
-def _lin(p, name, x):
-    return linear_apply(x, p[name + ".weight"], p[name + ".bias"])
-
-
-def _lin_back(grads, p, name, dy, x):
-    g = linear_vjp(dy, x, p[name + ".weight"])
-    grads[name + ".weight"], grads[name + ".bias"] = g["weight"], g["bias"]
-    return g["x"]
-
-
 def model_forward(p: dict, u0: np.ndarray, *, n_head: int = 4):
     """Prediction ``(B, N)`` for inputs ``u0 (B, N)`` on the uniform grid, and the cache."""
     b, n = u0.shape
     grid = np.broadcast_to((np.arange(n) / n)[None, :, None], (b, n, 1))
     feats = np.concatenate([u0[..., None], grid], axis=-1)
-    h = _lin(p, "lift", feats)
+    h = linear_prefixed(p, "lift", feats)
     caches = []
     for i in range(_n_layers(p)):
         pre = f"layers.{i}."
         if pre + "spectral.weights1_real" in p:
             s, c_s = fno_spectral_conv_forward(h, _sub(p, pre + "spectral."))
-            pre_act = s + _lin(p, pre + "skip", h)
+            pre_act = s + linear_prefixed(p, pre + "skip", h)
             mix = gelu(pre_act)
             c_mix = ("fno", c_s, pre_act)
         else:
             mix, c_a = galerkin.galerkin_attention_forward(h, _sub(p, pre + "attn."), grid, n_head=n_head)
             c_mix = ("galerkin", c_a, None)
         h1 = h + mix
-        a = _lin(p, pre + "ffn1", h1)
-        h2 = h1 + _lin(p, pre + "ffn2", gelu(a))
+        a = linear_prefixed(p, pre + "ffn1", h1)
+        h2 = h1 + linear_prefixed(p, pre + "ffn2", gelu(a))
         caches.append((h, c_mix, h1, a))
         h = h2
-    z = _lin(p, "proj1", h)
-    out = _lin(p, "proj2", gelu(z))[..., 0]
+    z = linear_prefixed(p, "proj1", h)
+    out = linear_prefixed(p, "proj2", gelu(z))[..., 0]
     return out, {"feats": feats, "layers": caches, "h": h, "z": z, "grid": grid}
 
 
@@ -182,27 +172,27 @@ def model_backward(p: dict, dout: np.ndarray, cache: dict) -> dict:
     """Gradients of every parameter, from the hand-derived layer backwards."""
     g = {}
     z, h = cache["z"], cache["h"]
-    dgz = _lin_back(g, p, "proj2", dout[..., None], gelu(z))
-    dh = _lin_back(g, p, "proj1", dgz * gelu_grad(z), h)
+    dgz = linear_prefixed_vjp(g, p, "proj2", dout[..., None], gelu(z))
+    dh = linear_prefixed_vjp(g, p, "proj1", dgz * gelu_grad(z), h)
     for i in reversed(range(len(cache["layers"]))):
         pre = f"layers.{i}."
         h_in, (kind, c_m, pre_act), h1, a = cache["layers"][i]
-        dga = _lin_back(g, p, pre + "ffn2", dh, gelu(a))
-        dh1 = dh + _lin_back(g, p, pre + "ffn1", dga * gelu_grad(a), h1)
+        dga = linear_prefixed_vjp(g, p, pre + "ffn2", dh, gelu(a))
+        dh1 = dh + linear_prefixed_vjp(g, p, pre + "ffn1", dga * gelu_grad(a), h1)
         if kind == "fno":
             dpre = dh1 * gelu_grad(pre_act)
             gs = fno_spectral_conv_backward(dpre, c_m)
             for k, v in gs.items():
                 if k != "x":
                     g[pre + "spectral." + k] = v
-            dh = dh1 + gs["x"] + _lin_back(g, p, pre + "skip", dpre, h_in)
+            dh = dh1 + gs["x"] + linear_prefixed_vjp(g, p, pre + "skip", dpre, h_in)
         else:
             ga = galerkin.galerkin_attention_backward(dh1, c_m)
             for k, v in ga.items():
                 if k not in ("x", "pos"):
                     g[pre + "attn." + k] = v
             dh = dh1 + ga["x"]
-    _lin_back(g, p, "lift", dh, cache["feats"])
+    linear_prefixed_vjp(g, p, "lift", dh, cache["feats"])
     return g
 
 
