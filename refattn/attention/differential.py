@@ -54,6 +54,7 @@ from ..nn.norms import normalize_backward, normalize_forward
 from ..nn.rope import apply_rope, rope_angles
 from ..nn.softmax import apply_mask, softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
+from .softmax import sum_to_shape
 
 __all__ = [
     "lambda_init_fn",
@@ -111,17 +112,6 @@ def causal_keep(n: int, m: int, alignment: str = "bottom_right") -> np.ndarray:
     """
     off = (m - n) if alignment == "bottom_right" else 0
     return np.arange(m)[None, :] <= np.arange(n)[:, None] + off
-
-
-def _sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
-    """Sum ``g`` over the axes along which an array of ``shape`` was broadcast to ``g.shape``."""
-    lead = g.ndim - len(shape)
-    if lead:
-        g = g.sum(axis=tuple(range(lead)))
-    axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
-    if axes:
-        g = g.sum(axis=axes, keepdims=True)
-    return g.reshape(shape)
 
 
 def _gather_heads(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -412,7 +402,7 @@ def diff_attention_core_backward(dout, cache):
     idx, hkv = cache["idx"], cache["n_kv"]
     return {"q1": g["q1"], "k1": _scatter_heads(g["k1"], idx, hkv), "q2": g["q2"],
             "k2": _scatter_heads(g["k2"], idx, hkv), "v": _scatter_heads(g["v"], idx, hkv),
-            "lam": _sum_to(g["lam"], cache["lam_shape"])}
+            "lam": sum_to_shape(g["lam"], cache["lam_shape"])}
 
 
 def diff_attention_core(q1, k1, q2, k2, v, lam, **config) -> np.ndarray:
@@ -869,7 +859,7 @@ def _check_core_two_sdpa(rng):
         mine = diff_attention_core_backward(g, cache)
         g1, g2 = sdpa_backward(g, c1), sdpa_backward(-lam_b * g, c2)
         ref = {"q1": g1["q"], "k1": g1["k"], "q2": g2["q"], "k2": g2["k"], "v": g1["v"] + g2["v"],
-               "lam": _sum_to(-np.sum(g * o2, -1), i["lam"].shape)}
+               "lam": sum_to_shape(-np.sum(g * o2, -1), i["lam"].shape)}
         err = max([err] + [float(np.abs(mine[k] - ref[k]).max()) for k in ref])
         assert err < 1e-12, f"core differs from two sdpa calls by {err} (kv_group_map={gm})"
     return err

@@ -61,7 +61,7 @@ from .differential import (
     rope_tables,
     v1_pairing_index,
 )
-from .softmax import sdpa_backward, sdpa_forward
+from .softmax import sdpa_backward, sdpa_forward, sum_to_shape
 
 __all__ = [
     "diff_attention_v2_forward",
@@ -1768,8 +1768,6 @@ def _fda_forward(q1, k1, v1, q2, k2, v2, lam, m1, m2, scale, kv_group_map):
 
 def _fda_backward(g, c):
     from ..nn.softmax import softmax_vjp
-    from .differential import _sum_to
-
     A, V, s, lam_b = c["A"], c["V"], c["s"], c["lam_b"]
     dA = g @ np.swapaxes(V, -1, -2)
     dV = np.swapaxes(A, -1, -2) @ g
@@ -1783,13 +1781,11 @@ def _fda_backward(g, c):
             "k1": _scatter_heads(s * (np.swapaxes(dS1, -1, -2) @ c["q1"]), idx, Hkv),
             "k2": _scatter_heads(s * (np.swapaxes(dS2, -1, -2) @ c["q2"]), idx, Hkv),
             "v1": _scatter_heads(dV, idx, Hkv), "v2": np.zeros(c["v2_shape"], dtype=g.dtype),
-            "lam": _sum_to(dlam, c["lam_shape"])}
+            "lam": sum_to_shape(dlam, c["lam_shape"])}
 
 
 def differential_cross_attention_backward(dout, cache):
     """Gradient of :func:`differential_cross_attention_forward`: ``q1, k1, v1, q2, k2, v2, lam``."""
-    from .differential import _sum_to
-
     fda = cache["combine"] == "fda"
     g = as_dout(dout, cache["out_shape"], (cache["A"] if fda else cache["o2"]).dtype)
     if fda:
@@ -1797,7 +1793,7 @@ def differential_cross_attention_backward(dout, cache):
     g1 = sdpa_backward(g, cache["c1"])
     g2 = sdpa_backward(-cache["lam_b"] * g, cache["c2"])
     return {"q1": g1["q"], "k1": g1["k"], "v1": g1["v"], "q2": g2["q"], "k2": g2["k"], "v2": g2["v"],
-            "lam": _sum_to(-np.sum(g * cache["o2"], axis=-1), cache["lam_shape"])}
+            "lam": sum_to_shape(-np.sum(g * cache["o2"], axis=-1), cache["lam_shape"])}
 
 
 def differential_cross_attention(q1, k1, v1, q2, k2, v2, lam, **config) -> np.ndarray:

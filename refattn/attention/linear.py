@@ -47,6 +47,7 @@ from ..nn.activations import elu_plus_one, elu_plus_one_grad
 from ..nn.norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
+from .softmax import sum_to_shape
 
 __all__ = [
     "FEATURE_MAPS",
@@ -1122,13 +1123,6 @@ def toeplitz_dense(c: np.ndarray) -> np.ndarray:
     return c[..., idx]
 
 
-def _unbroadcast(g: np.ndarray, shape: tuple) -> np.ndarray:
-    extra = g.ndim - len(shape)
-    g = g.sum(axis=tuple(range(extra))) if extra > 0 else g
-    axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
-    return g.sum(axis=axes, keepdims=True) if axes else g
-
-
 def kernelized_rpe_forward(q, k, v, params, *, projection, causal: bool = False, eps: float = 0.0,
                            feature_eps: float = 1e-6, normalize_data: bool = True,
                            key_stabilizer: str = "per_head", stabilizer_grad: bool = True):
@@ -1219,7 +1213,7 @@ def kernelized_rpe_backward(dout, cache):
     dfk = toeplitz_matvec_fft(crev, du) + np.einsum("...nae,...ne->...na", dG, v)
     dvv = np.einsum("...nae,...na->...ne", dG, fk)
     dc = toeplitz_correlation_fft(dU, cache["G"]) + toeplitz_correlation_fft(du, fk)
-    db = _unbroadcast(dc * c, cache["b_shape"])
+    db = sum_to_shape(dc * c, cache["b_shape"])
     sg = cache["stabilizer_grad"]
     return {"q": performer_features_backward(dfq, cache["cq"], stabilizer_grad=sg),
             "k": performer_features_backward(dfk, cache["ck"], stabilizer_grad=sg), "v": dvv, "b": db}
