@@ -29,7 +29,7 @@ from .._checks import as_dout, as_float, compute_dtype
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["linear_forward", "linear_backward", "linear", "linear_apply", "linear_vjp", "check_linear_params",
-           "linear_prefixed", "linear_prefixed_vjp", "linear_prefixed_spec", "split_heads", "merge_heads"]
+           "linear_prefixed", "linear_prefixed_vjp", "linear_prefixed_spec", "init_linear_prefixed", "split_heads", "merge_heads"]
 
 
 def linear_apply(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -66,6 +66,16 @@ def linear_prefixed_spec(prefix: str, n_in: int, n_out: int, bias: bool = True) 
     if bias:
         spec[f"{prefix}.bias"] = (n_out,)
     return spec
+
+
+def init_linear_prefixed(rng, n_in: int, n_out: int, prefix: str, bias: bool = True) -> dict:
+    r"""PyTorch's default ``nn.Linear`` initialisation as a prefixed dict: weight ``(n_in, n_out)``
+    then bias ``(n_out,)``, both $U(-1/\sqrt{n_{in}}, 1/\sqrt{n_{in}})$ (drawn from ``rng`` in that order)."""
+    bound = 1.0 / np.sqrt(n_in)
+    out = {f"{prefix}.weight": rng.uniform(-bound, bound, (n_in, n_out))}
+    if bias:
+        out[f"{prefix}.bias"] = rng.uniform(-bound, bound, n_out)
+    return out
 
 
 def linear_prefixed(params: dict, prefix: str, x: np.ndarray) -> np.ndarray:

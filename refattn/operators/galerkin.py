@@ -75,6 +75,7 @@ import numpy as np
 
 from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
 from ..nn.linear import (
+    init_linear_prefixed,
     linear_prefixed,
     linear_prefixed_spec,
     linear_prefixed_vjp,
@@ -287,12 +288,6 @@ def _xavier_uniform(rng, n_in, n_out, gain):
     return rng.uniform(-bound, bound, (n_in, n_out))
 
 
-def _torch_default_linear(rng, n_in, n_out, prefix):
-    bound = 1.0 / np.sqrt(n_in)
-    return {f"{prefix}.weight": rng.uniform(-bound, bound, (n_in, n_out)),
-            f"{prefix}.bias": rng.uniform(-bound, bound, n_out)}
-
-
 def init_params(rng, d_model: int, n_head: int, *, pos_dim: int = 0, attention_type="galerkin",
                 norm_type="layer", xavier_init: float = 1e-2, diagonal_weight: float = 1e-2,
                 dtype=np.float64) -> dict:
@@ -320,7 +315,7 @@ def init_params(rng, d_model: int, n_head: int, *, pos_dim: int = 0, attention_t
             p[f"{_NORM_KEY[t]}.weight"] = np.ones((n_head, d))
             p[f"{_NORM_KEY[t]}.bias"] = np.zeros((n_head, d))
     if pos_dim > 0:
-        p.update(_torch_default_linear(rng, d_model + n_head * pos_dim, d_model, "fc"))
+        p.update(init_linear_prefixed(rng, d_model + n_head * pos_dim, d_model, "fc"))
     return {k: v.astype(dtype) for k, v in p.items()}
 
 
@@ -792,7 +787,7 @@ def oformer_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64, *, c
             p[f"{t}_norm.weight"] = np.ones(dim_head)
             p[f"{t}_norm.bias"] = np.zeros(dim_head)
     if not (n_head == 1 and dim_head == dim) or pos_dim > 0:
-        p.update(_torch_default_linear(rng, n_head * (dim_head + pos_dim), dim, "to_out.0"))
+        p.update(init_linear_prefixed(rng, n_head * (dim_head + pos_dim), dim, "to_out.0"))
     return {k: v.astype(dtype) for k, v in p.items()}
 
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, compute_dtype
 from ..nn.activations import gelu, gelu_grad, sigmoid, sigmoid_grad
-from ..nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
+from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
 
@@ -229,12 +229,6 @@ def gnot_hna_attention(x, params, y=None, **config):
     return gnot_hna_attention_forward(x, params, y, **config)[0]
 
 
-def _torch_linear(rng, n_in, n_out, prefix):
-    bound = 1.0 / np.sqrt(n_in)
-    return {f"{prefix}.weight": rng.uniform(-bound, bound, (n_in, n_out)),
-            f"{prefix}.bias": rng.uniform(-bound, bound, n_out)}
-
-
 def gnot_hna_init_params(rng, n_embd: int, *, n_inputs: int | None = None, dtype=np.float64) -> dict:
     """PyTorch default linears. ``n_inputs=None``: ``LinearAttention`` keys (query, key, value,
     proj); an integer: ``LinearCrossAttention`` keys (query, keys.{l}, values.{l}, proj)."""
@@ -242,7 +236,7 @@ def gnot_hna_init_params(rng, n_embd: int, *, n_inputs: int | None = None, dtype
         ["query", *[f"{a}.{i}" for i in range(n_inputs) for a in ("keys", "values")]]
     p = {}
     for name in [*names, "proj"]:
-        p.update(_torch_linear(rng, n_embd, n_embd, name))
+        p.update(init_linear_prefixed(rng, n_embd, n_embd, name))
     return {k: v.astype(dtype) for k, v in p.items()}
 
 
@@ -348,11 +342,11 @@ def gnot_moe_init_params(rng, n_embd: int, space_dim: int, *, n_experts: int = 2
     ``MoEGPTConfig`` (hidden width ``n_inner * n_embd``)."""
     i = n_inner * n_embd
     p = {}
-    p.update(_torch_linear(rng, space_dim, i, "gatenet.0"))
-    p.update(_torch_linear(rng, i, i, "gatenet.2"))
-    p.update(_torch_linear(rng, i, n_experts, "gatenet.4"))
-    e1 = [_torch_linear(rng, n_embd, i, "a") for _ in range(n_experts)]
-    e2 = [_torch_linear(rng, i, n_embd, "a") for _ in range(n_experts)]
+    p.update(init_linear_prefixed(rng, space_dim, i, "gatenet.0"))
+    p.update(init_linear_prefixed(rng, i, i, "gatenet.2"))
+    p.update(init_linear_prefixed(rng, i, n_experts, "gatenet.4"))
+    e1 = [init_linear_prefixed(rng, n_embd, i, "a") for _ in range(n_experts)]
+    e2 = [init_linear_prefixed(rng, i, n_embd, "a") for _ in range(n_experts)]
     p["moe_mlp.0.weight"] = np.stack([t["a.weight"] for t in e1])
     p["moe_mlp.0.bias"] = np.stack([t["a.bias"] for t in e1])
     p["moe_mlp.2.weight"] = np.stack([t["a.weight"] for t in e2])

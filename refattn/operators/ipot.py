@@ -56,7 +56,7 @@ import numpy as np
 from .._checks import as_dout, as_float, cast_all, check_int, check_params, check_positive, compute_dtype
 from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..nn.activations import gelu, gelu_grad
-from ..nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
+from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.norms import normalize_backward, normalize_forward
 from ..registry import Mechanism, Sample, register
 
@@ -331,11 +331,7 @@ def ipot_init_params(rng, input_channel: int, query_channel: int, output_channel
     d = latent_channel
 
     def lin(n_in, n_out, key, bias=True):
-        bound = 1.0 / np.sqrt(n_in)
-        out = {f"{key}.weight": rng.uniform(-bound, bound, (n_in, n_out))}
-        if bias:
-            out[f"{key}.bias"] = rng.uniform(-bound, bound, n_out)
-        return out
+        return init_linear_prefixed(rng, n_in, n_out, key, bias)
 
     def ln(key, c):
         return {f"{key}.weight": np.ones(c), f"{key}.bias": np.zeros(c)}

@@ -39,7 +39,7 @@ import numpy as np
 from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
 from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..nn.activations import gelu, gelu_grad, sigmoid
-from ..nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
+from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
 
@@ -256,19 +256,11 @@ def _orthogonal(rng, n_in, n_out):
     return qm if n_in >= n_out else qm.T
 
 
-def _torch_linear(rng, n_in, n_out, prefix, bias=True):
-    bound = 1.0 / np.sqrt(n_in)
-    out = {f"{prefix}.weight": rng.uniform(-bound, bound, (n_in, n_out))}
-    if bias:
-        out[f"{prefix}.bias"] = rng.uniform(-bound, bound, n_out)
-    return out
-
-
 def _front_init(rng, dim, n_head, dim_head, slice_num):
     p = {}
-    p.update(_torch_linear(rng, dim, n_head * dim_head, "in_project_x"))
-    p.update(_torch_linear(rng, dim, n_head * dim_head, "in_project_fx"))
-    p.update(_torch_linear(rng, dim_head, slice_num, "in_project_slice"))
+    p.update(init_linear_prefixed(rng, dim, n_head * dim_head, "in_project_x"))
+    p.update(init_linear_prefixed(rng, dim, n_head * dim_head, "in_project_fx"))
+    p.update(init_linear_prefixed(rng, dim_head, slice_num, "in_project_slice"))
     p["in_project_slice.weight"] = _orthogonal(rng, dim_head, slice_num)
     p["temperature"] = np.full(n_head, 0.5)
     return p
@@ -280,8 +272,8 @@ def transolver_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64,
     temperature 0.5."""
     p = _front_init(rng, dim, n_head, dim_head, slice_num)
     for t in "qkv":
-        p.update(_torch_linear(rng, dim_head, dim_head, f"to_{t}", bias=False))
-    p.update(_torch_linear(rng, n_head * dim_head, dim, "to_out.0"))
+        p.update(init_linear_prefixed(rng, dim_head, dim_head, f"to_{t}", bias=False))
+    p.update(init_linear_prefixed(rng, n_head * dim_head, dim, "to_out.0"))
     return {k: v.astype(dtype) for k, v in p.items()}
 
 
@@ -389,11 +381,11 @@ def linear_no_attention(x, params, **config):
 def linear_no_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64, key_ratio: int = 4,
                           use_temperature: bool = False, dtype=np.float64) -> dict:
     """PyTorch default linears (upstream applies no special init); temperatures 0.5."""
-    p = _torch_linear(rng, dim, n_head * dim_head, "in_project_x")
-    p.update(_torch_linear(rng, dim_head, key_ratio, "to_q", bias=False))
-    p.update(_torch_linear(rng, dim_head, key_ratio, "to_k", bias=False))
-    p.update(_torch_linear(rng, dim_head, dim_head, "to_v", bias=False))
-    p.update(_torch_linear(rng, n_head * dim_head, dim, "to_out.0"))
+    p = init_linear_prefixed(rng, dim, n_head * dim_head, "in_project_x")
+    p.update(init_linear_prefixed(rng, dim_head, key_ratio, "to_q", bias=False))
+    p.update(init_linear_prefixed(rng, dim_head, key_ratio, "to_k", bias=False))
+    p.update(init_linear_prefixed(rng, dim_head, dim_head, "to_v", bias=False))
+    p.update(init_linear_prefixed(rng, n_head * dim_head, dim, "to_out.0"))
     if use_temperature:
         p["temperature_q"] = np.full(n_head, 0.5)
         p["temperature_k"] = np.full(n_head, 0.5)
@@ -560,16 +552,16 @@ def gale_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64, slice_n
     temperature 0.5, ``state_mixing`` 0 (balanced mix)."""
     check_choice(state_mixing_mode, "state_mixing_mode", ("weighted", "concat_project"))
     p = _front_init(rng, dim, n_head, dim_head, slice_num)
-    p.update(_torch_linear(rng, dim_head, 3 * dim_head, "qkv_project", bias=False))
-    p.update(_torch_linear(rng, n_head * dim_head, dim, "out_linear"))
+    p.update(init_linear_prefixed(rng, dim_head, 3 * dim_head, "qkv_project", bias=False))
+    p.update(init_linear_prefixed(rng, n_head * dim_head, dim, "out_linear"))
     if context_dim > 0:
-        p.update(_torch_linear(rng, dim_head, dim_head, "cross_q"))
-        p.update(_torch_linear(rng, context_dim, dim_head, "cross_k"))
-        p.update(_torch_linear(rng, context_dim, dim_head, "cross_v"))
+        p.update(init_linear_prefixed(rng, dim_head, dim_head, "cross_q"))
+        p.update(init_linear_prefixed(rng, context_dim, dim_head, "cross_k"))
+        p.update(init_linear_prefixed(rng, context_dim, dim_head, "cross_v"))
         if state_mixing_mode == "weighted":
             p["state_mixing"] = np.array(0.0)
         else:
-            p.update(_torch_linear(rng, 2 * dim_head, dim_head, "concat_project.0"))
+            p.update(init_linear_prefixed(rng, 2 * dim_head, dim_head, "concat_project.0"))
     return {k: np.asarray(v, dtype=dtype) for k, v in p.items()}
 
 
