@@ -54,6 +54,7 @@ from ..nn.norms import normalize_backward, normalize_forward
 from ..nn.rope import apply_rope, rope_angles
 from ..nn.softmax import apply_mask, softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
+from .softmax import causal_keep as _causal_keep
 from .softmax import sum_to_shape
 
 __all__ = [
@@ -108,10 +109,10 @@ def causal_keep(n: int, m: int, alignment: str = "bottom_right") -> np.ndarray:
     ``"bottom_right"``: query ``i`` sees keys ``j <= i + (m - n)`` — unilm's
     ``triu(-inf, 1 + src_len - tgt_len)`` and flash-attn >= 2.1 ``causal=True``.
     ``"top_left"``: ``j <= i`` — PyTorch ``scaled_dot_product_attention(is_causal=True)``.
-    The two agree when ``n == m``.
+    The two agree when ``n == m``. (:func:`refattn.attention.softmax.causal_keep` with unilm's
+    default alignment.)
     """
-    off = (m - n) if alignment == "bottom_right" else 0
-    return np.arange(m)[None, :] <= np.arange(n)[:, None] + off
+    return _causal_keep(n, m, alignment)
 
 
 def _gather_heads(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
