@@ -100,6 +100,7 @@ SDPA_CASES = [
     (2, 2, 2, 10, 7, 3, 2, {"attn_mask": "bool"}, (3, 4)),
     (1, 2, 2, 10, 7, 3, 2, {"attn_mask": "additive", "is_causal": True}, (3, 4)),
     (1, 2, 1, 9, 9, 4, 4, {"is_causal": True}, (None, None)),  # automatic tiles
+    (1, 2, 1, 5, 4, 1, 1, {"is_causal": True, "causal_alignment": "bottom_right"}, (4, 3)),  # d = dv = 1
 ]
 
 
@@ -408,7 +409,8 @@ def test_diff_bad_input_raises_before_launch(i, monkeypatch):
 
 
 @pytest.mark.parametrize("shape,fm,tile", [((2, 2, 9, 3, 4), "elu_plus_one", 4), ((1, 2, 1, 3, 2), "identity", 4),
-                                           ((1, 1, 13, 5, 3), "elu_plus_one", None)])
+                                           ((1, 1, 13, 5, 3), "elu_plus_one", None),
+                                           ((1, 1, 6, 1, 1), "elu_plus_one", 4)])  # d = dv = 1
 def test_causal_linear_matches_reference_float64(shape, fm, tile, monkeypatch):
     b, h, n, d, dv = shape
     n, d, dv = _n(n), _d(d), _dv(dv)
