@@ -163,13 +163,18 @@ def _measure(impls: dict, repeats: int, flops: float, fb_factor: float, ref: str
     return rows
 
 
-def kernel_scratch_bytes(kind: str, *, threads: int, d: int, dv: int, r: int = 1, bq: int = 64, bk: int = 64,
-                         itemsize: int = 4) -> int:
-    """Analytic per-thread tile scratch of the Numba kernels times the thread count."""
-    if kind == "fwd":
-        per = (2 * bq * bk + d * bk + r * bq * dv + 2 * r * bq) * itemsize
-    else:
-        per = (3 * bq * bk + d * bk + dv * bk) * itemsize + (bk * d + bk * dv) * 8
+def kernel_scratch_bytes(kind: str, *, threads: int, d: int, dv: int, r: int = 1, bq: int | None = None,
+                         bk: int | None = None, itemsize: int = 4) -> int:
+    """Analytic tile scratch of the Numba attention kernels (allocated per work item inside the
+    parallel loop, so at most ``threads`` at a time), default tile sizes unless given."""
+    from .kernels.cpu._common import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+
+    bq = DEFAULT_BLOCK_Q if bq is None else bq
+    bk = DEFAULT_BLOCK_K if bk is None else bk
+    if kind == "fwd":  # s, th, kt, e2, acc, m, l
+        per = (2 * bq * bk + d * bk + bk + r * bq * dv + 2 * r * bq) * itemsize
+    else:  # s, th, dp, e2, kt, vt, dkt, dvt, dqt + float64 dka, dva
+        per = (3 * bq * bk + bk + 2 * (d + dv) * bk + bq * d) * itemsize + (d + dv) * bk * 8
     return per * threads
 
 
