@@ -116,18 +116,36 @@ def _mm_abt(S, A, a0, nx, Bt, b0, ny, e):
 
 @njit(cache=True, inline="always")
 def _acc_pb(C, c0, P, nx, ny, B, b0, e):
-    """``C[c0 + x, :e] += sum_y P[x, y] * B[b0 + y, :e]`` (y unrolled by 4, FMA, order preserved)."""
+    """``C[c0 + x, :e] += sum_y P[x, y] * B[b0 + y, :e]``: y unrolled by 4, two rows of ``C`` share
+    every load of ``B``, one FMA per term in increasing ``y`` (the result does not depend on the
+    blocking)."""
     ny4 = ny - ny % 4
-    for x in range(nx):
+    nx2 = nx - nx % 2
+    for x in range(0, nx2, 2):
         for y in range(0, ny4, 4):
             p0 = P[x, y]
             p1 = P[x, y + 1]
             p2 = P[x, y + 2]
             p3 = P[x, y + 3]
+            r0 = P[x + 1, y]
+            r1 = P[x + 1, y + 1]
+            r2 = P[x + 1, y + 2]
+            r3 = P[x + 1, y + 3]
             for c in range(e):
-                C[c0 + x, c] = _fma(p3, B[b0 + y + 3, c], _fma(p2, B[b0 + y + 2, c], _fma(
-                    p1, B[b0 + y + 1, c], _fma(p0, B[b0 + y, c], C[c0 + x, c]))))
+                v0 = B[b0 + y, c]
+                v1 = B[b0 + y + 1, c]
+                v2 = B[b0 + y + 2, c]
+                v3 = B[b0 + y + 3, c]
+                C[c0 + x, c] = _fma(p3, v3, _fma(p2, v2, _fma(p1, v1, _fma(p0, v0, C[c0 + x, c]))))
+                C[c0 + x + 1, c] = _fma(r3, v3, _fma(r2, v2, _fma(r1, v1, _fma(r0, v0, C[c0 + x + 1, c]))))
         for y in range(ny4, ny):
+            p0 = P[x, y]
+            r0 = P[x + 1, y]
+            for c in range(e):
+                C[c0 + x, c] = _fma(p0, B[b0 + y, c], C[c0 + x, c])
+                C[c0 + x + 1, c] = _fma(r0, B[b0 + y, c], C[c0 + x + 1, c])
+    for x in range(nx2, nx):
+        for y in range(ny):
             p0 = P[x, y]
             for c in range(e):
                 C[c0 + x, c] = _fma(p0, B[b0 + y, c], C[c0 + x, c])
@@ -135,18 +153,34 @@ def _acc_pb(C, c0, P, nx, ny, B, b0, e):
 
 @njit(cache=True, inline="always")
 def _acc_ptb(C, P, nx, ny, B, b0, e):
-    """``C[x, :e] += sum_y P[y, x] * B[b0 + y, :e]`` (``P`` transposed; y unrolled by 4, FMA)."""
+    """``C[x, :e] += sum_y P[y, x] * B[b0 + y, :e]`` (``P`` transposed), blocked as :func:`_acc_pb`."""
     ny4 = ny - ny % 4
-    for x in range(nx):
+    nx2 = nx - nx % 2
+    for x in range(0, nx2, 2):
         for y in range(0, ny4, 4):
             p0 = P[y, x]
             p1 = P[y + 1, x]
             p2 = P[y + 2, x]
             p3 = P[y + 3, x]
+            r0 = P[y, x + 1]
+            r1 = P[y + 1, x + 1]
+            r2 = P[y + 2, x + 1]
+            r3 = P[y + 3, x + 1]
             for c in range(e):
-                C[x, c] = _fma(p3, B[b0 + y + 3, c], _fma(p2, B[b0 + y + 2, c], _fma(
-                    p1, B[b0 + y + 1, c], _fma(p0, B[b0 + y, c], C[x, c]))))
+                v0 = B[b0 + y, c]
+                v1 = B[b0 + y + 1, c]
+                v2 = B[b0 + y + 2, c]
+                v3 = B[b0 + y + 3, c]
+                C[x, c] = _fma(p3, v3, _fma(p2, v2, _fma(p1, v1, _fma(p0, v0, C[x, c]))))
+                C[x + 1, c] = _fma(r3, v3, _fma(r2, v2, _fma(r1, v1, _fma(r0, v0, C[x + 1, c]))))
         for y in range(ny4, ny):
+            p0 = P[y, x]
+            r0 = P[y, x + 1]
+            for c in range(e):
+                C[x, c] = _fma(p0, B[b0 + y, c], C[x, c])
+                C[x + 1, c] = _fma(r0, B[b0 + y, c], C[x + 1, c])
+    for x in range(nx2, nx):
+        for y in range(ny):
             p0 = P[y, x]
             for c in range(e):
                 C[x, c] = _fma(p0, B[b0 + y, c], C[x, c])
