@@ -74,15 +74,17 @@ def _mm_abt(S, A, a0, nx, Bt, b0, ny, e):
     """``S[x, y] = sum_c A[a0 + x, c] * Bt[c, b0 + y]`` for ``x < nx``, ``y < ny``, ``c < e``.
 
     The innermost loop runs over ``y`` (contiguous in ``S`` and ``Bt``); ``c`` is unrolled by 4 and
-    two rows share every load of ``Bt`` (register blocking). Each ``S`` entry accumulates over ``c``
+    four rows share every load of ``Bt`` (register blocking). Each ``S`` entry accumulates over ``c``
     in increasing order with one FMA per term, so the result does not depend on the blocking.
     """
     e4 = e - e % 4
-    nx2 = nx - nx % 2
-    for x in range(0, nx2, 2):
+    nx4 = nx - nx % 4
+    for x in range(0, nx4, 4):
         for y in range(ny):
             S[x, y] = 0.0
             S[x + 1, y] = 0.0
+            S[x + 2, y] = 0.0
+            S[x + 3, y] = 0.0
         for c in range(0, e4, 4):
             p0 = A[a0 + x, c]
             p1 = A[a0 + x, c + 1]
@@ -92,6 +94,14 @@ def _mm_abt(S, A, a0, nx, Bt, b0, ny, e):
             r1 = A[a0 + x + 1, c + 1]
             r2 = A[a0 + x + 1, c + 2]
             r3 = A[a0 + x + 1, c + 3]
+            t0 = A[a0 + x + 2, c]
+            t1 = A[a0 + x + 2, c + 1]
+            t2 = A[a0 + x + 2, c + 2]
+            t3 = A[a0 + x + 2, c + 3]
+            u0 = A[a0 + x + 3, c]
+            u1 = A[a0 + x + 3, c + 1]
+            u2 = A[a0 + x + 3, c + 2]
+            u3 = A[a0 + x + 3, c + 3]
             for y in range(ny):
                 k0 = Bt[c, b0 + y]
                 k1 = Bt[c + 1, b0 + y]
@@ -99,13 +109,14 @@ def _mm_abt(S, A, a0, nx, Bt, b0, ny, e):
                 k3 = Bt[c + 3, b0 + y]
                 S[x, y] = _fma(p3, k3, _fma(p2, k2, _fma(p1, k1, _fma(p0, k0, S[x, y]))))
                 S[x + 1, y] = _fma(r3, k3, _fma(r2, k2, _fma(r1, k1, _fma(r0, k0, S[x + 1, y]))))
+                S[x + 2, y] = _fma(t3, k3, _fma(t2, k2, _fma(t1, k1, _fma(t0, k0, S[x + 2, y]))))
+                S[x + 3, y] = _fma(u3, k3, _fma(u2, k2, _fma(u1, k1, _fma(u0, k0, S[x + 3, y]))))
         for c in range(e4, e):
-            p0 = A[a0 + x, c]
-            r0 = A[a0 + x + 1, c]
-            for y in range(ny):
-                S[x, y] = _fma(p0, Bt[c, b0 + y], S[x, y])
-                S[x + 1, y] = _fma(r0, Bt[c, b0 + y], S[x + 1, y])
-    for x in range(nx2, nx):
+            for xx in range(x, x + 4):
+                p0 = A[a0 + xx, c]
+                for y in range(ny):
+                    S[xx, y] = _fma(p0, Bt[c, b0 + y], S[xx, y])
+    for x in range(nx4, nx):
         for y in range(ny):
             S[x, y] = 0.0
         for c in range(e):
