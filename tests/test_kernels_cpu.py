@@ -240,14 +240,37 @@ def test_sdpa_backend_dispatch():
     g = rng.standard_normal((1, 2, 4, 2))
     res = {}
     for backend in ("numba", "numpy"):
-        out, c = kf.sdpa_forward(q, k, v, backend=backend, is_causal=True)
-        res[backend] = (out, kf.sdpa_backward(g, c))
+        out, c = sdpa_forward(q, k, v, backend=backend, is_causal=True)
+        res[backend] = (out, sdpa_backward(g, c))
     assert _maxerr(res["numba"][0], res["numpy"][0]) <= 1e-10
     for name in "qkv":
         assert _maxerr(res["numba"][1][name], res["numpy"][1][name]) <= 1e-10
-    with pytest.raises(ValueError):
-        kf.sdpa_forward(q, k, v, backend="cuda")
+    with pytest.raises(ValueError, match="backend"):
+        sdpa_forward(q, k, v, backend="torch")
 
+
+
+def test_diff_and_linear_backend_dispatch():
+    """The reference functions reach the kernels with backend="numba"; backward follows the cache."""
+    rng = np.random.default_rng(11)
+    q1, k1, v = _qkv(rng, 1, 2, 1, 4, 5, 3, 4)
+    q2, k2, _ = _qkv(rng, 1, 2, 1, 4, 5, 3, 4)
+    lam = np.array([0.4])
+    res = {}
+    for backend in ("numba", "numpy"):
+        out, c = diff_attention_core_forward(q1, k1, q2, k2, v, lam, is_causal=True, backend=backend)
+        res[backend] = (out, diff_attention_core_backward(np.ones_like(out), c))
+    assert _maxerr(res["numba"][0], res["numpy"][0]) <= 1e-10
+    for name in ("q1", "k1", "q2", "k2", "v", "lam"):
+        assert _maxerr(res["numba"][1][name], res["numpy"][1][name]) <= 1e-10
+    q, k, v = (rng.standard_normal((2, 2, 6, 3)) for _ in range(3))
+    res = {}
+    for backend in ("numba", "numpy"):
+        out, c = causal_linear_attention_forward(q, k, v, backend=backend)
+        res[backend] = (out, causal_linear_attention_backward(np.ones_like(out), c))
+    assert _maxerr(res["numba"][0], res["numpy"][0]) <= 1e-10
+    for name in "qkv":
+        assert _maxerr(res["numba"][1][name], res["numpy"][1][name]) <= 1e-10
 
 # ------------------------------------------------------------------------------ differential
 
@@ -255,7 +278,7 @@ DIFF_CASES = [
     (2, 2, 2, 7, 9, 4, 8, (1,), {}),
     (2, 4, 2, 9, 5, 4, 6, (4, 1), {"is_causal": True}),  # bottom-right, N > M: masked rows
     (2, 4, 1, 5, 9, 4, 6, (2, 4, 5), {"is_causal": True, "causal_alignment": "top_left",
-                                      "kv_group_map": "interleaved"}),
+                                      "kv_group_map": "strided"}),
     (1, 2, 2, 1, 1, 3, 2, (1,), {}),
     (2, 2, 2, 6, 7, 3, 4, (2, 1), {"attn_mask": "bool", "scale": 0.4}),
 ]
@@ -319,7 +342,7 @@ def test_diff_lambda_zero_is_sdpa():
     ({"lam": np.zeros((3, 1))}, ValueError),
     ({"q2": np.zeros((1, 2, 5, 4))}, ValueError),
     ({"v": np.zeros((1, 2, 6, 3), dtype=int)}, TypeError),
-    ({"kv_group_map": "strided"}, ValueError),
+    ({"kv_group_map": "interleaved"}, ValueError),
 ])
 def test_diff_bad_input_raises_before_kernel(bad, exc, monkeypatch):
     rng = np.random.default_rng(13)

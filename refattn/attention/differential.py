@@ -49,6 +49,7 @@ from .._checks import (
     check_positive,
     compute_dtype,
 )
+from ..kernels import backward_kernel, forward_kernel
 from ..nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.norms import normalize_backward, normalize_forward
 from ..nn.rope import apply_rope, rope_angles
@@ -129,13 +130,13 @@ def _scatter_heads(g: np.ndarray, idx: np.ndarray, n_heads: int) -> np.ndarray:
     return out
 
 
-_KV_GROUP_MAPS = ("contiguous", "strided", "interleaved")
+_KV_GROUP_MAPS = ("contiguous", "strided")
 
 
 def kv_head_index(n_heads: int, n_kv_heads: int, kv_group_map: str = "contiguous") -> np.ndarray:
     """KV head used by each query head: ``h // (H / Hkv)`` (``"contiguous"``, PyTorch
-    ``enable_gqa``, flash-attn, Llama ``repeat_kv``) or ``h % Hkv`` (``"strided"``, the name
-    :func:`refattn.attention.softmax.sdpa_forward` uses; ``"interleaved"`` is accepted as an alias)."""
+    ``enable_gqa``, flash-attn, Llama ``repeat_kv``) or ``h % Hkv`` (``"strided"``, as in
+    :func:`refattn.attention.softmax.sdpa_forward` and the kernels)."""
     check_choice(kv_group_map, "kv_group_map", _KV_GROUP_MAPS)
     h = np.arange(n_heads)
     return h // (n_heads // n_kv_heads) if kv_group_map == "contiguous" else h % n_kv_heads
@@ -248,7 +249,7 @@ def _validate_core(q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group
                          f"{q1.shape}, {k1.shape}, {v.shape}")
     if q1.ndim == 3:
         raise ValueError(f"q1 must be (..., H, N, d) with a head axis; got shape {q1.shape}")
-    if k1.shape[:-4] != q1.shape[:-4] or v.shape[:-4] != q1.shape[:-4]:
+    if k1.shape[:-3] != q1.shape[:-3] or v.shape[:-3] != q1.shape[:-3]:
         raise ValueError(f"batch axes of q1 {q1.shape[:-3]}, k1 {k1.shape[:-3]} and v {v.shape[:-3]} must agree")
     if k1.shape[-1] != q1.shape[-1]:
         raise ValueError(f"k1 must have q1's head width d = {q1.shape[-1]}; got {k1.shape[-1]}")
@@ -340,7 +341,7 @@ def _core_bwd(g, c):
 
 def diff_attention_core_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_causal: bool = False,
                                 scale=None, kv_group_map: str = "contiguous",
-                                causal_alignment: str = "bottom_right"):
+                                causal_alignment: str = "bottom_right", backend: str = "numpy"):
     r"""Differential attention core $O = (A_1 - \lambda A_2)V$ on SDPA layouts.
 
     $$A_a = \mathrm{softmax}\bigl(s\,Q_aK_a^\top + M\bigr),\qquad
@@ -370,11 +371,14 @@ def diff_attention_core_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_ca
         $s$; default $d^{-1/2}$ with $d$ the query/key width (unilm ``head_dim ** -0.5``).
     kv_group_map : {"contiguous", "strided"}
         KV head of query head ``h``: ``h // (H/Hkv)`` (PyTorch ``enable_gqa``, flash-attn) or
-        ``h % Hkv`` (``"strided"`` as in :func:`refattn.attention.softmax.sdpa_forward`;
-        ``"interleaved"`` is an alias kept for the Numba kernel's callers).
+        ``h % Hkv`` (``"strided"``, as in :func:`refattn.attention.softmax.sdpa_forward`).
     causal_alignment : {"bottom_right", "top_left"}
         Default ``"bottom_right"`` as unilm (``triu(.., 1 + src_len - tgt_len)``) and flash-attn;
         PyTorch SDPA's ``is_causal`` is ``"top_left"``. They agree for ``N == M``.
+    backend : {"numpy", "numba", "cuda"}
+        ``"numpy"`` runs this reference; ``"numba"``/``"cuda"`` the fused kernels
+        (:func:`refattn.kernels.cpu.differential.diff_attention_forward`: both maps in one pass
+        over K/V). :func:`diff_attention_core_backward` follows the backend in the cache.
 
     Returns
     -------
@@ -382,6 +386,10 @@ def diff_attention_core_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_ca
         ``out (..., H, N, dv)``. :func:`diff_attention_core_backward` returns
         ``{"q1", "k1", "q2", "k2", "v", "lam"}``.
     """
+    kernel = forward_kernel(backend, "differential", "diff_attention_forward")
+    if kernel is not None:
+        return kernel(q1, k1, q2, k2, v, lam, attn_mask=attn_mask, is_causal=is_causal, scale=scale,
+                      kv_group_map=kv_group_map, causal_alignment=causal_alignment)
     q1, k1, q2, k2, v, lam, mask, scale = _validate_core(
         q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment)
     dt = compute_dtype(q1, k1, q2, k2, v, lam)
@@ -398,7 +406,11 @@ def diff_attention_core_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_ca
 
 
 def diff_attention_core_backward(dout, cache):
-    """Gradient of :func:`diff_attention_core_forward` (derivation in the module docstring)."""
+    """Gradient of :func:`diff_attention_core_forward` (derivation in the module docstring); a
+    cache made by a kernel backend is handed to that kernel's backward."""
+    kernel = backward_kernel(cache, "differential", "diff_attention_backward")
+    if kernel is not None:
+        return kernel(dout, cache)
     g = _core_bwd(as_dout(dout, cache["out_shape"], cache["v"].dtype), cache)
     idx, hkv = cache["idx"], cache["n_kv"]
     return {"q1": g["q1"], "k1": _scatter_heads(g["k1"], idx, hkv), "q2": g["q2"],

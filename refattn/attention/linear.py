@@ -43,6 +43,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import as_dout, as_float, check_choice, check_dim, check_int, check_params, check_positive, compute_dtype
+from ..kernels import backward_kernel, forward_kernel
 from ..nn.activations import elu_plus_one, elu_plus_one_grad
 from ..nn.norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
 from ..nn.softmax import softmax_lse, softmax_vjp
@@ -342,7 +343,8 @@ def linear_attention(q, k, v, *, causal: bool = False, eps: float = 1e-6,
                                     key_padding_mask=key_padding_mask, normalise=normalise)[0]
 
 
-def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: str = "elu_plus_one"):
+def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: str = "elu_plus_one",
+                                    backend: str = "numpy"):
     r"""Causal linear attention as a prefix-state scan (stable signature; kernels mirror it).
 
     $S_i = S_{i-1} + \phi(k_i)v_i^\top$, $z_i = z_{i-1} + \phi(k_i)$,
@@ -350,7 +352,14 @@ def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: 
     Layouts ``q, k (B, H, N, d)``, ``v (B, H, N, dv)`` (any leading axes). Memory: one
     $d\times d_v$ state per head; the cache holds the inputs, the features and the $N$
     denominators only.
+
+    ``backend="numba"``/``"cuda"`` runs the scan kernel of ``refattn.kernels.cpu.linear`` /
+    ``refattn.kernels.cuda.linear`` instead; :func:`causal_linear_attention_backward` follows the
+    backend recorded in the cache.
     """
+    kernel = forward_kernel(backend, "linear", "causal_linear_attention_forward")
+    if kernel is not None:
+        return kernel(q, k, v, eps=eps, feature_map=feature_map)
     return linear_attention_forward(q, k, v, causal=True, eps=eps, feature_map=feature_map)
 
 
@@ -360,6 +369,9 @@ def causal_linear_attention_backward(dout, cache):
     $R_j = \sum_{i\ge j}\phi(q_i)u_i^\top$, $r_j = \sum_{i\ge j}c_i\phi(q_i)$ for
     $d\phi(k_j) = R_jv_j + r_j$, $dv_j = R_j^\top\phi(k_j)$ ($u_i = g_i/\mathrm{den}_i$,
     $c_i = -g_i\cdot o_i/\mathrm{den}_i$). Returns ``{"q", "k", "v"}``."""
+    kernel = backward_kernel(cache, "linear", "causal_linear_attention_backward")
+    if kernel is not None:
+        return kernel(dout, cache)
     return linear_attention_backward(dout, cache)
 
 

@@ -74,6 +74,7 @@ from .._checks import (
     check_positive,
     compute_dtype,
 )
+from ..kernels import backward_kernel, forward_kernel
 from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
@@ -308,7 +309,8 @@ def attention_core_backward(dout, cache, *, dlse=None, dp=None):
 
 
 def sdpa_forward(q, k, v, *, attn_mask=None, is_causal: bool = False, causal_alignment: str = "top_left",
-                 scale=None, softcap=None, kv_group_map: str = "contiguous", return_lse: bool = False):
+                 scale=None, softcap=None, kv_group_map: str = "contiguous", return_lse: bool = False,
+                 backend: str = "numpy"):
     r"""Scaled dot-product attention, PyTorch ``F.scaled_dot_product_attention`` layout.
 
     $O = \mathrm{softmax}(s\,QK^\top + M)\,V$ per head (see the module docstring for the
@@ -324,6 +326,11 @@ def sdpa_forward(q, k, v, *, attn_mask=None, is_causal: bool = False, causal_ali
     return_lse : bool
         The log-sum-exp (..., H, N) is always stored as ``cache["lse"]``; this flag exists for
         signature symmetry with :func:`sdpa`, which returns ``(out, lse)`` when it is set.
+    backend : {"numpy", "numba", "cuda"}
+        ``"numpy"`` runs this reference; ``"numba"`` the fused Numba CPU kernel
+        (:func:`refattn.kernels.cpu.flash.flash_attention_forward`), ``"cuda"`` the numba.cuda
+        kernel. Same arguments, same results (to round-off); :func:`sdpa_backward` follows the
+        backend recorded in the cache.
 
     Returns
     -------
@@ -332,22 +339,32 @@ def sdpa_forward(q, k, v, *, attn_mask=None, is_causal: bool = False, causal_ali
     """
     if not isinstance(return_lse, (bool, np.bool_)):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
+    kernel = forward_kernel(backend, "flash", "flash_attention_forward")
+    if kernel is not None:
+        return kernel(q, k, v, attn_mask=attn_mask, is_causal=is_causal, causal_alignment=causal_alignment,
+                      scale=scale, softcap=softcap, kv_group_map=kv_group_map)
     return attention_core_forward(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                                   causal_alignment=causal_alignment, scale=scale, softcap=softcap,
                                   kv_group_map=kv_group_map)
 
 
 def sdpa_backward(dout, cache, *, dlse=None):
-    """Gradient of :func:`sdpa_forward`: ``{"q", "k", "v"}`` (GQA: summed over each kv group)."""
+    """Gradient of :func:`sdpa_forward`: ``{"q", "k", "v"}`` (GQA: summed over each kv group).
+
+    A cache made by a kernel backend is handed to that kernel's backward."""
+    kernel = backward_kernel(cache, "flash", "flash_attention_backward")
+    if kernel is not None:
+        return kernel(dout, cache, dlse=dlse)
     return attention_core_backward(dout, cache, dlse=dlse)
 
 
 def sdpa(q, k, v, *, attn_mask=None, is_causal: bool = False, causal_alignment: str = "top_left",
-         scale=None, softcap=None, kv_group_map: str = "contiguous", return_lse: bool = False):
+         scale=None, softcap=None, kv_group_map: str = "contiguous", return_lse: bool = False,
+         backend: str = "numpy"):
     """Convenience wrapper of :func:`sdpa_forward`: ``out``, or ``(out, lse)`` if ``return_lse``."""
     out, cache = sdpa_forward(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
                               causal_alignment=causal_alignment, scale=scale, softcap=softcap,
-                              kv_group_map=kv_group_map, return_lse=return_lse)
+                              kv_group_map=kv_group_map, return_lse=return_lse, backend=backend)
     return (out, cache["lse"]) if return_lse else out
 
 

@@ -1,7 +1,7 @@
 """Numba CPU kernels mirroring the NumPy references (design: ``docs/kernels.md``).
 
 * :mod:`.flash` — fused flash-style softmax attention (SDPA): forward with LSE, FlashAttention-2
-  backward; ``sdpa_forward(..., backend="numba"|"numpy")`` dispatch;
+  backward (reached from :func:`refattn.attention.softmax.sdpa_forward` with ``backend="numba"``);
 * :mod:`.differential` — fused differential attention (DIFF Transformer V1 core) with the λ gradient;
 * :mod:`.linear` — causal linear attention, prefix-state scan forward and reverse-scan backward.
 

@@ -5,7 +5,7 @@ $$O = \mathrm{softmax}\big(s\,Q_1K_1^\top + M\big)V - \lambda\,\mathrm{softmax}\
 Same signature and semantics as
 :func:`refattn.attention.differential.diff_attention_core_forward` /
 :func:`~refattn.attention.differential.diff_attention_core_backward` (λ broadcastable to the
-``(..., H, N)`` output rows, GQA ``kv_group_map`` ``"contiguous"``/``"interleaved"``,
+``(..., H, N)`` output rows, GQA ``kv_group_map`` ``"contiguous"``/``"strided"``,
 ``causal_alignment`` default ``"bottom_right"`` as unilm), plus ``block_q`` / ``block_k``.
 
 Fusion: both maps are evaluated in *one* pass over the key/value tiles (each V tile is loaded
@@ -42,7 +42,7 @@ from .flash import reduce_heads
 __all__ = ["diff_attention_forward", "diff_attention_backward", "diff_attention"]
 
 BACKEND = "numba_cpu"
-KV_GROUP_MAPS = ("contiguous", "interleaved")
+KV_GROUP_MAPS = ("contiguous", "strided")
 
 
 def _sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
@@ -196,7 +196,7 @@ def _parity_check(rng):
 
     worst = 0.0
     cases = [dict(), dict(is_causal=True), dict(is_causal=True, causal_alignment="top_left",
-                                                  kv_group_map="interleaved"), dict(attn_mask="bool")]
+                                                  kv_group_map="strided"), dict(attn_mask="bool")]
     for cfg, lam_shape in zip(cases, [(1,), (4, 1), (2, 4, 1), (1,)]):
         b, h, hkv = 2, 4, int(rng.choice([1, 2, 4]))
         n, m, d, dv = int(rng.integers(1, 10)), int(rng.integers(1, 10)), 4, 6

@@ -171,31 +171,7 @@ def flash_attention(q, k, v, **kwargs):
 
 
 # --------------------------------------------------------------------------------------------
-# Backend dispatch and registry parity check
-
-
-def sdpa_forward(q, k, v, *, backend: str = "numba", **config):
-    """:func:`refattn.attention.softmax.sdpa_forward` with a ``backend`` switch.
-
-    ``backend="numba"`` runs :func:`flash_attention_forward`; ``"numpy"`` the reference. The cache
-    remembers which, and :func:`sdpa_backward` dispatches on it.
-    """
-    if backend == "numba":
-        return flash_attention_forward(q, k, v, **config)
-    if backend == "numpy":
-        from ...attention.softmax import sdpa_forward as ref
-
-        return ref(q, k, v, **config)
-    raise ValueError(f"backend must be one of ('numba', 'numpy'); got {backend!r}")
-
-
-def sdpa_backward(dout, cache, *, dlse=None):
-    """Backward of :func:`sdpa_forward` for either backend (chosen from the cache)."""
-    if isinstance(cache, dict) and cache.get("backend") == BACKEND:
-        return flash_attention_backward(dout, cache, dlse=dlse)
-    from ...attention.softmax import sdpa_backward as ref
-
-    return ref(dout, cache, dlse=dlse)
+# Registry parity check
 
 
 def _parity_check(rng):

@@ -26,8 +26,7 @@ from ..cpu._common import check_dout, compute_dtype, kv_map, mask_buffers, valid
 from . import _common as _c
 from ._device import cuda, is_device_array, maybe_host, require_cuda, shape_proxy, to_device
 
-__all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention", "sdpa_forward",
-           "sdpa_backward"]
+__all__ = ["flash_attention_forward", "flash_attention_backward", "flash_attention"]
 
 BACKEND = "numba_cuda"
 
@@ -139,27 +138,6 @@ def flash_attention_backward(dout, cache, *, dlse=None):
 def flash_attention(q, k, v, **kwargs):
     """Convenience wrapper: the output of :func:`flash_attention_forward`."""
     return flash_attention_forward(q, k, v, **kwargs)[0]
-
-
-def sdpa_forward(q, k, v, *, backend: str = "cuda", **config):
-    """:func:`refattn.attention.softmax.sdpa_forward` with a ``backend`` switch (``"cuda"`` or
-    ``"numpy"``); :func:`sdpa_backward` dispatches on the cache."""
-    if backend == "cuda":
-        return flash_attention_forward(q, k, v, **config)
-    if backend == "numpy":
-        from ...attention.softmax import sdpa_forward as ref
-
-        return ref(q, k, v, **config)
-    raise ValueError(f"backend must be one of ('cuda', 'numpy'); got {backend!r}")
-
-
-def sdpa_backward(dout, cache, *, dlse=None):
-    """Backward of :func:`sdpa_forward` for either backend (chosen from the cache)."""
-    if isinstance(cache, dict) and cache.get("backend") == BACKEND:
-        return flash_attention_backward(dout, cache, dlse=dlse)
-    from ...attention.softmax import sdpa_backward as ref
-
-    return ref(dout, cache, dlse=dlse)
 
 
 def _parity_check(rng):
