@@ -112,10 +112,11 @@ def test_wrong_rank_and_shapes(rec):
             _expect_clean(rec, s, inputs, params, config, f"{name} without axis 0")
             inputs, params, config = _replace(s, name, arr[None])
             _expect_clean(rec, s, inputs, params, config, f"{name} with an extra leading axis")
-            # mismatched feature size
-            grown = np.concatenate([arr, arr[..., :1]], axis=-1)
-            inputs, params, config = _replace(s, name, grown)
-            _expect_clean(rec, s, inputs, params, config, f"{name} last axis + 1")
+            # mismatched batch, head, length and feature sizes: every axis grown by one in turn
+            for axis in range(arr.ndim):
+                grown = np.concatenate([arr, np.take(arr, [0], axis=axis)], axis=axis)
+                inputs, params, config = _replace(s, name, grown)
+                _expect_clean(rec, s, inputs, params, config, f"{name} axis {axis} + 1")
             # empty along axis 0
             inputs, params, config = _replace(s, name, arr[:0])
             _expect_clean(rec, s, inputs, params, config, f"empty {name}")
