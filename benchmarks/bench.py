@@ -167,7 +167,7 @@ def kernel_scratch_bytes(kind: str, *, threads: int, d: int, dv: int, r: int = 1
                          bk: int | None = None, itemsize: int = 4) -> int:
     """Analytic tile scratch of the Numba attention kernels (allocated per work item inside the
     parallel loop, so at most ``threads`` at a time), default tile sizes unless given."""
-    from .kernels.cpu._common import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+    from refattn.kernels.cpu._common import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 
     bq = DEFAULT_BLOCK_Q if bq is None else bq
     bk = DEFAULT_BLOCK_K if bk is None else bk
@@ -187,8 +187,8 @@ def _sdpa_flops(b, h, n, d, causal):
 
 
 def _bench_sdpa(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
-    from .attention.softmax import sdpa_backward, sdpa_forward
-    from .kernels.cpu.flash import flash_attention_backward, flash_attention_forward
+    from refattn.attention.softmax import sdpa_backward, sdpa_forward
+    from refattn.kernels.cpu.flash import flash_attention_backward, flash_attention_forward
 
     rng = np.random.default_rng(n)
     q, k, v = (rng.standard_normal((b, h, n, d), dtype=np.float32) for _ in range(3))
@@ -230,8 +230,8 @@ def _bench_sdpa(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
 
 
 def _bench_diff(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
-    from .attention.differential import diff_attention_core_backward, diff_attention_core_forward
-    from .kernels.cpu.differential import diff_attention_backward, diff_attention_forward
+    from refattn.attention.differential import diff_attention_core_backward, diff_attention_core_forward
+    from refattn.kernels.cpu.differential import diff_attention_backward, diff_attention_forward
 
     rng = np.random.default_rng(n + 1)
     q1, k1, q2, k2 = (rng.standard_normal((b, h, n, d), dtype=np.float32) for _ in range(4))
@@ -280,8 +280,8 @@ def _bench_diff(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
 
 
 def _bench_linear(n, *, b, h, d, repeats, results, mem):
-    from .attention.linear import causal_linear_attention_backward, causal_linear_attention_forward
-    from .kernels.cpu import linear as kl
+    from refattn.attention.linear import causal_linear_attention_backward, causal_linear_attention_forward
+    from refattn.kernels.cpu import linear as kl
 
     rng = np.random.default_rng(n + 2)
     q, k, v = (rng.standard_normal((b, h, n, d), dtype=np.float32) for _ in range(3))
@@ -300,7 +300,7 @@ def _bench_linear(n, *, b, h, d, repeats, results, mem):
 def memory_per_head(n: int, *, d: int = 64, threads: int = 1) -> dict:
     """Measured peak NumPy allocations of one head's Numba forward and forward+backward at length
     ``n`` (float32), plus the analytic kernel scratch, in MiB per head."""
-    from .kernels.cpu.flash import flash_attention_backward, flash_attention_forward
+    from refattn.kernels.cpu.flash import flash_attention_backward, flash_attention_forward
 
     rng = np.random.default_rng(0)
     q, k, v, g = (rng.standard_normal((1, 1, n, d), dtype=np.float32) for _ in range(4))
@@ -403,7 +403,8 @@ def plot(report: dict, path: Path) -> bool:
         ax.set_xlabel("N")
         ax.set_ylabel("seconds (median)")
         ax.set_title(f"{case}{' causal' if causal and case != 'linear_causal' else ''}")
-        ax.legend(fontsize=6)
+        if ax.get_legend_handles_labels()[0]:  # panels of cases that were not run stay empty
+            ax.legend(fontsize=6)
     fig.suptitle(f"refattn CPU benchmark, {report['machine']['threads']} threads, float32, B=1 H=8 d=64")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -21,11 +21,12 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numba  # noqa: E402
 import numpy as np  # noqa: E402
+from bench import blas_info  # noqa: E402
 
-from refattn.bench import blas_info  # noqa: E402
 from refattn.kernels.cpu.flash import flash_attention_backward, flash_attention_forward  # noqa: E402
 
 

@@ -6,7 +6,7 @@ Usage (from the repository root)::
 
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, when set, force a slower OpenBLAS kernel under NumPy; unset them
 for the benchmark only (the report records which BLAS core ran). ``OMP_WAIT_POLICY`` defaults to
-PASSIVE (set by ``refattn.bench.main``; see there why). All options: ``--help`` (same as
+PASSIVE (set by ``benchmarks/bench.py``'s ``main``; see there why). All options: ``--help`` (same as
 ``refattn bench``).
 """
 
@@ -15,9 +15,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from refattn.bench import main  # noqa: E402
+from bench import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))

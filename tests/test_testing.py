@@ -93,3 +93,22 @@ def test_compare_implementation_torch_catches_a_wrong_scale():
     rep = compare_implementation(wrong, "sdpa", convert=torch.from_numpy, config={"scale": 0.3})
     assert not rep.passed
     assert to_numpy(torch.ones(2, requires_grad=True)).shape == (2,)
+
+
+def test_compare_module_docstring_example_runs():
+    """The PyTorch example in refattn.testing.compare's docstring (shown on the API page) runs."""
+    pytest.importorskip("torch")
+    import doctest
+
+    import refattn.testing.compare as mod
+
+    res = doctest.testmod(mod)
+    assert res.attempted > 0 and res.failed == 0
+
+
+def test_cli_bench_runs_the_source_benchmark(tmp_path, capsys):
+    """`refattn bench` drives benchmarks/bench.py from the checkout (a tiny run)."""
+    from refattn.cli import main
+
+    assert main(["bench", "--sizes", "64", "--repeats", "1", "--cases", "linear", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "bench.json").exists()

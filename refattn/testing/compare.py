@@ -1,25 +1,23 @@
 """Tolerances, ``assert_close`` and checking *other* implementations against refattn.
 
 ``compare_implementation`` is the entry point for engineers who write attention in PyTorch, JAX
-or NumPy and want refattn's reference to judge it. Example with PyTorch::
+or NumPy and want refattn's reference to judge it. Example with PyTorch (PyTorch is the user's
+side here; refattn itself never imports it):
 
-    import torch, torch.nn.functional as F
-    from refattn.testing import compare_implementation
-
-    def torch_sdpa(q, k, v, **config):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=config.get("is_causal", False),
-                                              scale=config.get("scale"))
-
-    def torch_vjp(dout, q, k, v, **config):
-        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-        out = torch_sdpa(q, k, v, **config)
-        dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
-        return {"q": dq, "k": dk, "v": dv}
-
-    report = compare_implementation(torch_sdpa, "sdpa", vjp=torch_vjp, convert=torch.from_numpy,
-                                    config={"is_causal": True, "scale": None})
-    print(report)          # per-output max abs / rel error, PASS/FAIL
-    assert report.passed
+>>> import torch, torch.nn.functional as F
+>>> from refattn.testing import compare_implementation
+>>> def torch_sdpa(q, k, v, **config):
+...     return F.scaled_dot_product_attention(q, k, v, is_causal=config.get("is_causal", False),
+...                                           scale=config.get("scale"))
+>>> def torch_vjp(dout, q, k, v, **config):
+...     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+...     out = torch_sdpa(q, k, v, **config)
+...     dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+...     return {"q": dq, "k": dk, "v": dv}
+>>> report = compare_implementation(torch_sdpa, "sdpa", vjp=torch_vjp, convert=torch.from_numpy,
+...                                 config={"is_causal": True, "scale": None})
+>>> report.passed    # print(report) shows the max abs / rel error of out, dq, dk, dv
+True
 
 Your function receives the sample's inputs and params as keyword arguments (converted by
 ``convert``) plus the config keywords, and returns the output in any array type NumPy can read
