@@ -10,6 +10,7 @@ that names no argument, a ZeroDivisionError …) fails the case.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import numpy as np
@@ -22,6 +23,22 @@ from refattn.registry import Sample, call_forward
 
 IMPLEMENTED = registry.all(implemented=True)
 IDS = [r.slug for r in IMPLEMENTED]
+
+
+def _with_backend(rec, backend):
+    """The record run through a kernel backend: same sampler, plus ``backend=`` in the config."""
+    def sample(rng, size):
+        s = rec.sample(rng, size)
+        return Sample(s.inputs, s.params, dict(s.config, backend=backend))
+    return dataclasses.replace(rec, sample=sample, slug=f"{rec.slug}[{backend}]")
+
+
+# Kernel entry points reached through the reference functions' ``backend`` keyword are swept too
+# (the CUDA backend is swept by tests/cuda, under the simulator, at its own sizes).
+KERNEL_VARIANTS = [_with_backend(r, "numba") for r in IMPLEMENTED
+                   if "backend" in inspect.signature(r.forward).parameters]
+SWEPT = IMPLEMENTED + KERNEL_VARIANTS
+SWEPT_IDS = [r.slug for r in SWEPT]
 _COUNT = {"cases": 0}
 
 _INTERNAL_MARKERS = ("operands could not be broadcast", "index ", "out of bounds", "axis ", "shapes (",
@@ -85,7 +102,7 @@ def _array_args(s: Sample) -> dict[str, np.ndarray]:
     return s.arrays()
 
 
-@pytest.mark.parametrize("rec", IMPLEMENTED, ids=IDS)
+@pytest.mark.parametrize("rec", SWEPT, ids=SWEPT_IDS)
 def test_bad_dtypes_raise_type_error(rec):
     s = rec.sample(np.random.default_rng(0), "tiny")
     for name, arr in _array_args(s).items():
@@ -98,7 +115,7 @@ def test_bad_dtypes_raise_type_error(rec):
             assert name in str(ei.value), f"{rec.slug}: {label} {name}: message does not name it: {ei.value}"
 
 
-@pytest.mark.parametrize("rec", IMPLEMENTED, ids=IDS)
+@pytest.mark.parametrize("rec", SWEPT, ids=SWEPT_IDS)
 def test_wrong_rank_and_shapes(rec):
     s = rec.sample(np.random.default_rng(0), "tiny")
     for name, arr in _array_args(s).items():
@@ -127,7 +144,7 @@ def test_wrong_rank_and_shapes(rec):
         _expect_clean(rec, s, inputs, params, config, "non-finite")
 
 
-@pytest.mark.parametrize("rec", IMPLEMENTED, ids=IDS)
+@pytest.mark.parametrize("rec", SWEPT, ids=SWEPT_IDS)
 def test_bad_config_values(rec):
     s = rec.sample(np.random.default_rng(0), "tiny")
     sig = inspect.signature(rec.forward).parameters
@@ -148,7 +165,7 @@ def test_bad_config_values(rec):
             assert key in str(ei.value), f"{rec.slug}: wrong-shape {key}: {ei.value}"
 
 
-@pytest.mark.parametrize("rec", IMPLEMENTED, ids=IDS)
+@pytest.mark.parametrize("rec", SWEPT, ids=SWEPT_IDS)
 def test_backward_rejects_wrong_dout(rec):
     s = rec.sample(np.random.default_rng(0), "tiny")
     out, cache = _run(rec, s.inputs, s.params, s.config)
@@ -158,7 +175,7 @@ def test_backward_rejects_wrong_dout(rec):
     assert "dout" in str(ei.value), f"{rec.slug}: backward with a wrong-shape dout: {ei.value}"
 
 
-@pytest.mark.parametrize("rec", IMPLEMENTED, ids=IDS)
+@pytest.mark.parametrize("rec", SWEPT, ids=SWEPT_IDS)
 def test_layouts_and_read_only_inputs_work(rec):
     """Non-contiguous, Fortran-order and read-only arrays give the same result as C-contiguous."""
     s = rec.sample(np.random.default_rng(0), "small")
@@ -203,7 +220,7 @@ def _identical(a, b) -> bool:
     return True
 
 
-@pytest.mark.parametrize("rec", IMPLEMENTED, ids=IDS)
+@pytest.mark.parametrize("rec", SWEPT, ids=SWEPT_IDS)
 def test_inputs_never_modified(rec):
     s = rec.sample(np.random.default_rng(0), "small")
     before = _snapshot((s.inputs, s.params, s.config))
@@ -216,7 +233,7 @@ def test_inputs_never_modified(rec):
     assert _identical(dout_before, dout), f"{rec.slug}: dout was modified"
 
 
-@pytest.mark.parametrize("rec", IMPLEMENTED, ids=IDS)
+@pytest.mark.parametrize("rec", SWEPT, ids=SWEPT_IDS)
 def test_deterministic(rec):
     s = rec.sample(np.random.default_rng(0), "small")
     o1, c1 = _run(rec, s.inputs, s.params, s.config)
