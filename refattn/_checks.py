@@ -20,6 +20,7 @@ __all__ = [
     "as_float",
     "as_bool_or_float_mask",
     "as_dout",
+    "validate_qkv",
     "compute_dtype",
     "check_dim",
     "check_positive",
@@ -106,6 +107,38 @@ def as_dout(dout, shape: tuple, dtype, *, name: str = "dout") -> np.ndarray:
         what = "the forward output's shape" if name == "dout" else "shape"
         raise ValueError(f"{name} must have {what} {tuple(shape)}; got {g.shape}")
     return g.astype(dtype, copy=False)
+
+
+def validate_qkv(q, k, v, *, qname="q", kname="k", vname="v"):
+    """Attention inputs in PyTorch SDPA layout: ``q (..., H, N, d)``, ``k (..., Hkv, M, d)``,
+    ``v (..., Hkv, M, dv)``, equal leading axes, ``H`` a multiple of ``Hkv``. Shared by the
+    reference functions and the kernels, so both reject the same input with the same message."""
+    q = as_float(q, qname, min_ndim=3)
+    k = as_float(k, kname, min_ndim=3)
+    v = as_float(v, vname, min_ndim=3)
+    if k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(
+            f"{qname}, {kname} and {vname} must have the same number of dimensions (..., heads, tokens, "
+            f"features); got {qname} {q.shape}, {kname} {k.shape}, {vname} {v.shape}"
+        )
+    if k.shape[:-3] != q.shape[:-3] or v.shape[:-3] != q.shape[:-3]:
+        raise ValueError(
+            f"the leading (batch) axes of {qname}, {kname} and {vname} must be equal; got "
+            f"{qname} {q.shape}, {kname} {k.shape}, {vname} {v.shape}"
+        )
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"{kname} must have {qname}'s head width d={q.shape[-1]} on its last axis; got {k.shape}")
+    if v.shape[-3] != k.shape[-3]:
+        raise ValueError(f"{vname} must have {kname}'s number of kv heads {k.shape[-3]} on axis -3; got {v.shape}")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"{vname} must have {kname}'s number of keys M={k.shape[-2]} on axis -2; got {v.shape}")
+    h, hkv = q.shape[-3], k.shape[-3]
+    if h % hkv:
+        raise ValueError(
+            f"the number of query heads H={h} ({qname} axis -3) must be a multiple of the number of kv "
+            f"heads Hkv={hkv} ({kname} axis -3)"
+        )
+    return q, k, v
 
 
 def compute_dtype(*arrays) -> np.dtype:

@@ -76,14 +76,13 @@ import math
 
 import numpy as np
 
-from .._checks import as_dout, check_choice
+from .._checks import as_dout, check_choice, validate_qkv
 from ..registry import Mechanism, Sample, register
 from .softmax import (
     KV_GROUP_MAPS,
     _check_size,
     _sdpa_reference,
     _validate_config,
-    _validate_qkv,
     causal_keep,
     expand_kv,
     reduce_kv,
@@ -117,7 +116,7 @@ class _Tiles:
     """Validated arguments and the score tile $S_{IJ}$ (with softcap and masks) of any block."""
 
     def __init__(self, q, k, v, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map):
-        q, k, v = _validate_qkv(q, k, v)
+        q, k, v = validate_qkv(q, k, v)
         attn_mask, is_causal, scale, softcap = _validate_config(
             q, k, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map)
         dt = np.result_type(q, k, v)

@@ -62,12 +62,11 @@ import math
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_param_keys, check_positive
+from .._checks import as_dout, as_float, check_choice, check_param_keys, check_positive, validate_qkv
 from ..registry import Mechanism, Sample, register
 from .softmax import (
     CAUSAL_ALIGNMENTS,
     _check_size,
-    _validate_qkv,
     attention_core_backward,
     attention_core_forward,
     biased_attention_backward,
@@ -162,7 +161,7 @@ def alibi_attention_forward(q, k, v, params=None, *, is_causal: bool = True, sym
     out, cache
         ``alibi_attention_backward(dout, cache)`` gives ``q, k, v`` (and ``alibi_slopes``).
     """
-    q, k, v = _validate_qkv(q, k, v)
+    q, k, v = validate_qkv(q, k, v)
     if not isinstance(symmetric, (bool, np.bool_)):
         raise TypeError(f"symmetric must be a bool; got {type(symmetric).__name__}")
     h, n, m = q.shape[-3], q.shape[-2], k.shape[-2]
@@ -242,7 +241,7 @@ def t5_attention_forward(q, k, v, params, *, bidirectional: bool = True, num_buc
     no transpose needed). ``scale`` defaults to 1.0 (T5; pass ``None`` for $1/\sqrt d$).
     Encoder: ``bidirectional=True``; decoder self-attention: ``bidirectional=False, is_causal=True``.
     """
-    q, k, v = _validate_qkv(q, k, v)
+    q, k, v = validate_qkv(q, k, v)
     if not isinstance(params, dict) or "relative_attention_bias" not in params:
         raise TypeError("params must be a dict {'relative_attention_bias': (num_buckets, H)}")
     extra = sorted(set(params) - {"relative_attention_bias"})
@@ -289,7 +288,7 @@ def shaw_attention_forward(q, k, v, params, *, max_relative_position: int, scale
     scale
         Default $1/\sqrt d$ (tensor2tensor scales $q$ by $d^{-1/2}$).
     """
-    q, k, v = _validate_qkv(q, k, v)
+    q, k, v = validate_qkv(q, k, v)
     kmax = _check_size(max_relative_position, "max_relative_position", 0)
     if not isinstance(params, dict) or "relative_positions_keys" not in params:
         raise TypeError("params must be a dict with 'relative_positions_keys' (2K+1, d) "

@@ -73,6 +73,7 @@ from .._checks import (
     check_param_keys,
     check_positive,
     compute_dtype,
+    validate_qkv,
 )
 from ..kernels import backward_kernel, forward_kernel
 from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
@@ -162,46 +163,25 @@ def sum_to_shape(x: np.ndarray, shape: tuple) -> np.ndarray:
 # Validation
 
 
-def _validate_qkv(q, k, v):
-    q = as_float(q, "q", min_ndim=3)
-    k = as_float(k, "k", min_ndim=3)
-    v = as_float(v, "v", min_ndim=3)
-    if k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(
-            f"q, k and v must have the same number of dimensions (..., heads, tokens, features); "
-            f"got q {q.shape}, k {k.shape}, v {v.shape}"
-        )
-    if k.shape[:-3] != q.shape[:-3] or v.shape[:-3] != q.shape[:-3]:
-        raise ValueError(
-            f"the leading (batch) axes of q, k and v must be equal; got q {q.shape}, k {k.shape}, v {v.shape}"
-        )
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k must have q's head width d={q.shape[-1]} on its last axis; got k {k.shape}")
-    if v.shape[-3] != k.shape[-3]:
-        raise ValueError(f"v must have k's number of kv heads {k.shape[-3]} on axis -3; got v {v.shape}")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"v must have k's number of keys M={k.shape[-2]} on axis -2; got v {v.shape}")
-    h, hkv = q.shape[-3], k.shape[-3]
-    if h % hkv:
-        raise ValueError(
-            f"the number of query heads H={h} (q axis -3) must be a multiple of the number of kv heads "
-            f"Hkv={hkv} (k axis -3)"
-        )
-    return q, k, v
-
-
-def _validate_config(q, k, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map):
+def validate_attention_config(scores_shape, attn_mask, is_causal, causal_alignment, scale, softcap,
+                              kv_group_map):
+    """Validate SDPA's keywords against the score shape ``(..., H, N, M)``; returns
+    ``(attn_mask, is_causal, scale, softcap)``. Shared with the kernels (which pass shapes only)."""
     if not isinstance(is_causal, (bool, np.bool_)):
         raise TypeError(f"is_causal must be a bool; got {type(is_causal).__name__}")
     check_choice(causal_alignment, "causal_alignment", CAUSAL_ALIGNMENTS)
     check_choice(kv_group_map, "kv_group_map", KV_GROUP_MAPS)
     scale = check_positive(scale, "scale", allow_none=True)
     softcap = check_positive(softcap, "softcap", allow_none=True)
-    target = q.shape[:-1] + (k.shape[-2],)
     attn_mask = as_bool_or_float_mask(attn_mask, "attn_mask")
     if attn_mask is not None:
-        check_broadcastable("attn_mask", attn_mask.shape, target, "the scores (..., H, N, M) of shape")
+        check_broadcastable("attn_mask", attn_mask.shape, tuple(scores_shape), "the scores (..., H, N, M) of shape")
     return attn_mask, bool(is_causal), scale, softcap
+
+
+def _validate_config(q, k, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map):
+    return validate_attention_config(q.shape[:-1] + (k.shape[-2],), attn_mask, is_causal, causal_alignment,
+                                     scale, softcap, kv_group_map)
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,7 +218,7 @@ def attention_core_forward(q, k, v, bias=None, *, attn_mask=None, is_causal: boo
         ``out`` of shape (..., H, N, dv). ``cache["lse"]`` (..., H, N) is the log-sum-exp of the
         final scores (``-inf`` on fully masked rows) and ``cache["p"]`` the attention weights.
     """
-    q, k, v = _validate_qkv(q, k, v)
+    q, k, v = validate_qkv(q, k, v)
     attn_mask, is_causal, scale, softcap = _validate_config(
         q, k, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map)
     target = q.shape[:-1] + (k.shape[-2],)
@@ -540,7 +520,7 @@ def masked_attention_forward(q, k, v, *, mask_kind="causal", key_lengths=None, o
     Backward: :func:`masked_attention_backward` — $dS_{ij} = 0$ wherever $P_{ij} = 0$, otherwise
     the SDPA VJP; the mask itself is not differentiated.
     """
-    q, k, v = _validate_qkv(q, k, v)
+    q, k, v = validate_qkv(q, k, v)
     keep = build_mask(mask_kind, q.shape[-2], k.shape[-2], key_lengths=key_lengths, offset=offset,
                       window=window, left=left, right=right, seqlens_q=seqlens_q, seqlens_k=seqlens_k,
                       causal_alignment=causal_alignment)
@@ -610,7 +590,7 @@ def biased_attention_forward(q, k, v, bias=None, params=None, *, index_map=None,
     $dB^{\text{dense}} = dS$ summed over broadcast axes; the table gradient is the scatter-add
     $d\beta[t,h] = \sum_{b}\sum_{(i,j):\iota(i,j)=t} dS_{b,h,ij}$ (:func:`scatter_bias_grad`).
     """
-    q, k, v = _validate_qkv(q, k, v)
+    q, k, v = validate_qkv(q, k, v)
     table, idx = None, None
     if params is not None:
         check_param_keys(params, (), ("table",), where="biased_attention (table: (T, H))")

@@ -13,17 +13,12 @@ import math
 import numpy as np
 
 from ..._checks import (
-    as_bool_or_float_mask,
+    as_dout,
     as_float,
-    check_broadcastable,
-    check_choice,
     check_int,
-    check_positive,
     compute_dtype,
+    validate_qkv,
 )
-
-KV_GROUP_MAPS = ("contiguous", "strided")
-CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 
 DEFAULT_BLOCK_Q = 64
 DEFAULT_BLOCK_K = 128  # measured best of {32, 64, 128} x {32, 64, 128} at d = 64 (float32)
@@ -33,58 +28,21 @@ DEFAULT_BLOCK_K = 128  # measured best of {32, 64, 128} x {32, 64, 128} at d = 6
 _TARGET_BWD_TASKS = 16
 
 
-def validate_qkv(q, k, v, *, qname="q", kname="k", vname="v"):
-    """``q (..., H, N, d)``, ``k (..., Hkv, M, d)``, ``v (..., Hkv, M, dv)`` with equal leading axes."""
-    q = as_float(q, qname, min_ndim=3)
-    k = as_float(k, kname, min_ndim=3)
-    v = as_float(v, vname, min_ndim=3)
-    if k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(
-            f"{qname}, {kname} and {vname} must have the same number of dimensions (..., heads, tokens, "
-            f"features); got {qname} {q.shape}, {kname} {k.shape}, {vname} {v.shape}"
-        )
-    if k.shape[:-3] != q.shape[:-3] or v.shape[:-3] != q.shape[:-3]:
-        raise ValueError(
-            f"the leading (batch) axes of {qname}, {kname} and {vname} must be equal; got "
-            f"{qname} {q.shape}, {kname} {k.shape}, {vname} {v.shape}"
-        )
-    if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"{kname} must have {qname}'s head width d={q.shape[-1]} on its last axis; got {k.shape}")
-    if v.shape[-3] != k.shape[-3]:
-        raise ValueError(f"{vname} must have {kname}'s number of kv heads {k.shape[-3]} on axis -3; got {v.shape}")
-    if v.shape[-2] != k.shape[-2]:
-        raise ValueError(f"{vname} must have {kname}'s number of keys M={k.shape[-2]} on axis -2; got {v.shape}")
-    h, hkv = q.shape[-3], k.shape[-3]
-    if h % hkv:
-        raise ValueError(
-            f"the number of query heads H={h} ({qname} axis -3) must be a multiple of the number of kv "
-            f"heads Hkv={hkv} ({kname} axis -3)"
-        )
-    return q, k, v
-
-
 def validate_config(q_shape, m, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map,
                     block_q, block_k):
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise TypeError(f"is_causal must be a bool; got {type(is_causal).__name__}")
-    check_choice(causal_alignment, "causal_alignment", CAUSAL_ALIGNMENTS)
-    check_choice(kv_group_map, "kv_group_map", KV_GROUP_MAPS)
-    scale = check_positive(scale, "scale", allow_none=True)
-    softcap = check_positive(softcap, "softcap", allow_none=True)
+    """The reference's keyword validation (same messages) plus the tile sizes."""
+    from ...attention.softmax import validate_attention_config
+
+    attn_mask, is_causal, scale, softcap = validate_attention_config(
+        tuple(q_shape[:-1]) + (m,), attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map)
     block_q = check_int(block_q, "block_q", minimum=1)
     block_k = check_int(block_k, "block_k", minimum=1)
-    attn_mask = as_bool_or_float_mask(attn_mask, "attn_mask")
-    if attn_mask is not None:
-        target = tuple(q_shape[:-1]) + (m,)
-        check_broadcastable("attn_mask", attn_mask.shape, target, "the scores (..., H, N, M) of shape")
-    return attn_mask, bool(is_causal), scale, softcap, block_q, block_k
+    return attn_mask, is_causal, scale, softcap, block_q, block_k
 
 
 def check_dout(dout, shape, dt, name="dout"):
-    dout = as_float(dout, name, finite=False)
-    if dout.shape != tuple(shape):
-        raise ValueError(f"{name} must have the output's shape {tuple(shape)}; got {dout.shape}")
-    return np.ascontiguousarray(dout, dtype=dt)
+    """:func:`refattn._checks.as_dout`, C-contiguous for the kernels."""
+    return np.ascontiguousarray(as_dout(dout, shape, dt, name=name))
 
 
 def flat4(x: np.ndarray) -> np.ndarray:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_bool_or_float_mask, as_float, check_broadcastable, check_choice, check_int, check_positive
+from ..._checks import check_int
+from ...attention.softmax import sum_to_shape
 from . import _attention as _k
 from ._common import (
     DEFAULT_BLOCK_K,
@@ -42,53 +43,15 @@ from .flash import reduce_heads
 __all__ = ["diff_attention_forward", "diff_attention_backward", "diff_attention"]
 
 BACKEND = "numba_cpu"
-KV_GROUP_MAPS = ("contiguous", "strided")
-
-
-def _sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
-    lead = g.ndim - len(shape)
-    if lead:
-        g = g.sum(axis=tuple(range(lead)))
-    axes = tuple(i for i, s in enumerate(shape) if s == 1 and g.shape[i] != 1)
-    if axes:
-        g = g.sum(axis=axes, keepdims=True)
-    return g.reshape(shape)
 
 
 def _validate(q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment,
               block_q, block_k):
-    q1 = as_float(q1, "q1", min_ndim=4)
-    k1 = as_float(k1, "k1", min_ndim=4)
-    q2 = as_float(q2, "q2", min_ndim=4)
-    k2 = as_float(k2, "k2", min_ndim=4)
-    v = as_float(v, "v", min_ndim=4)
-    lam = as_float(lam, "lam", min_ndim=1, max_ndim=q1.ndim - 1)
-    if q2.shape != q1.shape:
-        raise ValueError(f"q2 must have q1's shape {q1.shape}; got {q2.shape}")
-    if k2.shape != k1.shape:
-        raise ValueError(f"k2 must have k1's shape {k1.shape}; got {k2.shape}")
-    if k1.ndim != q1.ndim or v.ndim != q1.ndim:
-        raise ValueError(f"q1, k1 and v must have the same number of dimensions; got shapes "
-                         f"{q1.shape}, {k1.shape}, {v.shape}")
-    if k1.shape[:-3] != q1.shape[:-3] or v.shape[:-3] != q1.shape[:-3]:
-        raise ValueError(f"batch axes of q1 {q1.shape[:-3]}, k1 {k1.shape[:-3]} and v {v.shape[:-3]} must agree")
-    if k1.shape[-1] != q1.shape[-1]:
-        raise ValueError(f"k1 must have q1's head width d = {q1.shape[-1]}; got {k1.shape[-1]}")
-    if v.shape[-3] != k1.shape[-3] or v.shape[-2] != k1.shape[-2]:
-        raise ValueError(f"v must have k1's heads and length (Hkv, M) = {k1.shape[-3:-1]}; got {v.shape[-3:-1]}")
-    h, hkv = q1.shape[-3], k1.shape[-3]
-    if h % hkv:
-        raise ValueError(f"the query heads H = {h} must be a multiple of the key/value heads Hkv = {hkv}")
-    check_broadcastable("lam", lam.shape, q1.shape[:-1], "the (..., H, N) output rows of shape")
-    mask = as_bool_or_float_mask(attn_mask, "attn_mask")
-    if mask is not None:
-        check_broadcastable("attn_mask", mask.shape, q1.shape[:-1] + (k1.shape[-2],),
-                            "the scores (..., H, N, M) of shape")
-    if not isinstance(is_causal, (bool, np.bool_)):
-        raise TypeError(f"is_causal must be a bool; got {type(is_causal).__name__}")
-    check_choice(causal_alignment, "causal_alignment", ("bottom_right", "top_left"))
-    check_choice(kv_group_map, "kv_group_map", KV_GROUP_MAPS)
-    scale = check_positive(scale, "scale", allow_none=True)
+    """The reference's validation (same checks, same messages) plus the tile sizes."""
+    from ...attention.differential import _validate_core
+
+    q1, k1, q2, k2, v, lam, mask, scale = _validate_core(
+        q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment)
     block_q = check_int(block_q, "block_q", minimum=1)
     block_k = check_int(block_k, "block_k", minimum=1)
     return q1, k1, q2, k2, v, lam, mask, scale, block_q, block_k
@@ -180,7 +143,7 @@ def diff_attention_backward(dout, cache):
     dk = reduce_heads(dk_part, hkv, c["kv_group_map"])
     dk *= dt.type(c["scale"])
     dvv = reduce_heads(dv_part, hkv, c["kv_group_map"])
-    dlam = _sum_to((-rs[1]).reshape(qs[:-1]), c["lam_shape"])
+    dlam = sum_to_shape((-rs[1]).reshape(qs[:-1]), c["lam_shape"])
     return {"q1": dq[0].reshape(qs), "k1": dk[0].reshape(ks), "q2": dq[1].reshape(qs),
             "k2": dk[1].reshape(ks), "v": dvv.reshape(vs), "lam": dlam}
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...attention.softmax import sum_to_shape
 from ..cpu._common import compute_dtype, kv_map, mask_buffers
-from ..cpu.differential import _sum_to
 from ..cpu.differential import _validate as _cpu_validate
 from . import _common as _c
 from ._device import cuda, is_device_array, maybe_host, require_cuda
@@ -100,7 +100,7 @@ def diff_attention_backward(dout, cache):
     dq, dk, dvv = _c.launch_backward(q, k, v4, w, c["kvm"], heads, c["mask"], c["scale"], 0.0, c["is_causal"],
                                      c["offset"], c["plan"], c["tx"], g4, c["lse4"], delta)
     on_dev = c["on_device"]
-    dlam = _sum_to((-rs[1].copy_to_host()).reshape(qs[:-1]), c["lam_shape"])
+    dlam = sum_to_shape((-rs[1].copy_to_host()).reshape(qs[:-1]), c["lam_shape"])
     if on_dev:
         dlam = cuda.to_device(np.ascontiguousarray(dlam))
     dq, dk = maybe_host(dq, on_dev), maybe_host(dk, on_dev)
