@@ -6,9 +6,10 @@ Every slug of the catalogue (``refattn/data/catalog_index.csv``, a copy of the p
 (``implemented`` is False) and is listed but never tested or called done. Primitives that are not
 catalogue entries (softmax, linear, activations …) have records too, with ``tier="primitive"``.
 
-Implementations register themselves: each module under ``refattn.nn``, ``refattn.attention`` and
-``refattn.operators`` calls :func:`register` at import time with the records it implements, so
-adding a mechanism is one module edit plus one record. Tests, ``refattn list``/``check`` and the
+Implementations register themselves: each module under ``refattn.nn``, ``refattn.attention``,
+``refattn.operators`` and ``refattn.blocks`` calls :func:`register` at import time with the
+records it implements, so adding a mechanism is one new module whose record sits below the
+module's registry separator (see ``docs/architecture.md``). Tests, ``refattn list``/``check`` and the
 docs catalogue page are generated from :func:`all`.
 
 The record contract (see DESIGN.md):
@@ -101,7 +102,7 @@ class Mechanism:
 _RECORDS: dict[str, Mechanism] = {}
 _CATALOG: dict[str, dict] = {}
 _LOADED = False
-_IMPL_PACKAGES = ("refattn.nn", "refattn.attention", "refattn.operators")
+_IMPL_PACKAGES = ("refattn.nn", "refattn.attention", "refattn.operators", "refattn.blocks")
 # Kernel packages attach kernels to records registered above; a missing optional dependency
 # (numba-cuda, a GPU) must not break the registry, so they are imported leniently.
 _KERNEL_PACKAGES = ("refattn.kernels.cpu", "refattn.kernels.cuda")

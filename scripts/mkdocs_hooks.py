@@ -2,8 +2,9 @@
 
 * ``catalogue.md``: the ``<!-- registry:table -->`` marker becomes a table of every registry
   record (status, tier, paper, upstream code, docs section), one section per family.
-* ``api/``: one mkdocstrings page per public module of ``refattn`` (every public function's
-  docstring, with its equations), plus an index.
+* ``api/``: one mkdocstrings page per family package (``refattn.attention.differential`` ...),
+  with a section per mechanism module (its docstring is the mechanism's page, then every public
+  function with its equations), plus an index.
 * ``tutorials/*.ipynb``: the notebooks under the repository's ``tutorials/`` folder are added to
   the site (rendered by mkdocs-jupyter from their stored outputs; CI executes them separately).
 """
@@ -41,15 +42,60 @@ def _public_modules() -> list[str]:
     return sorted(set(mods))
 
 
+# One API page per family (package), with a section per mechanism module, in this order; a
+# package that appears later (a new family) gets its own page after these.
+API_PAGES = {
+    "refattn.registry": "The registry: one record per catalogue slug",
+    "refattn.nn": "Primitives (`refattn.nn`)",
+    "refattn.attention.softmax": "Family 1: softmax attention (`refattn.attention.softmax`)",
+    "refattn.attention.differential": "Family 2: differential attention (`refattn.attention.differential`)",
+    "refattn.operators": "Family 3: operator learning (`refattn.operators`)",
+    "refattn.attention.linear": "Family 4: linear, kernel, sparse and set attention (`refattn.attention.linear`)",
+    "refattn.blocks": "Family 5: transformer building blocks (`refattn.blocks`)",
+    "refattn.testing": "Verification tools (`refattn.testing`)",
+    "refattn.kernels.cpu": "Numba CPU kernels (`refattn.kernels.cpu`)",
+}
+
+
+def api_pages() -> dict[str, list[str]]:
+    """``{page package: [its public modules]}``: each module goes to the page of its package
+    (top-level modules such as ``refattn.optim`` to a page of their own)."""
+    pages: dict[str, list[str]] = {k: [] for k in API_PAGES}
+    for mod in _public_modules():
+        pkg = mod if mod in API_PAGES else mod.rsplit(".", 1)[0]
+        if pkg == "refattn":
+            pkg = mod
+        pages.setdefault(pkg, []).append(mod)
+    return {k: v for k, v in pages.items() if v}
+
+
+def _api_page(pkg: str, mods: list[str]) -> str:
+    title = API_PAGES.get(pkg, f"`{pkg}`")
+    lines = [f"# {title}", ""]
+    if len(mods) == 1 and mods[0] == pkg:
+        lines += [f"::: {pkg}", ""]
+        return "\n".join(lines)
+    lines += [f"::: {pkg}", "    options:", "      show_root_heading: false", "      members: false", ""]
+    for mod in mods:
+        lines += [f"## `{mod.rsplit('.', 1)[-1]}`", "", f"::: {mod}", "    options:",
+                  "      show_root_heading: false", "      heading_level: 3", ""]
+    return "\n".join(lines)
+
+
 # Before the plugins' on_files (default priority 0): mkdocs-jupyter turns the notebooks added here into
 # rendered pages only if they are already in the file list when its own on_files runs.
 @event_priority(50)
 def on_files(files, config):
-    for mod in _public_modules():
-        uri = f"api/{mod}.md"
-        files.append(File.generated(config, uri, content=f"# `{mod}`\n\n::: {mod}\n"))
-    lines = ["# API reference", "", "One page per module; every public function with its docstring and equations.", ""]
-    lines += [f"- [`{m}`]({m}.md)" for m in _public_modules()]
+    pages = api_pages()
+    for pkg, mods in pages.items():
+        files.append(File.generated(config, f"api/{pkg}.md", content=_api_page(pkg, mods)))
+    lines = ["# API reference", "",
+             "One page per family, with a section per mechanism module: every public function with its "
+             "docstring and equations. Start from the [architecture](../architecture.md) page to see how "
+             "the packages fit together.", ""]
+    for pkg, mods in pages.items():
+        names = ", ".join(f"`{m.rsplit('.', 1)[-1]}`" for m in mods if m != pkg)
+        lines.append(f"- [{API_PAGES.get(pkg, pkg)}]({pkg}.md)" + (f": {names}" if names else ""))
     files.append(File.generated(config, "api/index.md", content="\n".join(lines) + "\n"))
     tut = ROOT / "tutorials"
     for nb in sorted(tut.glob("*.ipynb")):

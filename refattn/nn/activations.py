@@ -203,8 +203,9 @@ def swiglu_backward(dout, cache):
     return {"x": swiglu_vjp(dout, x)}
 
 
-# --------------------------------------------------------------------------------------------
-# Registry records
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _shape(rng, size, last=None):

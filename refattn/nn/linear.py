@@ -173,8 +173,9 @@ def linear(x, params) -> np.ndarray:
     return linear_forward(x, params)[0]
 
 
-# --------------------------------------------------------------------------------------------
-# Registry record
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _sample(rng, size):

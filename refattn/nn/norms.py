@@ -422,8 +422,9 @@ def instance_norm(x, params=None, *, channel_axis: int = -1, eps: float = 1e-5, 
     return instance_norm_forward(x, params, channel_axis=channel_axis, eps=eps, mask=mask)[0]
 
 
-# --------------------------------------------------------------------------------------------
-# Registry records
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _sizes(rng, size):

@@ -194,8 +194,9 @@ def rope(x, *, positions=None, base: float = 10000.0, interleaved: bool = False,
                         rotary_dim=rotary_dim)[0]
 
 
-# --------------------------------------------------------------------------------------------
-# Registry record
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _sample(rng, size):

@@ -159,8 +159,9 @@ def logsumexp_backward(dout, cache):
     return {"x": p * (g if cache["keepdims"] else np.expand_dims(g, axis))}
 
 
-# --------------------------------------------------------------------------------------------
-# Registry records
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _sample_x(rng, size):
