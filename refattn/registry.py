@@ -93,10 +93,17 @@ class Mechanism:
     property tests then check that batch elements do not influence each other."""
     module: str = ""
     notes: str = ""
+    """For an unimplemented catalogue entry: what its sources leave undefined. For a forward-only
+    record: why it has no backward (``"no backward: inference utility ..."``)."""
+    differentiable: bool = True
+    """False for a forward-only record (an inference utility such as a training-free scoring
+    rule): it has no backward, and the generated gradient tests skip it. Never a fake backward."""
 
     @property
     def implemented(self) -> bool:
-        return self.forward is not None and self.backward is not None and self.sample is not None
+        if self.forward is None or self.sample is None:
+            return False
+        return self.backward is not None or not self.differentiable
 
 
 _RECORDS: dict[str, Mechanism] = {}
