@@ -1,4 +1,4 @@
-r"""Pointwise activations with hand-derived derivatives: GELU, SiLU, sigmoid, ELU+1, SwiGLU.
+r"""Pointwise activations with hand-derived derivatives: GELU, SiLU, sigmoid, ELU+1, SwiGLU, ReLU.
 
 Each activation comes in two forms:
 
@@ -21,6 +21,9 @@ Derivatives
 * ELU+1 (Katharopoulos et al. 2020 linear-attention feature map, ``F.elu(x) + 1``, $\alpha=1$):
   $x+1$ for $x>0$, $e^x$ for $x\le0$; derivative $1$ for $x>0$, $e^x$ for $x\le0$ (continuous at
   0, the second derivative jumps: samplers stay away from 0).
+* ReLU: $\max(x, 0)$, derivative $1$ for $x>0$ and $0$ otherwise (PyTorch's convention at the
+  kink $x = 0$; samplers stay away from 0). Plain helpers only (the FFNs of the building blocks
+  use it: fairseq/Macaron, the simplified block's leaky ReLU with slope 0).
 * SwiGLU (activation form, Shazeer 2020): the last axis of width $2h$ is split into halves
   $a = x_{[:h]}$, $b = x_{[h:]}$ and $y = \mathrm{SiLU}(a)\odot b$ (width $h$); $da = dy\odot
   b\odot\mathrm{SiLU}'(a)$, $db = dy\odot\mathrm{SiLU}(a)$. The first half is the gated one, as
@@ -38,7 +41,7 @@ from ..registry import Mechanism, Sample, register
 
 __all__ = [
     "sigmoid", "sigmoid_grad", "silu", "silu_grad", "gelu", "gelu_grad", "elu_plus_one",
-    "elu_plus_one_grad", "swiglu", "swiglu_vjp",
+    "elu_plus_one_grad", "swiglu", "swiglu_vjp", "relu", "relu_grad",
     "sigmoid_forward", "sigmoid_backward", "silu_forward", "silu_backward", "gelu_forward",
     "gelu_backward", "elu_plus_one_forward", "elu_plus_one_backward", "swiglu_forward",
     "swiglu_backward",
@@ -102,6 +105,16 @@ def elu_plus_one(x: np.ndarray) -> np.ndarray:
 def elu_plus_one_grad(x: np.ndarray) -> np.ndarray:
     r"""Derivative of :func:`elu_plus_one`: 1 for $x>0$, $e^x$ otherwise."""
     return np.where(x > 0, 1.0, np.exp(np.minimum(x, 0.0))).astype(x.dtype, copy=False)
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+    r"""$\max(x, 0)$ (the dtype of ``x`` is kept)."""
+    return np.maximum(x, 0.0).astype(x.dtype, copy=False)
+
+
+def relu_grad(x: np.ndarray) -> np.ndarray:
+    r"""Derivative of `relu`: 1 for $x>0$, 0 otherwise (0 at the kink, as PyTorch)."""
+    return (x > 0).astype(x.dtype)
 
 
 def swiglu(x: np.ndarray) -> np.ndarray:
