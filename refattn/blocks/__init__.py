@@ -1,6 +1,56 @@
-"""Family 5: transformer building blocks beyond the primitives in :mod:`refattn.nn`.
+"""Family 5: transformer building blocks beyond the primitives in `refattn.nn`.
 
 One module per block (feed-forward variants, residual schemes, gating, token mixers,
 initialisation schemes ...). A block that wraps attention takes the attention mechanism as a
-registry slug or a forward/backward pair and chains its backward through it.
+registry slug or a forward/backward pair and chains its backward through it: the protocol is in
+`refattn.blocks.core` (`Sublayer`, `resolve_sublayer`, `split_block_params`).
 """
+
+from .core import (  # noqa: F401
+    ACTIVATIONS,
+    NORMS,
+    BlockNames,
+    Sublayer,
+    activation_functions,
+    add_grad,
+    add_prefix,
+    block_dtype,
+    cache_nbytes,
+    init_attention_params,
+    mlp_backward,
+    mlp_forward,
+    mlp_spec,
+    norm_backward,
+    norm_forward,
+    norm_spec,
+    param_dim,
+    resolve_sublayer,
+    split_block_params,
+    transformer_block_backward,
+    transformer_block_forward,
+    transformer_block_spec,
+)
+from .macaron import MACARON_STEPS, macaron_block, macaron_block_backward, macaron_block_forward  # noqa: F401
+from .parallel import (  # noqa: F401
+    parallel_attention_mlp_block,
+    parallel_attention_mlp_block_backward,
+    parallel_attention_mlp_block_forward,
+)
+from .simplified import (  # noqa: F401
+    shaped_attention_sublayer_backward,
+    shaped_attention_sublayer_forward,
+    simplified_block_he_hofmann,
+    simplified_block_he_hofmann_backward,
+    simplified_block_he_hofmann_forward,
+)
+
+__all__ = [
+    "Sublayer", "resolve_sublayer", "split_block_params", "param_dim", "block_dtype", "add_grad", "add_prefix",
+    "ACTIVATIONS", "activation_functions", "NORMS", "norm_spec", "norm_forward", "norm_backward",
+    "mlp_spec", "mlp_forward", "mlp_backward", "BlockNames", "transformer_block_spec",
+    "transformer_block_forward", "transformer_block_backward", "init_attention_params", "cache_nbytes",
+    "macaron_block_forward", "macaron_block_backward", "macaron_block", "MACARON_STEPS",
+    "parallel_attention_mlp_block_forward", "parallel_attention_mlp_block_backward", "parallel_attention_mlp_block",
+    "shaped_attention_sublayer_forward", "shaped_attention_sublayer_backward", "simplified_block_he_hofmann_forward",
+    "simplified_block_he_hofmann_backward", "simplified_block_he_hofmann",
+]
