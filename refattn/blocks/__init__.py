@@ -31,6 +31,17 @@ from .core import (  # noqa: F401
     transformer_block_spec,
 )
 from .macaron import MACARON_STEPS, macaron_block, macaron_block_backward, macaron_block_forward  # noqa: F401
+from .ngpt import (  # noqa: F401
+    NGPT_ROPE,
+    ngpt_attention_backward,
+    ngpt_attention_forward,
+    ngpt_normalized_block,
+    ngpt_normalized_block_backward,
+    ngpt_normalized_block_forward,
+    ngpt_rope_tables,
+    unit_norm_backward,
+    unit_norm_forward,
+)
 from .parallel import (  # noqa: F401
     parallel_attention_mlp_block,
     parallel_attention_mlp_block_backward,
@@ -53,4 +64,6 @@ __all__ = [
     "parallel_attention_mlp_block_forward", "parallel_attention_mlp_block_backward", "parallel_attention_mlp_block",
     "shaped_attention_sublayer_forward", "shaped_attention_sublayer_backward", "simplified_block_he_hofmann_forward",
     "simplified_block_he_hofmann_backward", "simplified_block_he_hofmann",
+    "unit_norm_forward", "unit_norm_backward", "ngpt_rope_tables", "ngpt_attention_forward", "ngpt_attention_backward",
+    "ngpt_normalized_block_forward", "ngpt_normalized_block_backward", "ngpt_normalized_block", "NGPT_ROPE",
 ]
