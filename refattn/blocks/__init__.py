@@ -30,6 +30,7 @@ from .core import (  # noqa: F401
     transformer_block_forward,
     transformer_block_spec,
 )
+from .looped import LOOP_INJECTIONS, looped_transformer, looped_transformer_backward, looped_transformer_forward  # noqa: F401
 from .macaron import MACARON_STEPS, macaron_block, macaron_block_backward, macaron_block_forward  # noqa: F401
 from .ngpt import (  # noqa: F401
     NGPT_ROPE,
@@ -66,4 +67,5 @@ __all__ = [
     "simplified_block_he_hofmann_backward", "simplified_block_he_hofmann",
     "unit_norm_forward", "unit_norm_backward", "ngpt_rope_tables", "ngpt_attention_forward", "ngpt_attention_backward",
     "ngpt_normalized_block_forward", "ngpt_normalized_block_backward", "ngpt_normalized_block", "NGPT_ROPE",
+    "looped_transformer_forward", "looped_transformer_backward", "looped_transformer", "LOOP_INJECTIONS",
 ]

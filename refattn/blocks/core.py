@@ -49,6 +49,7 @@ All are unvalidated: the blocks validate their arguments first.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -154,7 +155,7 @@ def resolve_sublayer(spec, *, prefix: str, config=None, name: str = "attention")
             raise ValueError(f"{name}={spec!r} is not a registered mechanism ({exc.args[0]})") from None
         if not rec.implemented or rec.backward is None:
             raise ValueError(f"{name}={spec!r} has no implemented forward/backward pair")
-        sig = inspect.signature(rec.forward).parameters
+        sig = _parameter_names(rec.forward)
         if "x" not in sig or "params" not in sig:
             raise ValueError(f"{name}={spec!r} is not a token mixer: its forward takes "
                              f"({', '.join(list(sig)[:4])}, ...), not (x, params, **config); pass a layer "
@@ -164,6 +165,11 @@ def resolve_sublayer(spec, *, prefix: str, config=None, name: str = "attention")
         return Sublayer(spec[0], spec[1], prefix, cfg, getattr(spec[0], "__name__", "custom"))
     raise TypeError(f"{name} must be a registry slug, a (forward, backward) pair of callables or a "
                     f"Sublayer; got {type(spec).__name__}")
+
+
+@functools.lru_cache(maxsize=256)
+def _parameter_names(fn) -> tuple:
+    return tuple(inspect.signature(fn).parameters)
 
 
 def split_block_params(params, spec: dict, sublayers=(), *, optional=(), where: str):
