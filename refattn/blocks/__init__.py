@@ -48,6 +48,13 @@ from .parallel import (  # noqa: F401
     parallel_attention_mlp_block_backward,
     parallel_attention_mlp_block_forward,
 )
+from .reversible import (  # noqa: F401
+    REVERSIBLE_FUNCTIONS,
+    reversible_residual_block,
+    reversible_residual_block_backward,
+    reversible_residual_block_forward,
+    reversible_residual_inverse,
+)
 from .simplified import (  # noqa: F401
     shaped_attention_sublayer_backward,
     shaped_attention_sublayer_forward,
@@ -68,4 +75,6 @@ __all__ = [
     "unit_norm_forward", "unit_norm_backward", "ngpt_rope_tables", "ngpt_attention_forward", "ngpt_attention_backward",
     "ngpt_normalized_block_forward", "ngpt_normalized_block_backward", "ngpt_normalized_block", "NGPT_ROPE",
     "looped_transformer_forward", "looped_transformer_backward", "looped_transformer", "LOOP_INJECTIONS",
+    "reversible_residual_block_forward", "reversible_residual_block_backward", "reversible_residual_block",
+    "reversible_residual_inverse", "REVERSIBLE_FUNCTIONS",
 ]
