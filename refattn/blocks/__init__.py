@@ -62,6 +62,7 @@ from .simplified import (  # noqa: F401
     simplified_block_he_hofmann_backward,
     simplified_block_he_hofmann_forward,
 )
+from .tnt import TNT_INNER, TNT_OUTER, tnt_block, tnt_block_backward, tnt_block_forward  # noqa: F401
 
 __all__ = [
     "Sublayer", "resolve_sublayer", "split_block_params", "param_dim", "block_dtype", "add_grad", "add_prefix",
@@ -77,4 +78,5 @@ __all__ = [
     "looped_transformer_forward", "looped_transformer_backward", "looped_transformer", "LOOP_INJECTIONS",
     "reversible_residual_block_forward", "reversible_residual_block_backward", "reversible_residual_block",
     "reversible_residual_inverse", "REVERSIBLE_FUNCTIONS",
+    "tnt_block_forward", "tnt_block_backward", "tnt_block", "TNT_INNER", "TNT_OUTER",
 ]
