@@ -237,6 +237,7 @@ def reversible_residual_block_backward(dout, cache):
         else:
             y, caches = _layer_inverse(ctx, l, y)
         g = _layer_backward(ctx, grads, g, caches)
+        caches = None  # release this layer's caches before the next layer is reconstructed
     grads["x"] = g
     return grads
 
