@@ -49,6 +49,13 @@ parameter names. Upstream runs the iterations before the window under ``torch.no
 (truncated backpropagation, ``horizon_start = n_loops - n_loop_window``); the backward here is the
 full gradient of the forward. The read-in/read-out linear maps and the curriculum over
 ``n_loops`` are task and training details outside the block.
+
+Agreement with upstream
+-----------------------
+``TransformerModelLooped`` run end to end in float64 (read-in, 4 loops, read-out of every
+iterate; fused ``c_attn`` split into the MHA projections): predictions and the gradients of every
+backbone parameter and of ``read_in`` agree to $4.4\times10^{-16}$ (``z=f(x+z)``),
+$1.5\times10^{-15}$ (``z=f(x*z)``) and $1.1\times10^{-15}$ (two-block body).
 """
 
 from __future__ import annotations

@@ -65,6 +65,13 @@ retraction of the optimiser, not part of the forward, and is left to the trainin
 embedding and the scaled logits $s_z\odot hE^\top$ are outside the block. Upstream computes in
 bfloat16 (flash-attn); the parity run casts the module to float64 and replaces
 ``flash_attn_func`` by PyTorch SDPA.
+
+Agreement with upstream
+-----------------------
+Upstream ``Block`` (``use_nGPT=1``) in float64 on CPU, ``flash_attn_func`` replaced by PyTorch
+SDPA and the bfloat16 casts removed: output and every gradient agree to $5.2\times10^{-8}$
+relative (upstream's sinusoidal table is float32); with the table built in float64,
+$9.4\times10^{-16}$.
 """
 
 from __future__ import annotations
@@ -99,7 +106,7 @@ _ATTN_WEIGHTS = ("query", "key", "value", "att_c_proj")
 def unit_norm_forward(v: np.ndarray):
     r"""$N(v) = v/\|v\|$ over the last axis (no epsilon, as upstream ``justnorm``): ``(n, cache)``."""
     xhat, stats = normalize_forward(v, (v.ndim - 1,), 0.0, center=False)
-    c = np.sqrt(v.shape[-1])
+    c = float(np.sqrt(v.shape[-1]))  # a Python float: a NumPy float64 scalar would upcast float32
     return xhat / c, (xhat, stats, c)
 
 
@@ -161,7 +168,7 @@ def ngpt_attention_forward(x, params, *, num_heads: int, rope: str = "upstream",
     h = check_int(num_heads, "num_heads", minimum=1)
     check_choice(rope, "rope", NGPT_ROPE)
     c = x.shape[-1]
-    bs = 1.0 / np.sqrt(c) if base_scale is None else check_positive(base_scale, "base_scale")
+    bs = float(1.0 / np.sqrt(c)) if base_scale is None else check_positive(base_scale, "base_scale")
     s0 = check_positive(sqk_init_value, "sqk_init_value")
     inner = param_dim(params, "query.weight", 1, where="ngpt_attention", shape=("C", "H*d"))
     if inner % h or (rope != "none" and (inner // h) % 2):
@@ -234,7 +241,7 @@ def ngpt_normalized_block_forward(x, params, *, attention=None, attention_config
     """
     x = as_float(x, "x", min_ndim=2)
     c = x.shape[-1]
-    bs = 1.0 / np.sqrt(c) if base_scale is None else check_positive(base_scale, "base_scale")
+    bs = float(1.0 / np.sqrt(c)) if base_scale is None else check_positive(base_scale, "base_scale")
     a0 = check_positive(alpha_init_value, "alpha_init_value")
     u0 = check_positive(suv_init_value, "suv_init_value")
     if attention is None:
@@ -252,7 +259,7 @@ def ngpt_normalized_block_forward(x, params, *, attention=None, attention_config
                                     where="ngpt_normalized_block")
     dt = block_dtype(x, own, (ap,))
     x, own, ap = x.astype(dt, copy=False), cast_all(dt, own), cast_all(dt, ap)
-    afac, sfac = a0 / bs, u0 * np.sqrt(c)
+    afac, sfac = a0 / bs, float(u0 * np.sqrt(c))
     nh, c_nh = unit_norm_forward(x)
     att, c_att = attn.apply(x, ap)
     r1, c_r1 = _sphere_step(nh, att, own["attn_alpha"] * afac)

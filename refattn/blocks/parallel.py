@@ -38,6 +38,13 @@ second norm); a GPT-NeoX checkpoint maps ``input_layernorm -> ln_1``,
 mlp.fc_out``. GPT-J's rotary attention is one choice of the attention sublayer, not part of the
 block; the neural-ODE solver variants of the paper (adaptive integration of the summed field) are
 not reproduced. Dropout is omitted (evaluation mode).
+
+Agreement with upstream
+-----------------------
+``transformers`` is not installed here: ``GPTJBlock``/``GPTJMLP`` and ``GPTNeoXLayer``'s parallel
+path were transcribed to torch with ``nn.MultiheadAttention`` as the attention and run in float64:
+output and every gradient agree to $6.7\times10^{-16}$ (shared norm) and $5.9\times10^{-16}$
+(separate norms).
 """
 
 from __future__ import annotations

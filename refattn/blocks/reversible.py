@@ -52,6 +52,17 @@ dropout are not part of the reversible scheme and are not reproduced. Parameters
 ``"layers.{l}.f{i}.norm.weight"``/``.bias`` (``i`` = 1..n), the attention's keys under
 ``"layers.{l}.f{i}.attn."``, the MLP's ``"layers.{l}.f{i}.fc1.weight" (C, F)``, ``.fc2.weight
 (F, C)`` and biases (weights ``(in, out)``).
+
+Agreement with upstream
+-----------------------
+trax needs JAX/TensorFlow (not installable here): the Reformer stack (``Dup``,
+``[HalfResidual(LayerNorm, attention), Swap, HalfResidual(FF), Swap] x 3``, ``Concatenate``) was
+transcribed to torch. Output and every gradient agree to $2.7\times10^{-12}$ with either
+``store``, which is trax's truncated ``FastGelu`` constant ``0.7978845608``; with the exact
+$\sqrt{2/\pi}$, $1.5\times10^{-15}$. The input is reconstructed to $8.9\times10^{-16}$. Memory
+(two splits of width 64, N = 128, float64): the cached backward keeps 3.1 MiB of activations per
+layer, the reconstructing one 0.25 MiB (the output copy) at any depth; see
+``docs/blocks/residual-blocks.md``.
 """
 
 from __future__ import annotations

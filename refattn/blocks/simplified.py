@@ -55,6 +55,14 @@ and its activation is ``leaky_relu`` with slope 0 = ReLU (``activation``). ``nor
 other switches (sequential sub-blocks, RMSNorm placed with eps outside the root, trainable value
 /projection reparameterisation beyond the first layer, tanh logit capping) are not reproduced.
 Gradients of the gains are returned whether or not upstream trains them.
+
+Agreement with upstream
+-----------------------
+Upstream ``myGPT2Block`` (``skipless-parallel`` config; ``transformers.activations`` and
+``.cuda()`` stubbed) run in float64 on CPU: output and every gradient (gains included) agree to
+$1.2\times10^{-8}$ (layer > 0) and $6.7\times10^{-7}$ (layer 0, LayerNorm and trainable value),
+which is upstream's ``uniform_causal_attn_mat`` built in float32; with that buffer rebuilt in
+float64, $3.5\times10^{-16}$ and $4.3\times10^{-15}$.
 """
 
 from __future__ import annotations
