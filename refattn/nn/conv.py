@@ -63,6 +63,7 @@ padding exists for it (as in PyTorch).
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
@@ -204,39 +205,44 @@ def col2im(cols: np.ndarray, out_spatial, stride, dilation) -> np.ndarray:
 # The grouped correlation core and its two adjoints (unvalidated)
 
 
-def _correlate(xp, w, stride, dilation, groups, out_shape=None):
-    """$y_{b,o,p} = \\sum_{c\\in g(o),j} W_{o,c',j}\\,x_{p;b,c,ps+jd}$; ``w (C_out, C_in/G, *k)``."""
-    n = w.ndim - 2
-    k = w.shape[2:]
-    cols = im2col(xp, k, stride, dilation, out_shape)              # (B, C_in, *O, *k)
-    B, cin = xp.shape[:2]
+def _columns(xp, k, stride, dilation, groups, out_shape=None):
+    """The im2col matrix per group, ``(B, G, C_g*K, P)`` (kernel-major rows, positions last), and
+    the output spatial shape."""
+    n = len(k)
+    cols = im2col(xp, k, stride, dilation, out_shape)                    # (B, C_in, *O, *k) view
     osz = cols.shape[2:2 + n]
-    cg, G = cin // groups, groups
-    c = cols.reshape((B, G, cg) + cols.shape[2:])
-    c = np.moveaxis(c, 2, 2 + n).reshape(B, G, int(np.prod(osz)), -1)   # (B, G, P, C_g*K)
-    wm = w.reshape(G, w.shape[0] // G, -1)                               # (G, O_g, C_g*K)
-    y = c @ np.swapaxes(wm, -1, -2)                                      # (B, G, P, O_g)
-    return np.swapaxes(y, -1, -2).reshape((B, w.shape[0]) + osz), c
+    cols = np.moveaxis(cols, tuple(range(2, 2 + n)), tuple(range(2 + n, 2 + 2 * n)))  # (B, C_in, *k, *O)
+    return cols.reshape(xp.shape[0], groups, -1, math.prod(osz)), osz
+
+
+def _correlate(xp, w, stride, dilation, groups, out_shape=None):
+    """$y_{b,o,p} = \\sum_{c\\in g(o),j} W_{o,c',j}\\,x_{p;b,c,ps+jd}$ for ``w (C_out, C_in/G, *k)``:
+    ``W_g (O_g, C_g*K) @ cols_g (C_g*K, P)`` per batch entry and group."""
+    cols, osz = _columns(xp, w.shape[2:], stride, dilation, groups, out_shape)
+    y = w.reshape(groups, w.shape[0] // groups, -1) @ cols                # (B, G, O_g, P)
+    return y.reshape((xp.shape[0], w.shape[0]) + osz)
 
 
 def _correlate_adj_x(dy, w, stride, dilation, groups, padded_spatial):
-    """x-adjoint of :func:`_correlate`: col2im of $\\bar y_g^\\top W_g$ (the transposed convolution)."""
+    """x-adjoint of :func:`_correlate`: col2im of $W_g^\\top \\bar y_g$ (the transposed convolution)."""
     n = w.ndim - 2
     B, cout = dy.shape[:2]
-    osz = dy.shape[2:]
-    G = groups
-    wm = w.reshape(G, cout // G, -1)
-    dyr = np.swapaxes(dy.reshape(B, G, cout // G, -1), -1, -2)          # (B, G, P, O_g)
-    dc = (dyr @ wm).reshape((B, G) + osz + (w.shape[1],) + w.shape[2:])  # (B, G, *O, C_g, *k)
-    dc = np.moveaxis(dc, 2 + n, 2).reshape((B, G * w.shape[1]) + osz + w.shape[2:])
-    return col2im(dc, padded_spatial, stride, dilation)
+    wm = w.reshape(groups, cout // groups, -1)                             # (G, O_g, C_g*K)
+    wt, dyr = np.swapaxes(wm, -1, -2), dy.reshape(B, groups, cout // groups, -1)
+    # (B, G, C_g*K, P); with one output channel per group (depthwise) this is an outer product,
+    # which NumPy broadcasts several times faster than its matmul with an inner dimension of 1
+    dc = wt * dyr if cout == groups else wt @ dyr
+    dc = dc.reshape((B, groups * w.shape[1]) + w.shape[2:] + dy.shape[2:])   # (B, C_in, *k, *O)
+    # col2im reads one kernel offset at a time: with k before O each slice is contiguous
+    return col2im(np.moveaxis(dc, tuple(range(2, 2 + n)), tuple(range(2 + n, 2 + 2 * n))),
+                  padded_spatial, stride, dilation)
 
 
 def _correlate_adj_w(dy, cols, w_shape, groups):
-    """Weight adjoint of :func:`_correlate` from its im2col matrix ``cols (B, G, P, C_g*K)``."""
+    """Weight adjoint of :func:`_correlate` from its im2col matrix ``cols (B, G, C_g*K, P)``."""
     B, cout = dy.shape[:2]
-    dyr = dy.reshape(B, groups, cout // groups, -1)                     # (B, G, O_g, P)
-    return (dyr @ cols).sum(axis=0).reshape(w_shape)
+    dyr = dy.reshape(B, groups, cout // groups, -1)                       # (B, G, O_g, P)
+    return (dyr @ np.swapaxes(cols, -1, -2)).sum(axis=0).reshape(w_shape)
 
 
 def conv_apply(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1, padding_mode="zeros"):
@@ -246,7 +252,7 @@ def conv_apply(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=
     s = check_int_tuple(stride, n, "stride", minimum=1)
     d = check_int_tuple(dilation, n, "dilation", minimum=1)
     pads = conv_padding(padding, n, weight.shape[2:], d, s)
-    y, _ = _correlate(pad_nd(x, pads, padding_mode), weight, s, d, groups)
+    y = _correlate(pad_nd(x, pads, padding_mode), weight, s, d, groups)
     if bias is not None:
         y = y + bias.reshape((-1,) + (1,) * n)
     return y
@@ -260,7 +266,7 @@ def conv_vjp(dy, x, weight, *, stride=1, padding=0, dilation=1, groups=1, paddin
     d = check_int_tuple(dilation, n, "dilation", minimum=1)
     pads = conv_padding(padding, n, weight.shape[2:], d, s)
     xp = pad_nd(x, pads, padding_mode)
-    _, cols = _correlate(xp, weight, s, d, groups, dy.shape[2:])
+    cols, _ = _columns(xp, weight.shape[2:], s, d, groups, dy.shape[2:])
     dxp = _correlate_adj_x(dy, weight, s, d, groups, xp.shape[2:])
     grads = {"x": pad_nd_vjp(dxp, pads, padding_mode), "weight": _correlate_adj_w(dy, cols, weight.shape, groups)}
     if has_bias:
@@ -295,8 +301,9 @@ def conv_transpose_vjp(dy, x, weight, *, stride=1, padding=0, output_padding=0, 
     s, p, d = (check_int_tuple(v, n, nm, minimum=m) for v, nm, m in
                ((stride, "stride", 1), (padding, "padding", 0), (dilation, "dilation", 1)))
     dyf = pad_nd(dy, tuple((pi, pi) for pi in p))
-    dx, cols = _correlate(dyf, weight, s, d, groups, x.shape[2:])
-    grads = {"x": dx, "weight": _correlate_adj_w(x, cols, weight.shape, groups)}
+    cols, _ = _columns(dyf, weight.shape[2:], s, d, groups, x.shape[2:])
+    dx = weight.reshape(groups, weight.shape[0] // groups, -1) @ cols     # (B, G, C_in_g, P)
+    grads = {"x": dx.reshape(x.shape), "weight": _correlate_adj_w(x, cols, weight.shape, groups)}
     if has_bias:
         grads["bias"] = dy.sum(axis=(0,) + tuple(range(2, dy.ndim)))
     return grads

@@ -51,7 +51,7 @@ import numpy as np
 
 from .._checks import as_dout, as_float
 from ..registry import Mechanism, Sample, register
-from .conv import check_int_tuple, col2im, im2col, pad_nd, pad_nd_vjp
+from .conv import check_int_tuple, col2im, conv, im2col, pad_nd, pad_nd_vjp
 
 __all__ = [
     "avg_pool_forward",
@@ -465,8 +465,6 @@ def _check_avg_constant(rng):
 
 
 def _check_avg_is_depthwise_conv(rng):
-    from .conv import conv
-
     x = rng.standard_normal((2, 3, 8, 7))
     a = avg_pool(x, kernel_size=(3, 2), stride=(2, 1), padding=(1, 1))
     c = conv(x, {"weight": np.full((3, 1, 3, 2), 1 / 6)}, stride=(2, 1), padding=(1, 1), groups=3)
