@@ -371,6 +371,7 @@ def conv_forward(x, params, *, stride=1, padding=0, dilation=1, groups: int = 1,
     stride, dilation : int or tuple of n ints
     padding : int, tuple of n ints, ``"valid"`` or ``"same"``
         ``"same"`` needs stride 1; an odd total ``d(k-1)`` puts the extra entry after (PyTorch).
+        Also accepted (not a PyTorch option): a tuple of n ``(before, after)`` pairs.
     groups : int
         Divides ``C_in`` and ``C_out``; depthwise is ``groups = C_in``.
     padding_mode : ``"zeros"``, ``"reflect"``, ``"replicate"`` or ``"circular"``

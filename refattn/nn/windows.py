@@ -144,15 +144,13 @@ def window_reverse_apply(windows, window_size, spatial_shape, shift_size=0):
 
 def shifted_window_region_ids(spatial_shape, window_size, shift_size) -> np.ndarray:
     """Swin's ``img_mask`` on the padded grid: region id (base-3 slice tuple) of every token."""
-    n = len(spatial_shape)
-    m = check_int_tuple(window_size, n, "window_size", minimum=1)
-    s = check_int_tuple(shift_size, n, "shift_size")
+    m, s = _window_config(len(spatial_shape), window_size, shift_size)
     regions = []
     for L, mi, si in zip(_padded(spatial_shape, m), m, s):
         p = np.arange(L)
         regions.append(np.where(p < L - mi, 0, np.where(p < L - si, 1, 2)))
     mesh = np.meshgrid(*regions, indexing="ij")
-    return np.ravel_multi_index(mesh, (3,) * n)
+    return np.ravel_multi_index(mesh, (3,) * len(m))
 
 
 def shifted_window_mask(spatial_shape, window_size, shift_size, *, fill_value: float = -100.0,
