@@ -106,6 +106,7 @@ def _assert_all_close(ours: dict, theirs: dict, what):
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 @pytest.mark.parametrize("mode", PADDING_MODES)
+@pytest.mark.filterwarnings("ignore:Using padding='same'")  # PyTorch's note that it pads a copy
 def test_conv_torch_parity(n, mode):
     torch, _ = _torch()
     rng = np.random.default_rng(n)
