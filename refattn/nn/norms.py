@@ -130,7 +130,7 @@ def _norm_axes(axis, ndim: int, name: str = "axis") -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _check_params(params, allowed: tuple[str, ...], what: str) -> dict:
+def _validated_affine(params, allowed: tuple[str, ...], what: str) -> dict:
     """``{}`` for ``params=None`` (no affine); else the dict's non-None entries, after checking
     its keys: ``"weight"`` required, the rest of ``allowed`` optional (shapes: :func:`_affine_shapes`)."""
     if params is None:
@@ -200,7 +200,7 @@ def _axis_norm_forward(x, params, axis, eps, center, allowed, what):
     x = as_float(x, "x", min_ndim=1)
     axes = _norm_axes(axis, x.ndim)
     eps = check_positive(eps, "eps", allow_zero=True)
-    params = _check_params(params, allowed, what)
+    params = _validated_affine(params, allowed, what)
     norm_shape = tuple(x.shape[a] for a in axes)
     full = tuple(x.shape[i] if i in axes else 1 for i in range(x.ndim))
     aff = _affine_shapes(params, x.shape, norm_shape, full)
@@ -308,7 +308,7 @@ def _channel_norm_forward(x, params, num_groups, channel_axis, eps, mask, what, 
     if C % G:
         raise ValueError(f"num_groups ({G}) must divide the number of channels x.shape[{ch}] = {C}")
     eps = check_positive(eps, "eps", allow_zero=True)
-    params = _check_params(params, ("weight", "bias"), what)
+    params = _validated_affine(params, ("weight", "bias"), what)
     aff = {}
     for k, v in params.items():
         a = as_float(v, k, ndim=1)
