@@ -1,1 +1,29 @@
 """Operator-learning attention and neural-operator layers."""
+
+from .mamba import (  # noqa: F401
+    linear_scan,
+    selective_scan,
+    selective_scan_backward,
+    selective_scan_forward,
+    softplus,
+)
+from .mamba_neural_operator import (  # noqa: F401
+    init_mno_ss2d_params,
+    mno_ss2d,
+    mno_ss2d_backward,
+    mno_ss2d_forward,
+    scan_order_permutations,
+)
+
+__all__ = [
+    "selective_scan_forward",
+    "selective_scan_backward",
+    "selective_scan",
+    "linear_scan",
+    "softplus",
+    "mno_ss2d_forward",
+    "mno_ss2d_backward",
+    "mno_ss2d",
+    "scan_order_permutations",
+    "init_mno_ss2d_params",
+]
