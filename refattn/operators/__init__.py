@@ -1,5 +1,14 @@
 """Operator-learning attention and neural-operator layers."""
 
+from .gno_kernel_integral import (  # noqa: F401
+    gno_kernel_integral,
+    gno_kernel_integral_backward,
+    gno_kernel_integral_forward,
+    init_gno_params,
+    radius_neighbors,
+    sinusoidal_embedding,
+    sinusoidal_embedding_vjp,
+)
 from .mamba import (  # noqa: F401
     linear_scan,
     selective_scan,
@@ -26,4 +35,11 @@ __all__ = [
     "mno_ss2d",
     "scan_order_permutations",
     "init_mno_ss2d_params",
+    "radius_neighbors",
+    "sinusoidal_embedding",
+    "sinusoidal_embedding_vjp",
+    "gno_kernel_integral_forward",
+    "gno_kernel_integral_backward",
+    "gno_kernel_integral",
+    "init_gno_params",
 ]
