@@ -1,7 +1,6 @@
 """Operator-learning attention and neural-operator layers."""
 
 from .gno_kernel_integral import (  # noqa: F401
-    gno_kernel_integral,
     gno_kernel_integral_backward,
     gno_kernel_integral_forward,
     init_gno_params,
@@ -23,6 +22,7 @@ from .mamba_neural_operator import (  # noqa: F401
     mno_ss2d_forward,
     scan_order_permutations,
 )
+from .pinto import init_pinto_params, pinto_backward, pinto_forward  # noqa: F401
 
 __all__ = [
     "selective_scan_forward",
@@ -40,6 +40,8 @@ __all__ = [
     "sinusoidal_embedding_vjp",
     "gno_kernel_integral_forward",
     "gno_kernel_integral_backward",
-    "gno_kernel_integral",
     "init_gno_params",
+    "pinto_forward",
+    "pinto_backward",
+    "init_pinto_params",
 ]
