@@ -1,5 +1,6 @@
 """Operator-learning attention and neural-operator layers."""
 
+from .anie import anie_backward, anie_forward, anie_solve, init_anie_params  # noqa: F401
 from .gno_kernel_integral import (  # noqa: F401
     gno_kernel_integral_backward,
     gno_kernel_integral_forward,
@@ -44,4 +45,8 @@ __all__ = [
     "pinto_forward",
     "pinto_backward",
     "init_pinto_params",
+    "anie_forward",
+    "anie_backward",
+    "anie_solve",
+    "init_anie_params",
 ]
