@@ -1,6 +1,7 @@
 """Operator-learning attention and neural-operator layers."""
 
 from .anie import anie_backward, anie_forward, anie_solve, init_anie_params  # noqa: F401
+from .anisotropic_rbf import anisotropic_rbf_backward, anisotropic_rbf_forward, tangent_frames  # noqa: F401
 from .gno_kernel_integral import (  # noqa: F401
     gno_kernel_integral_backward,
     gno_kernel_integral_forward,
@@ -49,4 +50,7 @@ __all__ = [
     "anie_backward",
     "anie_solve",
     "init_anie_params",
+    "anisotropic_rbf_forward",
+    "anisotropic_rbf_backward",
+    "tangent_frames",
 ]
