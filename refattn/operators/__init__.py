@@ -25,6 +25,13 @@ from .mamba_neural_operator import (  # noqa: F401
     scan_order_permutations,
 )
 from .pinto import init_pinto_params, pinto_backward, pinto_forward  # noqa: F401
+from .schwarz_attention import (  # noqa: F401
+    coarse_hat_basis,
+    overlapping_subdomains,
+    partition_of_unity,
+    schwarz_attention_backward,
+    schwarz_attention_forward,
+)
 
 __all__ = [
     "selective_scan_forward",
@@ -53,4 +60,9 @@ __all__ = [
     "anisotropic_rbf_forward",
     "anisotropic_rbf_backward",
     "tangent_frames",
+    "schwarz_attention_forward",
+    "schwarz_attention_backward",
+    "overlapping_subdomains",
+    "partition_of_unity",
+    "coarse_hat_basis",
 ]
