@@ -24,6 +24,12 @@ from .mamba_neural_operator import (  # noqa: F401
     mno_ss2d_forward,
     scan_order_permutations,
 )
+from .pde_transformer_channel_attention import (  # noqa: F401
+    init_pde_channel_attention_params,
+    pde_channel_attention,
+    pde_channel_attention_backward,
+    pde_channel_attention_forward,
+)
 from .pinto import init_pinto_params, pinto_backward, pinto_forward  # noqa: F401
 from .schwarz_attention import (  # noqa: F401
     coarse_hat_basis,
@@ -65,4 +71,8 @@ __all__ = [
     "overlapping_subdomains",
     "partition_of_unity",
     "coarse_hat_basis",
+    "pde_channel_attention_forward",
+    "pde_channel_attention_backward",
+    "pde_channel_attention",
+    "init_pde_channel_attention_params",
 ]
