@@ -34,8 +34,8 @@ from refattn.attention.linear import (
     transnormer_backward,
     transnormer_forward,
 )
-from refattn.attention.set_attention import set_transformer, set_transformer_backward, set_transformer_forward
-from refattn.attention.sinkformer import sinkformer_attention, sinkformer_backward, sinkformer_forward
+from refattn.attention.linear.set_transformer import set_transformer, set_transformer_backward, set_transformer_forward
+from refattn.attention.linear.sinkformer import sinkformer_attention, sinkformer_backward, sinkformer_forward
 from refattn.testing import run_record_checks
 
 SLUGS = ["linear_attention_katharopoulos", "efficient_attention_shen", "performer_favor_plus",
@@ -399,7 +399,7 @@ def test_set_transformer_torch_parity(block, ln, scale_dim):
     """Upstream modules.py semantics (head split by torch.cat(split), projected-query residual,
     1/sqrt(dim_V), O + relu(fc_o(O)), optional ln0/ln1) re-stated in torch with autograd."""
     torch = pytest.importorskip("torch")
-    from refattn.attention.set_attention import _block_sample
+    from refattn.attention.linear.set_transformer import _block_sample
 
     rng = np.random.default_rng(13)
     s = _block_sample(rng, "small", block, ln, scale_dim)
@@ -428,7 +428,7 @@ def test_set_transformer_torch_parity(block, ln, scale_dim):
 
 
 def test_set_transformer_bad_config():
-    from refattn.attention.set_attention import _block_sample
+    from refattn.attention.linear.set_transformer import _block_sample
 
     s = _block_sample(np.random.default_rng(14), "tiny", "sab", False)
     with pytest.raises(ValueError, match="num_heads"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from refattn import registry
-from refattn.attention.memory_efficient import (
+from refattn.attention.softmax.memory_efficient import (
     chunk_summary,
     flash_attention,
     flash_attention_backward,
@@ -21,7 +21,7 @@ from refattn.attention.memory_efficient import (
     tree_attention_forward,
     tree_reduce,
 )
-from refattn.attention.positions import (
+from refattn.attention.softmax.relative import (
     alibi_attention_backward,
     alibi_attention_forward,
     alibi_slopes,

@@ -25,7 +25,7 @@ import tracemalloc
 import matplotlib.pyplot as plt
 import numpy as np
 
-from refattn.attention.memory_efficient import (
+from refattn.attention.softmax.memory_efficient import (
     chunk_summary,
     flash_attention_backward,
     flash_attention_forward,

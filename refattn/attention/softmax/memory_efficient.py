@@ -76,9 +76,9 @@ import math
 
 import numpy as np
 
-from .._checks import as_dout, check_choice, validate_qkv
-from ..registry import Mechanism, Sample, register
-from .softmax import (
+from ..._checks import as_dout, check_choice, validate_qkv
+from ...registry import Mechanism, Sample, register
+from .core import (
     KV_GROUP_MAPS,
     _check_size,
     _sdpa_reference,

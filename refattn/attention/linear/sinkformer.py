@@ -48,9 +48,9 @@ import math
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_dim, check_int, check_positive, compute_dtype
-from ..nn.softmax import softmax_lse
-from ..registry import Mechanism, Sample, register
+from ..._checks import as_dout, as_float, check_dim, check_int, check_positive, compute_dtype
+from ...nn.softmax import softmax_lse
+from ...registry import Mechanism, Sample, register
 
 __all__ = ["sinkformer_forward", "sinkformer_backward", "sinkformer_attention", "sinkhorn_log"]
 
@@ -238,7 +238,7 @@ def _check_unrolled_equals_implicit(rng):
 
 def _check_fd_non_square(rng):
     """FD gradcheck with N != M (upstream marginals 1/N, 1/M) and several iteration counts."""
-    from ..testing import gradcheck
+    from ...testing import gradcheck
 
     errs = []
     for n_iter in (2, 3):

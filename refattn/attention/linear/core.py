@@ -42,13 +42,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_dim, check_int, check_params, check_positive, compute_dtype
-from ..kernels import backward_kernel, forward_kernel
-from ..nn.activations import elu_plus_one, elu_plus_one_grad
-from ..nn.norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
-from ..nn.softmax import softmax_lse, softmax_vjp
-from ..registry import Mechanism, Sample, register
-from .softmax import sum_to_shape
+from ..._checks import as_dout, as_float, check_choice, check_dim, check_int, check_params, check_positive, compute_dtype
+from ...kernels import backward_kernel, forward_kernel
+from ...nn.activations import elu_plus_one, elu_plus_one_grad
+from ...nn.norms import layer_norm_backward, layer_norm_forward, rms_norm_backward, rms_norm_forward
+from ...nn.softmax import softmax_lse, softmax_vjp
+from ...registry import Mechanism, Sample, register
+from ..softmax.core import sum_to_shape
 
 __all__ = [
     "FEATURE_MAPS",
@@ -418,7 +418,7 @@ def _qkv(rng, size, *, same_length=True, d=None, dv=None):
 
 
 def _fd(forward, backward, sample):
-    from ..testing import gradcheck  # lazy: testing imports the registry
+    from ...testing import gradcheck  # lazy: testing imports the registry
 
     return gradcheck(forward, backward, sample).max_rel
 

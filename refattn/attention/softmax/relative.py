@@ -62,9 +62,9 @@ import math
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_param_keys, check_positive, validate_qkv
-from ..registry import Mechanism, Sample, register
-from .softmax import (
+from ..._checks import as_dout, as_float, check_choice, check_param_keys, check_positive, validate_qkv
+from ...registry import Mechanism, Sample, register
+from .core import (
     CAUSAL_ALIGNMENTS,
     _check_size,
     attention_core_backward,
@@ -442,7 +442,7 @@ def _check_alibi_reference_form(rng):
     q, k, v = _qkv(rng, 2, 4, 4, 6, 6, 3, 2)
     slopes = alibi_slopes(4)
     ref_form = slopes[:, None, None] * np.arange(6)[None, None, :]
-    from .softmax import biased_attention_forward as biased
+    from .core import biased_attention_forward as biased
     a = biased(q, k, v, np.broadcast_to(ref_form, (4, 6, 6)), is_causal=True)[0]
     err = float(np.abs(a - alibi_attention_forward(q, k, v)[0]).max())
     assert err < 1e-12, err
@@ -558,7 +558,7 @@ def _check_shaw_k0(rng):
 
 def _gradcheck_kind(kind):
     def check(rng):
-        from ..testing import gradcheck
+        from ...testing import gradcheck
         s = _sample_rpe(rng, "tiny", kind)
         return gradcheck(relative_position_attention_forward, relative_position_attention_backward, s).max_rel
     return check

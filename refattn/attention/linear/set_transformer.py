@@ -47,11 +47,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_int, compute_dtype
-from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
-from ..nn.norms import layer_norm_backward, layer_norm_forward
-from ..nn.softmax import softmax_lse, softmax_vjp
-from ..registry import Mechanism, Sample, register
+from ..._checks import as_dout, as_float, check_choice, check_int, compute_dtype
+from ...nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
+from ...nn.norms import layer_norm_backward, layer_norm_forward
+from ...nn.softmax import softmax_lse, softmax_vjp
+from ...registry import Mechanism, Sample, register
 
 __all__ = ["mab_forward", "mab_backward", "set_transformer_forward", "set_transformer_backward",
            "set_transformer", "BLOCKS"]
@@ -346,7 +346,7 @@ def _sample(rng, size):
 
 
 def _check_fd_every_block(rng):
-    from ..testing import gradcheck
+    from ...testing import gradcheck
 
     errs = []
     for block in BLOCKS:

@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import (
+from ..._checks import (
     as_bool_or_float_mask,
     as_dout,
     as_float,
@@ -75,10 +75,10 @@ from .._checks import (
     compute_dtype,
     validate_qkv,
 )
-from ..kernels import backward_kernel, forward_kernel
-from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
-from ..nn.softmax import softmax_lse, softmax_vjp
-from ..registry import Mechanism, Sample, register
+from ...kernels import backward_kernel, forward_kernel
+from ...nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
+from ...nn.softmax import softmax_lse, softmax_vjp
+from ...registry import Mechanism, Sample, register
 
 __all__ = [
     "attention_core_forward",
