@@ -1,5 +1,5 @@
-"""Mechanism-specific tests for linear/kernel/set attention (refattn/attention/linear.py,
-set_attention.py, sinkformer.py).
+"""Mechanism-specific tests for linear/kernel/set attention (the modules of refattn/attention/linear/:
+katharopoulos, efficient, performer, transnormer, rpe_fft, set_transformer, sinkformer).
 
 Generic checks (FD gradcheck, dtype, bad input, inputs-never-modified, batch independence) are
 generated from the registry elsewhere; these cover the identities, PyTorch-autograd parity with
@@ -29,13 +29,17 @@ from refattn.attention.linear import (
     performer_backward,
     performer_forward,
     performer_projection_matrix,
+    set_transformer,
+    set_transformer_backward,
+    set_transformer_forward,
+    sinkformer_attention,
+    sinkformer_backward,
+    sinkformer_forward,
     toeplitz_dense,
     toeplitz_matvec_fft,
     transnormer_backward,
     transnormer_forward,
 )
-from refattn.attention.set_attention import set_transformer, set_transformer_backward, set_transformer_forward
-from refattn.attention.sinkformer import sinkformer_attention, sinkformer_backward, sinkformer_forward
 from refattn.testing import run_record_checks
 
 SLUGS = ["linear_attention_katharopoulos", "efficient_attention_shen", "performer_favor_plus",
@@ -399,10 +403,8 @@ def test_set_transformer_torch_parity(block, ln, scale_dim):
     """Upstream modules.py semantics (head split by torch.cat(split), projected-query residual,
     1/sqrt(dim_V), O + relu(fc_o(O)), optional ln0/ln1) re-stated in torch with autograd."""
     torch = pytest.importorskip("torch")
-    from refattn.attention.set_attention import _block_sample
-
     rng = np.random.default_rng(13)
-    s = _block_sample(rng, "small", block, ln, scale_dim)
+    s = registry.get("set_transformer_blocks").sample(rng, "small", block=block, ln=ln, scale_dim=scale_dim)
     H = s.config["num_heads"]
     full = scale_dim == "full"
     out, cache = set_transformer_forward(**s.inputs, params=s.params, **s.config)
@@ -428,9 +430,7 @@ def test_set_transformer_torch_parity(block, ln, scale_dim):
 
 
 def test_set_transformer_bad_config():
-    from refattn.attention.set_attention import _block_sample
-
-    s = _block_sample(np.random.default_rng(14), "tiny", "sab", False)
+    s = registry.get("set_transformer_blocks").sample(np.random.default_rng(14), "tiny", block="sab", ln=False)
     with pytest.raises(ValueError, match="num_heads"):
         set_transformer(s.inputs["x"], params=s.params, block="sab", num_heads=3)
     with pytest.raises(ValueError, match="y"):

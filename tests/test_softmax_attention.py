@@ -1,5 +1,6 @@
-"""Mechanism-specific tests of the softmax attention family (refattn/attention/softmax.py,
-positions.py, memory_efficient.py). Generic checks are generated from the registry elsewhere."""
+"""Mechanism-specific tests of the softmax attention family (the modules of refattn/attention/softmax/:
+sdpa, masks, additive_bias, mha, gqa, alibi, relative, memory_efficient). Generic checks are
+generated from the registry elsewhere."""
 
 from __future__ import annotations
 
@@ -9,28 +10,10 @@ import numpy as np
 import pytest
 
 from refattn import registry
-from refattn.attention.memory_efficient import (
-    chunk_summary,
-    flash_attention,
-    flash_attention_backward,
-    flash_attention_forward,
-    merge_summaries,
-    rabe_staats_backward,
-    rabe_staats_forward,
-    tree_attention_backward,
-    tree_attention_forward,
-    tree_reduce,
-)
-from refattn.attention.positions import (
+from refattn.attention.softmax import (
     alibi_attention_backward,
     alibi_attention_forward,
     alibi_slopes,
-    shaw_attention_forward,
-    t5_attention_backward,
-    t5_attention_forward,
-    t5_relative_position_bucket,
-)
-from refattn.attention.softmax import (
     attention_core_backward,
     attention_core_forward,
     band_mask,
@@ -38,16 +21,30 @@ from refattn.attention.softmax import (
     block_diagonal_mask,
     build_mask,
     causal_mask,
+    chunk_summary,
+    flash_attention,
+    flash_attention_backward,
+    flash_attention_forward,
     init_mha_params,
+    merge_summaries,
     mha,
     mha_backward,
     mha_forward,
     padding_mask,
+    rabe_staats_backward,
+    rabe_staats_forward,
     sdpa,
     sdpa_backward,
     sdpa_forward,
+    shaw_attention_forward,
     sliding_window_mask,
+    t5_attention_backward,
+    t5_attention_forward,
+    t5_relative_position_bucket,
     to_additive,
+    tree_attention_backward,
+    tree_attention_forward,
+    tree_reduce,
 )
 from refattn.testing import run_record_checks
 

@@ -16,7 +16,8 @@
 # holding a tile of scores, by (1) a softmax that is updated one block of keys at a time and
 # (2) storing a single number per query — the log-sum-exp — from which the backward recomputes
 # the weights. This tutorial builds both ideas up from a single row and then uses
-# `refattn.attention.memory_efficient`, which implements the FlashAttention-2 recurrences in NumPy.
+# `refattn.attention.softmax.memory_efficient`, which implements the FlashAttention-2 recurrences in
+# NumPy.
 
 # %%
 import time
@@ -25,7 +26,8 @@ import tracemalloc
 import matplotlib.pyplot as plt
 import numpy as np
 
-from refattn.attention.memory_efficient import (
+from refattn.attention.softmax import sdpa_backward, sdpa_forward
+from refattn.attention.softmax.memory_efficient import (
     chunk_summary,
     flash_attention_backward,
     flash_attention_forward,
@@ -33,7 +35,6 @@ from refattn.attention.memory_efficient import (
     rabe_staats_backward,
     rabe_staats_forward,
 )
-from refattn.attention.softmax import sdpa_backward, sdpa_forward
 
 rng = np.random.default_rng(0)
 

@@ -29,7 +29,8 @@
 #   with an error that shrinks as the number of features $r$ grows.
 #
 # We measure both sides of the trade: how far each is from softmax attention, and how the run time
-# grows with $N$. Module: `refattn.attention.linear`.
+# grows with $N$. Modules: `refattn.attention.linear.katharopoulos` and
+# `refattn.attention.linear.performer` (both re-exported by the `refattn.attention.linear` package).
 
 # %%
 import os

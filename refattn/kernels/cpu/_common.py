@@ -31,7 +31,7 @@ _TARGET_BWD_TASKS = 16
 def validate_config(q_shape, m, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map,
                     block_q, block_k):
     """The reference's keyword validation (same messages) plus the tile sizes."""
-    from ...attention.softmax import validate_attention_config
+    from ...attention.softmax.core import validate_attention_config
 
     attn_mask, is_causal, scale, softcap = validate_attention_config(
         tuple(q_shape[:-1]) + (m,), attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map)

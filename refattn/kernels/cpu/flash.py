@@ -1,8 +1,8 @@
 r"""Fused flash-style softmax attention (SDPA) on the CPU with Numba: forward (out + LSE) and
 FlashAttention-2 backward.
 
-Same signature and semantics as :func:`refattn.attention.softmax.sdpa_forward` /
-:func:`~refattn.attention.softmax.sdpa_backward` (PyTorch ``F.scaled_dot_product_attention``
+Same signature and semantics as :func:`refattn.attention.softmax.sdpa.sdpa_forward` /
+:func:`~refattn.attention.softmax.sdpa.sdpa_backward` (PyTorch ``F.scaled_dot_product_attention``
 layout, ``causal_alignment``, ``kv_group_map``, ``softcap``, fully masked rows give 0 with 0
 gradient and LSE ``-inf``), plus the tile sizes ``block_q`` / ``block_k``. The design (tiling,
 online softmax, recomputation, parallel decomposition, memory) is in ``docs/kernels.md``.
@@ -177,8 +177,8 @@ def flash_attention(q, k, v, **kwargs):
 def _parity_check(rng):
     """Kernel == reference (float64, 1e-10) on out, LSE and the three gradients, over masks,
     causal alignments with N != M, GQA maps, softcap and tiles that do not divide the sizes."""
-    from ...attention.softmax import sdpa_backward as ref_bwd
-    from ...attention.softmax import sdpa_forward as ref_fwd
+    from ...attention.softmax.sdpa import sdpa_backward as ref_bwd
+    from ...attention.softmax.sdpa import sdpa_forward as ref_fwd
 
     worst = 0.0
     cases = [
@@ -215,4 +215,4 @@ def _parity_check(rng):
 
 from ._common import attach_kernel  # noqa: E402
 
-attach_kernel("sdpa", "refattn.attention.softmax", flash_attention_forward, _parity_check)
+attach_kernel("sdpa", "refattn.attention.softmax.sdpa", flash_attention_forward, _parity_check)

@@ -1,15 +1,15 @@
 r"""Causal linear attention (Katharopoulos et al.) as a Numba prefix-state scan, forward and backward.
 
 Same signature and semantics as
-:func:`refattn.attention.linear.causal_linear_attention_forward` /
-:func:`~refattn.attention.linear.causal_linear_attention_backward`:
+:func:`refattn.attention.linear.katharopoulos.causal_linear_attention_forward` /
+:func:`~refattn.attention.linear.katharopoulos.causal_linear_attention_backward`:
 
 $$S_i = S_{i-1} + \phi(k_i)v_i^\top,\quad z_i = z_{i-1} + \phi(k_i),\quad
 o_i = \frac{S_i^\top\phi(q_i)}{\phi(q_i)\cdot z_i + \epsilon}.$$
 
 The feature map $\phi$ and its VJP are the reference's own
-(:func:`refattn.attention.linear.feature_map_forward` / ``feature_map_backward``); the kernels
-run the scans on the features. Backward (derivation in :mod:`refattn.attention.linear`):
+(:func:`refattn.attention.linear.core.feature_map_forward` / ``feature_map_backward``); the kernels
+run the scans on the features. Backward (derivation in :mod:`refattn.attention.linear.core`):
 $u_i = g_i/\mathrm{den}_i$, $c_i = -g_i\cdot o_i/\mathrm{den}_i$; a forward scan rebuilds
 $S_i, z_i$ for $d\phi(q_i) = S_iu_i + c_iz_i$; a reverse scan accumulates
 $R_j = \sum_{i\ge j}\phi(q_i)u_i^\top$, $r_j = \sum_{i\ge j}c_i\phi(q_i)$ for
@@ -146,7 +146,7 @@ def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: 
     -------
     out (..., N, dv), cache
     """
-    from ...attention.linear import feature_map_forward
+    from ...attention.linear.core import feature_map_forward
 
     q, k, v, eps = _validate(q, k, v, eps, feature_map)
     dt = compute_dtype(q, k, v)
@@ -168,7 +168,7 @@ def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: 
 
 def causal_linear_attention_backward(dout, cache):
     """Gradients ``{"q", "k", "v"}`` of :func:`causal_linear_attention_forward` (two scans)."""
-    from ...attention.linear import feature_map_backward
+    from ...attention.linear.core import feature_map_backward
 
     if not isinstance(cache, dict) or cache.get("kind") != "causal_linear" or cache.get("backend") != BACKEND:
         raise TypeError("cache must be the cache returned by causal_linear_attention_forward")
@@ -187,8 +187,8 @@ def causal_linear_attention_backward(dout, cache):
 
 def _parity_check(rng):
     """Scan kernels == reference causal scan (float64, 1e-10) on the output and gradients."""
-    from ...attention.linear import causal_linear_attention_backward as ref_bwd
-    from ...attention.linear import causal_linear_attention_forward as ref_fwd
+    from ...attention.linear.katharopoulos import causal_linear_attention_backward as ref_bwd
+    from ...attention.linear.katharopoulos import causal_linear_attention_forward as ref_fwd
 
     worst = 0.0
     for fm in FEATURE_MAPS:
@@ -211,5 +211,5 @@ from ._common import attach_kernel  # noqa: E402
 
 # The record's forward is linear_attention_forward(..., causal=...); the kernel covers its causal
 # form (the prefix-state scan), which is what the parity check compares.
-attach_kernel("linear_attention_katharopoulos", "refattn.attention.linear", causal_linear_attention_forward,
-              _parity_check)
+attach_kernel("linear_attention_katharopoulos", "refattn.attention.linear.katharopoulos",
+              causal_linear_attention_forward, _parity_check)

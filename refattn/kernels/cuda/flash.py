@@ -2,8 +2,8 @@ r"""Fused flash-style softmax attention (SDPA) on CUDA with numba.cuda: forward 
 deterministic FlashAttention-2 style backward.
 
 The CUDA twin of :mod:`refattn.kernels.cpu.flash`: same signature, same argument validation (the CPU
-validators are reused), same semantics as :func:`refattn.attention.softmax.sdpa_forward` /
-:func:`~refattn.attention.softmax.sdpa_backward` (``causal_alignment``, ``kv_group_map`` GQA,
+validators are reused), same semantics as :func:`refattn.attention.softmax.sdpa.sdpa_forward` /
+:func:`~refattn.attention.softmax.sdpa.sdpa_backward` (``causal_alignment``, ``kv_group_map`` GQA,
 ``softcap``, boolean/additive masks, fully masked rows give 0 with 0 gradient and LSE ``-inf``).
 
 ``block_q`` / ``block_k`` default to ``None``: tiles are then chosen per kernel to fit 48 KiB of
@@ -142,8 +142,8 @@ def flash_attention(q, k, v, **kwargs):
 
 def _parity_check(rng):
     """CUDA kernel == reference (float64, 1e-10) on out, LSE and the three gradients (toy sizes)."""
-    from ...attention.softmax import sdpa_backward as ref_bwd
-    from ...attention.softmax import sdpa_forward as ref_fwd
+    from ...attention.softmax.sdpa import sdpa_backward as ref_bwd
+    from ...attention.softmax.sdpa import sdpa_forward as ref_fwd
 
     worst = 0.0
     cases = [dict(), dict(is_causal=True, causal_alignment="bottom_right"),
@@ -171,4 +171,4 @@ def _parity_check(rng):
     return worst
 
 
-_c.attach_kernel("sdpa", "refattn.attention.softmax", flash_attention_forward, _parity_check)
+_c.attach_kernel("sdpa", "refattn.attention.softmax.sdpa", flash_attention_forward, _parity_check)

@@ -2,15 +2,15 @@ r"""Causal linear attention (Katharopoulos et al.) as a numba.cuda prefix-state 
 backward.
 
 The CUDA twin of :mod:`refattn.kernels.cpu.linear` (same signature and validation), semantics of
-:func:`refattn.attention.linear.causal_linear_attention_forward` /
-:func:`~refattn.attention.linear.causal_linear_attention_backward`:
+:func:`refattn.attention.linear.katharopoulos.causal_linear_attention_forward` /
+:func:`~refattn.attention.linear.katharopoulos.causal_linear_attention_backward`:
 
 $$S_i = S_{i-1} + \phi(k_i)v_i^\top,\quad z_i = z_{i-1} + \phi(k_i),\quad
 o_i = \frac{S_i^\top\phi(q_i)}{\phi(q_i)\cdot z_i + \epsilon}.$$
 
 One thread block per (batch, head) row; tiles of ``T`` tokens are staged in shared memory. In the
 forward, thread ``e`` owns the state column $S_{:,e}$ (so $o_{ie}$ needs no reduction between
-threads). The backward (derivation in :mod:`refattn.attention.linear`) runs a forward scan in which
+threads). The backward (derivation in :mod:`refattn.attention.linear.core`) runs a forward scan in which
 thread ``c`` owns the state row $S_{c,:}$ and $z_c$ ($d\phi(q_i)_c = S_{c,:}u_i + c_iz_c$), then a
 reverse scan in which thread ``c`` owns $R_{c,:}, r_c$ ($d\phi(k_j)_c$) and thread ``e`` owns
 $R_{:,e}$ ($dv_{je}$). The feature map $\phi$ (ELU+1 or identity) and its derivative are applied in
@@ -118,8 +118,8 @@ def causal_linear_attention_backward(dout, cache):
 
 def _parity_check(rng):
     """CUDA scans == reference causal scan (float64, 1e-10) on the output and gradients."""
-    from ...attention.linear import causal_linear_attention_backward as ref_bwd
-    from ...attention.linear import causal_linear_attention_forward as ref_fwd
+    from ...attention.linear.katharopoulos import causal_linear_attention_backward as ref_bwd
+    from ...attention.linear.katharopoulos import causal_linear_attention_forward as ref_fwd
 
     worst = 0.0
     for fm in ("elu_plus_one", "identity"):
@@ -139,5 +139,5 @@ def _parity_check(rng):
 
 
 # The record's forward is linear_attention_forward(..., causal=...); the kernel covers its causal form.
-_c.attach_kernel("linear_attention_katharopoulos", "refattn.attention.linear", causal_linear_attention_forward,
-                 _parity_check)
+_c.attach_kernel("linear_attention_katharopoulos", "refattn.attention.linear.katharopoulos",
+                 causal_linear_attention_forward, _parity_check)

@@ -1,30 +1,12 @@
-r"""Position biases for softmax attention: ALiBi, Shaw relative positions, T5 bucketed bias.
+r"""Relative position encodings: Shaw relative positions (clipped key/value tables) and T5's bucketed
+relative bias, under one record (``relative_position_encodings``, ``kind="shaw"`` or ``"t5"``).
 
-All three build on :func:`refattn.attention.softmax.attention_core_forward` (a differentiable
-additive score bias) and share one convention for *where* query $i$ sits relative to the keys
-when $N \ne M$: the relative distance is $j - (i + o)$ with $o = 0$ for
-``causal_alignment="top_left"`` (PyTorch) and $o = M - N$ for ``"bottom_right"`` (KV-cache
-decoding: HF T5 offsets query positions by the cache length, flash-attn's ALiBi uses
-$|i + M - N - j|$). The same keyword aligns the causal mask, so the two always agree.
-
-ALiBi
------
-Press, Smith, Lewis, "Train Short, Test Long: Attention with Linear Biases Enables Input Length
-Extrapolation", ICLR 2022, arXiv 2108.12409; official code ofirpress/attention_with_linear_biases
-(``get_slopes`` in its fairseq ``models/transformer.py``).
-
-$$B_{h,ij} = -m_h\,\big((i + o) - j\big)\quad(\texttt{symmetric=False}),\qquad
-B_{h,ij} = -m_h\,\lvert (i + o) - j\rvert\quad(\texttt{symmetric=True}).$$
-
-Slopes: for $H = 2^a$, $m_h = 2^{-8(h+1)/H}$ (start $= $ ratio $= 2^{-2^{-(\log_2 H - 3)}}$); otherwise
-the reference takes the $2^{\lfloor\log_2 H\rfloor}$ slopes and appends every other slope of
-the $2^{\lfloor\log_2 H\rfloor + 1}$ set (:func:`alibi_slopes` follows that recursion exactly).
-The reference adds $m_h\,j$ under a causal mask, which differs from $-m_h(i - j)$ by the row
-constant $m_h i$ and gives the same softmax. The bidirectional (``symmetric``) form is the one
-flash-attn applies without a causal mask and the baseline in catalogue seed [5-30].
-Learnable slopes (``params={"alibi_slopes": (H,)}``, flash-attn's argument name) have gradient
-
-$$dm_h = -\sum_{b,i,j} dS_{b,h,ij}\,\delta_{ij},\qquad \delta_{ij} = (i+o) - j\ \text{or}\ |(i+o)-j|.$$
+Both build on `attention_core_forward` of `refattn.attention.softmax.core` (a differentiable
+additive score bias) and share with ALiBi (`refattn.attention.softmax.alibi`) one convention for
+*where* query $i$ sits relative to the keys when $N \ne M$: the relative distance is $j - (i + o)$
+(`relative_positions`) with $o = 0$ for ``causal_alignment="top_left"`` (PyTorch) and $o = M - N$
+for ``"bottom_right"`` (KV-cache decoding: HF T5 offsets query positions by the cache length). The
+same keyword aligns the causal mask, so the two always agree.
 
 Shaw relative positions
 -----------------------
@@ -53,7 +35,7 @@ $|r| <$ ``max_exact`` $=$ ``num_buckets/2`` (of the half), log-spaced up to ``ma
 further distances share the last bucket. The log is evaluated in float32 as upstream
 (``tf.to_float`` / ``.float()``). T5 does **not** scale by $1/\sqrt d$ (its init absorbs it):
 ``scale=1.0`` is the T5 default here. Table gradient: the scatter-add of
-:func:`refattn.attention.softmax.scatter_bias_grad`.
+:func:`refattn.attention.softmax.additive_bias.scatter_bias_grad`.
 """
 
 from __future__ import annotations
@@ -62,136 +44,25 @@ import math
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_choice, check_param_keys, check_positive, validate_qkv
-from ..registry import Mechanism, Sample, register
-from .softmax import (
-    CAUSAL_ALIGNMENTS,
-    _check_size,
-    attention_core_backward,
-    attention_core_forward,
-    biased_attention_backward,
-    biased_attention_forward,
-    causal_keep,
-    naive_attention,
-    sdpa,
-    sum_to_shape,
-)
+from ..._checks import as_dout, as_float, check_choice, check_positive, validate_qkv
+from ...registry import Mechanism, Sample, register
+from ._samples import random_qkv_heads
+from .additive_bias import biased_attention_backward, biased_attention_forward
+from .core import attention_core_backward, attention_core_forward, causal_keep, check_size, relative_positions
+from .sdpa import sdpa
 
 __all__ = [
-    "alibi_slopes",
-    "alibi_bias",
-    "alibi_attention_forward",
-    "alibi_attention_backward",
-    "relative_positions",
+    "RPE_KINDS",
     "t5_relative_position_bucket",
-    "shaw_attention_forward",
-    "shaw_attention_backward",
     "t5_attention_forward",
     "t5_attention_backward",
+    "shaw_attention_forward",
+    "shaw_attention_backward",
     "relative_position_attention_forward",
     "relative_position_attention_backward",
 ]
 
-
-def _query_offset(n, m, causal_alignment):
-    check_choice(causal_alignment, "causal_alignment", CAUSAL_ALIGNMENTS)
-    return 0 if causal_alignment == "top_left" else m - n
-
-
-def relative_positions(n: int, m: int, causal_alignment: str = "top_left") -> np.ndarray:
-    """Integer ``(n, m)`` matrix of relative positions $j - (i + o)$ (memory minus query position)."""
-    o = _query_offset(n, m, causal_alignment)
-    return np.arange(m)[None, :] - (np.arange(n)[:, None] + o)
-
-
-# --------------------------------------------------------------------------------------------
-# ALiBi
-
-
-def alibi_slopes(num_heads: int) -> np.ndarray:
-    """Head slopes of ALiBi exactly as the reference ``get_slopes(n)`` (ofirpress), float64 ``(H,)``."""
-    num_heads = _check_size(num_heads, "num_heads")
-
-    def power_of_2(n):
-        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
-        return [start * start**i for i in range(n)]
-
-    def slopes(n):
-        if math.log2(n).is_integer():
-            return power_of_2(n)
-        closest = 2 ** math.floor(math.log2(n))
-        return power_of_2(closest) + slopes(2 * closest)[0::2][: n - closest]
-
-    return np.array(slopes(num_heads), dtype=np.float64)
-
-
-def _alibi_distance(n, m, symmetric, causal_alignment):
-    d = -relative_positions(n, m, causal_alignment)  # (i + o) - j
-    return np.abs(d) if symmetric else d
-
-
-def alibi_bias(n: int, m: int, slopes, *, symmetric: bool = False, causal_alignment: str = "top_left") -> np.ndarray:
-    r"""ALiBi bias ``(H, n, m)``: $-m_h\,((i+o) - j)$, or $-m_h|(i+o)-j|$ when ``symmetric``."""
-    slopes = as_float(slopes, "slopes", ndim=1)
-    dist = _alibi_distance(_check_size(n, "n"), _check_size(m, "m"), symmetric, causal_alignment)
-    return -slopes[:, None, None] * dist
-
-
-def alibi_attention_forward(q, k, v, params=None, *, is_causal: bool = True, symmetric: bool = False,
-                            causal_alignment: str = "top_left", attn_mask=None, scale=None,
-                            kv_group_map: str = "contiguous"):
-    r"""Attention with Linear Biases (see the module docstring for the formula and conventions).
-
-    Parameters
-    ----------
-    q (..., H, N, d), k (..., Hkv, M, d), v (..., Hkv, M, dv)
-    params : {"alibi_slopes": (H,)}, optional
-        Learnable slopes; default: the fixed reference slopes :func:`alibi_slopes` (no gradient).
-    is_causal : bool
-        Default True (ALiBi was introduced for causal LMs); with ``symmetric=False`` and no causal
-        mask, future keys get a *positive* bias that grows with distance.
-    symmetric : bool
-        $|i - j|$ distances (flash-attn non-causal ALiBi, [5-30]).
-    causal_alignment, attn_mask, scale, kv_group_map
-        As :func:`refattn.attention.softmax.sdpa_forward`; the alignment also sets the query
-        position offset $o$.
-
-    Returns
-    -------
-    out, cache
-        ``alibi_attention_backward(dout, cache)`` gives ``q, k, v`` (and ``alibi_slopes``).
-    """
-    q, k, v = validate_qkv(q, k, v)
-    if not isinstance(symmetric, (bool, np.bool_)):
-        raise TypeError(f"symmetric must be a bool; got {type(symmetric).__name__}")
-    h, n, m = q.shape[-3], q.shape[-2], k.shape[-2]
-    learn = False
-    if params is not None:
-        check_param_keys(params, (), ("alibi_slopes",), where="alibi_attention (alibi_slopes: (H,))")
-        learn = "alibi_slopes" in params
-    if learn:
-        slopes = as_float(params["alibi_slopes"], "alibi_slopes", ndim=1)
-        if slopes.shape[0] != h:
-            raise ValueError(f"alibi_slopes must have shape (H={h},); got {slopes.shape}")
-    else:
-        slopes = alibi_slopes(h)
-    dist = _alibi_distance(n, m, bool(symmetric), causal_alignment)
-    dt = np.result_type(q, k, v, slopes) if learn else np.result_type(q, k, v)
-    bias = -slopes.astype(dt, copy=False)[:, None, None] * dist.astype(dt)
-    out, cache = attention_core_forward(q, k, v, bias, attn_mask=attn_mask, is_causal=is_causal,
-                                        causal_alignment=causal_alignment, scale=scale, kv_group_map=kv_group_map)
-    cache["alibi"] = {"learn": learn, "dist": dist}
-    return out, cache
-
-
-def alibi_attention_backward(dout, cache):
-    r"""Gradient of :func:`alibi_attention_forward`; ``alibi_slopes``: $dm_h = -\sum dS_{h,ij}\delta_{ij}$."""
-    g = attention_core_backward(dout, cache)
-    out = {"q": g["q"], "k": g["k"], "v": g["v"]}
-    if cache["alibi"]["learn"]:
-        db = sum_to_shape(g["bias"], g["bias"].shape[-3:])
-        out["alibi_slopes"] = -np.einsum("hij,ij->h", db, cache["alibi"]["dist"].astype(db.dtype))
-    return out
+RPE_KINDS = ("shaw", "t5")
 
 
 # --------------------------------------------------------------------------------------------
@@ -207,8 +78,8 @@ def t5_relative_position_bucket(relative_position, *, bidirectional: bool = True
     rp = np.asarray(relative_position)
     if rp.dtype.kind not in "iu":
         raise TypeError(f"relative_position must be an integer array; got dtype {rp.dtype}")
-    num_buckets = _check_size(num_buckets, "num_buckets", 2)
-    max_distance = _check_size(max_distance, "max_distance", 1)
+    num_buckets = check_size(num_buckets, "num_buckets", 2)
+    max_distance = check_size(max_distance, "max_distance", 1)
     ret = np.zeros(rp.shape, dtype=np.int64)
     n = -rp.astype(np.int64)
     if bidirectional:
@@ -289,7 +160,7 @@ def shaw_attention_forward(q, k, v, params, *, max_relative_position: int, scale
         Default $1/\sqrt d$ (tensor2tensor scales $q$ by $d^{-1/2}$).
     """
     q, k, v = validate_qkv(q, k, v)
-    kmax = _check_size(max_relative_position, "max_relative_position", 0)
+    kmax = check_size(max_relative_position, "max_relative_position", 0)
     if not isinstance(params, dict) or "relative_positions_keys" not in params:
         raise TypeError("params must be a dict with 'relative_positions_keys' (2K+1, d) "
                         "and optional 'relative_positions_values' (2K+1, dv)")
@@ -349,8 +220,6 @@ def shaw_attention_backward(dout, cache):
 # --------------------------------------------------------------------------------------------
 # The relative_position_encodings record: one forward for both kinds
 
-RPE_KINDS = ("shaw", "t5")
-
 
 def relative_position_attention_forward(q, k, v, params, *, kind: str = "shaw", max_relative_position=None,
                                         bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128,
@@ -380,85 +249,9 @@ def relative_position_attention_backward(dout, cache):
     return t5_attention_backward(dout, cache)
 
 
-# --------------------------------------------------------------------------------------------
-# Records
-
-
-def _qkv(rng, b, h, hkv, n, m, d, dv):
-    return (rng.standard_normal((b, h, n, d)), rng.standard_normal((b, hkv, m, d)),
-            rng.standard_normal((b, hkv, m, dv)))
-
-
-def _sample_alibi(rng, size):
-    if size == "tiny":
-        h, n, m, d = 2, int(rng.integers(2, 4)), int(rng.integers(2, 5)), 2
-    else:
-        h, n, m, d = int(rng.choice([3, 4, 6])), int(rng.integers(4, 9)), int(rng.integers(4, 10)), 3
-    q, k, v = _qkv(rng, 2, h, h, n, m, d, d)
-    symmetric = bool(rng.random() < 0.5)
-    cfg = {"symmetric": symmetric, "is_causal": not symmetric,
-           "causal_alignment": "bottom_right" if m >= n else "top_left"}
-    return Sample(inputs={"q": q, "k": k, "v": v}, params={"alibi_slopes": alibi_slopes(h) * rng.uniform(0.5, 2.0, h)},
-                  config=cfg)
-
-
-def _alibi_reference(q, k, v, params=None, *, is_causal=True, symmetric=False, causal_alignment="top_left", **_):
-    h, n, m = q.shape[-3], q.shape[-2], k.shape[-2]
-    slopes = params["alibi_slopes"] if params else alibi_slopes(h)
-    o = 0 if causal_alignment == "top_left" else m - n
-    bias = np.zeros((h, n, m))
-    for hh in range(h):
-        for i in range(n):
-            for j in range(m):
-                dist = (i + o) - j
-                bias[hh, i, j] = -slopes[hh] * (abs(dist) if symmetric else dist)
-    keep = causal_keep(n, m, causal_alignment) if is_causal else None
-    return naive_attention(q, k, v, bias=bias, keep=keep)
-
-
-def _check_alibi_slopes(rng):
-    # closed forms: H = 2^a -> 2^{-8(h+1)/H}; H = 2^a + r -> the 2^a set + 2^{-8(2t+1)/2^{a+1}}, t < r
-    err = 0.0
-    for h in (1, 2, 4, 8, 12, 16, 20, 24, 6):
-        p2 = 2 ** int(math.floor(math.log2(h)))
-        ref = [2.0 ** (-8.0 * (t + 1) / p2) for t in range(p2)]
-        ref += [2.0 ** (-8.0 * (2 * t + 1) / (2 * p2)) for t in range(h - p2)]
-        err = max(err, float(np.abs(alibi_slopes(h) - np.array(ref)).max() / np.max(ref)))
-    assert err < 1e-14, err
-    assert np.allclose(alibi_slopes(8), [1 / 2 ** (i + 1) for i in range(8)], rtol=1e-15)
-    return err
-
-
-def _check_alibi_zero_slopes(rng):
-    q, k, v = _qkv(rng, 2, 3, 3, 5, 5, 4, 2)
-    out = alibi_attention_forward(q, k, v, {"alibi_slopes": np.zeros(3)})[0]
-    err = float(np.abs(out - sdpa(q, k, v, is_causal=True)).max())
-    assert err < 1e-12, err
-    return err
-
-
-def _check_alibi_reference_form(rng):
-    # the official code adds +m_h * j (a row shift of -m_h (i - j)): same causal attention
-    q, k, v = _qkv(rng, 2, 4, 4, 6, 6, 3, 2)
-    slopes = alibi_slopes(4)
-    ref_form = slopes[:, None, None] * np.arange(6)[None, None, :]
-    from .softmax import biased_attention_forward as biased
-    a = biased(q, k, v, np.broadcast_to(ref_form, (4, 6, 6)), is_causal=True)[0]
-    err = float(np.abs(a - alibi_attention_forward(q, k, v)[0]).max())
-    assert err < 1e-12, err
-    return err
-
-
-def _check_alibi_translation(rng):
-    # decoding the last 2 queries against the cache equals the last rows of full causal attention
-    q, k, v = _qkv(rng, 2, 2, 2, 6, 6, 3, 2)
-    full = alibi_attention_forward(q, k, v)[0]
-    last = alibi_attention_forward(q[:, :, 4:], k, v, causal_alignment="bottom_right")[0]
-    err = float(np.abs(last - full[:, :, 4:]).max())
-    assert err < 1e-12, err
-    b1 = alibi_bias(4, 4, np.ones(1), symmetric=True)
-    assert np.array_equal(b1, alibi_bias(4, 4, np.ones(1), symmetric=True).transpose(0, 2, 1))
-    return err
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _sample_rpe(rng, size, kind=None):
@@ -467,7 +260,7 @@ def _sample_rpe(rng, size, kind=None):
         h, hkv, n, m, d, dv = 2, 2, int(rng.integers(2, 4)), int(rng.integers(2, 5)), 2, 2
     else:
         h, hkv, n, m, d, dv = 4, int(rng.choice([2, 4])), int(rng.integers(4, 9)), int(rng.integers(4, 11)), 3, 2
-    q, k, v = _qkv(rng, 2, h, hkv, n, m, d, dv)
+    q, k, v = random_qkv_heads(rng, 2, h, hkv, n, m, d, dv)
     cfg = {"kind": kind, "is_causal": bool(rng.random() < 0.5),
            "causal_alignment": "bottom_right" if m >= n else "top_left", "scale": float(rng.uniform(0.4, 1.0))}
     if kind == "shaw":
@@ -546,7 +339,7 @@ def _check_t5_buckets(rng):
 def _check_shaw_k0(rng):
     # K = 0: the key table adds q.a_0 to every score of a row (cancels: zero gradient) and the
     # value table adds a^V_0 to every output row
-    q, k, v = _qkv(rng, 2, 2, 2, 4, 5, 3, 2)
+    q, k, v = random_qkv_heads(rng, 2, 2, 2, 4, 5, 3, 2)
     p = {"relative_positions_keys": rng.standard_normal((1, 3)), "relative_positions_values": rng.standard_normal((1, 2))}
     out, c = shaw_attention_forward(q, k, v, p, max_relative_position=0)
     e1 = float(np.abs(out - sdpa(q, k, v) - p["relative_positions_values"][0]).max())
@@ -558,22 +351,13 @@ def _check_shaw_k0(rng):
 
 def _gradcheck_kind(kind):
     def check(rng):
-        from ..testing import gradcheck
+        from ...testing import gradcheck
         s = _sample_rpe(rng, "tiny", kind)
         return gradcheck(relative_position_attention_forward, relative_position_attention_backward, s).max_rel
     return check
 
 
 register(
-    Mechanism(
-        slug="alibi", family="1-softmax", tier="T1",
-        title="ALiBi: linear distance biases (reference slopes, symmetric option, learnable slopes)",
-        paper="Press, Smith, Lewis, Train Short, Test Long, ICLR 2022, arXiv 2108.12409",
-        forward=alibi_attention_forward, backward=alibi_attention_backward, sample=_sample_alibi,
-        reference=_alibi_reference, docs="softmax-attention.md#alibi",
-        checks={"reference_slopes": _check_alibi_slopes, "zero_slopes_is_causal_sdpa": _check_alibi_zero_slopes,
-                "official_row_shift_form": _check_alibi_reference_form, "translation": _check_alibi_translation},
-    ),
     Mechanism(
         slug="relative_position_encodings", family="1-softmax", tier="T1",
         title="Shaw relative positions (clipped key/value tables) and T5 bucketed relative bias",

@@ -7,6 +7,15 @@ materialising score tiles, and agree with it to round-off (checked to $10^{-12}$
 They are NumPy readings of the algorithms, vectorised over the batch and head axes; the loops are
 over tiles. Score tile $(I, J)$: $S_{IJ} = \mathrm{cap}(s\,Q_IK_J^\top) + M_{IJ}$.
 
+One module for three mechanisms, because they share one derivation: each splits the scores into
+tiles (the shared `_Tiles` context builds any tile $S_{IJ}$ with softcap and masks), summarises a
+tile by its running max, sum and weighted values $(m, \ell, \tilde O)$, combines summaries with
+the same rescaling $e^{m - m'}$ (online in FlashAttention-2, one combine per query chunk in
+Rabe–Staats, a binary tree in tree attention) and differentiates through the stored
+$L = m + \log\ell$ with the one FlashAttention-2 backward below (Rabe–Staats also has the
+paper's checkpointed backward, which reduces to it). Split apart, each module would import the
+others' private tiling helpers.
+
 FlashAttention-2 forward (online softmax)
 -----------------------------------------
 Dao et al., "FlashAttention", NeurIPS 2022, arXiv 2205.14135; Dao, "FlashAttention-2",
@@ -76,22 +85,21 @@ import math
 
 import numpy as np
 
-from .._checks import as_dout, check_choice, validate_qkv
-from ..registry import Mechanism, Sample, register
-from .softmax import (
+from ..._checks import as_dout, check_choice, validate_qkv
+from ...registry import Mechanism, Sample, register
+from .core import (
     KV_GROUP_MAPS,
-    _check_size,
-    _sdpa_reference,
-    _validate_config,
     causal_keep,
+    check_size,
     expand_kv,
     reduce_kv,
-    sdpa,
-    sdpa_backward,
-    sdpa_forward,
+    sdpa_reference,
+    validate_qkv_config,
 )
+from .sdpa import sdpa, sdpa_backward, sdpa_forward
 
 __all__ = [
+    "LOG2E",
     "flash_attention_forward",
     "flash_attention_backward",
     "flash_attention",
@@ -117,7 +125,7 @@ class _Tiles:
 
     def __init__(self, q, k, v, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map):
         q, k, v = validate_qkv(q, k, v)
-        attn_mask, is_causal, scale, softcap = _validate_config(
+        attn_mask, is_causal, scale, softcap = validate_qkv_config(
             q, k, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map)
         dt = np.result_type(q, k, v)
         self.q, self.k, self.v = (a.astype(dt, copy=False) for a in (q, k, v))
@@ -161,7 +169,7 @@ def _blocks(total, size):
 
 
 def _split_sizes(total, sizes, name):
-    sizes = [_check_size(int(s) if isinstance(s, np.integer) else s, name) for s in sizes]
+    sizes = [check_size(int(s) if isinstance(s, np.integer) else s, name) for s in sizes]
     if sum(sizes) != total:
         raise ValueError(f"{name} must sum to {total}; got {sizes} (sum {sum(sizes)})")
     out, a = [], 0
@@ -225,7 +233,7 @@ def flash_attention_forward(q, k, v, *, block_q: int = 32, block_k: int = 64, at
         ``out`` (..., H, N, dv); ``cache["lse"]`` (..., H, N); ``cache["skipped_tiles"]`` counts
         causal tiles never computed.
     """
-    block_q, block_k = _check_size(block_q, "block_q"), _check_size(block_k, "block_k")
+    block_q, block_k = check_size(block_q, "block_q"), check_size(block_k, "block_k")
     check_choice(lse_base, "lse_base", ("e", "2"))
     t = _Tiles(q, k, v, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map)
     lead = t.q.shape[:-1]
@@ -304,7 +312,7 @@ def rabe_staats_forward(q, k, v, *, query_chunk_size: int = 1024, key_chunk_size
     out, cache
         ``cache["lse"]`` (natural base).
     """
-    qc, kc = _check_size(query_chunk_size, "query_chunk_size"), _check_size(key_chunk_size, "key_chunk_size")
+    qc, kc = check_size(query_chunk_size, "query_chunk_size"), check_size(key_chunk_size, "key_chunk_size")
     check_choice(backward_mode, "backward_mode", ("checkpoint", "flash"))
     t = _Tiles(q, k, v, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map)
     lead = t.q.shape[:-1]
@@ -417,7 +425,7 @@ def tree_attention_forward(q, k, v, *, num_chunks: int = 4, chunk_sizes=None, at
     """
     t = _Tiles(q, k, v, attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map)
     if chunk_sizes is None:
-        num_chunks = _check_size(num_chunks, "num_chunks")
+        num_chunks = check_size(num_chunks, "num_chunks")
         if num_chunks > t.m:
             raise ValueError(f"num_chunks ({num_chunks}) must not exceed the number of keys M={t.m}")
         sizes = [len(a) for a in np.array_split(np.arange(t.m), num_chunks)]
@@ -451,8 +459,9 @@ def attention_energy(q, k, v, zeta, *, scale=None) -> float:
     return float(np.sum(np.log(np.exp(x - mx).sum(axis=-1)) + mx[..., 0]))
 
 
-# --------------------------------------------------------------------------------------------
-# Records
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _sample_base(rng, size):
@@ -502,7 +511,7 @@ def _sdpa_cfg(cfg):
 
 
 def _exact_reference(q, k, v, **cfg):
-    return _sdpa_reference(q, k, v, **_sdpa_cfg(cfg))
+    return sdpa_reference(q, k, v, **_sdpa_cfg(cfg))
 
 
 def _random_case(rng, n=None, m=None):

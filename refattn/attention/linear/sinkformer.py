@@ -48,15 +48,12 @@ import math
 
 import numpy as np
 
-from .._checks import as_dout, as_float, check_dim, check_int, check_positive, compute_dtype
-from ..nn.softmax import softmax_lse
-from ..registry import Mechanism, Sample, register
+from ..._checks import as_dout, as_float, check_dim, check_int, check_positive, compute_dtype
+from ...nn.softmax import softmax_lse
+from ...registry import Mechanism, Sample, register
+from .core import mT
 
 __all__ = ["sinkformer_forward", "sinkformer_backward", "sinkformer_attention", "sinkhorn_log"]
-
-
-def _mT(a):
-    return np.swapaxes(a, -1, -2)
 
 
 def sinkhorn_log(L0: np.ndarray, n_iter: int):
@@ -108,7 +105,7 @@ def sinkformer_forward(q, k, v, *, n_iter: int = 3, eps: float = 1.0, scale: flo
     dt = compute_dtype(q, k, v)
     q, k, v = (a.astype(dt, copy=False) for a in (q, k, v))
     s = q.shape[-1] ** -0.5 if scale is None else scale
-    L0 = (s / eps) * (q @ _mT(k))
+    L0 = (s / eps) * (q @ mT(k))
     L, Ps = sinkhorn_log(L0, n_iter)
     A = k.shape[-2] * np.exp(L)
     out = A @ v
@@ -120,13 +117,13 @@ def sinkformer_backward(dout, cache):
     iterations: $dL = dL' - P_t\odot\sum_{ax_t}dL'$ per step, in reverse."""
     A, q, k, v = cache["A"], cache["q"], cache["k"], cache["v"]
     g = as_dout(dout, cache["out_shape"], A.dtype)
-    dv = _mT(A) @ g
-    dL = (g @ _mT(v)) * A
+    dv = mT(A) @ g
+    dL = (g @ mT(v)) * A
     for t in range(len(cache["Ps"]) - 1, -1, -1):
         axis = -1 if t % 2 == 0 else -2
         dL = dL - cache["Ps"][t] * np.sum(dL, axis=axis, keepdims=True)
     dS = dL * (cache["s"] / cache["eps"])
-    return {"q": dS @ k, "k": _mT(dS) @ q, "v": dv}
+    return {"q": dS @ k, "k": mT(dS) @ q, "v": dv}
 
 
 def sinkformer_attention(q, k, v, *, n_iter: int = 3, eps: float = 1.0, scale: float | None = None):
@@ -134,10 +131,15 @@ def sinkformer_attention(q, k, v, *, n_iter: int = 3, eps: float = 1.0, scale: f
     return sinkformer_forward(q, k, v, n_iter=n_iter, eps=eps, scale=scale)[0]
 
 
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
+
+
 def _reference(q, k, v, *, n_iter=3, eps=1.0, scale=None):
     """Upstream's dual-potential form, in NumPy: u, v potentials and $\\pi = \\exp((S+u\\oplus v)/\\varepsilon)$."""
     s = q.shape[-1] ** -0.5 if scale is None else scale
-    S = s * (q @ _mT(k))
+    S = s * (q @ mT(k))
     n, m = S.shape[-2:]
     u = np.zeros(S.shape[:-1])
     w = np.zeros(S.shape[:-2] + (m,))
@@ -173,7 +175,7 @@ def _sample(rng, size):
 
 def _check_one_iteration_is_softmax(rng):
     q, k, v = _qkv(rng, "small")
-    s = q @ _mT(k) / np.sqrt(q.shape[-1])
+    s = q @ mT(k) / np.sqrt(q.shape[-1])
     p, _ = softmax_lse(s, axis=-1)
     err = float(np.max(np.abs(sinkformer_attention(q, k, v, n_iter=1) - p @ v)))
     assert err < 1e-12, f"n_iter=1 differs from softmax attention by {err}"
@@ -198,12 +200,12 @@ def _implicit_grad_scores(P: np.ndarray, Gbar: np.ndarray, eps: float) -> np.nda
     r"""Implicit-function VJP of the Sinkhorn fixed point for one ``(N, M)`` plan $P$ (balanced).
 
     $P_{ij} = e^{L_{ij}+u_i+v_j}$ with fixed marginals: $dP = P\odot(dL + du\oplus dv)$ and the
-    row/column sums of $dP$ vanish. For any $lpha,eta$,
-    $\sum_{ij}(lpha_i+eta_j)dP_{ij} = 0$, so choosing them to cancel the $du, dv$
-    coefficients, $\sum_j P_{ij}(ar G_{ij}+lpha_i+eta_j) = 0$ and
-    $\sum_i P_{ij}(ar G_{ij}+lpha_i+eta_j) = 0$ (a singular but consistent
+    row/column sums of $dP$ vanish. For any $\alpha,\beta$,
+    $\sum_{ij}(\alpha_i+\beta_j)dP_{ij} = 0$, so choosing them to cancel the $du, dv$
+    coefficients, $\sum_j P_{ij}(\bar G_{ij}+\alpha_i+\beta_j) = 0$ and
+    $\sum_i P_{ij}(\bar G_{ij}+\alpha_i+\beta_j) = 0$ (a singular but consistent
     $(N+M)$-system, null vector $(\mathbf 1, -\mathbf 1)$), gives
-    $\partial\mathcal L/\partial L = P\odot(ar G + lpha\opluseta)$ and $dS = $ that $/arepsilon$.
+    $\partial\mathcal L/\partial L = P\odot(\bar G + \alpha\oplus\beta)$ and $dS = $ that $/\varepsilon$.
     """
     n, m = P.shape
     top = np.hstack([np.diag(P.sum(1)), P])
@@ -238,7 +240,7 @@ def _check_unrolled_equals_implicit(rng):
 
 def _check_fd_non_square(rng):
     """FD gradcheck with N != M (upstream marginals 1/N, 1/M) and several iteration counts."""
-    from ..testing import gradcheck
+    from ...testing import gradcheck
 
     errs = []
     for n_iter in (2, 3):
