@@ -14,11 +14,14 @@
 
 Every public name of these modules is re-exported here, so
 ``from refattn.attention.linear import causal_linear_attention_forward`` works.
+
+A convenience wrapper named like its module (``performer``, ``transnormer``) is not re-exported, so that the
+module name keeps naming the module: call it as ``refattn.attention.linear.<module>.<name>``.
 """
 
 from __future__ import annotations
 
-from .core import (
+from .core import (  # noqa: F401
     FEATURE_MAPS,
     feature_map_backward,
     feature_map_forward,
@@ -27,12 +30,12 @@ from .core import (
     mT,
     validate_linear_qkv,
 )
-from .efficient import (
+from .efficient import (  # noqa: F401
     efficient_attention,
     efficient_attention_backward,
     efficient_attention_forward,
 )
-from .katharopoulos import (
+from .katharopoulos import (  # noqa: F401
     causal_linear_attention_backward,
     causal_linear_attention_forward,
     linear_attention,
@@ -40,8 +43,7 @@ from .katharopoulos import (
     linear_attention_explicit,
     linear_attention_forward,
 )
-from .performer import (
-    performer,
+from .performer import (  # noqa: F401
     performer_backward,
     performer_features_backward,
     performer_features_forward,
@@ -49,7 +51,7 @@ from .performer import (
     performer_projection_matrix,
     validate_performer_config,
 )
-from .rpe_fft import (
+from .rpe_fft import (  # noqa: F401
     kernelized_rpe,
     kernelized_rpe_backward,
     kernelized_rpe_forward,
@@ -57,71 +59,66 @@ from .rpe_fft import (
     toeplitz_dense,
     toeplitz_matvec_fft,
 )
-from .set_transformer import (
+from .set_transformer import (  # noqa: F401
     BLOCKS,
     mab_backward,
     mab_forward,
-    set_transformer,
     set_transformer_backward,
     set_transformer_forward,
 )
-from .sinkformer import (
+from .sinkformer import (  # noqa: F401
     sinkformer_attention,
     sinkformer_backward,
     sinkformer_forward,
     sinkhorn_log,
 )
-from .transnormer import (
+from .transnormer import (  # noqa: F401
     diag_attention_backward,
     diag_attention_forward,
-    transnormer,
     transnormer_backward,
     transnormer_forward,
 )
 
 __all__ = [
     "FEATURE_MAPS",
-    "feature_map_forward",
     "feature_map_backward",
-    "validate_linear_qkv",
-    "mT",
-    "linear_core_forward",
+    "feature_map_forward",
     "linear_core_backward",
-    "linear_attention_forward",
-    "linear_attention_backward",
-    "linear_attention",
-    "linear_attention_explicit",
-    "causal_linear_attention_forward",
-    "causal_linear_attention_backward",
-    "efficient_attention_forward",
-    "efficient_attention_backward",
+    "linear_core_forward",
+    "mT",
+    "validate_linear_qkv",
     "efficient_attention",
-    "performer_projection_matrix",
-    "performer_features_forward",
-    "performer_features_backward",
-    "validate_performer_config",
-    "performer_forward",
+    "efficient_attention_backward",
+    "efficient_attention_forward",
+    "causal_linear_attention_backward",
+    "causal_linear_attention_forward",
+    "linear_attention",
+    "linear_attention_backward",
+    "linear_attention_explicit",
+    "linear_attention_forward",
     "performer_backward",
-    "performer",
-    "transnormer_forward",
-    "transnormer_backward",
-    "transnormer",
-    "diag_attention_forward",
-    "diag_attention_backward",
-    "toeplitz_matvec_fft",
+    "performer_features_backward",
+    "performer_features_forward",
+    "performer_forward",
+    "performer_projection_matrix",
+    "validate_performer_config",
+    "kernelized_rpe",
+    "kernelized_rpe_backward",
+    "kernelized_rpe_forward",
     "toeplitz_correlation_fft",
     "toeplitz_dense",
-    "kernelized_rpe_forward",
-    "kernelized_rpe_backward",
-    "kernelized_rpe",
-    "mab_forward",
-    "mab_backward",
-    "set_transformer_forward",
-    "set_transformer_backward",
-    "set_transformer",
+    "toeplitz_matvec_fft",
     "BLOCKS",
-    "sinkformer_forward",
-    "sinkformer_backward",
+    "mab_backward",
+    "mab_forward",
+    "set_transformer_backward",
+    "set_transformer_forward",
     "sinkformer_attention",
+    "sinkformer_backward",
+    "sinkformer_forward",
     "sinkhorn_log",
+    "diag_attention_backward",
+    "diag_attention_forward",
+    "transnormer_backward",
+    "transnormer_forward",
 ]

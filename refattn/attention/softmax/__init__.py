@@ -15,23 +15,26 @@
 
 Every public name of these modules is re-exported here, so
 ``from refattn.attention.softmax import sdpa_forward`` works.
+
+A convenience wrapper named like its module (``sdpa``, ``mha``) is not re-exported, so that the
+module name keeps naming the module: call it as ``refattn.attention.softmax.<module>.<name>``.
 """
 
 from __future__ import annotations
 
-from .additive_bias import (
+from .additive_bias import (  # noqa: F401
     biased_attention_backward,
     biased_attention_forward,
     gather_bias,
     scatter_bias_grad,
 )
-from .alibi import (
+from .alibi import (  # noqa: F401
     alibi_attention_backward,
     alibi_attention_forward,
     alibi_bias,
     alibi_slopes,
 )
-from .core import (
+from .core import (  # noqa: F401
     CAUSAL_ALIGNMENTS,
     KV_GROUP_MAPS,
     attention_core_backward,
@@ -47,7 +50,7 @@ from .core import (
     validate_attention_config,
     validate_qkv_config,
 )
-from .masks import (
+from .masks import (  # noqa: F401
     MASK_KINDS,
     band_mask,
     block_diagonal_mask,
@@ -59,7 +62,7 @@ from .masks import (
     sliding_window_mask,
     to_additive,
 )
-from .memory_efficient import (
+from .memory_efficient import (  # noqa: F401
     LOG2E,
     attention_energy,
     chunk_summary,
@@ -73,14 +76,13 @@ from .memory_efficient import (
     tree_attention_forward,
     tree_reduce,
 )
-from .mha import (
+from .mha import (  # noqa: F401
     MHA_WEIGHTS,
     init_mha_params,
-    mha,
     mha_backward,
     mha_forward,
 )
-from .relative import (
+from .relative import (  # noqa: F401
     RPE_KINDS,
     relative_position_attention_backward,
     relative_position_attention_forward,
@@ -90,71 +92,68 @@ from .relative import (
     t5_attention_forward,
     t5_relative_position_bucket,
 )
-from .sdpa import (
-    sdpa,
+from .sdpa import (  # noqa: F401
     sdpa_backward,
     sdpa_forward,
 )
 
 __all__ = [
-    "KV_GROUP_MAPS",
-    "CAUSAL_ALIGNMENTS",
-    "expand_kv",
-    "reduce_kv",
-    "causal_keep",
-    "relative_positions",
-    "sum_to_shape",
-    "check_size",
-    "validate_attention_config",
-    "validate_qkv_config",
-    "attention_core_forward",
-    "attention_core_backward",
-    "naive_attention",
-    "sdpa_reference",
-    "sdpa_forward",
-    "sdpa_backward",
-    "sdpa",
-    "MASK_KINDS",
-    "causal_mask",
-    "band_mask",
-    "sliding_window_mask",
-    "padding_mask",
-    "block_diagonal_mask",
-    "to_additive",
-    "build_mask",
-    "masked_attention_forward",
-    "masked_attention_backward",
+    "biased_attention_backward",
+    "biased_attention_forward",
     "gather_bias",
     "scatter_bias_grad",
-    "biased_attention_forward",
-    "biased_attention_backward",
-    "MHA_WEIGHTS",
-    "mha_forward",
-    "mha_backward",
-    "mha",
-    "init_mha_params",
-    "alibi_slopes",
-    "alibi_bias",
-    "alibi_attention_forward",
     "alibi_attention_backward",
-    "RPE_KINDS",
-    "t5_relative_position_bucket",
-    "t5_attention_forward",
-    "t5_attention_backward",
-    "shaw_attention_forward",
-    "shaw_attention_backward",
-    "relative_position_attention_forward",
-    "relative_position_attention_backward",
+    "alibi_attention_forward",
+    "alibi_bias",
+    "alibi_slopes",
+    "CAUSAL_ALIGNMENTS",
+    "KV_GROUP_MAPS",
+    "attention_core_backward",
+    "attention_core_forward",
+    "causal_keep",
+    "check_size",
+    "expand_kv",
+    "naive_attention",
+    "reduce_kv",
+    "relative_positions",
+    "sdpa_reference",
+    "sum_to_shape",
+    "validate_attention_config",
+    "validate_qkv_config",
+    "MASK_KINDS",
+    "band_mask",
+    "block_diagonal_mask",
+    "build_mask",
+    "causal_mask",
+    "masked_attention_backward",
+    "masked_attention_forward",
+    "padding_mask",
+    "sliding_window_mask",
+    "to_additive",
     "LOG2E",
-    "flash_attention_forward",
-    "flash_attention_backward",
-    "flash_attention",
-    "rabe_staats_forward",
-    "rabe_staats_backward",
-    "chunk_summary",
-    "merge_summaries",
-    "tree_reduce",
-    "tree_attention_forward",
-    "tree_attention_backward",
     "attention_energy",
+    "chunk_summary",
+    "flash_attention",
+    "flash_attention_backward",
+    "flash_attention_forward",
+    "merge_summaries",
+    "rabe_staats_backward",
+    "rabe_staats_forward",
+    "tree_attention_backward",
+    "tree_attention_forward",
+    "tree_reduce",
+    "MHA_WEIGHTS",
+    "init_mha_params",
+    "mha_backward",
+    "mha_forward",
+    "RPE_KINDS",
+    "relative_position_attention_backward",
+    "relative_position_attention_forward",
+    "shaw_attention_backward",
+    "shaw_attention_forward",
+    "t5_attention_backward",
+    "t5_attention_forward",
+    "t5_relative_position_bucket",
+    "sdpa_backward",
+    "sdpa_forward",
 ]
