@@ -52,42 +52,13 @@ from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
 from ..nn.norms import normalize_backward, normalize_forward
 from ..nn.rope import apply_rope, rope_angles
 from ..registry import Mechanism, Sample, register
+from ._samples import sample_axial
+from .common import axial_kernel_grads, axial_kernels, validate_axial_operands
 
 __all__ = ["factformer_attention_forward", "factformer_attention_backward", "factformer_attention",
            "ifactformer_m_attention_forward", "ifactformer_m_attention_backward", "ifactformer_m_attention",
            "factformer_block_forward", "factformer_block_backward", "factformer_block_param_shapes",
            "init_factformer_block_params"]
-
-
-def _validate(v, q_x, k_x, q_y, k_y, scaling_x, scaling_y):
-    v = as_float(v, "v", ndim=5)
-    b, h, nx, ny, _ = v.shape
-    arrs = {}
-    for name, arr, n in (("q_x", q_x, nx), ("k_x", k_x, nx), ("q_y", q_y, ny), ("k_y", k_y, ny)):
-        a = as_float(arr, name, ndim=4)
-        if a.shape[:3] != (b, h, n):
-            raise ValueError(f"{name} must have shape (B={b}, H={h}, {n}, d) to match v of shape {v.shape}; "
-                             f"got {a.shape}")
-        arrs[name] = a
-    for ax in "xy":
-        if arrs[f"q_{ax}"].shape[-1] != arrs[f"k_{ax}"].shape[-1]:
-            raise ValueError(f"feature sizes of q_{ax} ({arrs[f'q_{ax}'].shape[-1]}) and k_{ax} "
-                             f"({arrs[f'k_{ax}'].shape[-1]}) must agree")
-    sx = check_positive(scaling_x, "scaling_x")
-    sy = check_positive(scaling_y, "scaling_y")
-    dt = compute_dtype(v, *arrs.values())
-    return v.astype(dt, copy=False), {k: a.astype(dt, copy=False) for k, a in arrs.items()}, sx, sy, dt
-
-
-def _kernels(a, sx, sy):
-    kx = sx * (a["q_x"] @ np.swapaxes(a["k_x"], -1, -2))
-    ky = sy * (a["q_y"] @ np.swapaxes(a["k_y"], -1, -2))
-    return kx, ky
-
-
-def _kernel_grads(a, dkx, dky, sx, sy):
-    return {"q_x": sx * (dkx @ a["k_x"]), "k_x": sx * (np.swapaxes(dkx, -1, -2) @ a["q_x"]),
-            "q_y": sy * (dky @ a["k_y"]), "k_y": sy * (np.swapaxes(dky, -1, -2) @ a["q_y"])}
 
 
 def factformer_attention_forward(v, q_x, k_x, q_y, k_y, *, scaling_x: float = 1.0, scaling_y: float = 1.0,
@@ -112,9 +83,9 @@ def factformer_attention_forward(v, q_x, k_x, q_y, k_y, *, scaling_x: float = 1.
     out, cache
         ``out (B, H, nx, ny, c)``.
     """
-    v, a, sx, sy, dt = _validate(v, q_x, k_x, q_y, k_y, scaling_x, scaling_y)
+    v, a, sx, sy, dt = validate_axial_operands(v, q_x, k_x, q_y, k_y, scaling_x, scaling_y)
     check_choice(order, "order", ("xy", "yx"))
-    kx, ky = _kernels(a, sx, sy)
+    kx, ky = axial_kernels(a, sx, sy)
     if order == "xy":
         t = np.einsum("bhij,bhjmc->bhimc", kx, v)
         out = np.einsum("bhlm,bhimc->bhilc", ky, t)
@@ -138,7 +109,7 @@ def factformer_attention_backward(dout, cache):
         dkx = np.einsum("bhimc,bhjmc->bhij", g, t)
         dv = np.einsum("bhlm,bhilc->bhimc", ky, dt_)
         dky = np.einsum("bhilc,bhimc->bhlm", dt_, v)
-    return {"v": dv, **_kernel_grads(cache["a"], dkx, dky, cache["sx"], cache["sy"])}
+    return {"v": dv, **axial_kernel_grads(cache["a"], dkx, dky, cache["sx"], cache["sy"])}
 
 
 def factformer_attention(v, q_x, k_x, q_y, k_y, **config) -> np.ndarray:
@@ -156,9 +127,9 @@ def ifactformer_m_attention_forward(v, q_x, k_x, q_y, k_y, *, scaling_x: float =
     x-branch first inside each head); ``"sum"`` adds the branches instead (``(B, H, nx, ny, c)``),
     the other reading of the paper's "parallel" wording.
     """
-    v, a, sx, sy, dt = _validate(v, q_x, k_x, q_y, k_y, scaling_x, scaling_y)
+    v, a, sx, sy, dt = validate_axial_operands(v, q_x, k_x, q_y, k_y, scaling_x, scaling_y)
     check_choice(combine, "combine", ("concat", "sum"))
-    kx, ky = _kernels(a, sx, sy)
+    kx, ky = axial_kernels(a, sx, sy)
     ux = np.einsum("bhij,bhjlc->bhilc", kx, v)
     uy = np.einsum("bhlm,bhimc->bhilc", ky, v)
     out = np.concatenate([ux, uy], axis=-1) if combine == "concat" else ux + uy
@@ -176,7 +147,7 @@ def ifactformer_m_attention_backward(dout, cache):
     dv = np.einsum("bhij,bhilc->bhjlc", kx, gx) + np.einsum("bhlm,bhilc->bhimc", ky, gy)
     dkx = np.einsum("bhilc,bhjlc->bhij", gx, v)
     dky = np.einsum("bhilc,bhimc->bhlm", gy, v)
-    return {"v": dv, **_kernel_grads(cache["a"], dkx, dky, cache["sx"], cache["sy"])}
+    return {"v": dv, **axial_kernel_grads(cache["a"], dkx, dky, cache["sx"], cache["sy"])}
 
 
 def ifactformer_m_attention(v, q_x, k_x, q_y, k_y, **config) -> np.ndarray:
@@ -399,17 +370,6 @@ def init_factformer_block_params(rng, dim: int, dim_head: int, latent_dim: int, 
 # Records
 
 
-def _sample(rng, size, **config):
-    if size == "tiny":
-        b, h, nx, ny, c, d = 2, 1, int(rng.integers(2, 4)), int(rng.integers(2, 4)), 2, 2
-    else:
-        b, h, nx, ny, c, d = 2, 2, int(rng.integers(4, 7)), int(rng.integers(4, 8)), 3, 4
-    return Sample(inputs={"v": rng.standard_normal((b, h, nx, ny, c)),
-                          "q_x": rng.standard_normal((b, h, nx, d)), "k_x": rng.standard_normal((b, h, nx, d)),
-                          "q_y": rng.standard_normal((b, h, ny, d)), "k_y": rng.standard_normal((b, h, ny, d))},
-                  config={"scaling_x": 0.7, "scaling_y": 1.3, **config})
-
-
 def _explicit_factformer(v, q_x, k_x, q_y, k_y, *, scaling_x=1.0, scaling_y=1.0, order="xy"):
     # The full 4-index kernel K(i,l; j,m) = K_x(i,j) K_y(l,m), contracted in one go.
     kx = scaling_x * np.einsum("bhid,bhjd->bhij", q_x, k_x)
@@ -426,20 +386,20 @@ def _explicit_parallel(v, q_x, k_x, q_y, k_y, *, scaling_x=1.0, scaling_y=1.0, c
 
 
 def _check_order(rng):
-    s = _sample(rng, "small")
+    s = sample_axial(rng, "small")
     a = factformer_attention(**s.inputs, **s.config)
     b = factformer_attention(**s.inputs, **{**s.config, "order": "yx"})
     err = float(np.abs(a - b).max())
     assert err < 1e-12 * max(1.0, float(np.abs(a).max())), f"xy and yx orders differ by {err:.2e}"
     from ..testing.gradcheck import gradcheck
 
-    s2 = _sample(rng, "tiny", order="yx")
+    s2 = sample_axial(rng, "tiny", order="yx")
     gradcheck(factformer_attention_forward, factformer_attention_backward, s2)
     return err
 
 
 def _check_x_permutation(rng):
-    s = _sample(rng, "small")
+    s = sample_axial(rng, "small")
     i = s.inputs
     perm = rng.permutation(i["v"].shape[2])
     base = factformer_attention(**i, **s.config)
@@ -453,7 +413,7 @@ def _check_x_permutation(rng):
 def _check_branches(rng):
     # Each parallel branch is a single-axis FactFormer contraction: with q_y = k_y = I (K_y = I)
     # the chained FactFormer equals the x branch, and with K_x = I it equals the y branch.
-    s = _sample(rng, "small")
+    s = sample_axial(rng, "small")
     i = dict(s.inputs)
     b, h, nx, ny, c = i["v"].shape
     par = ifactformer_m_attention(**i, scaling_x=0.7, scaling_y=1.3)
@@ -468,7 +428,7 @@ def _check_branches(rng):
     assert err2 < 1e-12
     from ..testing.gradcheck import gradcheck
 
-    gradcheck(ifactformer_m_attention_forward, ifactformer_m_attention_backward, _sample(rng, "tiny", combine="sum"))
+    gradcheck(ifactformer_m_attention_forward, ifactformer_m_attention_backward, sample_axial(rng, "tiny", combine="sum"))
     return max(err, err2)
 
 
@@ -492,7 +452,7 @@ register(
         slug="factformer_factorized_attention", family="3-operator", tier="T1",
         title="FactFormer axial factorised kernel integral K_y x_y (K_x x_x v), softmax-free",
         paper="Li, Shu, Barati Farimani, Scalable Transformer for PDE Surrogate Modeling, NeurIPS 2023",
-        forward=factformer_attention_forward, backward=factformer_attention_backward, sample=_sample,
+        forward=factformer_attention_forward, backward=factformer_attention_backward, sample=sample_axial,
         reference=_explicit_factformer, docs="neural-operators.md#factformer-axial-factorised-attention",
         checks={"order_independent": _check_order, "x_permutation_equivariance": _check_x_permutation,
                 "fablock2d_gradcheck": _check_block},
@@ -502,7 +462,7 @@ register(
         title="IFactFormer-m parallel axial integrals [K_x x_x v || K_y x_y v]",
         paper="IFactFormer-m: modified implicit factorized transformer for turbulent channel flow, 2024",
         forward=ifactformer_m_attention_forward, backward=ifactformer_m_attention_backward,
-        sample=_sample, reference=_explicit_parallel,
+        sample=sample_axial, reference=_explicit_parallel,
         docs="neural-operators.md#ifactformer-m-parallel-axial-attention",
         checks={"branches_are_single_axis_contractions": _check_branches},
     ),

@@ -85,6 +85,7 @@ from ..nn.linear import (
 from ..nn.norms import normalize_backward, normalize_forward
 from ..nn.rope import apply_rope, rope_frequencies
 from ..registry import Mechanism, Sample, register
+from .common import swap_last, xavier_uniform
 
 __all__ = [
     "galerkin_attention_forward",
@@ -283,11 +284,6 @@ def fourier_type_attention(x, params, pos=None, **config):
     return fourier_type_attention_forward(x, params, pos, **config)[0]
 
 
-def _xavier_uniform(rng, n_in, n_out, gain):
-    bound = gain * np.sqrt(6.0 / (n_in + n_out))
-    return rng.uniform(-bound, bound, (n_in, n_out))
-
-
 def init_params(rng, d_model: int, n_head: int, *, pos_dim: int = 0, attention_type="galerkin",
                 norm_type="layer", xavier_init: float = 1e-2, diagonal_weight: float = 1e-2,
                 dtype=np.float64) -> dict:
@@ -307,7 +303,7 @@ def init_params(rng, d_model: int, n_head: int, *, pos_dim: int = 0, attention_t
     d = d_model // n_head
     p = {}
     for i in range(3):
-        p[f"linears.{i}.weight"] = (_xavier_uniform(rng, d_model, d_model, xavier_init)
+        p[f"linears.{i}.weight"] = (xavier_uniform(rng, d_model, d_model, xavier_init)
                                     + diagonal_weight * np.eye(d_model))
         p[f"linears.{i}.bias"] = np.zeros(d_model)
     if norm_type == "layer":
@@ -661,11 +657,11 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
         sv, so = np.ones((1, 1, 1, 1), dt), wq[:, None, :, None]
     wv = sv * hat["v"]
     if attn_type == "galerkin":
-        mm = _sw(hat["k"]) @ wv
+        mm = swap_last(hat["k"]) @ wv
         zq = hat["q"] @ mm
         core = {"mm": mm}
     else:
-        a = hat["q"] @ _sw(hat["k"])
+        a = hat["q"] @ swap_last(hat["k"])
         zq = a @ wv
         core = {"a": a}
     zz = so * zq
@@ -676,10 +672,6 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
                  mq=mq, mk=mk, hat=hat, wv=wv, sv=sv, so=so, zq=zq, zm=zm,
                  project_out=project_out, out_shape=out.shape, **core)
     return out, cache
-
-
-def _sw(t):
-    return np.swapaxes(t, -1, -2)
 
 
 def _mask_rows(ops, mq, mk):
@@ -709,16 +701,16 @@ def oformer_attention_backward(dout, cache):
     gq = so * split_heads(dzm, n_head)
     if cache["type"] == "galerkin":
         mm = cache["mm"]
-        dh = {"q": gq @ _sw(mm)}
-        dm = _sw(hat["q"]) @ gq
-        dh["k"] = cache["wv"] @ _sw(dm)
+        dh = {"q": gq @ swap_last(mm)}
+        dm = swap_last(hat["q"]) @ gq
+        dh["k"] = cache["wv"] @ swap_last(dm)
         dh["v"] = sv * (hat["k"] @ dm)
     else:
         a = cache["a"]
-        dh = {"v": sv * (_sw(a) @ gq)}
-        da = gq @ _sw(cache["wv"])
+        dh = {"v": sv * (swap_last(a) @ gq)}
+        da = gq @ swap_last(cache["wv"])
         dh["q"] = da @ hat["k"]
-        dh["k"] = _sw(da) @ hat["q"]
+        dh["k"] = swap_last(da) @ hat["q"]
     dh = _mask_rows(dh, cache["mq"], cache["mk"])
     if npos:
         dh = {t: dh[t][..., npos:] for t in dh}
@@ -769,7 +761,7 @@ def oformer_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64, *, c
     def special():
         w = block(dim)
         for h in range(n_head):
-            blk = _xavier_uniform(rng, dim, dim_head, gain)
+            blk = xavier_uniform(rng, dim, dim_head, gain)
             blk[np.arange(min(dim, dim_head)), np.arange(min(dim, dim_head))] += gain
             w[:, h * dim_head:(h + 1) * dim_head] = blk
         return w
@@ -832,7 +824,7 @@ def _oformer_reference(x, params, z=None, **config):
     # Explicit O(N M) kernel form: Galerkin (Q K^T) diag(w) V, Fourier Q (K^T diag(w) V).
     _, c = oformer_attention_forward(x, params, z, **config)
     h = c["hat"]
-    zq = (h["q"] @ _sw(h["k"])) @ c["wv"] if c["type"] == "galerkin" else h["q"] @ (_sw(h["k"]) @ c["wv"])
+    zq = (h["q"] @ swap_last(h["k"])) @ c["wv"] if c["type"] == "galerkin" else h["q"] @ (swap_last(h["k"]) @ c["wv"])
     zm = merge_heads(c["so"] * zq)
     return linear_prefixed(c["p"], "to_out.0", zm) if c["project_out"] else zm
 

@@ -51,6 +51,7 @@ from ..nn.activations import gelu, gelu_grad, sigmoid, sigmoid_grad
 from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
+from .common import swap_last
 
 __all__ = [
     "gnot_hna_attention_forward",
@@ -62,10 +63,6 @@ __all__ = [
     "gnot_geometric_gating_moe",
     "gnot_moe_init_params",
 ]
-
-
-def _sw(t):
-    return np.swapaxes(t, -1, -2)
 
 
 # --------------------------------------------------------------------------------------------
@@ -172,7 +169,7 @@ def gnot_hna_attention_forward(x, params, y=None, *, n_head: int, feature_map="s
             den = np.sum(phq * ksum, axis=-1, keepdims=True)
         else:
             den = np.sum(np.abs(phq * ksum), axis=-1, keepdims=True)
-        s = _sw(phk) @ v
+        s = swap_last(phk) @ v
         num = phq @ s
         z = z + num / den
         branches.append({"kn": kn, "vn": vn, "y": t, "k": k, "phk": phk, "v": v, "ksum": ksum,
@@ -197,9 +194,9 @@ def gnot_hna_attention_backward(dout, cache):
     for br in cache["br"]:
         den, s, num, ksum, phk = br["den"], br["s"], br["num"], br["ksum"], br["phk"]
         gd = g / den
-        dphq = dphq + gd @ _sw(s)
-        ds = _sw(phq) @ gd
-        dphk = br["v"] @ _sw(ds)
+        dphq = dphq + gd @ swap_last(s)
+        ds = swap_last(phq) @ gd
+        dphk = br["v"] @ swap_last(ds)
         dv = phk @ ds
         if cache["norm"] == "row":
             delta = -np.sum(g * num, axis=-1, keepdims=True) / den ** 2   # dL/dD_t
@@ -381,7 +378,7 @@ def _hna_reference(x, params, y=None, *, n_head, feature_map="softmax", normalis
                                       normaliser=normaliser, query_residual=query_residual)
     z = c["phq"] if query_residual else 0.0
     for br in c["br"]:
-        w = (c["phq"] @ _sw(br["phk"])) / br["den"]
+        w = (c["phq"] @ swap_last(br["phk"])) / br["den"]
         z = z + w @ br["v"]
     return linear_prefixed(c["p"], "proj", merge_heads(z))
 
@@ -390,7 +387,7 @@ def _check_hna_convex(rng):
     s = _sample_hna(False)(rng, "small")
     _, c = gnot_hna_attention_forward(**s.inputs, params=s.params, **s.config)
     br = c["br"][0]
-    w = (c["phq"] @ _sw(br["phk"])) / br["den"]
+    w = (c["phq"] @ swap_last(br["phk"])) / br["den"]
     err = float(np.abs(w.sum(-1) - 1).max())
     assert (w > 0).all() and err < 1e-13, f"HNA weights are not a convex combination: {err}"
     return err

@@ -41,14 +41,13 @@ $\partial L/\partial W_i = \operatorname{Im}\bar W$.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_positive, compute_dtype
 from ..nn.activations import gelu, gelu_grad
 from ..registry import Mechanism, Sample, register
 from ..testing.gradcheck import gradcheck
+from .common import FFT_NORMS, cast_complex, fft_scales, irfftn_adjoint, mirror_count, rfftn_adjoint
 
 __all__ = [
     "rfftn_adjoint",
@@ -64,66 +63,13 @@ __all__ = [
     "init_afno_params",
 ]
 
-_NORMS = ("backward", "ortho", "forward")
-
-
-def _scales(norm: str, n_total: int) -> tuple[float, float]:
-    """(alpha, beta): the scale of the forward and of the inverse transform under ``norm``."""
-    if norm == "backward":
-        return 1.0, 1.0 / n_total
-    if norm == "ortho":
-        s = 1.0 / math.sqrt(n_total)
-        return s, s
-    return 1.0 / n_total, 1.0
-
-
-def _mirror_count(n_last: int, dtype) -> np.ndarray:
-    """$c_k$ along the halved axis: 1 for DC (and Nyquist when ``n_last`` is even), else 2."""
-    c = np.full(n_last // 2 + 1, 2.0, dtype=dtype)
-    c[0] = 1.0
-    if n_last % 2 == 0:
-        c[-1] = 1.0
-    return c
-
-
-def irfftn_adjoint(g: np.ndarray, axes: tuple[int, ...], norm: str = "backward") -> np.ndarray:
-    r"""Gradient w.r.t. the half spectrum $Y$ of $y = \operatorname{irfftn}(Y, s, \text{axes}, \text{norm})$.
-
-    ``g`` is $\partial L/\partial y$ (real, the grid's shape); returns $\bar Y = \beta\,c\odot
-    \operatorname{rfftn}_{\text{unnorm}}(g)$ (see the module docstring)."""
-    grid = tuple(g.shape[a] for a in axes)
-    _, beta = _scales(norm, int(np.prod(grid)))
-    c = _mirror_count(grid[-1], g.real.dtype)
-    shape = [1] * g.ndim
-    shape[axes[-1]] = c.size
-    return beta * c.reshape(shape) * np.fft.rfftn(g, axes=axes, norm="backward")
-
-
-def rfftn_adjoint(dX: np.ndarray, grid: tuple[int, ...], axes: tuple[int, ...],
-                  norm: str = "backward") -> np.ndarray:
-    r"""Gradient w.r.t. the real grid function $x$ of $X = \operatorname{rfftn}(x, \text{axes}, \text{norm})$.
-
-    ``dX`` is $\bar X$ on the half spectrum; returns
-    $\alpha N\,\operatorname{irfftn}_{\text{backward}}(\bar X\odot w)$, $w = 1/c$."""
-    n_total = int(np.prod(grid))
-    alpha, _ = _scales(norm, n_total)
-    w = 1.0 / _mirror_count(grid[-1], dX.real.dtype)
-    shape = [1] * dX.ndim
-    shape[axes[-1]] = w.size
-    return (alpha * n_total) * np.fft.irfftn(dX * w.reshape(shape), s=grid, axes=axes, norm="backward")
-
-
-def _cast_complex(z: np.ndarray, dt) -> np.ndarray:
-    return z.astype(np.result_type(dt, np.complex64), copy=False)
-
-
 # ============================================================================================
 # FNO spectral convolution
 
 
 def _fno_validate(x, params, norm):
     x = as_float(x, "x", min_ndim=3, max_ndim=4)
-    check_choice(norm, "norm", _NORMS)
+    check_choice(norm, "norm", FFT_NORMS)
     d = x.ndim - 2
     grid = x.shape[1:-1]
     c_in = x.shape[-1]
@@ -205,7 +151,7 @@ def fno_spectral_conv_forward(x, params, *, norm: str = "backward"):
     """
     x, ws, d, grid, modes, dt = _fno_validate(x, params, norm)
     axes = tuple(range(1, d + 1))
-    X = _cast_complex(np.fft.rfftn(x, axes=axes, norm=norm), dt)
+    X = cast_complex(np.fft.rfftn(x, axes=axes, norm=norm), dt)
     c_out = ws["weights1_real"].shape[1]
     Y = np.zeros(X.shape[:-1] + (c_out,), dtype=X.dtype)
     fwd, _, _ = _fno_eins(d)
@@ -223,7 +169,7 @@ def fno_spectral_conv_backward(dout, cache):
     expected = (X.shape[0],) + tuple(grid) + (c_out,)
     dout = as_dout(dout, expected, dt)
     axes = tuple(range(1, d + 1))
-    dY = _cast_complex(irfftn_adjoint(dout, axes, norm), dt)
+    dY = cast_complex(irfftn_adjoint(dout, axes, norm), dt)
     dX = np.zeros_like(X)
     _, bwd_x, bwd_w = _fno_eins(d)
     grads = {}
@@ -249,8 +195,8 @@ def fno_spectral_conv_explicit(x, params, *, norm: str = "backward") -> np.ndarr
     mix, then $y_t = \beta\sum_k c_{k_d}\operatorname{Re}(\hat y_k e^{i\theta_k\cdot t})$.
     """
     x, ws, d, grid, modes, dt = _fno_validate(x, params, norm)
-    alpha, beta = _scales(norm, int(np.prod(grid)))
-    c = _mirror_count(grid[-1], np.float64)
+    alpha, beta = fft_scales(norm, int(np.prod(grid)))
+    c = mirror_count(grid[-1], np.float64)
     out = 0.0
     for name, idx in _fno_corners(d, grid, modes):
         W = ws[f"{name}_real"] + 1j * ws[f"{name}_imag"]
@@ -313,7 +259,7 @@ def _check_rfft_adjoints(rng):
     for grid in [(6,), (7,), (4, 6), (5, 7), (4, 5)]:
         axes = tuple(range(1, len(grid) + 1))
         x = rng.standard_normal((2,) + grid + (3,))
-        for norm in _NORMS:
+        for norm in FFT_NORMS:
             X = np.fft.rfftn(x, axes=axes, norm=norm)
             Z = rng.standard_normal(X.shape) + 1j * rng.standard_normal(X.shape)
             lhs = np.sum((X * np.conj(Z)).real)            # <F x, Z>
@@ -331,7 +277,7 @@ def _check_rfft_adjoints(rng):
 def _check_fno_1d_and_norms(rng):
     worst = 0.0
     for d in (1, 2):
-        for norm in _NORMS:
+        for norm in FFT_NORMS:
             s = _fno_sample(rng, "tiny", d=d, norm=norm)
             worst = max(worst, gradcheck(fno_spectral_conv_forward, fno_spectral_conv_backward, s).max_rel)
             ref = fno_spectral_conv_explicit(**s.inputs, params=s.params, **s.config)
@@ -444,7 +390,7 @@ def _afno_validate(x, params, num_blocks, selection, activation, softshrink, fft
     x = as_float(x, "x", ndim=4)
     check_choice(selection, "mode_selection", _SELECTIONS)
     check_choice(activation, "activation", ("relu", "gelu"))
-    check_choice(fft_norm, "fft_norm", _NORMS)
+    check_choice(fft_norm, "fft_norm", FFT_NORMS)
     check_choice(kept_modes_from, "kept_modes_from", ("N", "W"))
     softshrink = check_positive(softshrink, "softshrink", allow_zero=True, allow_none=True)
     hard_thresholding_fraction = check_positive(hard_thresholding_fraction, "hard_thresholding_fraction",
@@ -521,7 +467,7 @@ def afno_mixer_forward(x, params, *, num_blocks=None, mode_selection: str = "afn
     B, H, W, C = x.shape
     nb, bs = p["w1"].shape[1:3]
     keep = _afno_kept_mask(H, W, mode_selection, frac, modes, kept_modes_from)
-    X = _cast_complex(np.fft.rfft2(x, axes=(1, 2), norm=fft_norm), dt)
+    X = cast_complex(np.fft.rfft2(x, axes=(1, 2), norm=fft_norm), dt)
     Xk = X[:, keep].reshape(B, -1, nb, bs)              # (B, K, nb, bs) retained modes
     xr, xi = Xk.real, Xk.imag
     w1, b1, w2, b2 = p["w1"], p["b1"], p["w2"], p["b2"]

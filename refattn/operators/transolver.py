@@ -36,12 +36,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, compute_dtype
 from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..nn.activations import gelu, gelu_grad, sigmoid
 from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
+from ._samples import check_point_permutation, check_uniform_refinement, perturb_params, slice_sizes
+from .common import (
+    check_tau_clamp,
+    physics_front_backward,
+    physics_front_forward,
+    physics_front_init,
+    swap_last,
+    tempered_softmax_backward,
+    tempered_softmax_forward,
+    validate_physics_front,
+)
 
 __all__ = [
     "transolver_physics_attention_forward",
@@ -57,110 +68,6 @@ __all__ = [
     "geotransolver_gale",
     "gale_init_params",
 ]
-
-
-def _sw(t):
-    return np.swapaxes(t, -1, -2)
-
-
-def _check_clamp(tau_clamp):
-    if tau_clamp is None:
-        return None
-    if not isinstance(tau_clamp, (tuple, list)) or len(tau_clamp) != 2:
-        raise ValueError(f"tau_clamp must be None or a (min, max) pair; got {tau_clamp!r}")
-    lo = check_positive(tau_clamp[0], "tau_clamp[0]")
-    hi = check_positive(tau_clamp[1], "tau_clamp[1]")
-    if lo > hi:
-        raise ValueError(f"tau_clamp must have min <= max; got {tau_clamp!r}")
-    return lo, hi
-
-
-def _slice_dims(params):
-    """Infer (D, G) from ``in_project_slice.weight`` before the full validation."""
-    if not isinstance(params, dict):
-        raise TypeError(f"params must be a dict of arrays; got {type(params).__name__}")
-    w = params.get("in_project_slice.weight")
-    if w is None:
-        raise ValueError("params is missing 'in_project_slice.weight' (expected shape (dim_head, slice_num))")
-    w = as_float(w, "in_project_slice.weight", ndim=2)
-    return w.shape
-
-
-# --------------------------------------------------------------------------------------------
-# Shared pieces: temperature softmax over slices, slice tokens, deslice
-
-
-def _tempered_softmax_fwd(logits, tau, tau_clamp, axis):
-    t = tau if tau_clamp is None else np.clip(tau, *tau_clamp)
-    tb = t[None, :, None, None]
-    w, _ = softmax_lse(logits / tb, axis=axis)
-    return w, {"logits": logits, "t": t, "tb": tb, "tau": tau, "clamp": tau_clamp, "axis": axis, "w": w}
-
-
-def _tempered_softmax_bwd(dw, c):
-    dl = softmax_vjp(c["w"], dw, axis=c["axis"])
-    dlogits = dl / c["tb"]
-    dtau = -np.sum(dl * c["logits"], axis=(0, 2, 3)) / c["t"] ** 2
-    if c["clamp"] is not None:
-        lo, hi = c["clamp"]
-        dtau = dtau * ((c["tau"] >= lo) & (c["tau"] <= hi))
-    return dlogits, dtau
-
-
-def _slice_tokens_fwd(w, f, eps):
-    den = w.sum(axis=2) + eps                  # (B, H, G)
-    tok = (_sw(w) @ f) / den[..., None]        # (B, H, G, D)
-    return tok, {"w": w, "f": f, "den": den, "tok": tok}
-
-
-def _slice_tokens_bwd(dtok, c):
-    dnum = dtok / c["den"][..., None]
-    dden = -np.sum(dtok * c["tok"], axis=-1) / c["den"]
-    dw = c["f"] @ _sw(dnum) + dden[:, :, None, :]
-    df = c["w"] @ dnum
-    return dw, df
-
-
-def _physics_front(x, p, n_head, tau_clamp, slice_eps):
-    """Projections, slice weights and slice tokens (Transolver steps 1)."""
-    xm = split_heads(linear_prefixed(p, "in_project_x", x), n_head)
-    fm = split_heads(linear_prefixed(p, "in_project_fx", x), n_head)
-    logits = linear_prefixed(p, "in_project_slice", xm)
-    w, sm_c = _tempered_softmax_fwd(logits, p["temperature"], tau_clamp, -1)
-    tok, tok_c = _slice_tokens_fwd(w, fm, slice_eps)
-    return w, tok, {"xm": xm, "fm": fm, "sm": sm_c, "tok": tok_c}
-
-
-def _physics_front_bwd(grads, p, x, dw, dtok, c):
-    dw2, dfm = _slice_tokens_bwd(dtok, c["tok"])
-    dlogits, dtau = _tempered_softmax_bwd(dw + dw2, c["sm"])
-    grads["temperature"] = dtau
-    dxm = linear_prefixed_vjp(grads, p, "in_project_slice", dlogits, c["xm"])
-    dx = linear_prefixed_vjp(grads, p, "in_project_x", merge_heads(dxm), x)
-    dx = dx + linear_prefixed_vjp(grads, p, "in_project_fx", merge_heads(dfm), x)
-    return dx
-
-
-def _front_spec(c, n_head, d, g):
-    return {"in_project_x.weight": (c, n_head * d), "in_project_x.bias": (n_head * d,),
-            "in_project_fx.weight": (c, n_head * d), "in_project_fx.bias": (n_head * d,),
-            "in_project_slice.weight": (d, g), "in_project_slice.bias": (g,),
-            "temperature": (n_head,)}
-
-
-def _validate_front(x, params, n_head, tau_clamp, slice_eps, extra_spec, optional=()):
-    x = as_float(x, "x", ndim=3)
-    c = x.shape[2]
-    n_head = check_int(n_head, "n_head", minimum=1)
-    d, g = _slice_dims(params)
-    tau_clamp = _check_clamp(tau_clamp)
-    slice_eps = check_positive(slice_eps, "slice_eps", allow_zero=True)
-    spec = _front_spec(c, n_head, d, g)
-    spec.update(extra_spec(c, n_head, d, g))
-    p = check_params(params, spec, optional=optional)
-    if np.any(p["temperature"] <= 0) and tau_clamp is None:
-        raise ValueError("temperature must be > 0 (or pass tau_clamp)")
-    return x, p, n_head, d, g, tau_clamp, slice_eps
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,11 +108,11 @@ def transolver_physics_attention_forward(x, params, *, n_head: int, tau_clamp=No
     out (B, N, C), cache
     """
     check_choice(slice_attention, "slice_attention", ("softmax", "identity"))
-    x, p, n_head, d, g, tau_clamp, slice_eps = _validate_front(
+    x, p, n_head, d, g, tau_clamp, slice_eps = validate_physics_front(
         x, params, n_head, tau_clamp, slice_eps, _transolver_spec)
     dt = compute_dtype(x, *p.values())
     x, p = x.astype(dt, copy=False), cast_all(dt, p)
-    w, tok, front = _physics_front(x, p, n_head, tau_clamp, slice_eps)
+    w, tok, front = physics_front_forward(x, p, n_head, tau_clamp, slice_eps)
     if slice_attention == "softmax":
         q, k, v = tok @ p["to_q.weight"], tok @ p["to_k.weight"], tok @ p["to_v.weight"]
         zp, att_c = attention_core_forward(q, k, v)
@@ -225,8 +132,8 @@ def transolver_physics_attention_backward(dout, cache):
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
     dy = split_heads(linear_prefixed_vjp(grads, p, "to_out.0", dout, cache["ym"]), cache["n_head"])
-    dzp = _sw(w) @ dy
-    dw = dy @ _sw(cache["zp"])
+    dzp = swap_last(w) @ dy
+    dw = dy @ swap_last(cache["zp"])
     if cache["att"] is not None:
         ga = attention_core_backward(dzp, cache["att"])
         tok = cache["tok"]
@@ -239,7 +146,7 @@ def transolver_physics_attention_backward(dout, cache):
         dtok = dzp
         for t in "qkv":
             grads[f"to_{t}.weight"] = np.zeros_like(p[f"to_{t}.weight"])
-    grads["x"] = _physics_front_bwd(grads, p, x, dw, dtok, cache["front"])
+    grads["x"] = physics_front_backward(grads, p, x, dw, dtok, cache["front"])
     return grads
 
 
@@ -248,29 +155,11 @@ def transolver_physics_attention(x, params, **config):
     return transolver_physics_attention_forward(x, params, **config)[0]
 
 
-def _orthogonal(rng, n_in, n_out):
-    # torch.nn.init.orthogonal_ on the (out, in) PyTorch weight, returned as (in, out)
-    a = rng.standard_normal((max(n_in, n_out), min(n_in, n_out)))
-    qm, r = np.linalg.qr(a)
-    qm = qm * np.sign(np.diag(r))
-    return qm if n_in >= n_out else qm.T
-
-
-def _front_init(rng, dim, n_head, dim_head, slice_num):
-    p = {}
-    p.update(init_linear_prefixed(rng, dim, n_head * dim_head, "in_project_x"))
-    p.update(init_linear_prefixed(rng, dim, n_head * dim_head, "in_project_fx"))
-    p.update(init_linear_prefixed(rng, dim_head, slice_num, "in_project_slice"))
-    p["in_project_slice.weight"] = _orthogonal(rng, dim_head, slice_num)
-    p["temperature"] = np.full(n_head, 0.5)
-    return p
-
-
 def transolver_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64,
                            slice_num: int = 64, dtype=np.float64) -> dict:
     """Upstream initialisation: PyTorch default linears, orthogonal ``in_project_slice``,
     temperature 0.5."""
-    p = _front_init(rng, dim, n_head, dim_head, slice_num)
+    p = physics_front_init(rng, dim, n_head, dim_head, slice_num)
     for t in "qkv":
         p.update(init_linear_prefixed(rng, dim_head, dim_head, f"to_{t}", bias=False))
     p.update(init_linear_prefixed(rng, n_head * dim_head, dim, "to_out.0"))
@@ -328,19 +217,19 @@ def linear_no_attention_forward(x, params, *, n_head: int, use_temperature: bool
     if not isinstance(params, dict) or params.get("to_q.weight") is None:
         raise ValueError("params must be a dict containing 'to_q.weight' of shape (dim_head, key_ratio)")
     d, m = as_float(params["to_q.weight"], "to_q.weight", ndim=2).shape
-    tau_clamp = _check_clamp(tau_clamp) if use_temperature else None
+    tau_clamp = check_tau_clamp(tau_clamp) if use_temperature else None
     p = check_params(params, _linear_no_spec(use_temperature)(x.shape[2], n_head, d, m))
     dt = compute_dtype(x, *p.values())
     x, p = x.astype(dt, copy=False), cast_all(dt, p)
     xm = split_heads(linear_prefixed(p, "in_project_x", x), n_head)
     lq, lk, v = xm @ p["to_q.weight"], xm @ p["to_k.weight"], xm @ p["to_v.weight"]
     if use_temperature:
-        phq, cq = _tempered_softmax_fwd(lq, p["temperature_q"], tau_clamp, -1)
-        phk, ck = _tempered_softmax_fwd(lk, p["temperature_k"], tau_clamp, -2)
+        phq, cq = tempered_softmax_forward(lq, p["temperature_q"], tau_clamp, -1)
+        phk, ck = tempered_softmax_forward(lk, p["temperature_k"], tau_clamp, -2)
     else:
         (phq, _), (phk, _) = softmax_lse(lq, -1), softmax_lse(lk, -2)
         cq = ck = None
-    s = _sw(phk) @ v
+    s = swap_last(phk) @ v
     y = phq @ s
     ym = merge_heads(y)
     out = linear_prefixed(p, "to_out.0", ym)
@@ -356,13 +245,13 @@ def linear_no_attention_backward(dout, cache):
     grads = {}
     dy = split_heads(linear_prefixed_vjp(grads, p, "to_out.0", dout, cache["ym"]), cache["n_head"])
     phq, phk, v, s, xm = cache["phq"], cache["phk"], cache["v"], cache["s"], cache["xm"]
-    dphq = dy @ _sw(s)
-    ds = _sw(phq) @ dy
-    dphk = v @ _sw(ds)
+    dphq = dy @ swap_last(s)
+    ds = swap_last(phq) @ dy
+    dphk = v @ swap_last(ds)
     dv = phk @ ds
     if cache["cq"] is not None:
-        dlq, grads["temperature_q"] = _tempered_softmax_bwd(dphq, cache["cq"])
-        dlk, grads["temperature_k"] = _tempered_softmax_bwd(dphk, cache["ck"])
+        dlq, grads["temperature_q"] = tempered_softmax_backward(dphq, cache["cq"])
+        dlk, grads["temperature_k"] = tempered_softmax_backward(dphk, cache["ck"])
     else:
         dlq, dlk = softmax_vjp(phq, dphq, -1), softmax_vjp(phk, dphk, -2)
     dxm = 0.0
@@ -464,14 +353,14 @@ def geotransolver_gale_forward(x, params, context=None, *, n_head: int, state_mi
     # the mixing scalar: upstream a 0-d parameter; a (1,) array is accepted too
     beta_shape = np.shape(params.get("state_mixing")) if isinstance(params, dict) else ()
     beta_shape = beta_shape if beta_shape in ((), (1,)) else ()
-    x, p, n_head, d, g, tau_clamp, slice_eps = _validate_front(
+    x, p, n_head, d, g, tau_clamp, slice_eps = validate_physics_front(
         x, params, n_head, tau_clamp, slice_eps, _gale_spec(state_mixing_mode, dc, beta_shape), optional)
     b = x.shape[0]
     if context is not None and context.shape[:2] != (b, n_head):
         raise ValueError(f"context must have shape (B={b}, H={n_head}, S_c, D_c); got {context.shape}")
     dt = compute_dtype(x, context, *p.values())
     x, p = x.astype(dt, copy=False), cast_all(dt, p)
-    w, tok, front = _physics_front(x, p, n_head, tau_clamp, slice_eps)
+    w, tok, front = physics_front_forward(x, p, n_head, tau_clamp, slice_eps)
     wqkv = p["qkv_project.weight"]
     q, k, v = tok @ wqkv[:, :d], tok @ wqkv[:, d:2 * d], tok @ wqkv[:, 2 * d:]
     z_self, self_c = attention_core_forward(q, k, v)
@@ -506,8 +395,8 @@ def geotransolver_gale_backward(dout, cache):
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
     dy = split_heads(linear_prefixed_vjp(grads, p, "out_linear", dout, cache["ym"]), cache["n_head"])
-    dzp = _sw(w) @ dy
-    dw = dy @ _sw(cache["zp"])
+    dzp = swap_last(w) @ dy
+    dw = dy @ swap_last(cache["zp"])
     dtok = 0.0
     if cache["context"] is not None:
         mix = cache["mix"]
@@ -537,7 +426,7 @@ def geotransolver_gale_backward(dout, cache):
     dq = np.concatenate([ga["q"], ga["k"], ga["v"]], axis=-1)
     grads["qkv_project.weight"] = np.einsum("bhgi,bhgo->io", tok, dq)
     dtok = dtok + dq @ wqkv.T
-    grads["x"] = _physics_front_bwd(grads, p, x, dw, dtok, cache["front"])
+    grads["x"] = physics_front_backward(grads, p, x, dw, dtok, cache["front"])
     return grads
 
 
@@ -551,7 +440,7 @@ def gale_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64, slice_n
     """PhysicsNeMo initialisation: PyTorch default linears, orthogonal ``in_project_slice``,
     temperature 0.5, ``state_mixing`` 0 (balanced mix)."""
     check_choice(state_mixing_mode, "state_mixing_mode", ("weighted", "concat_project"))
-    p = _front_init(rng, dim, n_head, dim_head, slice_num)
+    p = physics_front_init(rng, dim, n_head, dim_head, slice_num)
     p.update(init_linear_prefixed(rng, dim_head, 3 * dim_head, "qkv_project", bias=False))
     p.update(init_linear_prefixed(rng, n_head * dim_head, dim, "out_linear"))
     if context_dim > 0:
@@ -569,22 +458,9 @@ def gale_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64, slice_n
 # Records
 
 
-def _perturb(rng, params, skip=("temperature",)):
-    for k in params:
-        if k not in skip and not k.startswith("temperature"):
-            params[k] = np.asarray(params[k] + 0.3 * rng.standard_normal(params[k].shape))
-    return params
-
-
-def _sizes(rng, size):
-    if size == "tiny":
-        return int(rng.integers(3, 5)), 3, 2, 2, 3   # N, C, H, D, G
-    return int(rng.integers(8, 14)), 6, 2, 3, 4
-
-
 def _sample_transolver(rng, size):
-    n, c, h, d, g = _sizes(rng, size)
-    params = _perturb(rng, transolver_init_params(rng, c, h, d, g))
+    n, c, h, d, g = slice_sizes(rng, size)
+    params = perturb_params(rng, transolver_init_params(rng, c, h, d, g))
     params["temperature"] = rng.uniform(0.4, 1.2, h)
     return Sample(inputs={"x": rng.standard_normal((2, n, c))}, params=params,
                   config={"n_head": h})
@@ -601,7 +477,7 @@ def _check_slice_weights(rng):
 def _check_transolver_g1(rng):
     # One slice: w = 1, z = sum f / (N + eps), attention over one token returns v = z W_v.
     n, c, h, d = 7, 4, 2, 2
-    params = _perturb(rng, transolver_init_params(rng, c, h, d, 1))
+    params = perturb_params(rng, transolver_init_params(rng, c, h, d, 1))
     x = rng.standard_normal((2, n, c))
     out = transolver_physics_attention(x, params, n_head=h)
     f = split_heads(x @ params["in_project_fx.weight"] + params["in_project_fx.bias"], h)
@@ -611,18 +487,6 @@ def _check_transolver_g1(rng):
     err = float(np.abs(out - ref).max())
     assert err < 1e-12, f"G=1 is not the broadcast global mean: {err}"
     return err
-
-
-def _check_permutation(fwd, sample):
-    def check(rng):
-        s = sample(rng, "small")
-        out = fwd(**s.inputs, params=s.params, **s.config)[0]
-        perm = rng.permutation(s.inputs["x"].shape[1])
-        out_p = fwd(**dict(s.inputs, x=s.inputs["x"][:, perm]), params=s.params, **s.config)[0]
-        err = float(np.abs(out_p - out[:, perm]).max())
-        assert err < 1e-12, f"not permutation-equivariant over points: {err}"
-        return err
-    return check
 
 
 def _check_transolver_is_linear_attention(rng):
@@ -635,35 +499,18 @@ def _check_transolver_is_linear_attention(rng):
                                                       slice_eps=0.0)
     w, f = cache["w"], cache["front"]["fm"]
     phk, _ = softmax_lse(np.log(w), axis=-2)
-    y = w @ (_sw(phk) @ f)
+    y = w @ (swap_last(phk) @ f)
     ref = merge_heads(y) @ p["to_out.0.weight"] + p["to_out.0.bias"]
-    explicit = merge_heads((w @ _sw(phk)) @ f) @ p["to_out.0.weight"] + p["to_out.0.bias"]
+    explicit = merge_heads((w @ swap_last(phk)) @ f) @ p["to_out.0.weight"] + p["to_out.0.bias"]
     err = max(float(np.abs(out - ref).max()), float(np.abs(out - explicit).max()))
     assert err < 1e-12, f"Transolver without slice attention differs from the linear attention: {err}"
     return err
 
 
-def _check_refinement(fwd, sample, **extra):
-    # Slice tokens are weighted point averages (and LinearNO's key softmax over points is
-    # normalised too): repeating every point k times, a uniform refinement of a piecewise-constant
-    # function, leaves every output unchanged (Transolver: exactly when slice_eps = 0; with the
-    # upstream 1e-5 the change is O(eps / N)).
-    def check(rng):
-        s = sample(rng, "small")
-        cfg = dict(s.config, **extra)
-        out = fwd(**s.inputs, params=s.params, **cfg)[0]
-        inp = dict(s.inputs, x=np.repeat(s.inputs["x"], 3, axis=1))
-        out3 = fwd(**inp, params=s.params, **cfg)[0]
-        err = float(np.abs(out3[:, ::3] - out).max())
-        assert err < 1e-12, f"uniform refinement changes the output: {err}"
-        return err
-    return check
-
-
 def _sample_linear_no(use_temperature):
     def sample(rng, size):
-        n, c, h, d, m = _sizes(rng, size)
-        params = _perturb(rng, linear_no_init_params(rng, c, h, d, m, use_temperature))
+        n, c, h, d, m = slice_sizes(rng, size)
+        params = perturb_params(rng, linear_no_init_params(rng, c, h, d, m, use_temperature))
         if use_temperature:
             params["temperature_q"] = rng.uniform(0.3, 0.9, h)
             params["temperature_k"] = rng.uniform(0.3, 0.9, h)
@@ -676,7 +523,7 @@ def _linear_no_reference(x, params, *, n_head, use_temperature=False, tau_clamp=
     # Explicit O(N^2) form Y = (Phi_q Phi_k^T) V.
     _, c = linear_no_attention_forward(x, params, n_head=n_head, use_temperature=use_temperature,
                                        tau_clamp=tau_clamp)
-    y = (c["phq"] @ _sw(c["phk"])) @ c["v"]
+    y = (c["phq"] @ swap_last(c["phk"])) @ c["v"]
     return merge_heads(y) @ c["p"]["to_out.0.weight"] + c["p"]["to_out.0.bias"]
 
 
@@ -691,7 +538,7 @@ def _check_linear_no_vs_transolver(rng):
     # LinearNO's core with q-logits = Transolver slice logits / tau and k-logits = log w reproduces
     # Transolver without slice attention (eps = 0) when V = f (to_v = I, x_mid = f).
     n, c, h, d, g = 9, 4, 2, 2, 3
-    tp = _perturb(rng, transolver_init_params(rng, c, h, d, g))
+    tp = perturb_params(rng, transolver_init_params(rng, c, h, d, g))
     x = rng.standard_normal((2, n, c))
     out_t, ct = transolver_physics_attention_forward(x, tp, n_head=h, slice_attention="identity",
                                                      slice_eps=0.0)
@@ -700,7 +547,7 @@ def _check_linear_no_vs_transolver(rng):
     lk = np.log(ct["w"])
     phq, _ = softmax_lse(lq, -1)
     phk, _ = softmax_lse(lk, -2)
-    y = phq @ (_sw(phk) @ fm)
+    y = phq @ (swap_last(phk) @ fm)
     ref = merge_heads(y) @ tp["to_out.0.weight"] + tp["to_out.0.bias"]
     err = float(np.abs(out_t - ref).max())
     assert err < 1e-12, f"LinearNO form does not reproduce Transolver: {err}"
@@ -709,9 +556,9 @@ def _check_linear_no_vs_transolver(rng):
 
 def _sample_gale(mode):
     def sample(rng, size):
-        n, c, h, d, g = _sizes(rng, size)
+        n, c, h, d, g = slice_sizes(rng, size)
         sc, dcx = (2, 2) if size == "tiny" else (3, 3)
-        params = _perturb(rng, gale_init_params(rng, c, h, d, g, context_dim=dcx,
+        params = perturb_params(rng, gale_init_params(rng, c, h, d, g, context_dim=dcx,
                                                 state_mixing_mode=mode))
         params["temperature"] = rng.uniform(0.7, 1.5, h)   # inside the (0.5, 5) clamp
         x = rng.standard_normal((2, n, c))
@@ -766,10 +613,10 @@ register(
         docs="operator-attention.md#transolver-physics-attention",
         checks={"slice_weights_sum_to_one": _check_slice_weights,
                 "single_slice_is_global_mean": _check_transolver_g1,
-                "permutation_equivariance": _check_permutation(
+                "permutation_equivariance": check_point_permutation(
                     transolver_physics_attention_forward, _sample_transolver),
                 "identity_slice_attention_is_linear_attention": _check_transolver_is_linear_attention,
-                "uniform_refinement_invariance": _check_refinement(
+                "uniform_refinement_invariance": check_uniform_refinement(
                     transolver_physics_attention_forward, _sample_transolver, slice_eps=0.0)},
     ),
     Mechanism(
@@ -779,11 +626,11 @@ register(
         forward=linear_no_attention_forward, backward=linear_no_attention_backward,
         sample=_sample_linear_no(False), reference=_linear_no_reference,
         docs="operator-attention.md#linearno",
-        checks={"permutation_equivariance": _check_permutation(linear_no_attention_forward,
+        checks={"permutation_equivariance": check_point_permutation(linear_no_attention_forward,
                                                                _sample_linear_no(False)),
                 "temperature_variant_gradcheck": _check_linear_no_temperature,
                 "reproduces_transolver_without_slice_attention": _check_linear_no_vs_transolver,
-                "uniform_refinement_invariance": _check_refinement(linear_no_attention_forward,
+                "uniform_refinement_invariance": check_uniform_refinement(linear_no_attention_forward,
                                                                    _sample_linear_no(False))},
     ),
     Mechanism(
@@ -795,7 +642,7 @@ register(
         checks={"beta_inf_is_transolver": _check_gale_beta_inf_is_transolver,
                 "single_context_token_broadcast": _check_gale_single_context,
                 "concat_project_gradcheck": _check_gale_concat_fd,
-                "permutation_equivariance": _check_permutation(geotransolver_gale_forward,
+                "permutation_equivariance": check_point_permutation(geotransolver_gale_forward,
                                                                _sample_gale("weighted"))},
     ),
 )
