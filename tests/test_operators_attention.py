@@ -139,6 +139,7 @@ def test_galerkin_bad_inputs():
 
 # ------------------------------------------------------------------------ Transolver family
 
+from refattn.operators import gale, linear_no  # noqa: E402
 from refattn.operators import transolver as ts  # noqa: E402
 
 
@@ -195,11 +196,11 @@ def test_transolver_torch_parity(clamp):
 def test_linear_no_torch_parity(use_temperature):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(11)
-    params = ts.linear_no_init_params(rng, 6, 2, 3, 4, use_temperature=use_temperature)
+    params = linear_no.linear_no_init_params(rng, 6, 2, 3, 4, use_temperature=use_temperature)
     if use_temperature:
         params["temperature_q"] = np.array([0.3, 2.0])   # head 1 clamped to 1
     x = rng.standard_normal((2, 8, 6))
-    out, cache = ts.linear_no_attention_forward(x, params, n_head=2, use_temperature=use_temperature)
+    out, cache = linear_no.linear_no_attention_forward(x, params, n_head=2, use_temperature=use_temperature)
     tp = _t(torch, params)
     tx = torch.tensor(x, requires_grad=True)
     xm = (tx @ tp["in_project_x.weight"] + tp["in_project_x.bias"]).reshape(2, 8, 2, 3).permute(0, 2, 1, 3)
@@ -210,7 +211,7 @@ def test_linear_no_torch_parity(use_temperature):
     q, k = torch.softmax(q, -1), torch.softmax(k, -2)
     y = torch.einsum("bhnd,bhdc->bhnc", q, torch.einsum("bhnd,bhnc->bhdc", k, v))
     tout = y.permute(0, 2, 1, 3).reshape(2, 8, 6) @ tp["to_out.0.weight"] + tp["to_out.0.bias"]
-    _grad_parity(torch, out, tout, cache, ts.linear_no_attention_backward, dict(tp, x=tx), rng)
+    _grad_parity(torch, out, tout, cache, linear_no.linear_no_attention_backward, dict(tp, x=tx), rng)
 
 
 @pytest.mark.parametrize("mode", ["weighted", "concat_project"])
@@ -218,12 +219,12 @@ def test_gale_torch_parity(mode):
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
     rng = np.random.default_rng(12)
-    params = ts.gale_init_params(rng, 6, 2, 3, 4, context_dim=5, state_mixing_mode=mode)
+    params = gale.gale_init_params(rng, 6, 2, 3, 4, context_dim=5, state_mixing_mode=mode)
     if mode == "weighted":
         params["state_mixing"] = np.array(0.4)
     params["temperature"] = np.array([0.8, 1.3])
     x, ctx = rng.standard_normal((2, 7, 6)), rng.standard_normal((2, 2, 3, 5))
-    out, cache = ts.geotransolver_gale_forward(x, params, ctx, n_head=2, state_mixing_mode=mode)
+    out, cache = gale.geotransolver_gale_forward(x, params, ctx, n_head=2, state_mixing_mode=mode)
     tp = _t(torch, params)
     tx, tc = torch.tensor(x, requires_grad=True), torch.tensor(ctx, requires_grad=True)
     w, tok = _torch_front(torch, tx, tp, 2, (0.5, 5.0), 1e-2)
@@ -239,22 +240,22 @@ def test_gale_torch_parity(mode):
         z = F.gelu(torch.cat([zs, zc], -1) @ tp["concat_project.0.weight"] + tp["concat_project.0.bias"])
     y = torch.einsum("bhgc,bhng->bhnc", z, w).permute(0, 2, 1, 3).reshape(2, 7, 6)
     tout = y @ tp["out_linear.weight"] + tp["out_linear.bias"]
-    _grad_parity(torch, out, tout, cache, ts.geotransolver_gale_backward,
+    _grad_parity(torch, out, tout, cache, gale.geotransolver_gale_backward,
                  dict(tp, x=tx, context=tc), rng)
 
 
 def test_gale_without_context_zero_cross_grads():
     rng = np.random.default_rng(13)
-    params = ts.gale_init_params(rng, 6, 2, 3, 4, context_dim=5)
+    params = gale.gale_init_params(rng, 6, 2, 3, 4, context_dim=5)
     params["temperature"] = np.array([0.8, 1.3])
     x = rng.standard_normal((2, 7, 6))
-    out, cache = ts.geotransolver_gale_forward(x, params, n_head=2)
-    g = ts.geotransolver_gale_backward(np.ones_like(out), cache)
+    out, cache = gale.geotransolver_gale_forward(x, params, n_head=2)
+    g = gale.geotransolver_gale_backward(np.ones_like(out), cache)
     assert np.all(g["cross_q.weight"] == 0) and g["state_mixing"] == 0 and "context" not in g
     core = {k: v for k, v in params.items() if not k.startswith(("cross", "state"))}
-    np.testing.assert_array_equal(ts.geotransolver_gale(x, core, n_head=2), out)
+    np.testing.assert_array_equal(gale.geotransolver_gale(x, core, n_head=2), out)
     with pytest.raises(ValueError, match="context"):
-        ts.geotransolver_gale(x, params, rng.standard_normal((2, 3, 3, 5)), n_head=2)
+        gale.geotransolver_gale(x, params, rng.standard_normal((2, 3, 3, 5)), n_head=2)
 
 
 def test_transolver_bad_inputs():
