@@ -274,7 +274,7 @@ def test_transolver_bad_inputs():
 
 # ------------------------------------------------------------------------------------- GNOT
 
-from refattn.operators import gnot  # noqa: E402
+from refattn.operators import gnot, gnot_moe  # noqa: E402
 
 
 @pytest.mark.parametrize("cross", [False, True])
@@ -320,9 +320,9 @@ def test_gnot_moe_torch_parity():
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
     rng = np.random.default_rng(21)
-    params = gnot.gnot_moe_init_params(rng, 4, 2, n_experts=3, n_inner=2)
+    params = gnot_moe.gnot_moe_init_params(rng, 4, 2, n_experts=3, n_inner=2)
     x, pos = rng.standard_normal((2, 6, 4)), rng.uniform(-1, 1, (2, 6, 2))
-    out, cache = gnot.gnot_geometric_gating_moe_forward(x, pos, params)
+    out, cache = gnot_moe.gnot_geometric_gating_moe_forward(x, pos, params)
     tp = _t(torch, params)
     tx, tpos = torch.tensor(x, requires_grad=True), torch.tensor(pos, requires_grad=True)
     hgate = F.gelu(F.gelu(tpos @ tp["gatenet.0.weight"] + tp["gatenet.0.bias"]) @ tp["gatenet.2.weight"]
@@ -331,7 +331,7 @@ def test_gnot_moe_torch_parity():
     experts = torch.stack([F.gelu(tx @ tp["moe_mlp.0.weight"][k] + tp["moe_mlp.0.bias"][k])
                            @ tp["moe_mlp.2.weight"][k] + tp["moe_mlp.2.bias"][k] for k in range(3)], -1)
     tout = (gate * experts).sum(-1)
-    _grad_parity(torch, out, tout, cache, gnot.gnot_geometric_gating_moe_backward,
+    _grad_parity(torch, out, tout, cache, gnot_moe.gnot_geometric_gating_moe_backward,
                  dict(tp, x=tx, pos=tpos), rng)
 
 
