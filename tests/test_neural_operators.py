@@ -11,12 +11,9 @@ from refattn import registry
 from refattn.operators.afno import afno_mixer, afno_mixer_backward, afno_mixer_forward
 from refattn.operators.common import irfftn_adjoint, rfftn_adjoint
 from refattn.operators.continuum import continuum_attention, continuum_attention_forward
-from refattn.operators.factformer import (
-    factformer_attention_backward,
-    factformer_attention_forward,
-    ifactformer_m_attention,
-)
+from refattn.operators.factformer import factformer_attention_backward, factformer_attention_forward
 from refattn.operators.fno import fno_spectral_conv, fno_spectral_conv_backward, fno_spectral_conv_forward
+from refattn.operators.ifactformer import ifactformer_m_attention
 from refattn.operators.ono import ono_attention_backward, ono_attention_forward
 from refattn.testing import run_record_checks
 

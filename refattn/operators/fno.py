@@ -118,7 +118,8 @@ def fno_spectral_conv_forward(x, params, *, norm: str = "backward"):
     Mode selection follows zongyi-li/fourier_neural_operator: 1-D ``fourier_1d.py`` keeps
     ``[:modes1]``; 2-D ``fourier_2d.py`` keeps two corners of the full (non-halved) first axis,
     ``[:m1, :m2]`` with ``weights1`` and ``[-m1:, :m2]`` with ``weights2`` (positive and negative
-    frequencies). DPOT keeps one corner and AFNO the last axis only — see :func:`afno_mixer_forward`.
+    frequencies). DPOT keeps one corner and AFNO the last axis only — see
+    [`afno_mixer_forward`][refattn.operators.afno.afno_mixer_forward].
 
     Parameters
     ----------

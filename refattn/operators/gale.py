@@ -90,8 +90,9 @@ def geotransolver_gale_forward(x, params, context=None, *, n_head: int, state_mi
     ----------
     x : array (B, N, C)
     params : dict
-        The slice front as :func:`transolver_physics_attention_forward` (``in_project_x``,
-        ``in_project_fx``, ``in_project_slice``, ``temperature`` (H,) — PhysicsNeMo stores
+        The slice front as
+        [`transolver_physics_attention_forward`][refattn.operators.transolver.transolver_physics_attention_forward]
+        (``in_project_x``, ``in_project_fx``, ``in_project_slice``, ``temperature`` (H,) — PhysicsNeMo stores
         ``(1, 1, H, 1)``); ``qkv_project.weight`` (D, 3D) (no bias; columns q | k | v);
         ``out_linear.weight`` (H D, C), ``out_linear.bias``; ``cross_q.*`` (D, D), ``cross_k.*``
         and ``cross_v.*`` (D_c, D) with biases; ``state_mixing`` (scalar) or
@@ -229,7 +230,6 @@ def gale_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64, slice_n
 # =============================================================================================
 # Registry record: sampler, explicit reference and identity checks (verification, not the math)
 # =============================================================================================
-
 
 
 def _sample_gale(mode):

@@ -224,7 +224,6 @@ def gnot_hna_init_params(rng, n_embd: int, *, n_inputs: int | None = None, dtype
 # =============================================================================================
 
 
-
 def _sample_hna(cross, feature_map="softmax", normaliser="row"):
     def sample(rng, size):
         n, c, h = (int(rng.integers(3, 5)), 4, 2) if size == "tiny" else (int(rng.integers(7, 12)), 6, 2)

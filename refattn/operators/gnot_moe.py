@@ -156,7 +156,6 @@ def gnot_moe_init_params(rng, n_embd: int, space_dim: int, *, n_experts: int = 2
 # =============================================================================================
 
 
-
 def _sample_moe(rng, size):
     if size == "tiny":
         n, c, sd, e, i = int(rng.integers(2, 4)), 3, 2, 2, 1

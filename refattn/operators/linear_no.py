@@ -169,7 +169,6 @@ def linear_no_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64, ke
 # =============================================================================================
 
 
-
 def _sample_linear_no(use_temperature):
     def sample(rng, size):
         n, c, h, d, m = slice_sizes(rng, size)

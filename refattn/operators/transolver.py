@@ -148,7 +148,6 @@ def transolver_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64,
 # =============================================================================================
 
 
-
 def _sample_transolver(rng, size):
     n, c, h, d, g = slice_sizes(rng, size)
     params = perturb_params(rng, transolver_init_params(rng, c, h, d, g))
