@@ -498,9 +498,9 @@ def test_kernelized_rpe_bad_b():
 
 
 def test_linear_no_is_efficient_attention_on_learned_features():
-    """Catalogue cross-entry identity: LinearNO (operators/transolver.py) is Efficient Attention
+    """Catalogue cross-entry identity: LinearNO (operators/linear_no.py) is Efficient Attention
     (softmax over features for Q, over positions for K) on the learned M-wide features."""
-    from refattn.operators.transolver import linear_no_attention, linear_no_init_params
+    from refattn.operators.linear_no import linear_no_attention, linear_no_init_params
 
     rng = np.random.default_rng(19)
     B, N, C, H, D, M = 2, 9, 5, 2, 3, 4

@@ -8,23 +8,13 @@ import numpy as np
 import pytest
 
 from refattn import registry
+from refattn.operators.afno import afno_mixer, afno_mixer_backward, afno_mixer_forward
+from refattn.operators.common import irfftn_adjoint, rfftn_adjoint
 from refattn.operators.continuum import continuum_attention, continuum_attention_forward
-from refattn.operators.factformer import (
-    factformer_attention_backward,
-    factformer_attention_forward,
-    ifactformer_m_attention,
-)
+from refattn.operators.factformer import factformer_attention_backward, factformer_attention_forward
+from refattn.operators.fno import fno_spectral_conv, fno_spectral_conv_backward, fno_spectral_conv_forward
+from refattn.operators.ifactformer import ifactformer_m_attention
 from refattn.operators.ono import ono_attention_backward, ono_attention_forward
-from refattn.operators.spectral import (
-    afno_mixer,
-    afno_mixer_backward,
-    afno_mixer_forward,
-    fno_spectral_conv,
-    fno_spectral_conv_backward,
-    fno_spectral_conv_forward,
-    irfftn_adjoint,
-    rfftn_adjoint,
-)
 from refattn.testing import run_record_checks
 
 SLUGS = ["fno_spectral_conv", "afno_dpot_fourier_mixer", "factformer_factorized_attention",
@@ -467,7 +457,8 @@ def test_coda_no_bad_input():
 
 
 def test_init_helpers_match_upstream_shapes_and_ranges():
-    from refattn.operators.spectral import init_afno_params, init_fno_params
+    from refattn.operators.afno import init_afno_params
+    from refattn.operators.fno import init_fno_params
 
     rng = np.random.default_rng(18)
     p = init_fno_params(rng, 4, 5, (3, 2))
@@ -569,7 +560,7 @@ def test_factformer_block_torch_parity():
 def test_dpot_variant_torch_parity():
     # thu-ml/DPOT models/dpot.py AFNO2D.forward (commit dcd2f9a), channel-last, re-stated.
     torch = pytest.importorskip("torch")
-    from refattn.operators.spectral import init_afno_params
+    from refattn.operators.afno import init_afno_params
 
     rng = np.random.default_rng(20)
     p = init_afno_params(rng, 6, num_blocks=2, hidden_size_factor=2, init="dpot")

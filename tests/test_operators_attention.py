@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from refattn import registry
+from refattn.nn.linear import merge_heads, split_heads
 from refattn.operators import galerkin as gk
 from refattn.testing import run_record_checks
 
@@ -70,8 +71,8 @@ def test_simple_attention_torch_parity(attention_type, norm_type):
                             norm_type=norm_type, xavier_init=1.0, diagonal_weight=0.3)
     for k in params:
         params[k] = params[k] + 0.2 * rng.standard_normal(params[k].shape)
-    fwd = {"galerkin": gk.galerkin_attention_forward,
-           "fourier": gk.fourier_type_attention_forward}[attention_type]
+    fwd, bwd = {"galerkin": (gk.galerkin_attention_forward, gk.galerkin_attention_backward),
+                "fourier": (gk.fourier_type_attention_forward, gk.fourier_type_attention_backward)}[attention_type]
     out, cache = fwd(x, params, pos, n_head=3, norm_type=norm_type)
     tp = {k: torch.tensor(v, requires_grad=True) for k, v in params.items()}
     tx, tpos = torch.tensor(x, requires_grad=True), torch.tensor(pos, requires_grad=True)
@@ -79,7 +80,7 @@ def test_simple_attention_torch_parity(attention_type, norm_type):
     np.testing.assert_allclose(out, tout.detach().numpy(), rtol=1e-11, atol=1e-12)
     g = rng.standard_normal(out.shape)
     tout.backward(torch.tensor(g))
-    grads = gk._simple_backward(g, cache)
+    grads = bwd(g, cache)
     np.testing.assert_allclose(grads["x"], tx.grad.numpy(), rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(grads["pos"], tpos.grad.numpy(), rtol=1e-10, atol=1e-12)
     for k in params:
@@ -107,8 +108,8 @@ def test_galerkin_norm_types_differ_and_none_is_plain():
     b = gk.galerkin_attention(x, pn, n_head=2, norm_type="instance")
     c = gk.galerkin_attention(x, pn, n_head=2, norm_type=None)
     assert np.abs(a - b).max() > 1e-3
-    q, k, v = (gk.split_heads(x @ pn[f"linears.{i}.weight"], 2) for i in range(3))
-    np.testing.assert_allclose(c, gk.merge_heads(q @ (k.swapaxes(-1, -2) @ v) / 6), atol=1e-14)
+    q, k, v = (split_heads(x @ pn[f"linears.{i}.weight"], 2) for i in range(3))
+    np.testing.assert_allclose(c, merge_heads(q @ (k.swapaxes(-1, -2) @ v) / 6), atol=1e-14)
 
 
 def test_fourier_scale_keyword():
@@ -138,6 +139,7 @@ def test_galerkin_bad_inputs():
 
 # ------------------------------------------------------------------------ Transolver family
 
+from refattn.operators import gale, linear_no  # noqa: E402
 from refattn.operators import transolver as ts  # noqa: E402
 
 
@@ -194,11 +196,11 @@ def test_transolver_torch_parity(clamp):
 def test_linear_no_torch_parity(use_temperature):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(11)
-    params = ts.linear_no_init_params(rng, 6, 2, 3, 4, use_temperature=use_temperature)
+    params = linear_no.linear_no_init_params(rng, 6, 2, 3, 4, use_temperature=use_temperature)
     if use_temperature:
         params["temperature_q"] = np.array([0.3, 2.0])   # head 1 clamped to 1
     x = rng.standard_normal((2, 8, 6))
-    out, cache = ts.linear_no_attention_forward(x, params, n_head=2, use_temperature=use_temperature)
+    out, cache = linear_no.linear_no_attention_forward(x, params, n_head=2, use_temperature=use_temperature)
     tp = _t(torch, params)
     tx = torch.tensor(x, requires_grad=True)
     xm = (tx @ tp["in_project_x.weight"] + tp["in_project_x.bias"]).reshape(2, 8, 2, 3).permute(0, 2, 1, 3)
@@ -209,7 +211,7 @@ def test_linear_no_torch_parity(use_temperature):
     q, k = torch.softmax(q, -1), torch.softmax(k, -2)
     y = torch.einsum("bhnd,bhdc->bhnc", q, torch.einsum("bhnd,bhnc->bhdc", k, v))
     tout = y.permute(0, 2, 1, 3).reshape(2, 8, 6) @ tp["to_out.0.weight"] + tp["to_out.0.bias"]
-    _grad_parity(torch, out, tout, cache, ts.linear_no_attention_backward, dict(tp, x=tx), rng)
+    _grad_parity(torch, out, tout, cache, linear_no.linear_no_attention_backward, dict(tp, x=tx), rng)
 
 
 @pytest.mark.parametrize("mode", ["weighted", "concat_project"])
@@ -217,12 +219,12 @@ def test_gale_torch_parity(mode):
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
     rng = np.random.default_rng(12)
-    params = ts.gale_init_params(rng, 6, 2, 3, 4, context_dim=5, state_mixing_mode=mode)
+    params = gale.gale_init_params(rng, 6, 2, 3, 4, context_dim=5, state_mixing_mode=mode)
     if mode == "weighted":
         params["state_mixing"] = np.array(0.4)
     params["temperature"] = np.array([0.8, 1.3])
     x, ctx = rng.standard_normal((2, 7, 6)), rng.standard_normal((2, 2, 3, 5))
-    out, cache = ts.geotransolver_gale_forward(x, params, ctx, n_head=2, state_mixing_mode=mode)
+    out, cache = gale.geotransolver_gale_forward(x, params, ctx, n_head=2, state_mixing_mode=mode)
     tp = _t(torch, params)
     tx, tc = torch.tensor(x, requires_grad=True), torch.tensor(ctx, requires_grad=True)
     w, tok = _torch_front(torch, tx, tp, 2, (0.5, 5.0), 1e-2)
@@ -238,22 +240,22 @@ def test_gale_torch_parity(mode):
         z = F.gelu(torch.cat([zs, zc], -1) @ tp["concat_project.0.weight"] + tp["concat_project.0.bias"])
     y = torch.einsum("bhgc,bhng->bhnc", z, w).permute(0, 2, 1, 3).reshape(2, 7, 6)
     tout = y @ tp["out_linear.weight"] + tp["out_linear.bias"]
-    _grad_parity(torch, out, tout, cache, ts.geotransolver_gale_backward,
+    _grad_parity(torch, out, tout, cache, gale.geotransolver_gale_backward,
                  dict(tp, x=tx, context=tc), rng)
 
 
 def test_gale_without_context_zero_cross_grads():
     rng = np.random.default_rng(13)
-    params = ts.gale_init_params(rng, 6, 2, 3, 4, context_dim=5)
+    params = gale.gale_init_params(rng, 6, 2, 3, 4, context_dim=5)
     params["temperature"] = np.array([0.8, 1.3])
     x = rng.standard_normal((2, 7, 6))
-    out, cache = ts.geotransolver_gale_forward(x, params, n_head=2)
-    g = ts.geotransolver_gale_backward(np.ones_like(out), cache)
+    out, cache = gale.geotransolver_gale_forward(x, params, n_head=2)
+    g = gale.geotransolver_gale_backward(np.ones_like(out), cache)
     assert np.all(g["cross_q.weight"] == 0) and g["state_mixing"] == 0 and "context" not in g
     core = {k: v for k, v in params.items() if not k.startswith(("cross", "state"))}
-    np.testing.assert_array_equal(ts.geotransolver_gale(x, core, n_head=2), out)
+    np.testing.assert_array_equal(gale.geotransolver_gale(x, core, n_head=2), out)
     with pytest.raises(ValueError, match="context"):
-        ts.geotransolver_gale(x, params, rng.standard_normal((2, 3, 3, 5)), n_head=2)
+        gale.geotransolver_gale(x, params, rng.standard_normal((2, 3, 3, 5)), n_head=2)
 
 
 def test_transolver_bad_inputs():
@@ -272,7 +274,7 @@ def test_transolver_bad_inputs():
 
 # ------------------------------------------------------------------------------------- GNOT
 
-from refattn.operators import gnot  # noqa: E402
+from refattn.operators import gnot, gnot_moe  # noqa: E402
 
 
 @pytest.mark.parametrize("cross", [False, True])
@@ -318,9 +320,9 @@ def test_gnot_moe_torch_parity():
     torch = pytest.importorskip("torch")
     F = torch.nn.functional
     rng = np.random.default_rng(21)
-    params = gnot.gnot_moe_init_params(rng, 4, 2, n_experts=3, n_inner=2)
+    params = gnot_moe.gnot_moe_init_params(rng, 4, 2, n_experts=3, n_inner=2)
     x, pos = rng.standard_normal((2, 6, 4)), rng.uniform(-1, 1, (2, 6, 2))
-    out, cache = gnot.gnot_geometric_gating_moe_forward(x, pos, params)
+    out, cache = gnot_moe.gnot_geometric_gating_moe_forward(x, pos, params)
     tp = _t(torch, params)
     tx, tpos = torch.tensor(x, requires_grad=True), torch.tensor(pos, requires_grad=True)
     hgate = F.gelu(F.gelu(tpos @ tp["gatenet.0.weight"] + tp["gatenet.0.bias"]) @ tp["gatenet.2.weight"]
@@ -329,7 +331,7 @@ def test_gnot_moe_torch_parity():
     experts = torch.stack([F.gelu(tx @ tp["moe_mlp.0.weight"][k] + tp["moe_mlp.0.bias"][k])
                            @ tp["moe_mlp.2.weight"][k] + tp["moe_mlp.2.bias"][k] for k in range(3)], -1)
     tout = (gate * experts).sum(-1)
-    _grad_parity(torch, out, tout, cache, gnot.gnot_geometric_gating_moe_backward,
+    _grad_parity(torch, out, tout, cache, gnot_moe.gnot_geometric_gating_moe_backward,
                  dict(tp, x=tx, pos=tpos), rng)
 
 
@@ -348,6 +350,8 @@ def test_gnot_hna_bad_inputs():
 
 
 # ------------------------------------------------------------------------------------ OFormer
+
+from refattn.operators import oformer  # noqa: E402
 
 
 def _torch_rotate_half(torch, t):
@@ -375,12 +379,12 @@ def test_oformer_torch_parity_upstream_instance_norm(cross, attn_type):
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(30)
     c, h, d = 8, 2, 4
-    params = gk.oformer_init_params(rng, c, h, d, cross=cross, attn_type=attn_type, init_gain=0.5)
+    params = oformer.oformer_init_params(rng, c, h, d, cross=cross, attn_type=attn_type, init_gain=0.5)
     x, z = rng.standard_normal((2, 6, c)), rng.standard_normal((2, 9, c))
     xp, zp = rng.random((2, 6, 2)), rng.random((2, 9, 2))
     cfg = dict(n_head=h, attn_type=attn_type, norm_axis="channels", pos_mode="rope", x_pos=xp,
                z_pos=zp if cross else None, min_freq=1 / 64, rope_scale=1.0)
-    out, cache = gk.oformer_attention_forward(x, params, z if cross else None, **cfg)
+    out, cache = oformer.oformer_attention_forward(x, params, z if cross else None, **cfg)
     tp = _t(torch, params)
     tx, tz = torch.tensor(x, requires_grad=True), torch.tensor(z, requires_grad=True)
 
@@ -406,25 +410,25 @@ def test_oformer_torch_parity_upstream_instance_norm(cross, attn_type):
         zz = (q @ k.transpose(-1, -2)) @ ops["v"] / m
     tout = zz.transpose(1, 2).reshape(2, 6, h * d) @ tp["to_out.0.weight"] + tp["to_out.0.bias"]
     tensors = dict(tp, x=tx, z=tz) if cross else dict(tp, x=tx)
-    _grad_parity(torch, out, tout, cache, gk.oformer_attention_backward, tensors, rng)
+    _grad_parity(torch, out, tout, cache, oformer.oformer_attention_backward, tensors, rng)
 
 
 def test_oformer_bad_inputs():
     rng = np.random.default_rng(31)
-    params = gk.oformer_init_params(rng, 4, 2, 2)
+    params = oformer.oformer_init_params(rng, 4, 2, 2)
     x = rng.standard_normal((2, 5, 4))
     with pytest.raises(ValueError, match="norm_axis"):
-        gk.oformer_attention(x, params, n_head=2, norm_axis="both")
+        oformer.oformer_attention(x, params, n_head=2, norm_axis="both")
     with pytest.raises(ValueError, match="padding_mask"):
-        gk.oformer_attention(x, params, n_head=2, padding_mask=np.zeros((2, 5), bool))
+        oformer.oformer_attention(x, params, n_head=2, padding_mask=np.zeros((2, 5), bool))
     with pytest.raises(TypeError, match="padding_mask"):
-        gk.oformer_attention(x, params, n_head=2, padding_mask=np.ones((2, 5)))
+        oformer.oformer_attention(x, params, n_head=2, padding_mask=np.ones((2, 5)))
     with pytest.raises(ValueError, match="N == M"):
-        gk.oformer_attention(x, gk.oformer_init_params(rng, 4, 2, 2, cross=True),
+        oformer.oformer_attention(x, oformer.oformer_init_params(rng, 4, 2, 2, cross=True),
                              rng.standard_normal((2, 7, 4)), n_head=2, weights=np.ones((2, 7)),
                              weights_placement="output")
     with pytest.raises(ValueError, match="rope"):
-        gk.oformer_attention(x, params, n_head=2, pos_mode="rope", x_pos=rng.random((2, 5, 2)))
+        oformer.oformer_attention(x, params, n_head=2, pos_mode="rope", x_pos=rng.random((2, 5, 2)))
 
 
 # --------------------------------------------------------------------------------------- IPOT

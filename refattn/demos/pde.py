@@ -22,7 +22,7 @@ h_{\ell+1} \leftarrow h_{\ell+1} + \mathrm{GELU}(h_{\ell+1}W_1+b_1)W_2 + b_2,$$
 $$\hat u(x) = \mathrm{GELU}(h_L W_{p1} + b_{p1})W_{p2} + b_{p2}.$$
 
 ``model="fno"`` swaps each attention for an FNO spectral convolution plus a pointwise linear skip
-(:func:`refattn.operators.spectral.fno_spectral_conv_forward`), the classic FNO layer.
+(:func:`refattn.operators.fno.fno_spectral_conv_forward`), the classic FNO layer.
 Training: mean-squared error on the output grid, :class:`refattn.optim.Adam`. The reported test
 error is the mean relative $L^2$ error $\|\hat u - u\|/\|u\|$ over held-out samples.
 
@@ -44,7 +44,7 @@ import numpy as np
 from ..nn.activations import gelu, gelu_grad
 from ..nn.linear import linear_prefixed, linear_prefixed_vjp
 from ..operators import galerkin
-from ..operators.spectral import fno_spectral_conv_backward, fno_spectral_conv_forward, init_fno_params
+from ..operators.fno import fno_spectral_conv_backward, fno_spectral_conv_forward, init_fno_params
 from ..optim import Adam
 
 __all__ = ["burgers_dataset", "init_model", "model_forward", "model_backward", "TrainResult", "train", "main"]

@@ -132,8 +132,9 @@ def codomain_attention(q, k, v, **config) -> np.ndarray:
     return codomain_attention_forward(q, k, v, **config)[0]
 
 
-# --------------------------------------------------------------------------------------------
-# Record
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _sample(rng, size, **config):

@@ -114,8 +114,9 @@ def trapezoid_weights(nodes: np.ndarray, *, periodic_length: float | None = None
     return w
 
 
-# --------------------------------------------------------------------------------------------
-# Record
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _explicit(q, k, v, *, quad_weights, scale=None):

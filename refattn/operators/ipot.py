@@ -365,8 +365,9 @@ def ipot_init_params(rng, input_channel: int, query_channel: int, output_channel
     return {k: v.astype(dtype) for k, v in p.items()}
 
 
-# --------------------------------------------------------------------------------------------
-# Record
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _perturbed(rng, p, latent_scale=0.7):

@@ -182,8 +182,9 @@ def ono_attention(psi, fx, params, **config) -> np.ndarray:
     return ono_attention_forward(psi, fx, params, **config)[0]
 
 
-# --------------------------------------------------------------------------------------------
-# Record
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _sample(rng, size, eval_mode=False):

@@ -385,8 +385,9 @@ def scot_layer(x, t, params, **config) -> np.ndarray:
     return scot_layer_forward(x, t, params, **config)[0]
 
 
-# --------------------------------------------------------------------------------------------
-# Record
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _sample(rng, size, shift=True):
