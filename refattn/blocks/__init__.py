@@ -30,6 +30,8 @@ from .core import (  # noqa: F401
     transformer_block_forward,
     transformer_block_spec,
 )
+from .dra import DRA_PARAMS, dra_backward, dra_forward  # noqa: F401
+from .dyt import DYT_ALPHA_INIT, dynamic_tanh, dynamic_tanh_backward, dynamic_tanh_forward  # noqa: F401
 from .looped import LOOP_INJECTIONS, looped_transformer, looped_transformer_backward, looped_transformer_forward  # noqa: F401
 from .macaron import MACARON_STEPS, macaron_block, macaron_block_backward, macaron_block_forward  # noqa: F401
 from .ngpt import (  # noqa: F401
@@ -48,6 +50,7 @@ from .parallel import (  # noqa: F401
     parallel_attention_mlp_block_backward,
     parallel_attention_mlp_block_forward,
 )
+from .polycom import POLYCOM_KINDS, polycom_backward, polycom_forward  # noqa: F401
 from .reversible import (  # noqa: F401
     REVERSIBLE_FUNCTIONS,
     reversible_residual_block,
@@ -79,4 +82,7 @@ __all__ = [
     "reversible_residual_block_forward", "reversible_residual_block_backward", "reversible_residual_block",
     "reversible_residual_inverse", "REVERSIBLE_FUNCTIONS",
     "tnt_block_forward", "tnt_block_backward", "tnt_block", "TNT_INNER", "TNT_OUTER",
+    "dynamic_tanh_forward", "dynamic_tanh_backward", "dynamic_tanh", "DYT_ALPHA_INIT",
+    "dra_forward", "dra_backward", "DRA_PARAMS",
+    "polycom_forward", "polycom_backward", "POLYCOM_KINDS",
 ]
