@@ -32,6 +32,14 @@ from .core import (  # noqa: F401
 )
 from .dra import DRA_PARAMS, dra_backward, dra_forward  # noqa: F401
 from .dyt import DYT_ALPHA_INIT, dynamic_tanh, dynamic_tanh_backward, dynamic_tanh_forward  # noqa: F401
+from .glu_ffn import (  # noqa: F401
+    GLU_VARIANTS,
+    LLAMA_MLP_NAMES,
+    glu_activation,
+    glu_ffn,
+    glu_ffn_backward,
+    glu_ffn_forward,
+)
 from .looped import LOOP_INJECTIONS, looped_transformer, looped_transformer_backward, looped_transformer_forward  # noqa: F401
 from .macaron import MACARON_STEPS, macaron_block, macaron_block_backward, macaron_block_forward  # noqa: F401
 from .ngpt import (  # noqa: F401
@@ -85,4 +93,5 @@ __all__ = [
     "dynamic_tanh_forward", "dynamic_tanh_backward", "dynamic_tanh", "DYT_ALPHA_INIT",
     "dra_forward", "dra_backward", "DRA_PARAMS",
     "polycom_forward", "polycom_backward", "POLYCOM_KINDS",
+    "glu_ffn_forward", "glu_ffn_backward", "glu_ffn", "glu_activation", "GLU_VARIANTS", "LLAMA_MLP_NAMES",
 ]
