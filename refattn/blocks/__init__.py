@@ -40,6 +40,12 @@ from .glu_ffn import (  # noqa: F401
     glu_ffn_backward,
     glu_ffn_forward,
 )
+from .layerscale import (  # noqa: F401
+    layerscale_block,
+    layerscale_block_backward,
+    layerscale_block_forward,
+    layerscale_init_value,
+)
 from .looped import LOOP_INJECTIONS, looped_transformer, looped_transformer_backward, looped_transformer_forward  # noqa: F401
 from .macaron import MACARON_STEPS, macaron_block, macaron_block_backward, macaron_block_forward  # noqa: F401
 from .ngpt import (  # noqa: F401
@@ -94,4 +100,5 @@ __all__ = [
     "dra_forward", "dra_backward", "DRA_PARAMS",
     "polycom_forward", "polycom_backward", "POLYCOM_KINDS",
     "glu_ffn_forward", "glu_ffn_backward", "glu_ffn", "glu_activation", "GLU_VARIANTS", "LLAMA_MLP_NAMES",
+    "layerscale_block_forward", "layerscale_block_backward", "layerscale_block", "layerscale_init_value",
 ]
