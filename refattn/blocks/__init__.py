@@ -6,6 +6,7 @@ registry slug or a forward/backward pair and chains its backward through it: the
 `refattn.blocks.core` (`Sublayer`, `resolve_sublayer`, `split_block_params`).
 """
 
+from .bcos import bcos_backward, bcos_dynamic_weights, bcos_forward  # noqa: F401
 from .core import (  # noqa: F401
     ACTIVATIONS,
     NORMS,
@@ -101,4 +102,5 @@ __all__ = [
     "polycom_forward", "polycom_backward", "POLYCOM_KINDS",
     "glu_ffn_forward", "glu_ffn_backward", "glu_ffn", "glu_activation", "GLU_VARIANTS", "LLAMA_MLP_NAMES",
     "layerscale_block_forward", "layerscale_block_backward", "layerscale_block", "layerscale_init_value",
+    "bcos_forward", "bcos_backward", "bcos_dynamic_weights",
 ]
