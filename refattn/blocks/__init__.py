@@ -33,6 +33,15 @@ from .core import (  # noqa: F401
 )
 from .dra import DRA_PARAMS, dra_backward, dra_forward  # noqa: F401
 from .dyt import DYT_ALPHA_INIT, dynamic_tanh, dynamic_tanh_backward, dynamic_tanh_forward  # noqa: F401
+from .equiformer_norm import (  # noqa: F401
+    SLN_NORM_TYPES,
+    degree_index,
+    equiformer_attention_weights_backward,
+    equiformer_attention_weights_forward,
+    separable_layer_norm,
+    separable_layer_norm_backward,
+    separable_layer_norm_forward,
+)
 from .glu_ffn import (  # noqa: F401
     GLU_VARIANTS,
     LLAMA_MLP_NAMES,
@@ -103,4 +112,6 @@ __all__ = [
     "glu_ffn_forward", "glu_ffn_backward", "glu_ffn", "glu_activation", "GLU_VARIANTS", "LLAMA_MLP_NAMES",
     "layerscale_block_forward", "layerscale_block_backward", "layerscale_block", "layerscale_init_value",
     "bcos_forward", "bcos_backward", "bcos_dynamic_weights",
+    "separable_layer_norm_forward", "separable_layer_norm_backward", "separable_layer_norm",
+    "equiformer_attention_weights_forward", "equiformer_attention_weights_backward", "degree_index", "SLN_NORM_TYPES",
 ]
