@@ -58,6 +58,15 @@ from .layerscale import (  # noqa: F401
 )
 from .looped import LOOP_INJECTIONS, looped_transformer, looped_transformer_backward, looped_transformer_forward  # noqa: F401
 from .macaron import MACARON_STEPS, macaron_block, macaron_block_backward, macaron_block_forward  # noqa: F401
+from .magneto import (  # noqa: F401
+    MAGNETO_INIT_SCHEMES,
+    MAGNETO_SCALED,
+    magneto_gain,
+    magneto_init,
+    magneto_layer,
+    magneto_layer_backward,
+    magneto_layer_forward,
+)
 from .ngpt import (  # noqa: F401
     NGPT_ROPE,
     ngpt_attention_backward,
@@ -114,4 +123,6 @@ __all__ = [
     "bcos_forward", "bcos_backward", "bcos_dynamic_weights",
     "separable_layer_norm_forward", "separable_layer_norm_backward", "separable_layer_norm",
     "equiformer_attention_weights_forward", "equiformer_attention_weights_backward", "degree_index", "SLN_NORM_TYPES",
+    "magneto_layer_forward", "magneto_layer_backward", "magneto_layer", "magneto_gain", "magneto_init",
+    "MAGNETO_SCALED", "MAGNETO_INIT_SCHEMES",
 ]
