@@ -46,7 +46,6 @@ from .glu_ffn import (  # noqa: F401
     GLU_VARIANTS,
     LLAMA_MLP_NAMES,
     glu_activation,
-    glu_ffn,
     glu_ffn_backward,
     glu_ffn_forward,
 )
@@ -118,7 +117,7 @@ __all__ = [
     "dynamic_tanh_forward", "dynamic_tanh_backward", "dynamic_tanh", "DYT_ALPHA_INIT",
     "dra_forward", "dra_backward", "DRA_PARAMS",
     "polycom_forward", "polycom_backward", "POLYCOM_KINDS",
-    "glu_ffn_forward", "glu_ffn_backward", "glu_ffn", "glu_activation", "GLU_VARIANTS", "LLAMA_MLP_NAMES",
+    "glu_ffn_forward", "glu_ffn_backward", "glu_activation", "GLU_VARIANTS", "LLAMA_MLP_NAMES",
     "layerscale_block_forward", "layerscale_block_backward", "layerscale_block", "layerscale_init_value",
     "bcos_forward", "bcos_backward", "bcos_dynamic_weights",
     "separable_layer_norm_forward", "separable_layer_norm_backward", "separable_layer_norm",

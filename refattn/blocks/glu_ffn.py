@@ -74,7 +74,7 @@ def glu_activation(variant: str, approximate: str = "none"):
     return silu, silu_grad
 
 
-def _check_names(names):
+def _validate_names(names):
     if not (isinstance(names, (tuple, list)) and len(names) == 3 and all(isinstance(n, str) and n for n in names)):
         raise TypeError(f"names must be three non-empty strings (gate, value, output prefixes); got {names!r}")
     if len(set(names)) != 3:
@@ -103,7 +103,7 @@ def glu_ffn_forward(x, params, *, variant: str = "swiglu", approximate: str = "n
         ``y`` of shape ``(..., C_out)``.
     """
     x = as_float(x, "x", min_ndim=1)
-    gate, up, down = _check_names(names)
+    gate, up, down = _validate_names(names)
     phi, dphi = glu_activation(variant, approximate)
     c = x.shape[-1]
     f = param_dim(params, f"{gate}.weight", 1, where="glu_ffn", shape=("C", "F"))

@@ -27,9 +27,11 @@ $N$-layer encoder-only or decoder-only model; in an encoder-decoder with $N$ enc
 decoder layers, $\gamma_e = \sqrt{\log(3M)\log(2N)/3}$ and $\gamma_d = \sqrt{\log 3M}$ (torchscale
 ``Encoder``/``Decoder``; the decoder's cross-attention is not scaled). Two schemes:
 
-* ``"paper"``: the paper's pseudocode, DeepNet-style ``xavier_normal_(w, gain)``:
+* ``"paper"``: Xavier-normal with the gains, ``xavier_normal_(w, gain)`` as in DeepNet's published
+  pseudocode from which Magneto derives its rule:
   $W\sim\mathcal N(0,\ \mathrm{gain}^2\cdot 2/(n_{in}+n_{out}))$, gain $\gamma$ for V, O, FFN and 1 for
-  Q, K; biases 0.
+  Q, K; biases 0. (The Magneto paper's own pseudocode could not be read from this project's stored
+  sources; the distribution is that reading, the gains are verified against torchscale.)
 * ``"torchscale"``: what the code does: PyTorch's default ``nn.Linear`` init
   $U(\pm1/\sqrt{n_{in}})$ for weights and biases (variance $1/(3n_{in})$), then weights *and
   biases* of ``v_proj``, ``out_proj``, ``fc1``, ``fc2`` multiplied by $\gamma$
@@ -72,7 +74,14 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive
-from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp, merge_heads, split_heads
+from ..nn.linear import (
+    init_linear_prefixed,
+    linear_prefixed,
+    linear_prefixed_spec,
+    linear_prefixed_vjp,
+    merge_heads,
+    split_heads,
+)
 from ..registry import Mechanism, Sample, register
 from .core import ACTIVATIONS, activation_functions, block_dtype, norm_backward, norm_forward, norm_spec, param_dim
 
