@@ -8,12 +8,16 @@ registry slug or a forward/backward pair and chains its backward through it: the
 
 from .core import (  # noqa: F401
     ACTIVATIONS,
+    BATCH_NORM_KEYS,
     NORMS,
     BlockNames,
     Sublayer,
     activation_functions,
     add_grad,
     add_prefix,
+    batch_norm_backward,
+    batch_norm_forward,
+    batch_norm_spec,
     block_dtype,
     cache_nbytes,
     init_attention_params,
@@ -43,10 +47,31 @@ from .ngpt import (  # noqa: F401
     unit_norm_backward,
     unit_norm_forward,
 )
+from .patch_embed import (  # noqa: F401
+    patchify,
+    unpatchify,
+    vit_patch_embedding,
+    vit_patch_embedding_backward,
+    vit_patch_embedding_forward,
+)
 from .parallel import (  # noqa: F401
     parallel_attention_mlp_block,
     parallel_attention_mlp_block_backward,
     parallel_attention_mlp_block_forward,
+)
+from .poolformer import (  # noqa: F401
+    poolformer_pooling_mixer,
+    poolformer_pooling_mixer_backward,
+    poolformer_pooling_mixer_forward,
+    pooling_mixer_backward,
+    pooling_mixer_forward,
+)
+from .repmixer import (  # noqa: F401
+    fastvit_repmixer,
+    fastvit_repmixer_backward,
+    fastvit_repmixer_forward,
+    fastvit_repmixer_reparameterize,
+    repmixer_branches,
 )
 from .reversible import (  # noqa: F401
     REVERSIBLE_FUNCTIONS,
@@ -69,6 +94,7 @@ __all__ = [
     "ACTIVATIONS", "activation_functions", "NORMS", "norm_spec", "norm_forward", "norm_backward",
     "mlp_spec", "mlp_forward", "mlp_backward", "BlockNames", "transformer_block_spec",
     "transformer_block_forward", "transformer_block_backward", "init_attention_params", "cache_nbytes",
+    "BATCH_NORM_KEYS", "batch_norm_spec", "batch_norm_forward", "batch_norm_backward",
     "macaron_block_forward", "macaron_block_backward", "macaron_block", "MACARON_STEPS",
     "parallel_attention_mlp_block_forward", "parallel_attention_mlp_block_backward", "parallel_attention_mlp_block",
     "shaped_attention_sublayer_forward", "shaped_attention_sublayer_backward", "simplified_block_he_hofmann_forward",
@@ -79,4 +105,9 @@ __all__ = [
     "reversible_residual_block_forward", "reversible_residual_block_backward", "reversible_residual_block",
     "reversible_residual_inverse", "REVERSIBLE_FUNCTIONS",
     "tnt_block_forward", "tnt_block_backward", "tnt_block", "TNT_INNER", "TNT_OUTER",
+    "vit_patch_embedding_forward", "vit_patch_embedding_backward", "vit_patch_embedding", "patchify", "unpatchify",
+    "poolformer_pooling_mixer_forward", "poolformer_pooling_mixer_backward", "poolformer_pooling_mixer",
+    "pooling_mixer_forward", "pooling_mixer_backward",
+    "fastvit_repmixer_forward", "fastvit_repmixer_backward", "fastvit_repmixer", "fastvit_repmixer_reparameterize",
+    "repmixer_branches",
 ]
