@@ -34,6 +34,13 @@ from .core import (  # noqa: F401
     transformer_block_forward,
     transformer_block_spec,
 )
+from .deformable_merging import (  # noqa: F401
+    deform_conv2d_apply,
+    deform_conv2d_vjp,
+    deformable_token_merging,
+    deformable_token_merging_backward,
+    deformable_token_merging_forward,
+)
 from .looped import LOOP_INJECTIONS, looped_transformer, looped_transformer_backward, looped_transformer_forward  # noqa: F401
 from .macaron import MACARON_STEPS, macaron_block, macaron_block_backward, macaron_block_forward  # noqa: F401
 from .ngpt import (  # noqa: F401
@@ -47,6 +54,11 @@ from .ngpt import (  # noqa: F401
     unit_norm_backward,
     unit_norm_forward,
 )
+from .parallel import (  # noqa: F401
+    parallel_attention_mlp_block,
+    parallel_attention_mlp_block_backward,
+    parallel_attention_mlp_block_forward,
+)
 from .patch_embed import (  # noqa: F401
     patchify,
     unpatchify,
@@ -54,10 +66,12 @@ from .patch_embed import (  # noqa: F401
     vit_patch_embedding_backward,
     vit_patch_embedding_forward,
 )
-from .parallel import (  # noqa: F401
-    parallel_attention_mlp_block,
-    parallel_attention_mlp_block_backward,
-    parallel_attention_mlp_block_forward,
+from .polyphase import (  # noqa: F401
+    polyphase_anchor,
+    polyphase_anchoring,
+    polyphase_anchoring_backward,
+    polyphase_anchoring_forward,
+    polyphase_norms,
 )
 from .poolformer import (  # noqa: F401
     poolformer_pooling_mixer,
@@ -87,7 +101,22 @@ from .simplified import (  # noqa: F401
     simplified_block_he_hofmann_backward,
     simplified_block_he_hofmann_forward,
 )
+from .stn import (  # noqa: F401
+    LOCALIZATIONS,
+    localization_backward,
+    localization_forward,
+    spatial_transformer,
+    spatial_transformer_backward,
+    spatial_transformer_forward,
+)
 from .tnt import TNT_INNER, TNT_OUTER, tnt_block, tnt_block_backward, tnt_block_forward  # noqa: F401
+from .token_pool import (  # noqa: F401
+    TOKEN_POOLING_METHODS,
+    token_pooling,
+    token_pooling_backward,
+    token_pooling_clusters,
+    token_pooling_forward,
+)
 
 __all__ = [
     "Sublayer", "resolve_sublayer", "split_block_params", "param_dim", "block_dtype", "add_grad", "add_prefix",
@@ -110,4 +139,12 @@ __all__ = [
     "pooling_mixer_forward", "pooling_mixer_backward",
     "fastvit_repmixer_forward", "fastvit_repmixer_backward", "fastvit_repmixer", "fastvit_repmixer_reparameterize",
     "repmixer_branches",
+    "spatial_transformer_forward", "spatial_transformer_backward", "spatial_transformer", "LOCALIZATIONS",
+    "localization_forward", "localization_backward",
+    "token_pooling_forward", "token_pooling_backward", "token_pooling", "token_pooling_clusters",
+    "TOKEN_POOLING_METHODS",
+    "polyphase_anchoring_forward", "polyphase_anchoring_backward", "polyphase_anchoring", "polyphase_anchor",
+    "polyphase_norms",
+    "deformable_token_merging_forward", "deformable_token_merging_backward", "deformable_token_merging",
+    "deform_conv2d_apply", "deform_conv2d_vjp",
 ]
