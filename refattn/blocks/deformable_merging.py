@@ -1,7 +1,7 @@
 r"""LIT deformable token merging: a deformable convolution with kernel = stride = patch, then
 BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling points.
 
-Pan, Zhuang, Liu, He, Zhuang, "Less is More: Pay Less Attention in Vision Transformers", AAAI
+Pan, Zhuang, He, Liu, Cai, "Less is More: Pay Less Attention in Vision Transformers", AAAI
 2022, arXiv 2105.14217. Upstream: zhuang-group/LIT ``classification/code_for_lit_ti/patch_embed.py``
 (``DeformablePatchEmbed_GELU``) and ``classification/code_for_lit_s_m_b/models/patch_embed.py``
 (``DeformablePatchMerging``), with ``mm_modules/DCN/modules/deform_conv2d.py``
@@ -90,10 +90,11 @@ def _sampling_grid(offset, in_hw, kernel, stride, padding):
     b, _, ho, wo = offset.shape
     kh, kw = kernel
     off = offset.reshape(b, kh * kw, 2, ho, wo)
-    ti, tj = np.divmod(np.arange(kh * kw), kw)
-    h = (np.arange(ho) * stride[0] - padding[0])[None, None, :, None] + ti[None, :, None, None] + off[:, :, 0]
-    w = (np.arange(wo) * stride[1] - padding[1])[None, None, None, :] + tj[None, :, None, None] + off[:, :, 1]
-    gx, gy = (2 * w + 1) / in_hw[1] - 1, (2 * h + 1) / in_hw[0] - 1   # align_corners=False
+    dt = offset.dtype
+    ti, tj = (t.astype(dt) for t in np.divmod(np.arange(kh * kw), kw))
+    h = (np.arange(ho, dtype=dt) * stride[0] - padding[0])[None, None, :, None] + ti[None, :, None, None] + off[:, :, 0]
+    w = (np.arange(wo, dtype=dt) * stride[1] - padding[1])[None, None, None, :] + tj[None, :, None, None] + off[:, :, 1]
+    gx, gy = (2 * w + 1) / dt.type(in_hw[1]) - 1, (2 * h + 1) / dt.type(in_hw[0]) - 1   # align_corners=False
     return np.stack([gx, gy], axis=-1).reshape(b, kh * kw * ho, wo, 2), (h, w)
 
 
@@ -316,7 +317,7 @@ register(
     Mechanism(
         slug="lit_deformable_token_merging", family="5-building-blocks", tier="T3",
         title="LIT deformable token merging: offset conv -> DCN v1 (kernel = stride) -> BatchNorm -> GELU",
-        paper="Pan, Zhuang, Liu, He, Zhuang, Less is More: Pay Less Attention in Vision Transformers, AAAI 2022, "
+        paper="Pan, Zhuang, He, Liu, Cai, Less is More: Pay Less Attention in Vision Transformers, AAAI 2022, "
               "arXiv 2105.14217",
         forward=deformable_token_merging_forward, backward=deformable_token_merging_backward, sample=_sample,
         reference=_reference, docs="blocks/vision-token-mixers.md#lit-deformable-token-merging",

@@ -1,8 +1,12 @@
 r"""Adaptive polyphase anchoring: a shift-equivariant (or invariant) ViT patch embedding.
 
-Rojas-Gomez, Lim, Do, Yeh, "Making Vision Transformers Truly Shift-Equivariant", CVPR 2024,
-arXiv 2305.16316. Upstream: willding123/Shift-Equivariant-Vision-Transformers
-``models/poly_utils.py`` (``PolyOrder``, ``PolyPatchEmbed``) @ c8cd2ef40b435d9615c790b2461694ba89a36be4.
+Ding, Soselia, Armstrong, Su, Huang, "Reviving Shift Equivariance in Vision Transformers", arXiv
+2306.07470 (2023) — the paper of the catalogue's seed abstract [2-47] and of the official code,
+willding123/Shift-Equivariant-Vision-Transformers ``models/poly_utils.py`` (``PolyOrder``,
+``PolyPatchEmbed``) @ c8cd2ef40b435d9615c790b2461694ba89a36be4. The catalogue cites Rojas-Gomez,
+Lim, Do, Yeh, "Making Vision Transformers Truly Shift-Equivariant", CVPR 2024, arXiv 2305.16316,
+a related work (adaptive tokenization, window attention and patch merging for Swin, SwinV2, CvT,
+MViTv2) that is not the source of this algorithm or abstract.
 
 Forward
 -------
@@ -303,8 +307,8 @@ register(
     Mechanism(
         slug="polyphase_anchoring", family="5-building-blocks", tier="T2",
         title="Adaptive polyphase anchoring: roll the max-norm polyphase component to the origin before patch embedding",
-        paper="Rojas-Gomez, Lim, Do, Yeh, Making Vision Transformers Truly Shift-Equivariant, CVPR 2024, "
-              "arXiv 2305.16316",
+        paper="Ding, Soselia, Armstrong, Su, Huang, Reviving Shift Equivariance in Vision Transformers, "
+              "arXiv 2306.07470 (2023) (the catalogue's citation, Rojas-Gomez et al. CVPR 2024, is a related work)",
         forward=polyphase_anchoring_forward, backward=polyphase_anchoring_backward, sample=_sample,
         reference=_reference, docs="blocks/vision-token-mixers.md#polyphase-anchoring",
         checks={"shift_equivariance": _check_shift_equivariance, "shift_invariance": _check_shift_invariance,
