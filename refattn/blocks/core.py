@@ -42,9 +42,10 @@ affine ``"<prefix>.weight"``/``"<prefix>.bias"``, built on `refattn.nn.norms.nor
 `mlp_forward`/`mlp_backward` (``fc2(act(fc1(x)))`` with prefixed linear layers, built on
 `refattn.nn.linear.linear_prefixed`), `batch_norm_forward`/`batch_norm_backward` (PyTorch's
 ``BatchNorm{1,2,3}d`` on a channels-first ``(B, C, *spatial)`` array, evaluation mode with the
-running statistics or training mode with the batch statistics; see below), `transformer_block_forward`/`transformer_block_backward` (the
-pre-norm block $x \leftarrow x + \mathrm{Attn}(\mathrm{LN}_1x)$, $x \leftarrow x +
-\mathrm{MLP}(\mathrm{LN}_2x)$ of GPT-2, ViT and TNT), `init_attention_params` (random parameters
+running statistics or training mode with the batch statistics; see below),
+`transformer_block_forward`/`transformer_block_backward` (the pre-norm block
+$x \leftarrow x + \mathrm{Attn}(\mathrm{LN}_1x)$, $x \leftarrow x + \mathrm{MLP}(\mathrm{LN}_2x)$ of
+GPT-2, ViT and TNT), `init_attention_params` (random parameters
 for the attentions the samplers and tests use) and `cache_nbytes` (the memory a cache holds).
 All are unvalidated: the blocks validate their arguments first.
 
