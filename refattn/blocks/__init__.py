@@ -15,12 +15,16 @@ from .bcos import (  # noqa: F401
 )
 from .core import (  # noqa: F401
     ACTIVATIONS,
+    BATCH_NORM_KEYS,
     NORMS,
     BlockNames,
     Sublayer,
     activation_functions,
     add_grad,
     add_prefix,
+    batch_norm_backward,
+    batch_norm_forward,
+    batch_norm_spec,
     block_dtype,
     cache_nbytes,
     init_attention_params,
@@ -36,6 +40,13 @@ from .core import (  # noqa: F401
     transformer_block_backward,
     transformer_block_forward,
     transformer_block_spec,
+)
+from .deformable_merging import (  # noqa: F401
+    deform_conv2d_apply,
+    deform_conv2d_vjp,
+    deformable_token_merging,
+    deformable_token_merging_backward,
+    deformable_token_merging_forward,
 )
 from .dra import (  # noqa: F401
     DRA_PARAMS,
@@ -107,10 +118,38 @@ from .parallel import (  # noqa: F401
     parallel_attention_mlp_block_backward,
     parallel_attention_mlp_block_forward,
 )
+from .patch_embed import (  # noqa: F401
+    patchify,
+    unpatchify,
+    vit_patch_embedding,
+    vit_patch_embedding_backward,
+    vit_patch_embedding_forward,
+)
 from .polycom import (  # noqa: F401
     POLYCOM_KINDS,
     polycom_backward,
     polycom_forward,
+)
+from .polyphase import (  # noqa: F401
+    polyphase_anchor,
+    polyphase_anchoring,
+    polyphase_anchoring_backward,
+    polyphase_anchoring_forward,
+    polyphase_norms,
+)
+from .poolformer import (  # noqa: F401
+    poolformer_pooling_mixer,
+    poolformer_pooling_mixer_backward,
+    poolformer_pooling_mixer_forward,
+    pooling_mixer_backward,
+    pooling_mixer_forward,
+)
+from .repmixer import (  # noqa: F401
+    fastvit_repmixer,
+    fastvit_repmixer_backward,
+    fastvit_repmixer_forward,
+    fastvit_repmixer_reparameterize,
+    repmixer_branches,
 )
 from .reversible import (  # noqa: F401
     REVERSIBLE_FUNCTIONS,
@@ -126,6 +165,14 @@ from .simplified import (  # noqa: F401
     simplified_block_he_hofmann_backward,
     simplified_block_he_hofmann_forward,
 )
+from .stn import (  # noqa: F401
+    LOCALIZATIONS,
+    localization_backward,
+    localization_forward,
+    spatial_transformer,
+    spatial_transformer_backward,
+    spatial_transformer_forward,
+)
 from .tnt import (  # noqa: F401
     TNT_INNER,
     TNT_OUTER,
@@ -133,18 +180,29 @@ from .tnt import (  # noqa: F401
     tnt_block_backward,
     tnt_block_forward,
 )
+from .token_pool import (  # noqa: F401
+    TOKEN_POOLING_METHODS,
+    token_pooling,
+    token_pooling_backward,
+    token_pooling_clusters,
+    token_pooling_forward,
+)
 
 __all__ = [
     "bcos_backward",
     "bcos_dynamic_weights",
     "bcos_forward",
     "ACTIVATIONS",
+    "BATCH_NORM_KEYS",
     "BlockNames",
     "NORMS",
     "Sublayer",
     "activation_functions",
     "add_grad",
     "add_prefix",
+    "batch_norm_backward",
+    "batch_norm_forward",
+    "batch_norm_spec",
     "block_dtype",
     "cache_nbytes",
     "init_attention_params",
@@ -160,6 +218,11 @@ __all__ = [
     "transformer_block_backward",
     "transformer_block_forward",
     "transformer_block_spec",
+    "deform_conv2d_apply",
+    "deform_conv2d_vjp",
+    "deformable_token_merging",
+    "deformable_token_merging_backward",
+    "deformable_token_merging_forward",
     "DRA_PARAMS",
     "dra_backward",
     "dra_forward",
@@ -210,9 +273,29 @@ __all__ = [
     "parallel_attention_mlp_block",
     "parallel_attention_mlp_block_backward",
     "parallel_attention_mlp_block_forward",
+    "patchify",
+    "unpatchify",
+    "vit_patch_embedding",
+    "vit_patch_embedding_backward",
+    "vit_patch_embedding_forward",
     "POLYCOM_KINDS",
     "polycom_backward",
     "polycom_forward",
+    "polyphase_anchor",
+    "polyphase_anchoring",
+    "polyphase_anchoring_backward",
+    "polyphase_anchoring_forward",
+    "polyphase_norms",
+    "poolformer_pooling_mixer",
+    "poolformer_pooling_mixer_backward",
+    "poolformer_pooling_mixer_forward",
+    "pooling_mixer_backward",
+    "pooling_mixer_forward",
+    "fastvit_repmixer",
+    "fastvit_repmixer_backward",
+    "fastvit_repmixer_forward",
+    "fastvit_repmixer_reparameterize",
+    "repmixer_branches",
     "REVERSIBLE_FUNCTIONS",
     "reversible_residual_block",
     "reversible_residual_block_backward",
@@ -223,9 +306,20 @@ __all__ = [
     "simplified_block_he_hofmann",
     "simplified_block_he_hofmann_backward",
     "simplified_block_he_hofmann_forward",
+    "LOCALIZATIONS",
+    "localization_backward",
+    "localization_forward",
+    "spatial_transformer",
+    "spatial_transformer_backward",
+    "spatial_transformer_forward",
     "TNT_INNER",
     "TNT_OUTER",
     "tnt_block",
     "tnt_block_backward",
     "tnt_block_forward",
+    "TOKEN_POOLING_METHODS",
+    "token_pooling",
+    "token_pooling_backward",
+    "token_pooling_clusters",
+    "token_pooling_forward",
 ]

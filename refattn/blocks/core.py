@@ -40,11 +40,33 @@ Other helpers
 `norm_forward`/`norm_backward` (LayerNorm / RMSNorm / none over the last axis, with prefixed
 affine ``"<prefix>.weight"``/``"<prefix>.bias"``, built on `refattn.nn.norms.normalize_forward`),
 `mlp_forward`/`mlp_backward` (``fc2(act(fc1(x)))`` with prefixed linear layers, built on
-`refattn.nn.linear.linear_prefixed`), `transformer_block_forward`/`transformer_block_backward` (the
-pre-norm block $x \leftarrow x + \mathrm{Attn}(\mathrm{LN}_1x)$, $x \leftarrow x +
-\mathrm{MLP}(\mathrm{LN}_2x)$ of GPT-2, ViT and TNT), `init_attention_params` (random parameters
+`refattn.nn.linear.linear_prefixed`), `batch_norm_forward`/`batch_norm_backward` (PyTorch's
+``BatchNorm{1,2,3}d`` on a channels-first ``(B, C, *spatial)`` array, evaluation mode with the
+running statistics or training mode with the batch statistics; see below),
+`transformer_block_forward`/`transformer_block_backward` (the pre-norm block
+$x \leftarrow x + \mathrm{Attn}(\mathrm{LN}_1x)$, $x \leftarrow x + \mathrm{MLP}(\mathrm{LN}_2x)$ of
+GPT-2, ViT and TNT), `init_attention_params` (random parameters
 for the attentions the samplers and tests use) and `cache_nbytes` (the memory a cache holds).
 All are unvalidated: the blocks validate their arguments first.
+
+Batch normalisation (the convolutional blocks: FastViT's MobileOne branches, LIT's deformable
+merging)
+----------------------------------------------------------------------------------------------
+With per-channel $\gamma, \beta$ (``"<prefix>.weight"``, ``"<prefix>.bias"``) and the running
+statistics $\mu_r, \sigma^2_r$ (``"<prefix>.running_mean"``, ``"<prefix>.running_var"``, the
+buffers of PyTorch's ``state_dict``; ``num_batches_tracked`` is not used),
+
+* evaluation mode (``training=False``, PyTorch's ``model.eval()``; the default, as
+  ``F.batch_norm``): $y = \gamma\,(x - \mu_r)\,r + \beta$, $r = (\sigma^2_r + \epsilon)^{-1/2}$,
+  a per-channel affine map. With $g = \gamma\,dy$: $dx = r\,g$,
+  $d\mu_r = -r\sum g$, $d\sigma^2_r = -\tfrac12 r^2\sum g\,\hat x$ (sums over the batch and
+  spatial axes). The running statistics are buffers, not trained; their derivatives are returned
+  because the block's backward returns one gradient per params key;
+* training mode (``training=True``): the batch statistics over ``(B, *spatial)`` (biased
+  variance, as PyTorch normalises) replace the running ones — the LayerNorm VJP of
+  `refattn.nn.norms.normalize_backward` over those axes; the running statistics get zero gradient
+  and are **not updated** (the functions are pure; PyTorch's momentum update is a side effect).
+  Batch elements then depend on each other.
 """
 
 from __future__ import annotations
@@ -67,6 +89,7 @@ __all__ = [
     "ACTIVATIONS", "activation_functions", "NORMS", "norm_spec", "norm_forward", "norm_backward",
     "mlp_spec", "mlp_forward", "mlp_backward", "BlockNames", "transformer_block_spec",
     "transformer_block_forward", "transformer_block_backward", "init_attention_params", "cache_nbytes",
+    "BATCH_NORM_KEYS", "batch_norm_spec", "batch_norm_forward", "batch_norm_backward",
 ]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
@@ -317,6 +340,49 @@ def mlp_backward(grads: dict, params: dict, dy: np.ndarray, cache) -> np.ndarray
     x, a, h, fc1, fc2, fp = cache
     dh = linear_prefixed_vjp(grads, params, fc2, dy, h)
     return linear_prefixed_vjp(grads, params, fc1, dh * fp(a), x)
+
+
+BATCH_NORM_KEYS = ("weight", "bias", "running_mean", "running_var")
+
+
+def batch_norm_spec(prefix: str, channels: int) -> dict:
+    """The ``check_params`` spec of a prefixed ``BatchNorm*d(channels)``: weight, bias and the two
+    running statistics, each ``(channels,)``."""
+    return {f"{prefix}.{k}": (channels,) for k in BATCH_NORM_KEYS}
+
+
+def batch_norm_forward(params: dict, prefix: str, x: np.ndarray, *, training: bool = False, eps: float = 1e-5):
+    r"""Batch normalisation of a channels-first ``x (B, C, *spatial)`` (module docstring):
+    running statistics (``training=False``) or batch statistics (``training=True``), then
+    $\gamma\odot\hat x + \beta$. Returns ``(y, cache)``."""
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    w, b = (params[f"{prefix}.{k}"].reshape(shape) for k in ("weight", "bias"))
+    if training:
+        xhat, stats = normalize_forward(x, (0,) + tuple(range(2, x.ndim)), eps)
+        rstd = None
+    else:
+        rstd = 1.0 / np.sqrt(params[f"{prefix}.running_var"].reshape(shape) + eps)
+        xhat, stats = (x - params[f"{prefix}.running_mean"].reshape(shape)) * rstd, None
+    return xhat * w + b, (xhat, stats, rstd, prefix)
+
+
+def batch_norm_backward(grads: dict, params: dict, dy: np.ndarray, cache) -> np.ndarray:
+    r"""VJP of `batch_norm_forward`: adds the weight, bias and running-statistics gradients into
+    ``grads`` (zeros for the running statistics in training mode) and returns $dx$."""
+    xhat, stats, rstd, prefix = cache
+    axes = (0,) + tuple(range(2, dy.ndim))
+    w = params[f"{prefix}.weight"]
+    add_grad(grads, f"{prefix}.weight", (dy * xhat).sum(axis=axes))
+    add_grad(grads, f"{prefix}.bias", dy.sum(axis=axes))
+    g = dy * w.reshape((1, -1) + (1,) * (dy.ndim - 2))
+    if stats is not None:
+        add_grad(grads, f"{prefix}.running_mean", np.zeros_like(w))
+        add_grad(grads, f"{prefix}.running_var", np.zeros_like(w))
+        return normalize_backward(g, xhat, stats)
+    gr = g * rstd
+    add_grad(grads, f"{prefix}.running_mean", -gr.sum(axis=axes))
+    add_grad(grads, f"{prefix}.running_var", -0.5 * (gr * xhat * rstd).sum(axis=axes))
+    return gr
 
 
 # --------------------------------------------------------------------------------------------
