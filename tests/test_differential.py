@@ -14,6 +14,7 @@ import pytest
 
 from refattn import registry
 from refattn.attention import differential as D
+from refattn.attention.differential import _samples as S
 from refattn.testing import run_record_checks
 from refattn.testing.runner import record_check_names
 
@@ -96,7 +97,7 @@ def test_v1_matches_torch_transcription_with_autograd(Hkv, pairing):
     rng = np.random.default_rng(3)
     B, n, C, H, d = 2, 5, 6, 2, 4
     x = rng.standard_normal((B, n, C))
-    P = D._v1_params(rng, C, H, Hkv, d, lambda_init=D.lambda_init_fn(3))
+    P = S.v1_params(rng, C, H, Hkv, d, lambda_init=D.lambda_init_fn(3))
     rel = D.rope_tables(n, d)
     cfg = dict(num_heads=H, num_kv_heads=Hkv, depth=3, rel_pos=rel, gqa_pairing=pairing)
     out, cache = D.diff_attention_v1_forward(x, P, **cfg)
@@ -118,7 +119,7 @@ def test_v1_explicit_mask_replaces_causal_like_unilm():
     rng = np.random.default_rng(4)
     B, n, C, H, d = 2, 4, 6, 2, 2
     x = rng.standard_normal((B, n, C))
-    P = D._v1_params(rng, C, H, H, d)
+    P = S.v1_params(rng, C, H, H, d)
     keep = rng.random((n, n)) > 0.4
     keep[:, 0] = True
     out = D.diff_attention_v1(x, P, num_heads=H, depth=1, attn_mask=keep)
@@ -195,7 +196,7 @@ def test_lambda_init_conventions():
 def test_v1_lambda_init_changes_only_lambda_and_rescale():
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 3, 4))
-    P = D._v1_params(rng, 4, 1, 1, 2)
+    P = S.v1_params(rng, 4, 1, 1, 2)
     a = D.diff_attention_v1(x, P, num_heads=1, lambda_init=0.3)
     b = D.diff_attention_v1(x, P, num_heads=1, depth=2, lambda_init_convention="unilm")
     assert np.abs(a - b).max() > 1e-6
@@ -206,7 +207,7 @@ def test_v1_lambda_init_changes_only_lambda_and_rescale():
 def test_v1_norm_options():
     rng = np.random.default_rng(8)
     x = rng.standard_normal((2, 3, 4))
-    P = D._v1_params(rng, 4, 2, 2, 2)
+    P = S.v1_params(rng, 4, 2, 2, 2)
     base = D.diff_attention_v1(x, P, num_heads=2, depth=0)
     # subln weight of ones == no affine
     P1 = dict(P, **{"subln.weight": np.ones(4)})
@@ -227,7 +228,7 @@ def test_v1_tied_maps_output_independent_of_lambda_magnitude():
     # Q1 = Q2, K1 = K2: pre-norm output (1 - lam) A V; with eps -> 0, RMSNorm removes |1 - lam|.
     rng = np.random.default_rng(9)
     x = rng.standard_normal((2, 4, 4))
-    P = D._v1_params(rng, 4, 1, 1, 2)
+    P = S.v1_params(rng, 4, 1, 1, 2)
     wq, wk = P["q_proj.weight"], P["k_proj.weight"]
     P["q_proj.weight"] = np.concatenate([wq[:, :2], wq[:, :2]], 1)
     P["k_proj.weight"] = np.concatenate([wk[:, :2], wk[:, :2]], 1)
@@ -242,7 +243,7 @@ def test_v1_tied_maps_output_independent_of_lambda_magnitude():
 def test_v1_bad_inputs():
     rng = np.random.default_rng(10)
     x = rng.standard_normal((2, 3, 4))
-    P = D._v1_params(rng, 4, 2, 1, 2)
+    P = S.v1_params(rng, 4, 2, 1, 2)
     with pytest.raises(ValueError, match="transpose"):
         D.diff_attention_v1(x, dict(P, **{"out_proj.weight": P["out_proj.weight"].T}), num_heads=2,
                             num_kv_heads=1, depth=0)
@@ -496,7 +497,7 @@ def test_dint_against_explicit_maps(kind, src):
     rng = np.random.default_rng(19)
     B, n, C, H, d = 2, 5, 4, 2, 2
     x = rng.standard_normal((B, n, C))
-    P = D._v1_params(rng, C, H, H, d)
+    P = S.v1_params(rng, C, H, H, d)
     P.pop("subln.weight")
     out = DV.dint_attention(x, P, num_heads=H, depth=2, integral=kind, integral_source=src, subln="none",
                             rescale=False)
@@ -536,7 +537,7 @@ def test_dint_matches_third_party_multihead_dint_attention():
     rng = np.random.default_rng(31)
     B, n, C, H, d = 2, 6, 5, 3, 2
     x = rng.standard_normal((B, n, C))
-    P = D._v1_params(rng, C, H, H, d)
+    P = S.v1_params(rng, C, H, H, d)
     P.pop("subln.weight")
     out = DV.dint_attention(x, P, num_heads=H, lambda_init=0.3, is_causal=False, subln="none", rescale=False)
     q = (x @ P["q_proj.weight"]).reshape(B, n, 2 * H, d).transpose(0, 2, 1, 3)
@@ -558,7 +559,7 @@ def test_dint_matches_third_party_multihead_dint_attention():
 def test_dint_auto_picks_the_causal_average():
     rng = np.random.default_rng(20)
     x = rng.standard_normal((2, 4, 4))
-    P = D._v1_params(rng, 4, 2, 2, 2)
+    P = S.v1_params(rng, 4, 2, 2, 2)
     auto = DV.dint_attention(x, P, num_heads=2, depth=0)
     np.testing.assert_array_equal(auto, DV.dint_attention(x, P, num_heads=2, depth=0, integral="causal"))
     assert np.abs(auto - DV.dint_attention(x, P, num_heads=2, depth=0, integral="all")).max() > 1e-6
@@ -882,7 +883,7 @@ def test_v1_halves_pairing_is_a_column_permutation_of_adjacent():
     rng = np.random.default_rng(28)
     B, n, C, H, Hkv, d = 2, 4, 5, 2, 1, 2
     x = rng.standard_normal((B, n, C))
-    P = D._v1_params(rng, C, H, Hkv, d)
+    P = S.v1_params(rng, C, H, Hkv, d)
     halves = D.diff_attention_v1(x, P, num_heads=H, num_kv_heads=Hkv, depth=1, pairing="halves",
                                  gqa_pairing="flash")
 

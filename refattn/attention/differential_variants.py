@@ -35,32 +35,26 @@ from .._checks import (
 )
 from ..nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..registry import Mechanism, Sample, register
-from .differential import (
-    _V1_LAMBDA,
-    _check_rel_pos,
-    _core_fwd,
-    _diff_v1_forward_impl,
-    _draw_lambda_vectors,
-    _gather_heads,
-    _heads_bwd,
-    _heads_fwd,
-    _lambda_bwd,
-    _lambda_fwd,
-    _layer_config,
-    _resolve_lambda_init,
-    _rope_apply,
-    _sample_v1,
-    _scatter_heads,
-    _v1_generic_backward,
-    _v1_generic_forward,
-    _v1_sample_lambda_zero,
-    diff_attention_v1_backward,
-    diff_attention_v1_forward,
-    kv_head_index,
+from .differential._samples import draw_lambda_vectors, sample_v1, v1_sample_lambda_zero
+from .differential.core import expanded_core_forward, gather_heads, kv_head_index, scatter_heads
+from .differential.layer import (
+    V1_LAMBDA_KEYS,
+    diff_heads_backward,
+    diff_heads_forward,
     lambda_init_fn,
+    lambda_reparam_backward,
+    lambda_reparam_forward,
+    resolve_lambda_init,
+    rope_apply,
     rope_tables,
+    v1_generic_backward,
+    v1_generic_forward,
+    v1_layer_forward,
     v1_pairing_index,
+    validate_layer_config,
+    validate_rel_pos,
 )
+from .differential.v1 import diff_attention_v1_backward, diff_attention_v1_forward
 from .softmax import sdpa_backward, sdpa_forward, sum_to_shape
 
 __all__ = [
@@ -186,9 +180,9 @@ def diff_attention_v2_forward(x, params, *, num_heads: int, num_kv_heads: int | 
         check_broadcastable("attn_mask", mask.shape, x.shape[:-2] + (H, n, n), "the scores (B, H, N, N) of shape")
         if mask.ndim >= 3 and mask.shape[-3] == H and H > 1:
             mask = np.repeat(mask, 2, axis=-3)  # both heads of pair i see head i's mask
-    cos, sin = _check_rel_pos(rel_pos, n, d, dt)
-    q = _rope_apply(split_heads(linear_prefixed(P, "q_proj", x), 2 * H, d), cos, sin, rope_interleaved)
-    k = _rope_apply(split_heads(linear_prefixed(P, "k_proj", x), Hkv, d), cos, sin, rope_interleaved)
+    cos, sin = validate_rel_pos(rel_pos, n, d, dt)
+    q = rope_apply(split_heads(linear_prefixed(P, "q_proj", x), 2 * H, d), cos, sin, rope_interleaved)
+    k = rope_apply(split_heads(linear_prefixed(P, "k_proj", x), Hkv, d), cos, sin, rope_interleaved)
     v = split_heads(linear_prefixed(P, "v_proj", x), Hkv, d)
     attn, sc = sdpa_forward(q, k, v, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
                             scale=scale)
@@ -218,8 +212,8 @@ def diff_attention_v2_backward(dout, cache):
     dattn[..., 1::2, :, :] = -sig * go
     gs = sdpa_backward(dattn, cache["sdpa"])
     cos, sin, inter = cache["rope"]
-    dq = _rope_apply(gs["q"], cos, sin, inter, conjugate=True)
-    dk = _rope_apply(gs["k"], cos, sin, inter, conjugate=True)
+    dq = rope_apply(gs["q"], cos, sin, inter, conjugate=True)
+    dk = rope_apply(gs["k"], cos, sin, inter, conjugate=True)
     dx = dlogit @ w.T
     dx = dx + linear_prefixed_vjp(grads, P, "q_proj", merge_heads(dq), x)
     dx = dx + linear_prefixed_vjp(grads, P, "k_proj", merge_heads(dk), x)
@@ -264,8 +258,8 @@ def _v2_reference(x, params, *, num_heads, num_kv_heads=None, attn_mask=None, is
     k = np.swapaxes((x @ params["k_proj.weight"]).reshape(B, n, Hkv, d), 1, 2)
     v = np.swapaxes((x @ params["v_proj.weight"]).reshape(B, n, Hkv, d), 1, 2)
     if rel_pos is not None:
-        q = _rope_apply(q, rel_pos[0], rel_pos[1], rope_interleaved)
-        k = _rope_apply(k, rel_pos[0], rel_pos[1], rope_interleaved)
+        q = rope_apply(q, rel_pos[0], rel_pos[1], rope_interleaved)
+        k = rope_apply(k, rel_pos[0], rel_pos[1], rope_interleaved)
     s = d ** -0.5 if scale is None else scale
     attn = np.zeros((B, 2 * H, n, d))
     for h in range(2 * H):
@@ -292,8 +286,8 @@ def _check_v2_sigma_zero(rng):
     d = P["q_proj.weight"].shape[1] // (2 * H)
     q = split_heads(x @ P["q_proj.weight"], 2 * H, d)[..., 0::2, :, :]
     cos, sin = s.config["rel_pos"]
-    q = _rope_apply(q, cos, sin, True)
-    k = _rope_apply(split_heads(x @ P["k_proj.weight"], Hkv, d), cos, sin, True)
+    q = rope_apply(q, cos, sin, True)
+    k = rope_apply(split_heads(x @ P["k_proj.weight"], Hkv, d), cos, sin, True)
     v = split_heads(x @ P["v_proj.weight"], Hkv, d)
     ref = merge_heads(sdpa_forward(q, k, v, is_causal=True)[0]) @ P["o_proj.weight"]
     err = float(np.abs(out - ref).max())
@@ -384,8 +378,8 @@ def diffclip_attention_forward(x, params, *, num_heads: int, lambda_init: float 
         raise ValueError("params is missing 'out_proj.bias' (DiffCLIP's output projection has a bias)")
     d = qw[1] // num_heads
     H = num_heads // 2
-    lam0 = _resolve_lambda_init(None, lambda_init, "unilm")
-    out, cache = _v1_generic_forward(
+    lam0 = resolve_lambda_init(None, lambda_init, "unilm")
+    out, cache = v1_generic_forward(
         x, params, where="diffclip_attention", names=_DIFFCLIP_NAMES, num_heads=H, q_halves=2 * H,
         k_halves=2 * H, v_heads=H, d=d, dv=2 * d, index=v1_pairing_index(H, H), attn_mask=attn_mask,
         is_causal=is_causal, causal_alignment="bottom_right", rel_pos=None, rope_interleaved=True,
@@ -397,7 +391,7 @@ def diffclip_attention_forward(x, params, *, num_heads: int, lambda_init: float 
 def diffclip_attention_backward(dout, cache):
     r"""Gradient of :func:`diffclip_attention_forward` (the V1 chain, biases included:
     $db = \sum_{\text{rows}} dY$ for each projection)."""
-    return _v1_generic_backward(dout, cache)
+    return v1_generic_backward(dout, cache)
 
 
 def diffclip_attention(x, params, **config) -> np.ndarray:
@@ -414,7 +408,7 @@ def _diffclip_params(rng, C, num_heads, c_out=None):
         P[f"{name}.bias"] = 0.1 * rng.standard_normal(C)
     P["out_proj.weight"] = rng.standard_normal((C, c_out)) / np.sqrt(C)
     P["out_proj.bias"] = 0.1 * rng.standard_normal(c_out)
-    P.update(_draw_lambda_vectors(rng, d, 0.8))
+    P.update(draw_lambda_vectors(rng, d, 0.8))
     P["diff_norm.weight"] = 1.0 + 0.2 * rng.standard_normal(2 * d)
     return P
 
@@ -582,14 +576,14 @@ def grouped_differential_attention_forward(x, params, *, num_signal_heads: int, 
     d, dv = qw[1] // (Hs + Hn), vw[1] // v_heads
     if not isinstance(rescale, (bool, np.bool_)) or not isinstance(subln_affine, (bool, np.bool_)):
         raise TypeError("rescale and subln_affine must be bools")
-    lam0 = _resolve_lambda_init(depth, lambda_init, lambda_init_convention)
+    lam0 = resolve_lambda_init(depth, lambda_init, lambda_init_convention)
     sig, noise = gda_head_index(Hs, r, head_layout)
     if G is None:
         index, k_halves = (sig, noise, sig, noise, np.arange(Hs)), Hs + Hn
     else:
         k1, k2, vj = gda_kv_index(Hs, G, head_layout)
         index, k_halves = (sig, noise, k1, k2, vj), 2 * G
-    out, cache = _v1_generic_forward(
+    out, cache = v1_generic_forward(
         x, params, where="grouped_differential_attention",
         names={"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "out_proj", "norm": "subln"},
         num_heads=Hs, q_halves=Hs + Hn, k_halves=k_halves, v_heads=v_heads, d=d, dv=dv, index=index,
@@ -604,7 +598,7 @@ def grouped_differential_attention_forward(x, params, *, num_signal_heads: int, 
 def grouped_differential_attention_backward(dout, cache):
     """Gradient of :func:`grouped_differential_attention_forward`: V1's chain; a noise half-head's
     query/key gradient is the sum over the $r$ signal heads that share it."""
-    return _v1_generic_backward(dout, cache)
+    return v1_generic_backward(dout, cache)
 
 
 def grouped_differential_attention(x, params, **config) -> np.ndarray:
@@ -624,7 +618,7 @@ def _gda_params(rng, C, Hs, r, d, dv=None, lambda_init=0.5, kv_layout="gqa", G=N
          "k_proj.weight": rng.standard_normal((C, kh * d)) / np.sqrt(C),
          "v_proj.weight": rng.standard_normal((C, vh * dv)) / np.sqrt(C),
          "out_proj.weight": rng.standard_normal((Hs * dv, C)) / np.sqrt(Hs * dv)}
-    P.update(_draw_lambda_vectors(rng, d, lambda_init))
+    P.update(draw_lambda_vectors(rng, d, lambda_init))
     P["subln.weight"] = 1.0 + 0.2 * rng.standard_normal(dv)
     return P
 
@@ -721,7 +715,7 @@ def _check_gda_noise_gradient_is_group_sum(rng):
         summed = np.zeros_like(P[key])
         np.add.at(summed.T, idx, gv[key].T)
         err = max(err, float(np.abs(ga[key] - summed).max()))
-    for key in ("x", "v_proj.weight", "out_proj.weight", "subln.weight", *_V1_LAMBDA):
+    for key in ("x", "v_proj.weight", "out_proj.weight", "subln.weight", *V1_LAMBDA_KEYS):
         err = max(err, float(np.abs(ga[key] - gv[key]).max()))
     assert err < 1e-11, f"GDA vs duplicated-noise V1: {err}"
     return err
@@ -861,13 +855,13 @@ def dint_attention_forward(x, params, *, num_heads: int, num_kv_heads: int | Non
     if unknown:
         raise TypeError(f"dint_attention_forward got unexpected keywords {unknown}; expected {sorted(cfg)}")
     cfg.update(v1_config)
-    return _diff_v1_forward_impl(x, params, num_heads=num_heads, num_kv_heads=num_kv_heads,
+    return v1_layer_forward(x, params, num_heads=num_heads, num_kv_heads=num_kv_heads,
                                  integral=(kind, integral_source), **cfg)
 
 
 def dint_attention_backward(dout, cache):
     """Gradient of :func:`dint_attention_forward` (V1's chain with the integral term, see its Notes)."""
-    return _v1_generic_backward(dout, cache)
+    return v1_generic_backward(dout, cache)
 
 
 def dint_attention(x, params, **config) -> np.ndarray:
@@ -876,7 +870,7 @@ def dint_attention(x, params, **config) -> np.ndarray:
 
 
 def _sample_dint(rng, size):
-    s = _sample_v1(rng, size)
+    s = sample_v1(rng, size)
     s.config["integral"] = str(rng.choice(["auto", "all"]))
     s.config["integral_source"] = str(rng.choice(["A1", "A2"]))
     return s
@@ -890,14 +884,14 @@ def _check_dint_rows_sum_to_one(rng):
     keep = np.tril(np.ones((n, n), bool))
     for kind, mask in (("causal", keep), ("all", None), ("all", keep)):
         for src in ("A1", "A2"):
-            out, _ = _core_fwd(q1, k1, q2, k2, np.ones((B, H, n, 1)), lam, mask, 0.7, (kind, src))
+            out, _ = expanded_core_forward(q1, k1, q2, k2, np.ones((B, H, n, 1)), lam, mask, 0.7, (kind, src))
             err = max(err, float(np.abs(out - 1.0).max()))
     assert err < 1e-13, f"DINT rows do not sum to 1 ({err})"
     return err
 
 
 def _check_dint_lambda_zero_is_v1(rng):
-    s, P, _ = _v1_sample_lambda_zero(rng)
+    s, P, _ = v1_sample_lambda_zero(rng)
     a = dint_attention(**s.inputs, params=P, **s.config)
     b = diff_attention_v1_forward(**s.inputs, params=P, **s.config)[0]
     err = float(np.abs(a - b).max())
@@ -1027,9 +1021,9 @@ def dex_differential_adaptation_forward(x, params, *, num_heads: int, num_kv_hea
     mask = as_bool_or_float_mask(attn_mask, "attn_mask")
     if mask is not None:
         check_broadcastable("attn_mask", mask.shape, x.shape[:-2] + (H, n, n), "the scores (B, H, N, N) of shape")
-    cos, sin = _check_rel_pos(rel_pos, n, d, dt)
-    q = _rope_apply(split_heads(linear_prefixed(P, "q_proj", x), H, d), cos, sin, rope_interleaved)
-    k = _rope_apply(split_heads(linear_prefixed(P, "k_proj", x), Hkv, d), cos, sin, rope_interleaved)
+    cos, sin = validate_rel_pos(rel_pos, n, d, dt)
+    q = rope_apply(split_heads(linear_prefixed(P, "q_proj", x), H, d), cos, sin, rope_interleaved)
+    k = rope_apply(split_heads(linear_prefixed(P, "k_proj", x), Hkv, d), cos, sin, rope_interleaved)
     v = split_heads(linear_prefixed(P, "v_proj", x), Hkv, dv)
     o, sc = sdpa_forward(q, k, v, attn_mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
                          scale=scale)
@@ -1068,8 +1062,8 @@ def dex_differential_adaptation_backward(dout, cache):
         grads["f_D.bias"] = -lam * gbar.reshape(-1, o.shape[-1]).sum(axis=0)
     gs = sdpa_backward(do, cache["sdpa"])
     cos, sin, inter = cache["rope"]
-    dq = _rope_apply(gs["q"], cos, sin, inter, conjugate=True)
-    dk = _rope_apply(gs["k"], cos, sin, inter, conjugate=True)
+    dq = rope_apply(gs["q"], cos, sin, inter, conjugate=True)
+    dk = rope_apply(gs["k"], cos, sin, inter, conjugate=True)
     dx = linear_prefixed_vjp(grads, P, "q_proj", merge_heads(dq), x)
     dx = dx + linear_prefixed_vjp(grads, P, "k_proj", merge_heads(dk), x)
     dx = dx + linear_prefixed_vjp(grads, P, "v_proj", merge_heads(gs["v"]), x)
@@ -1112,8 +1106,8 @@ def _dex_plain(x, P, cfg):
     d = P["q_proj.weight"].shape[1] // H
     dv = P["v_proj.weight"].shape[1] // Hkv
     cos, sin = cfg["rel_pos"]
-    q = _rope_apply(split_heads(x @ P["q_proj.weight"], H, d), cos, sin, False)
-    k = _rope_apply(split_heads(x @ P["k_proj.weight"], Hkv, d), cos, sin, False)
+    q = rope_apply(split_heads(x @ P["q_proj.weight"], H, d), cos, sin, False)
+    k = rope_apply(split_heads(x @ P["k_proj.weight"], Hkv, d), cos, sin, False)
     o = sdpa_forward(q, k, split_heads(x @ P["v_proj.weight"], Hkv, dv), is_causal=True)[0]
     return o
 
@@ -1225,7 +1219,7 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
         req[f"{names['q2']}.weight"] = (C, H * d)
         req[f"{names['k2']}.weight"] = (C, Hkv * d)
     if lambda_mode == "reparam":
-        for key in _V1_LAMBDA:
+        for key in V1_LAMBDA_KEYS:
             req[key] = (d,)
     if subln != "none" and subln_affine:
         req["subln.weight"] = (dv,)
@@ -1236,7 +1230,7 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
     x = x.astype(dt, copy=False)
     P = cast_all(dt, P)
     n = x.shape[-2]
-    mask, cos, sin, sc, eps = _layer_config(x, n, is_causal, attn_mask, causal_alignment, rel_pos,
+    mask, cos, sin, sc, eps = validate_layer_config(x, n, is_causal, attn_mask, causal_alignment, rel_pos,
                                             rope_interleaved, scale, d, subln, subln_eps, H, dt)
     proj, saved = {}, {}
     for t, tag, heads in ((nq, "q", H), (nk, "k", Hkv)):
@@ -1256,18 +1250,18 @@ def _twobranch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
     v = split_heads(x @ P[f"{nv}.weight"], Hkv, dv)
     idx = kv_head_index(H, Hkv, "contiguous")
     if lambda_mode == "reparam":
-        lam, lam_saved = _lambda_fwd(*(P[key] for key in _V1_LAMBDA), lambda_init_value)
+        lam, lam_saved = lambda_reparam_forward(*(P[key] for key in V1_LAMBDA_KEYS), lambda_init_value)
     else:
         lam, lam_saved = np.asarray(lambda_init_value, dtype=dt), None
-    post = 1.0  # the factor applied after _heads_fwd: (1 - lambda) for "lambda_with_norm" with a norm
+    post = 1.0  # the factor applied after diff_heads_forward: (1 - lambda) for "lambda_with_norm" with a norm
     if rescale == "lambda_init":
         fixed = 1.0 - lambda_init_value
     else:
         fixed = 1.0
         if rescale == "lambda_with_norm" and subln != "none":
             post = 1.0 - lam
-    o, hc = _heads_fwd(proj["q1"], _gather_heads(proj["k1"], idx), proj["q2"], _gather_heads(proj["k2"], idx),
-                       _gather_heads(v, idx), lam, mask=mask, scale=sc, cos=cos, sin=sin,
+    o, hc = diff_heads_forward(proj["q1"], gather_heads(proj["k1"], idx), proj["q2"], gather_heads(proj["k2"], idx),
+                       gather_heads(v, idx), lam, mask=mask, scale=sc, cos=cos, sin=sin,
                        interleaved=bool(rope_interleaved), subln=subln, norm_w=P.get("subln.weight"),
                        norm_b=P.get("subln.bias"), eps=eps, rescale=fixed)
     o_pre = o
@@ -1292,18 +1286,18 @@ def _twobranch_backward(dout, cache):
     if cache["o_pre"] is not None:  # o = (1 - lam) * o_pre
         dlam_post = -float(np.sum(do * cache["o_pre"]))
         do = do * cache["post"]
-    dh = _heads_bwd(do, cache["hc"], P.get("subln.weight"))
+    dh = diff_heads_backward(do, cache["hc"], P.get("subln.weight"))
     if "subln.weight" in P:
         grads["subln.weight"] = dh["norm_weight"]
     if "subln.bias" in P:
         grads["subln.bias"] = dh["norm_bias"]
     if cache["lam_saved"] is not None:
-        grads.update(_lambda_bwd(np.sum(dh["lam"]) + dlam_post, *(P[key] for key in _V1_LAMBDA),
+        grads.update(lambda_reparam_backward(np.sum(dh["lam"]) + dlam_post, *(P[key] for key in V1_LAMBDA_KEYS),
                                  cache["lam_saved"]))
     idx, Hkv, mode = cache["idx"], cache["Hkv"], cache["negative_term"]
-    d_in = {"q1": dh["q1"], "q2": dh["q2"], "k1": _scatter_heads(dh["k1"], idx, Hkv),
-            "k2": _scatter_heads(dh["k2"], idx, Hkv)}
-    dx = linear_prefixed_vjp(grads, P, nv, merge_heads(_scatter_heads(dh["v"], idx, Hkv)), x)
+    d_in = {"q1": dh["q1"], "q2": dh["q2"], "k1": scatter_heads(dh["k1"], idx, Hkv),
+            "k2": scatter_heads(dh["k2"], idx, Hkv)}
+    dx = linear_prefixed_vjp(grads, P, nv, merge_heads(scatter_heads(dh["v"], idx, Hkv)), x)
     for t, tag in ((nq, "q"), (nk, "k")):
         dy1, dy2 = merge_heads(d_in[tag + "1"]), merge_heads(d_in[tag + "2"])
         dbase = dy1 + dy2 if mode == "base_lora" else dy1
@@ -1397,7 +1391,7 @@ def difflora_forward(x, params, *, num_heads: int, lambda_init: float, num_kv_he
 
     Notes
     -----
-    Backward: V1's head chain (:func:`refattn.attention.differential._heads_bwd`), GQA scatter,
+    Backward: V1's head chain (:func:`refattn.attention.differential.layer.diff_heads_backward`), GQA scatter,
     then per branch $dW_q \mathrel{+}= x^\top dQ_a$ (both branches in ``"base_lora"``),
     $dB_{qa} = s\,(xA_{qa})^\top dQ_a$, $dA_{qa} = s\,x^\top dQ_aB_{qa}^\top$,
     $dx \mathrel{+}= dQ_a W_q^\top + s\,dQ_aB_{qa}^\top A_{qa}^\top$ (same for $K$). With
@@ -1483,7 +1477,7 @@ def shared_diff_attention_forward(x, params, *, num_heads: int, num_kv_heads: in
     Backward: V1's chain; the shared base accumulates both branches, $dW^{sh} = dW_{Q,1} + dW_{Q,2}$,
     and each low-rank pair gets $dB = s(xA)^\top dQ_a$, $dA = s\,x^\top dQ_aB^\top$.
     """
-    lam0 = _resolve_lambda_init(depth, lambda_init, lambda_init_convention)
+    lam0 = resolve_lambda_init(depth, lambda_init, lambda_init_convention)
     return _twobranch_forward(
         x, params, where="shared_diff_attention", names=_SHARED_NAMES, num_heads=num_heads,
         num_kv_heads=num_kv_heads, negative_term="base_lora", lora_scale=lora_scale, lambda_mode="reparam",
@@ -1517,7 +1511,7 @@ def _twobranch_params(rng, C, H, Hkv, d, dv, r, names, *, negative_term="base_lo
         P[f"{names['q2']}.weight"] = rng.standard_normal((C, H * d)) / np.sqrt(C)
         P[f"{names['k2']}.weight"] = rng.standard_normal((C, Hkv * d)) / np.sqrt(C)
     if reparam:
-        P.update(_draw_lambda_vectors(rng, d, lambda_init))
+        P.update(draw_lambda_vectors(rng, d, lambda_init))
     if norm:
         P["subln.weight"] = 1.0 + 0.2 * rng.standard_normal(dv)
     return P
@@ -1599,7 +1593,7 @@ def _check_shared_is_v1(rng):
     for t, heads in (("q_proj", H), ("k_proj", Hkv)):
         dw = gv[f"{t}.weight"].reshape(-1, heads, 2, d)
         err = max(err, float(np.abs(ga[f"{t}.weight"] - (dw[:, :, 0] + dw[:, :, 1]).reshape(-1, heads * d)).max()))
-    for key in ("x", "v_proj.weight", "out_proj.weight", "subln.weight", *_V1_LAMBDA):
+    for key in ("x", "v_proj.weight", "out_proj.weight", "subln.weight", *V1_LAMBDA_KEYS):
         err = max(err, float(np.abs(ga[key] - gv[key]).max()))
     assert err < 1e-11, f"Shared DIFF vs V1 with merged weights: {err}"
     return err
@@ -1749,7 +1743,7 @@ def _fda_forward(q1, k1, v1, q2, k2, v2, lam, m1, m2, scale, kv_group_map):
     H, Hkv = q1.shape[-3], k1.shape[-3]
     s = q1.shape[-1] ** -0.5 if scale is None else check_positive(scale, "scale")
     idx = kv_head_index(H, Hkv, kv_group_map)
-    K1, K2, V = _gather_heads(k1, idx), _gather_heads(k2, idx), _gather_heads(v1, idx)
+    K1, K2, V = gather_heads(k1, idx), gather_heads(k2, idx), gather_heads(v1, idx)
     S1 = apply_mask(s * (q1 @ np.swapaxes(K1, -1, -2)), m1)
     S2 = apply_mask(s * (q2 @ np.swapaxes(K2, -1, -2)), m2)
     pk1, pq1 = softmax_lse(S1, -1)[0], softmax_lse(S1, -2)[0]
@@ -1778,9 +1772,9 @@ def _fda_backward(g, c):
     dS2 = softmax_vjp(c["pk2"], -lam_b * dxk, -1) + softmax_vjp(c["pq2"], -lam_b * dxq, -2)
     idx, Hkv = c["idx"], c["Hkv"]
     return {"q1": s * (dS1 @ c["K1"]), "q2": s * (dS2 @ c["K2"]),
-            "k1": _scatter_heads(s * (np.swapaxes(dS1, -1, -2) @ c["q1"]), idx, Hkv),
-            "k2": _scatter_heads(s * (np.swapaxes(dS2, -1, -2) @ c["q2"]), idx, Hkv),
-            "v1": _scatter_heads(dV, idx, Hkv), "v2": np.zeros(c["v2_shape"], dtype=g.dtype),
+            "k1": scatter_heads(s * (np.swapaxes(dS1, -1, -2) @ c["q1"]), idx, Hkv),
+            "k2": scatter_heads(s * (np.swapaxes(dS2, -1, -2) @ c["q2"]), idx, Hkv),
+            "v1": scatter_heads(dV, idx, Hkv), "v2": np.zeros(c["v2_shape"], dtype=g.dtype),
             "lam": sum_to_shape(dlam, c["lam_shape"])}
 
 
@@ -1837,7 +1831,7 @@ def _check_cross_identities(rng):
                                         attn_mask=s.config["attn_mask"], attn_mask2=s.config["attn_mask"])
     err = max(err, float(np.abs(same).max()))
     # shared memory and values: the V1 core on cross-attention lengths
-    from .differential import diff_attention_core
+    from .differential.core import diff_attention_core
 
     core = diff_attention_core(i["q1"], i["k1"], i["q2"], i["k1"] * 0.5, i["v1"], i["lam"])
     cross = differential_cross_attention(i["q1"], i["k1"], i["v1"], i["q2"], i["k1"] * 0.5, i["v1"], i["lam"])
