@@ -1,8 +1,8 @@
 """Samplers and parameter builders shared by the registry records of several differential modules.
 
 Test-only (verification, not the math): V1-style parameter dictionaries and samples (used by V1,
-DiffCLIP, GDA, DINT). A private module: its names are public so that the records of sibling
-modules can import them.
+DiffCLIP, GDA, DINT) and the two-branch low-rank parameters of DiffLoRA and Shared DIFF. A private
+module: its names are public so that the records of sibling modules can import them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ __all__ = [
     "v1_params",
     "sample_v1",
     "v1_sample_lambda_zero",
+    "two_branch_params",
 ]
 
 
@@ -75,3 +76,26 @@ def v1_sample_lambda_zero(rng):
     e1 = np.exp(P["lambda_q1"] @ P["lambda_k1"])
     P["lambda_k2"] = P["lambda_q2"] * np.log(e1 + lam0) / (P["lambda_q2"] @ P["lambda_q2"])
     return s, P, lam0
+
+
+def two_branch_params(rng, C, H, Hkv, d, dv, r, names, *, negative_term="base_lora", reparam=False,
+                      norm=False, lambda_init=0.5, zero_B=False, positive_term="base_lora"):
+    """Parameters of the two-branch low-rank layer (DiffLoRA, Shared DIFF) under the key names
+    ``names``; ``zero_B`` is the adapters' zero initialisation."""
+    P = {f"{names['q']}.weight": rng.standard_normal((C, H * d)) / np.sqrt(C),
+         f"{names['k']}.weight": rng.standard_normal((C, Hkv * d)) / np.sqrt(C),
+         f"{names['v']}.weight": rng.standard_normal((C, Hkv * dv)) / np.sqrt(C),
+         f"{names['o']}.weight": rng.standard_normal((H * dv, C)) / np.sqrt(H * dv)}
+    branches = tuple(a for a, on in (("1", positive_term == "base_lora"), ("2", negative_term != "full")) if on)
+    for t, w in ((names["q"], H * d), (names["k"], Hkv * d)):
+        for a in branches:
+            P[f"{t}.lora_A{a}"] = rng.standard_normal((C, r)) / np.sqrt(C)
+            P[f"{t}.lora_B{a}"] = np.zeros((r, w)) if zero_B else 0.5 * rng.standard_normal((r, w))
+    if negative_term == "full":
+        P[f"{names['q2']}.weight"] = rng.standard_normal((C, H * d)) / np.sqrt(C)
+        P[f"{names['k2']}.weight"] = rng.standard_normal((C, Hkv * d)) / np.sqrt(C)
+    if reparam:
+        P.update(draw_lambda_vectors(rng, d, lambda_init))
+    if norm:
+        P["subln.weight"] = 1.0 + 0.2 * rng.standard_normal(dv)
+    return P

@@ -1,8 +1,8 @@
 r"""Layer pieces shared by DIFF Transformer V1 and the layers built on it.
 
-DIFF V1 (``v1.py``), DiffCLIP, GDA and DINT are one computation with different head layouts and
-keywords; DiffLoRA and Shared DIFF reuse its head chain, V2 and DEX its RoPE (the variants are
-in ``refattn.attention.differential_variants``). That computation lives here, once:
+DIFF V1 (``v1.py``), DiffCLIP (``diffclip.py``), GDA (``gda.py``) and DINT (``dint.py``) are one
+computation with different head layouts and keywords; DiffLoRA and Shared DIFF (``lora.py``) reuse
+its head chain, V2 and DEX its RoPE. That computation lives here, once:
 
 * the $\lambda_{init}$ depth schedule `lambda_init_fn` (three layer-index conventions) and
   `resolve_lambda_init` (a depth or a fixed value);
