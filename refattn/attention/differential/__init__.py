@@ -9,7 +9,8 @@ reference, identity checks) after a separator.
 Shared pieces (public names):
 
 * ``core`` — the differential core `diff_attention_core_forward` (a registered mechanism) and the
-  helpers the family shares (head maps, masks, argument checks);
+  helpers the family shares (head maps, masks, argument checks, the plain softmax-map pieces of
+  the relatives);
 * ``layer`` — the DIFF V1 layer pieces (λ schedule and re-parameterisation, per-head norm, RoPE,
   the generic V1 layer) shared by V1 and the layers built on it;
 * ``lora`` — the two-branch low-rank layer shared by DiffLoRA and Shared DIFF.
@@ -22,7 +23,16 @@ source (paper section, file and commit) was followed and what remains unverified
 choice is a keyword. Each forward documents its backward; all are verified against central
 finite differences by the registry's generated tests.
 
-The relatives of differential attention are still in ``refattn.attention.differential_relatives``.
+Relatives of differential attention — six catalogue entries of family 2 that are not DIFF
+Transformer itself but share its idea of combining attention maps (or their inputs) with signed
+weights: ``shaped`` (shaped attention), ``momentum`` (momentum attention), ``pct`` (PCT
+offset-attention), ``reflexsplit`` (ReflexSplit dual-stream attention), ``mala`` (MALA linear
+attention) and ``mta`` (Multi-Token Attention). Their derivations are in each function's
+docstring and in ``docs/differential-relatives.md``. Layouts follow PyTorch SDPA
+(``q (B, H, N, d)``) for the attention cores and token-major ``x (B, N, C)`` for the layers;
+weights are ``(in, out)`` (PyTorch: ``linear.weight.T``; a 1x1 ``Conv1d``/``Conv2d`` weight
+``w[:, :, 0].T``). Parameter keys are the upstream modules' ``state_dict`` names
+(``"sa_qkv.weight"``, ``"lambda_sa"`` …) so a checkpoint maps over key by key.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from __future__ import annotations
 from .core import (
     KV_GROUP_MAPS,
     PAPER_V1,
+    additive_mask,
     causal_keep,
     combine_mask,
     diff_attention_core,
@@ -39,10 +50,17 @@ from .core import (
     expanded_core_forward,
     gather_heads,
     kv_head_index,
+    matrix_param,
+    per_head_param,
+    resolve_scale,
     row_average,
     row_average_transpose,
     scatter_heads,
+    softmax_map_backward,
+    softmax_map_forward,
     validate_core,
+    validate_qkv,
+    vector_param,
 )
 from .cross import (
     differential_cross_attention,
@@ -80,6 +98,17 @@ from .layer import (
     validate_rel_pos,
 )
 from .lora import TWO_BRANCH_RESCALES, lora_apply, lora_backward, two_branch_backward, two_branch_forward
+from .mala import mala_linear_attention, mala_linear_attention_backward, mala_linear_attention_forward, mala_rope_tables
+from .momentum import momentum_attention, momentum_attention_backward, momentum_attention_forward, momentum_shear
+from .mta import multi_token_attention, multi_token_attention_backward, multi_token_attention_forward
+from .pct import pct_offset_attention, pct_offset_attention_backward, pct_offset_attention_forward
+from .reflexsplit import (
+    reflexsplit_dual_stream_attention,
+    reflexsplit_dual_stream_attention_backward,
+    reflexsplit_dual_stream_attention_forward,
+    swin_relative_position_index,
+)
+from .shaped import shaped_attention, shaped_attention_backward, shaped_attention_forward
 from .shared_diff import shared_diff_attention, shared_diff_attention_backward, shared_diff_attention_forward
 from .v1 import diff_attention_v1, diff_attention_v1_backward, diff_attention_v1_forward
 from .v2 import diff_attention_v2, diff_attention_v2_backward, diff_attention_v2_forward
@@ -100,6 +129,14 @@ __all__ = [
     "diff_attention_core_forward",
     "diff_attention_core_backward",
     "diff_attention_core",
+    "validate_qkv",
+    "resolve_scale",
+    "additive_mask",
+    "softmax_map_forward",
+    "softmax_map_backward",
+    "per_head_param",
+    "matrix_param",
+    "vector_param",
     "lambda_init_fn",
     "resolve_lambda_init",
     "V1_LAMBDA_KEYS",
@@ -151,4 +188,25 @@ __all__ = [
     "differential_cross_attention_forward",
     "differential_cross_attention_backward",
     "differential_cross_attention",
+    "shaped_attention_forward",
+    "shaped_attention_backward",
+    "shaped_attention",
+    "momentum_shear",
+    "momentum_attention_forward",
+    "momentum_attention_backward",
+    "momentum_attention",
+    "pct_offset_attention_forward",
+    "pct_offset_attention_backward",
+    "pct_offset_attention",
+    "swin_relative_position_index",
+    "reflexsplit_dual_stream_attention_forward",
+    "reflexsplit_dual_stream_attention_backward",
+    "reflexsplit_dual_stream_attention",
+    "mala_rope_tables",
+    "mala_linear_attention_forward",
+    "mala_linear_attention_backward",
+    "mala_linear_attention",
+    "multi_token_attention_forward",
+    "multi_token_attention_backward",
+    "multi_token_attention",
 ]

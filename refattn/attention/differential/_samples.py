@@ -1,8 +1,9 @@
 """Samplers and parameter builders shared by the registry records of several differential modules.
 
 Test-only (verification, not the math): V1-style parameter dictionaries and samples (used by V1,
-DiffCLIP, GDA, DINT) and the two-branch low-rank parameters of DiffLoRA and Shared DIFF. A private
-module: its names are public so that the records of sibling modules can import them.
+DiffCLIP, GDA, DINT), the two-branch low-rank parameters of DiffLoRA and Shared DIFF, and the
+random ``q, k, v`` and explicit softmax of the relatives' records. A private module: its names are
+public so that the records of sibling modules can import them.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ __all__ = [
     "sample_v1",
     "v1_sample_lambda_zero",
     "two_branch_params",
+    "rand_qkv",
+    "explicit_softmax",
 ]
 
 
@@ -99,3 +102,20 @@ def two_branch_params(rng, C, H, Hkv, d, dv, r, names, *, negative_term="base_lo
     if norm:
         P["subln.weight"] = 1.0 + 0.2 * rng.standard_normal(dv)
     return P
+
+
+def rand_qkv(rng, size, *, h=None, same_len=True):
+    """Random SDPA-layout ``q, k, v`` for the relatives' samplers (``same_len=False``: ``M >= N``)."""
+    if size == "tiny":
+        b, h, n, d, dv = 2, h or 2, int(rng.integers(2, 5)), int(rng.integers(2, 4)), 2
+    else:
+        b, h, n, d, dv = 2, h or 3, int(rng.integers(5, 9)), 4, 3
+    m = n if same_len else n + int(rng.integers(0, 3))
+    return (rng.standard_normal((b, h, n, d)), rng.standard_normal((b, h, m, d)),
+            rng.standard_normal((b, h, m, dv)))
+
+
+def explicit_softmax(s):
+    """Row softmax written out (shifted exponentials over their sum), for the explicit references."""
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)

@@ -35,13 +35,19 @@ The other modules of ``refattn.attention.differential`` build on these public he
   `causal_keep`, `combine_mask`;
 * the core on MHA-expanded heads without validation, `expanded_core_forward` /
   `expanded_core_backward` (with DINT's optional integral term, `row_average` /
-  `row_average_transpose`), and the core's argument check `validate_core`.
+  `row_average_transpose`), and the core's argument check `validate_core`;
+* the plain softmax-map pieces of the relatives (shaped, momentum, PCT, ReflexSplit, MALA, MTA):
+  `validate_qkv`, `resolve_scale`, `additive_mask`, `softmax_map_forward` /
+  `softmax_map_backward` and the parameter checks `per_head_param`, `matrix_param`,
+  `vector_param`.
 
 The layer pieces of DIFF V1 and its variants (λ schedule and re-parameterisation, per-head norm,
 RoPE, the generic V1 layer) are in ``refattn.attention.differential.layer``.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -76,6 +82,14 @@ __all__ = [
     "diff_attention_core_forward",
     "diff_attention_core_backward",
     "diff_attention_core",
+    "validate_qkv",
+    "resolve_scale",
+    "additive_mask",
+    "softmax_map_forward",
+    "softmax_map_backward",
+    "per_head_param",
+    "matrix_param",
+    "vector_param",
 ]
 
 
@@ -335,6 +349,102 @@ def diff_attention_core_backward(dout, cache):
 def diff_attention_core(q1, k1, q2, k2, v, lam, **config) -> np.ndarray:
     """Convenience wrapper: the output of :func:`diff_attention_core_forward`."""
     return diff_attention_core_forward(q1, k1, q2, k2, v, lam, **config)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Plain softmax-map pieces shared by the relatives (shaped, momentum, PCT, ReflexSplit, MALA, MTA)
+
+
+def validate_qkv(q, k, v, *, same_heads=True, self_attention=False):
+    """Validate SDPA-layout ``q (..., H, N, d)``, ``k (..., H, M, d)``, ``v (..., H, M, dv)``."""
+    q = as_float(q, "q", min_ndim=3)
+    k = as_float(k, "k", ndim=q.ndim)
+    v = as_float(v, "v", ndim=q.ndim)
+    if k.shape[:-3] != q.shape[:-3] or v.shape[:-3] != q.shape[:-3]:
+        raise ValueError(f"q, k and v must share their batch axes; got q {q.shape}, k {k.shape}, v {v.shape}")
+    if same_heads and (k.shape[-3] != q.shape[-3] or v.shape[-3] != q.shape[-3]):
+        raise ValueError(f"q, k and v must have the same number of heads (axis -3); got q {q.shape}, "
+                         f"k {k.shape}, v {v.shape}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"the head width (last axis) of q ({q.shape[-1]}) and k ({k.shape[-1]}) must agree")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"k and v must have the same number of keys (axis -2); got k {k.shape}, v {v.shape}")
+    if self_attention and k.shape[-2] != q.shape[-2]:
+        raise ValueError(f"this mechanism is self-attention: q and k must have the same length (axis -2); "
+                         f"got q {q.shape}, k {k.shape}")
+    dt = compute_dtype(q, k, v)
+    return q.astype(dt, copy=False), k.astype(dt, copy=False), v.astype(dt, copy=False), dt
+
+
+def resolve_scale(scale, d):
+    r"""The softmax scale: ``scale`` (checked positive) or $d^{-1/2}$."""
+    # a Python float (not np.float64) so that float32 inputs stay float32 (NEP 50 weak scalars)
+    return 1.0 / math.sqrt(d) if scale is None else check_positive(scale, "scale")
+
+
+def additive_mask(attn_mask, is_causal, s_shape, *, align="top_left"):
+    r"""Combine a user mask and the causal mask into one additive float mask (or None).
+
+    ``align="top_left"`` keeps $j \le i$ (PyTorch SDPA ``is_causal``); ``"bottom_right"`` keeps
+    $j \le i + M - N$ (HF GPT-2, used by He & Hofmann's code).
+    """
+    if not isinstance(is_causal, (bool, np.bool_)):
+        raise TypeError(f"is_causal must be a bool; got {type(is_causal).__name__}")
+    mask = as_bool_or_float_mask(attn_mask, "attn_mask")
+    if mask is not None:
+        check_broadcastable("attn_mask", mask.shape, s_shape, "the score map of shape")
+        if mask.dtype == np.bool_:
+            mask = np.where(mask, 0.0, -np.inf)
+    if is_causal:
+        n, m = s_shape[-2], s_shape[-1]
+        off = 0 if align == "top_left" else m - n
+        keep = np.arange(m)[None, :] <= np.arange(n)[:, None] + off
+        causal = np.where(keep, 0.0, -np.inf)
+        mask = causal if mask is None else mask + causal
+    return mask
+
+
+def softmax_map_forward(q, k, mask, scale):
+    r"""$P = \mathrm{softmax}(s\,QK^\top + M)$ (fully masked rows are 0)."""
+    s = scale * (q @ np.swapaxes(k, -1, -2))
+    p, _ = softmax_lse(apply_mask(s, mask), -1)
+    return p
+
+
+def softmax_map_backward(dp, p, q, k, scale):
+    r"""Given $dP$: $dS = P\odot(dP - \mathrm{rowsum}(P\odot dP))$, $dQ = s\,dS K$, $dK = s\,dS^\top Q$."""
+    ds = softmax_vjp(p, dp, -1)
+    return scale * (ds @ k), scale * (np.swapaxes(ds, -1, -2) @ q), ds
+
+
+def per_head_param(params, name, h, dt, *, allow_scalar=False):
+    """``params[name]`` as an ``(H,)`` vector (or a scalar when ``allow_scalar``) in dtype ``dt``."""
+    x = as_float(params[name], name, max_ndim=1)
+    if x.ndim == 0 and allow_scalar:
+        return x.astype(dt, copy=False)
+    if x.shape != (h,):
+        shape = "() or " if allow_scalar else ""
+        raise ValueError(f"{name} must have shape {shape}(H,) = ({h},); got {x.shape}")
+    return x.astype(dt, copy=False)
+
+
+def matrix_param(params, name, n_in, dt, *, n_out=None):
+    """``params[name]`` as an ``(in, out)`` weight with ``in = n_in`` (and ``out = n_out`` when given),
+    in dtype ``dt``; the error message reminds that PyTorch stores ``(out, in)``."""
+    w = as_float(params[name], name, ndim=2)
+    if w.shape[0] != n_in or (n_out is not None and w.shape[1] != n_out):
+        want = f"({n_in}, {n_out if n_out is not None else 'out'})"
+        raise ValueError(f"{name} must have shape (in, out) = {want}; got {w.shape} "
+                         f"(PyTorch stores (out, in): pass its transpose)")
+    return w.astype(dt, copy=False)
+
+
+def vector_param(params, name, n, dt):
+    """``params[name]`` as a ``(n,)`` vector (a bias or a norm weight) in dtype ``dt``."""
+    b = as_float(params[name], name, ndim=1)
+    if b.shape != (n,):
+        raise ValueError(f"{name} must have shape ({n},); got {b.shape}")
+    return b.astype(dt, copy=False)
 
 
 # =============================================================================================
