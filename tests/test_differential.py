@@ -1,4 +1,5 @@
-"""Mechanism-specific tests of the differential-attention family (refattn/attention/differential*.py).
+"""Mechanism-specific tests of the differential-attention family (refattn/attention/differential/:
+core, v1, v2, diffclip, gda, dint, dex, diff_lora, shared_diff, cross).
 
 The generic checks (FD gradcheck, directional, dtype, bad input, inputs never modified …) are
 generated from the registry elsewhere; here: PyTorch transcriptions of the upstream modules with
