@@ -1,5 +1,5 @@
 """Mechanism-specific tests of the differential-attention family (refattn/attention/differential/:
-core, v1, v2, diffclip, gda, dint, dex, diff_lora, shared_diff, cross).
+core, v1, v2, diffclip, gda, dint, dex, difflora, shared_diff, cross).
 
 The generic checks (FD gradcheck, directional, dtype, bad input, inputs never modified …) are
 generated from the registry elsewhere; here: PyTorch transcriptions of the upstream modules with
@@ -17,8 +17,8 @@ from refattn import registry
 from refattn.attention import differential as D
 from refattn.attention.differential import _samples as S
 from refattn.attention.differential import dex as DEX
-from refattn.attention.differential import diff_lora as LORA
 from refattn.attention.differential import diffclip as CLIP
+from refattn.attention.differential import difflora as LORA
 from refattn.attention.differential import gda as GDA
 from refattn.attention.differential import shared_diff as SHARED
 from refattn.attention.differential import v2 as V2
@@ -701,11 +701,11 @@ def test_difflora_requires_lambda_init_and_mode_params():
     x = rng.standard_normal((2, 3, 3))
     P = S.two_branch_params(rng, 3, 2, 2, 2, 2, 1, LORA._LLAMA_NAMES)
     with pytest.raises(TypeError):
-        D.difflora(x, P, num_heads=2)
+        LORA.difflora(x, P, num_heads=2)
     with pytest.raises(ValueError, match="missing"):
-        D.difflora(x, P, num_heads=2, lambda_init=0.5, lambda_mode="reparam")
+        LORA.difflora(x, P, num_heads=2, lambda_init=0.5, lambda_mode="reparam")
     with pytest.raises(ValueError, match="negative_term"):
-        D.difflora(x, P, num_heads=2, lambda_init=0.5, negative_term="both")
+        LORA.difflora(x, P, num_heads=2, lambda_init=0.5, negative_term="both")
 
 
 def _bergen_difflora_reference(x, P, *, H, Hkv, d, s, lam_init, learn_lambda, lora_negative_term_only,
@@ -776,7 +776,7 @@ def test_difflora_matches_bergen_eager(negative, positive, learn_lambda, rescale
     P = S.two_branch_params(rng, C, H, Hkv, d, d, r, LORA._LLAMA_NAMES, negative_term=negative,
                              positive_term=positive, reparam=learn_lambda, norm=groupnorm, lambda_init=0.35)
     cos, sin = D.rope_tables(n, d)
-    out = D.difflora(x, P, num_heads=H, num_kv_heads=Hkv, lambda_init=0.35,
+    out = LORA.difflora(x, P, num_heads=H, num_kv_heads=Hkv, lambda_init=0.35,
                       lambda_mode="reparam" if learn_lambda else "fixed", negative_term=negative,
                       positive_term=positive, rel_pos=(cos, sin), subln="rms" if groupnorm else "none",
                       rescale=rescale)   # lora_scale default 2.0 = attention_lora_alpha / attention_lora_r = 64 / 32
@@ -806,19 +806,19 @@ def test_difflora_rescale_aliases_and_validation():
     rng = np.random.default_rng(43)
     x = rng.standard_normal((2, 3, 4))
     P = S.two_branch_params(rng, 4, 2, 2, 2, 2, 1, LORA._LLAMA_NAMES, norm=True)
-    a = D.difflora(x, P, num_heads=2, lambda_init=0.4)
-    np.testing.assert_array_equal(a, D.difflora(x, P, num_heads=2, lambda_init=0.4, rescale=True))
-    np.testing.assert_array_equal(D.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="none"),
-                                  D.difflora(x, P, num_heads=2, lambda_init=0.4, rescale=False))
+    a = LORA.difflora(x, P, num_heads=2, lambda_init=0.4)
+    np.testing.assert_array_equal(a, LORA.difflora(x, P, num_heads=2, lambda_init=0.4, rescale=True))
+    np.testing.assert_array_equal(LORA.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="none"),
+                                  LORA.difflora(x, P, num_heads=2, lambda_init=0.4, rescale=False))
     # fixed lambda with a norm: (1 - lambda) and (1 - lambda_init) coincide
-    np.testing.assert_allclose(a, D.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="lambda_with_norm"),
+    np.testing.assert_allclose(a, LORA.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="lambda_with_norm"),
                                rtol=1e-14, atol=1e-15)
     with pytest.raises(ValueError, match="rescale"):
-        D.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="lambda")
+        LORA.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="lambda")
     with pytest.raises(ValueError, match="positive_term"):
-        D.difflora(x, P, num_heads=2, lambda_init=0.4, positive_term="lora_only")
+        LORA.difflora(x, P, num_heads=2, lambda_init=0.4, positive_term="lora_only")
     with pytest.raises(ValueError, match="unknown keys"):   # positive_term="base" takes no *_A1/_B1 adapters
-        D.difflora(x, P, num_heads=2, lambda_init=0.4, positive_term="base")
+        LORA.difflora(x, P, num_heads=2, lambda_init=0.4, positive_term="base")
 
 def test_shared_diff_zero_updates_tie_the_maps():
     # zero low-rank updates: Q1 = Q2, K1 = K2, so the pre-norm output is (1 - lambda) A V

@@ -17,11 +17,15 @@ Shared pieces (public names):
 
 Differential-attention variants built on the V1 pieces: ``v1`` (DIFF Transformer V1), ``v2``
 (DIFF Transformer V2), ``diffclip`` (DiffCLIP), ``gda`` (Grouped Differential Attention),
-``dint`` (DINT), ``dex`` (DEX), ``diff_lora`` (DiffLoRA), ``shared_diff`` (Shared DIFF) and
+``dint`` (DINT), ``dex`` (DEX), ``difflora`` (DiffLoRA), ``shared_diff`` (Shared DIFF) and
 ``cross`` (differential cross-attention: generic / GSRA and FDA). Each docstring says which
 source (paper section, file and commit) was followed and what remains unverified; every unclear
 choice is a keyword. Each forward documents its backward; all are verified against central
 finite differences by the registry's generated tests.
+
+The package re-exports every public function of its modules, except DiffLoRA's convenience
+wrapper `difflora`, whose name is its module's: ``refattn.attention.differential.difflora`` is the
+module (call `difflora_forward` or ``difflora.difflora``).
 
 Relatives of differential attention — six catalogue entries of family 2 that are not DIFF
 Transformer itself but share its idea of combining attention maps (or their inputs) with signed
@@ -68,8 +72,8 @@ from .cross import (
     differential_cross_attention_forward,
 )
 from .dex import dex_differential_adaptation, dex_differential_adaptation_backward, dex_differential_adaptation_forward
-from .diff_lora import difflora, difflora_backward, difflora_forward
 from .diffclip import diffclip_attention, diffclip_attention_backward, diffclip_attention_forward
+from .difflora import difflora_backward, difflora_forward
 from .dint import dint_attention, dint_attention_backward, dint_attention_forward
 from .gda import (
     gda_head_index,
@@ -181,7 +185,6 @@ __all__ = [
     "dex_differential_adaptation",
     "difflora_forward",
     "difflora_backward",
-    "difflora",
     "shared_diff_attention_forward",
     "shared_diff_attention_backward",
     "shared_diff_attention",

@@ -8,7 +8,7 @@ $$Q_a = xW_q + s\,(xA_{q,a})B_{q,a},\qquad K_a = xW_k + s\,(xA_{k,a})B_{k,a},\qq
 then run V1's head computation on $(Q_1, K_1, Q_2, K_2, V)$ (``refattn.attention.differential.layer``,
 `diff_heads_forward`) and $Y = ZW_o$. `two_branch_forward` / `two_branch_backward` implement it
 once with the options both need (positive and negative term, fixed or re-parameterised λ, output
-factor `TWO_BRANCH_RESCALES`); ``diff_lora.py`` and ``shared_diff.py`` hold the mechanisms.
+factor `TWO_BRANCH_RESCALES`); ``difflora.py`` and ``shared_diff.py`` hold the mechanisms.
 
 Backward: V1's head chain and GQA scatter, then per branch $dW_q \mathrel{+}= x^\top dQ_a$,
 $dB_{qa} = s\,(xA_{qa})^\top dQ_a$, $dA_{qa} = s\,x^\top dQ_aB_{qa}^\top$,
