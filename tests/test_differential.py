@@ -1,4 +1,5 @@
-"""Mechanism-specific tests of the differential-attention family (refattn/attention/differential*.py).
+"""Mechanism-specific tests of the differential-attention family (refattn/attention/differential/:
+core, v1, v2, diffclip, gda, dint, dex, difflora, shared_diff, cross).
 
 The generic checks (FD gradcheck, directional, dtype, bad input, inputs never modified …) are
 generated from the registry elsewhere; here: PyTorch transcriptions of the upstream modules with
@@ -14,6 +15,13 @@ import pytest
 
 from refattn import registry
 from refattn.attention import differential as D
+from refattn.attention.differential import _samples as S
+from refattn.attention.differential import dex as DEX
+from refattn.attention.differential import diffclip as CLIP
+from refattn.attention.differential import difflora as LORA
+from refattn.attention.differential import gda as GDA
+from refattn.attention.differential import shared_diff as SHARED
+from refattn.attention.differential import v2 as V2
 from refattn.testing import run_record_checks
 from refattn.testing.runner import record_check_names
 
@@ -96,7 +104,7 @@ def test_v1_matches_torch_transcription_with_autograd(Hkv, pairing):
     rng = np.random.default_rng(3)
     B, n, C, H, d = 2, 5, 6, 2, 4
     x = rng.standard_normal((B, n, C))
-    P = D._v1_params(rng, C, H, Hkv, d, lambda_init=D.lambda_init_fn(3))
+    P = S.v1_params(rng, C, H, Hkv, d, lambda_init=D.lambda_init_fn(3))
     rel = D.rope_tables(n, d)
     cfg = dict(num_heads=H, num_kv_heads=Hkv, depth=3, rel_pos=rel, gqa_pairing=pairing)
     out, cache = D.diff_attention_v1_forward(x, P, **cfg)
@@ -118,7 +126,7 @@ def test_v1_explicit_mask_replaces_causal_like_unilm():
     rng = np.random.default_rng(4)
     B, n, C, H, d = 2, 4, 6, 2, 2
     x = rng.standard_normal((B, n, C))
-    P = D._v1_params(rng, C, H, H, d)
+    P = S.v1_params(rng, C, H, H, d)
     keep = rng.random((n, n)) > 0.4
     keep[:, 0] = True
     out = D.diff_attention_v1(x, P, num_heads=H, depth=1, attn_mask=keep)
@@ -195,7 +203,7 @@ def test_lambda_init_conventions():
 def test_v1_lambda_init_changes_only_lambda_and_rescale():
     rng = np.random.default_rng(7)
     x = rng.standard_normal((2, 3, 4))
-    P = D._v1_params(rng, 4, 1, 1, 2)
+    P = S.v1_params(rng, 4, 1, 1, 2)
     a = D.diff_attention_v1(x, P, num_heads=1, lambda_init=0.3)
     b = D.diff_attention_v1(x, P, num_heads=1, depth=2, lambda_init_convention="unilm")
     assert np.abs(a - b).max() > 1e-6
@@ -206,7 +214,7 @@ def test_v1_lambda_init_changes_only_lambda_and_rescale():
 def test_v1_norm_options():
     rng = np.random.default_rng(8)
     x = rng.standard_normal((2, 3, 4))
-    P = D._v1_params(rng, 4, 2, 2, 2)
+    P = S.v1_params(rng, 4, 2, 2, 2)
     base = D.diff_attention_v1(x, P, num_heads=2, depth=0)
     # subln weight of ones == no affine
     P1 = dict(P, **{"subln.weight": np.ones(4)})
@@ -227,7 +235,7 @@ def test_v1_tied_maps_output_independent_of_lambda_magnitude():
     # Q1 = Q2, K1 = K2: pre-norm output (1 - lam) A V; with eps -> 0, RMSNorm removes |1 - lam|.
     rng = np.random.default_rng(9)
     x = rng.standard_normal((2, 4, 4))
-    P = D._v1_params(rng, 4, 1, 1, 2)
+    P = S.v1_params(rng, 4, 1, 1, 2)
     wq, wk = P["q_proj.weight"], P["k_proj.weight"]
     P["q_proj.weight"] = np.concatenate([wq[:, :2], wq[:, :2]], 1)
     P["k_proj.weight"] = np.concatenate([wk[:, :2], wk[:, :2]], 1)
@@ -242,7 +250,7 @@ def test_v1_tied_maps_output_independent_of_lambda_magnitude():
 def test_v1_bad_inputs():
     rng = np.random.default_rng(10)
     x = rng.standard_normal((2, 3, 4))
-    P = D._v1_params(rng, 4, 2, 1, 2)
+    P = S.v1_params(rng, 4, 2, 1, 2)
     with pytest.raises(ValueError, match="transpose"):
         D.diff_attention_v1(x, dict(P, **{"out_proj.weight": P["out_proj.weight"].T}), num_heads=2,
                             num_kv_heads=1, depth=0)
@@ -293,8 +301,6 @@ def test_core_float32_and_fully_masked():
 
 # ------------------------------------------------------------------------------ DIFF V2
 
-from refattn.attention import differential_variants as DV  # noqa: E402
-
 
 @pytest.mark.parametrize("Hkv", [1, 2])
 def test_v2_matches_torch_transcription_with_autograd(Hkv):
@@ -303,9 +309,9 @@ def test_v2_matches_torch_transcription_with_autograd(Hkv):
     rng = np.random.default_rng(13)
     B, n, C, H, d = 2, 5, 6, 2, 4
     x = rng.standard_normal((B, n, C))
-    P = DV._v2_params(rng, C, H, Hkv, d)
+    P = V2._v2_params(rng, C, H, Hkv, d)
     rel = D.rope_tables(n, d)
-    out, cache = DV.diff_attention_v2_forward(x, P, num_heads=H, num_kv_heads=Hkv, rel_pos=rel)
+    out, cache = D.diff_attention_v2_forward(x, P, num_heads=H, num_kv_heads=Hkv, rel_pos=rel)
     xt = torch.from_numpy(x).requires_grad_()
     T = {k: torch.from_numpy(v).requires_grad_() for k, v in P.items()}
     cos, sin = (torch.from_numpy(t) for t in rel)
@@ -320,7 +326,7 @@ def test_v2_matches_torch_transcription_with_autograd(Hkv):
     np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-11, atol=1e-12)
     g = rng.standard_normal(out.shape)
     yt.backward(torch.from_numpy(g))
-    grads = DV.diff_attention_v2_backward(g, cache)
+    grads = D.diff_attention_v2_backward(g, cache)
     np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-10, atol=1e-12)
     for key, t in T.items():
         np.testing.assert_allclose(grads[key], t.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
@@ -329,11 +335,11 @@ def test_v2_matches_torch_transcription_with_autograd(Hkv):
 def test_v2_shared_kv_requirement():
     rng = np.random.default_rng(14)
     x = rng.standard_normal((2, 3, 4))
-    P = DV._v2_params(rng, 4, 2, 4, 2)  # 2H = 4 query heads, 4 kv heads: pairs do not share K/V
+    P = V2._v2_params(rng, 4, 2, 4, 2)  # 2H = 4 query heads, 4 kv heads: pairs do not share K/V
     with pytest.raises(ValueError, match="share"):
-        DV.diff_attention_v2(x, P, num_heads=2, num_kv_heads=4)
-    out = DV.diff_attention_v2(x, P, num_heads=2, num_kv_heads=4, require_shared_kv=False)
-    ref = DV._v2_reference(x, P, num_heads=2, num_kv_heads=4)
+        D.diff_attention_v2(x, P, num_heads=2, num_kv_heads=4)
+    out = D.diff_attention_v2(x, P, num_heads=2, num_kv_heads=4, require_shared_kv=False)
+    ref = V2._v2_reference(x, P, num_heads=2, num_kv_heads=4)
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
 
 
@@ -346,8 +352,8 @@ def test_diffclip_matches_torch_transcription_with_autograd():
     rng = np.random.default_rng(15)
     B, n, C, heads = 2, 5, 8, 4
     x = rng.standard_normal((B, n, C))
-    P = DV._diffclip_params(rng, C, heads)
-    out, cache = DV.diffclip_attention_forward(x, P, num_heads=heads)
+    P = CLIP._diffclip_params(rng, C, heads)
+    out, cache = D.diffclip_attention_forward(x, P, num_heads=heads)
     xt = torch.from_numpy(x).requires_grad_()
     T = {k: torch.from_numpy(v).requires_grad_() for k, v in P.items()}
     h, d = heads // 2, C // heads
@@ -364,7 +370,7 @@ def test_diffclip_matches_torch_transcription_with_autograd():
     np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-11, atol=1e-12)
     g = rng.standard_normal(out.shape)
     yt.backward(torch.from_numpy(g))
-    grads = DV.diffclip_attention_backward(g, cache)
+    grads = D.diffclip_attention_backward(g, cache)
     np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-10, atol=1e-12)
     for key, t in T.items():
         np.testing.assert_allclose(grads[key], t.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=key)
@@ -373,43 +379,43 @@ def test_diffclip_matches_torch_transcription_with_autograd():
 def test_diffclip_bias_and_head_rules():
     rng = np.random.default_rng(16)
     x = rng.standard_normal((2, 3, 4))
-    P = DV._diffclip_params(rng, 4, 2)
+    P = CLIP._diffclip_params(rng, 4, 2)
     with pytest.raises(ValueError, match="even"):
-        DV.diffclip_attention(x, P, num_heads=3)
+        D.diffclip_attention(x, P, num_heads=3)
     with pytest.raises(ValueError, match="qkv_bias=False"):
-        DV.diffclip_attention(x, P, num_heads=2, qkv_bias=False)
+        D.diffclip_attention(x, P, num_heads=2, qkv_bias=False)
     with pytest.raises(ValueError, match="out_proj.bias"):
-        DV.diffclip_attention(x, {k: v for k, v in P.items() if k != "out_proj.bias"}, num_heads=2)
+        D.diffclip_attention(x, {k: v for k, v in P.items() if k != "out_proj.bias"}, num_heads=2)
 
 
 def test_gda_ratio_one_equals_v1_and_layouts():
     rng = np.random.default_rng(17)
     x = rng.standard_normal((2, 4, 5))
-    P = DV._gda_params(rng, 5, 3, 1, 2)
+    P = GDA._gda_params(rng, 5, 3, 1, 2)
     for layout, pairing in (("grouped", "adjacent"), ("split", "halves")):
-        a = DV.grouped_differential_attention(x, P, num_signal_heads=3, head_layout=layout, depth=1)
+        a = D.grouped_differential_attention(x, P, num_signal_heads=3, head_layout=layout, depth=1)
         # GDA's defaults are the Motif code's (lambda_init_convention="motif", rotate-half RoPE)
-        b = D.diff_attention_v1(x, P, num_heads=3, depth=1, pairing=pairing, **DV._GDA_V1_DEFAULTS)
+        b = D.diff_attention_v1(x, P, num_heads=3, depth=1, pairing=pairing, **GDA._GDA_V1_DEFAULTS)
         np.testing.assert_array_equal(a, b)
-        c = DV.grouped_differential_attention(x, P, num_signal_heads=3, head_layout=layout, depth=1,
+        c = D.grouped_differential_attention(x, P, num_signal_heads=3, head_layout=layout, depth=1,
                                               lambda_init_convention="unilm", rope_interleaved=True)
         np.testing.assert_array_equal(c, D.diff_attention_v1(x, P, num_heads=3, depth=1, pairing=pairing))
-    sig, noise = DV.gda_head_index(6, 3, "grouped")
+    sig, noise = D.gda_head_index(6, 3, "grouped")
     assert list(sig) == [0, 1, 2, 4, 5, 6] and list(noise) == [3, 3, 3, 7, 7, 7]
-    sig, noise = DV.gda_head_index(6, 3, "split")
+    sig, noise = D.gda_head_index(6, 3, "split")
     assert list(sig) == [0, 1, 2, 3, 4, 5] and list(noise) == [6, 6, 6, 7, 7, 7]
 
 
 def test_gda_ratio_changes_output_and_validates():
     rng = np.random.default_rng(18)
     x = rng.standard_normal((2, 4, 5))
-    P = DV._gda_params(rng, 5, 4, 2, 2)
-    out = DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, depth=0)
+    P = GDA._gda_params(rng, 5, 4, 2, 2)
+    out = D.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, depth=0)
     assert out.shape == (2, 4, 5) and np.isfinite(out).all()
     with pytest.raises(ValueError, match="q_proj.weight"):
-        DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=4, depth=0)
+        D.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=4, depth=0)
     with pytest.raises(ValueError, match="multiple"):
-        DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=3, depth=0)
+        D.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=3, depth=0)
 
 
 
@@ -459,9 +465,9 @@ def test_gda_matches_vllm_grouped_diff_attn(Hs, r, G):
     rng = np.random.default_rng(23)
     B, n, C, d, depth = 2, 5, 6, 4, 3
     x = rng.standard_normal((B, n, C))
-    P = DV._gda_params(rng, C, Hs, r, d, G=G)
+    P = GDA._gda_params(rng, C, Hs, r, d, G=G)
     cos, sin = D.rope_tables(n, d)
-    out = DV.grouped_differential_attention(x, P, num_signal_heads=Hs, noise_group_ratio=r, num_kv_heads=G,
+    out = D.grouped_differential_attention(x, P, num_signal_heads=Hs, noise_group_ratio=r, num_kv_heads=G,
                                             depth=depth, rel_pos=(cos, sin))
     lam0 = 0.8 - 0.6 * math.exp(-0.3 * (depth - 1))    # MotifAttention.lambda_init_fn(layer_idx)
     ref = _vllm_gda_reference(x, P, Hs=Hs, r=r, G=G, d=d, lam0=lam0, cos=cos, sin=sin)
@@ -471,20 +477,20 @@ def test_gda_matches_vllm_grouped_diff_attn(Hs, r, G):
 def test_gda_per_head_layout_and_kv_validation():
     rng = np.random.default_rng(24)
     x = rng.standard_normal((2, 4, 5))
-    P = DV._gda_params(rng, 5, 4, 2, 2, kv_layout="per_head")
-    out = DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, kv_layout="per_head",
+    P = GDA._gda_params(rng, 5, 4, 2, 2, kv_layout="per_head")
+    out = D.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, kv_layout="per_head",
                                             depth=1)
     assert out.shape == (2, 4, 5) and np.isfinite(out).all()
     with pytest.raises(ValueError, match="k_proj.weight"):   # per-head keys are not the grouped layout
-        DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, depth=1)
+        D.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, depth=1)
     with pytest.raises(ValueError, match="num_kv_heads"):
-        DV.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, kv_layout="per_head",
+        D.grouped_differential_attention(x, P, num_signal_heads=4, noise_group_ratio=2, kv_layout="per_head",
                                           num_kv_heads=2, depth=1)
-    Pg = DV._gda_params(rng, 5, 4, 2, 2)
+    Pg = GDA._gda_params(rng, 5, 4, 2, 2)
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
-        DV.grouped_differential_attention(x, Pg, num_signal_heads=4, noise_group_ratio=2, num_kv_heads=4, depth=1)
+        D.grouped_differential_attention(x, Pg, num_signal_heads=4, noise_group_ratio=2, num_kv_heads=4, depth=1)
     with pytest.raises(ValueError, match="kv_layout"):
-        DV.grouped_differential_attention(x, Pg, num_signal_heads=4, noise_group_ratio=2, kv_layout="mqa", depth=1)
+        D.grouped_differential_attention(x, Pg, num_signal_heads=4, noise_group_ratio=2, kv_layout="mqa", depth=1)
 
 # ------------------------------------------------------------------------------ DINT
 
@@ -496,9 +502,9 @@ def test_dint_against_explicit_maps(kind, src):
     rng = np.random.default_rng(19)
     B, n, C, H, d = 2, 5, 4, 2, 2
     x = rng.standard_normal((B, n, C))
-    P = D._v1_params(rng, C, H, H, d)
+    P = S.v1_params(rng, C, H, H, d)
     P.pop("subln.weight")
-    out = DV.dint_attention(x, P, num_heads=H, depth=2, integral=kind, integral_source=src, subln="none",
+    out = D.dint_attention(x, P, num_heads=H, depth=2, integral=kind, integral_source=src, subln="none",
                             rescale=False)
     q = np.swapaxes((x @ P["q_proj.weight"]).reshape(B, n, 2 * H, d), 1, 2)
     k = np.swapaxes((x @ P["k_proj.weight"]).reshape(B, n, 2 * H, d), 1, 2)
@@ -536,9 +542,9 @@ def test_dint_matches_third_party_multihead_dint_attention():
     rng = np.random.default_rng(31)
     B, n, C, H, d = 2, 6, 5, 3, 2
     x = rng.standard_normal((B, n, C))
-    P = D._v1_params(rng, C, H, H, d)
+    P = S.v1_params(rng, C, H, H, d)
     P.pop("subln.weight")
-    out = DV.dint_attention(x, P, num_heads=H, lambda_init=0.3, is_causal=False, subln="none", rescale=False)
+    out = D.dint_attention(x, P, num_heads=H, lambda_init=0.3, is_causal=False, subln="none", rescale=False)
     q = (x @ P["q_proj.weight"]).reshape(B, n, 2 * H, d).transpose(0, 2, 1, 3)
     k = (x @ P["k_proj.weight"]).reshape(B, n, 2 * H, d).transpose(0, 2, 1, 3)
     v = (x @ P["v_proj.weight"]).reshape(B, n, H, 2 * d).transpose(0, 2, 1, 3)
@@ -552,18 +558,18 @@ def test_dint_matches_third_party_multihead_dint_attention():
     ref = (attn @ v).transpose(0, 2, 1, 3).reshape(B, n, -1) @ P["out_proj.weight"]
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
     # the default integral ("auto") picks the column mean when the layer is not causal
-    np.testing.assert_array_equal(out, DV.dint_attention(x, P, num_heads=H, lambda_init=0.3, is_causal=False,
+    np.testing.assert_array_equal(out, D.dint_attention(x, P, num_heads=H, lambda_init=0.3, is_causal=False,
                                                          subln="none", rescale=False, integral="all"))
 
 def test_dint_auto_picks_the_causal_average():
     rng = np.random.default_rng(20)
     x = rng.standard_normal((2, 4, 4))
-    P = D._v1_params(rng, 4, 2, 2, 2)
-    auto = DV.dint_attention(x, P, num_heads=2, depth=0)
-    np.testing.assert_array_equal(auto, DV.dint_attention(x, P, num_heads=2, depth=0, integral="causal"))
-    assert np.abs(auto - DV.dint_attention(x, P, num_heads=2, depth=0, integral="all")).max() > 1e-6
+    P = S.v1_params(rng, 4, 2, 2, 2)
+    auto = D.dint_attention(x, P, num_heads=2, depth=0)
+    np.testing.assert_array_equal(auto, D.dint_attention(x, P, num_heads=2, depth=0, integral="causal"))
+    assert np.abs(auto - D.dint_attention(x, P, num_heads=2, depth=0, integral="all")).max() > 1e-6
     with pytest.raises(ValueError, match="integral"):
-        DV.dint_attention(x, P, num_heads=2, depth=0, integral="mean")
+        D.dint_attention(x, P, num_heads=2, depth=0, integral="mean")
 
 
 # ------------------------------------------------------------------------------ DEX
@@ -579,9 +585,9 @@ def test_dex_matches_fig9_pseudocode():
     rng = np.random.default_rng(32)
     B, n, C, H, d, dv = 2, 5, 6, 3, 2, 3
     x = rng.standard_normal((B, n, C))
-    P = DV._dex_params(rng, C, H, H, d, dv, bias=False)
+    P = DEX._dex_params(rng, C, H, H, d, dv, bias=False)
     hs = [0, 2]
-    out = DV.dex_differential_adaptation(x, P, num_heads=H, heads=hs, is_causal=False)
+    out = D.dex_differential_adaptation(x, P, num_heads=H, heads=hs, is_causal=False)
     lam = P["lambda"][0]
 
     def f_D(o):
@@ -606,10 +612,10 @@ def test_dex_matches_torch_autograd(per_head):
     rng = np.random.default_rng(21)
     B, n, C, H, Hkv, d, dv = 2, 5, 6, 4, 2, 2, 3
     x = rng.standard_normal((B, n, C))
-    P = DV._dex_params(rng, C, H, Hkv, d, dv, per_head=per_head)
+    P = DEX._dex_params(rng, C, H, Hkv, d, dv, per_head=per_head)
     rel = D.rope_tables(n, d)
     cfg = dict(num_heads=H, num_kv_heads=Hkv, heads=[1, 3], rel_pos=rel)
-    out, cache = DV.dex_differential_adaptation_forward(x, P, **cfg)
+    out, cache = D.dex_differential_adaptation_forward(x, P, **cfg)
     xt = torch.from_numpy(x).requires_grad_()
     T = {k: torch.from_numpy(v).requires_grad_() for k, v in P.items()}
     cos, sin = (torch.from_numpy(t)[:, None, :] for t in rel)
@@ -630,7 +636,7 @@ def test_dex_matches_torch_autograd(per_head):
     np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-11, atol=1e-12)
     g = rng.standard_normal(out.shape)
     yt.backward(torch.from_numpy(g))
-    grads = DV.dex_differential_adaptation_backward(g, cache)
+    grads = D.dex_differential_adaptation_backward(g, cache)
     np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-10, atol=1e-12)
     for key, t in T.items():
         np.testing.assert_allclose(grads[key], t.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
@@ -639,11 +645,11 @@ def test_dex_matches_torch_autograd(per_head):
 def test_dex_bad_heads():
     rng = np.random.default_rng(22)
     x = rng.standard_normal((2, 3, 3))
-    P = DV._dex_params(rng, 3, 2, 2, 2, 2)
+    P = DEX._dex_params(rng, 3, 2, 2, 2, 2)
     with pytest.raises(ValueError, match="heads"):
-        DV.dex_differential_adaptation(x, P, num_heads=2, heads=[2])
+        D.dex_differential_adaptation(x, P, num_heads=2, heads=[2])
     with pytest.raises(ValueError, match="lambda"):
-        DV.dex_differential_adaptation(x, dict(P, **{"lambda": np.ones(2)}), num_heads=2)
+        D.dex_differential_adaptation(x, dict(P, **{"lambda": np.ones(2)}), num_heads=2)
 
 
 # ------------------------------------------------------------------------------ DiffLoRA, Shared DIFF
@@ -656,11 +662,11 @@ def test_difflora_matches_torch_autograd(mode):
     rng = np.random.default_rng(23)
     B, n, C, H, Hkv, d, r = 2, 5, 6, 4, 2, 2, 2
     x = rng.standard_normal((B, n, C))
-    P = DV._twobranch_params(rng, C, H, Hkv, d, d, r, DV._LLAMA_NAMES, negative_term=mode, reparam=True,
+    P = S.two_branch_params(rng, C, H, Hkv, d, d, r, LORA._LLAMA_NAMES, negative_term=mode, reparam=True,
                              norm=True, lambda_init=0.3)
     cfg = dict(num_heads=H, num_kv_heads=Hkv, lambda_init=0.3, lambda_mode="reparam", negative_term=mode,
                lora_scale=0.5, subln="rms")
-    out, cache = DV.difflora_forward(x, P, **cfg)
+    out, cache = D.difflora_forward(x, P, **cfg)
     xt = torch.from_numpy(x).requires_grad_()
     T = {k: torch.from_numpy(v).requires_grad_() for k, v in P.items()}
 
@@ -684,7 +690,7 @@ def test_difflora_matches_torch_autograd(mode):
     np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-11, atol=1e-12)
     g = rng.standard_normal(out.shape)
     yt.backward(torch.from_numpy(g))
-    grads = DV.difflora_backward(g, cache)
+    grads = D.difflora_backward(g, cache)
     np.testing.assert_allclose(grads["x"], xt.grad.numpy(), rtol=1e-10, atol=1e-12)
     for key, t in T.items():
         np.testing.assert_allclose(grads[key], t.grad.numpy(), rtol=1e-9, atol=1e-12, err_msg=key)
@@ -693,13 +699,13 @@ def test_difflora_matches_torch_autograd(mode):
 def test_difflora_requires_lambda_init_and_mode_params():
     rng = np.random.default_rng(24)
     x = rng.standard_normal((2, 3, 3))
-    P = DV._twobranch_params(rng, 3, 2, 2, 2, 2, 1, DV._LLAMA_NAMES)
+    P = S.two_branch_params(rng, 3, 2, 2, 2, 2, 1, LORA._LLAMA_NAMES)
     with pytest.raises(TypeError):
-        DV.difflora(x, P, num_heads=2)
+        LORA.difflora(x, P, num_heads=2)
     with pytest.raises(ValueError, match="missing"):
-        DV.difflora(x, P, num_heads=2, lambda_init=0.5, lambda_mode="reparam")
+        LORA.difflora(x, P, num_heads=2, lambda_init=0.5, lambda_mode="reparam")
     with pytest.raises(ValueError, match="negative_term"):
-        DV.difflora(x, P, num_heads=2, lambda_init=0.5, negative_term="both")
+        LORA.difflora(x, P, num_heads=2, lambda_init=0.5, negative_term="both")
 
 
 def _bergen_difflora_reference(x, P, *, H, Hkv, d, s, lam_init, learn_lambda, lora_negative_term_only,
@@ -767,10 +773,10 @@ def test_difflora_matches_bergen_eager(negative, positive, learn_lambda, rescale
     rng = np.random.default_rng(41)
     B, n, C, H, Hkv, d, r = 2, 5, 8, 4, 2, 4, 3
     x = rng.standard_normal((B, n, C))
-    P = DV._twobranch_params(rng, C, H, Hkv, d, d, r, DV._LLAMA_NAMES, negative_term=negative,
+    P = S.two_branch_params(rng, C, H, Hkv, d, d, r, LORA._LLAMA_NAMES, negative_term=negative,
                              positive_term=positive, reparam=learn_lambda, norm=groupnorm, lambda_init=0.35)
     cos, sin = D.rope_tables(n, d)
-    out = DV.difflora(x, P, num_heads=H, num_kv_heads=Hkv, lambda_init=0.35,
+    out = LORA.difflora(x, P, num_heads=H, num_kv_heads=Hkv, lambda_init=0.35,
                       lambda_mode="reparam" if learn_lambda else "fixed", negative_term=negative,
                       positive_term=positive, rel_pos=(cos, sin), subln="rms" if groupnorm else "none",
                       rescale=rescale)   # lora_scale default 2.0 = attention_lora_alpha / attention_lora_r = 64 / 32
@@ -789,39 +795,39 @@ def test_difflora_lambda_with_norm_gradcheck():
 
     rng = np.random.default_rng(42)
     B, n, C, H, Hkv, d, r = 2, 3, 3, 2, 1, 2, 1
-    P = DV._twobranch_params(rng, C, H, Hkv, d, d, r, DV._LLAMA_NAMES, reparam=True, norm=True, lambda_init=0.3)
+    P = S.two_branch_params(rng, C, H, Hkv, d, d, r, LORA._LLAMA_NAMES, reparam=True, norm=True, lambda_init=0.3)
     s = Sample(inputs={"x": rng.standard_normal((B, n, C))}, params=P,
                config={"num_heads": H, "num_kv_heads": Hkv, "lambda_init": 0.3, "lambda_mode": "reparam",
                        "rescale": "lambda_with_norm", "rel_pos": D.rope_tables(n, d)})
-    gradcheck(DV.difflora_forward, DV.difflora_backward, s, rtol=1e-6)
+    gradcheck(D.difflora_forward, D.difflora_backward, s, rtol=1e-6)
 
 
 def test_difflora_rescale_aliases_and_validation():
     rng = np.random.default_rng(43)
     x = rng.standard_normal((2, 3, 4))
-    P = DV._twobranch_params(rng, 4, 2, 2, 2, 2, 1, DV._LLAMA_NAMES, norm=True)
-    a = DV.difflora(x, P, num_heads=2, lambda_init=0.4)
-    np.testing.assert_array_equal(a, DV.difflora(x, P, num_heads=2, lambda_init=0.4, rescale=True))
-    np.testing.assert_array_equal(DV.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="none"),
-                                  DV.difflora(x, P, num_heads=2, lambda_init=0.4, rescale=False))
+    P = S.two_branch_params(rng, 4, 2, 2, 2, 2, 1, LORA._LLAMA_NAMES, norm=True)
+    a = LORA.difflora(x, P, num_heads=2, lambda_init=0.4)
+    np.testing.assert_array_equal(a, LORA.difflora(x, P, num_heads=2, lambda_init=0.4, rescale=True))
+    np.testing.assert_array_equal(LORA.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="none"),
+                                  LORA.difflora(x, P, num_heads=2, lambda_init=0.4, rescale=False))
     # fixed lambda with a norm: (1 - lambda) and (1 - lambda_init) coincide
-    np.testing.assert_allclose(a, DV.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="lambda_with_norm"),
+    np.testing.assert_allclose(a, LORA.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="lambda_with_norm"),
                                rtol=1e-14, atol=1e-15)
     with pytest.raises(ValueError, match="rescale"):
-        DV.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="lambda")
+        LORA.difflora(x, P, num_heads=2, lambda_init=0.4, rescale="lambda")
     with pytest.raises(ValueError, match="positive_term"):
-        DV.difflora(x, P, num_heads=2, lambda_init=0.4, positive_term="lora_only")
+        LORA.difflora(x, P, num_heads=2, lambda_init=0.4, positive_term="lora_only")
     with pytest.raises(ValueError, match="unknown keys"):   # positive_term="base" takes no *_A1/_B1 adapters
-        DV.difflora(x, P, num_heads=2, lambda_init=0.4, positive_term="base")
+        LORA.difflora(x, P, num_heads=2, lambda_init=0.4, positive_term="base")
 
 def test_shared_diff_zero_updates_tie_the_maps():
     # zero low-rank updates: Q1 = Q2, K1 = K2, so the pre-norm output is (1 - lambda) A V
     rng = np.random.default_rng(25)
     B, n, C, H, d = 2, 4, 4, 2, 2
     x = rng.standard_normal((B, n, C))
-    P = DV._twobranch_params(rng, C, H, H, d, 2 * d, 1, DV._SHARED_NAMES, reparam=True, zero_B=True,
+    P = S.two_branch_params(rng, C, H, H, d, 2 * d, 1, SHARED._SHARED_NAMES, reparam=True, zero_B=True,
                              lambda_init=0.2)
-    out, cache = DV.shared_diff_attention_forward(x, P, num_heads=H, depth=0, subln="none", rescale=False)
+    out, cache = D.shared_diff_attention_forward(x, P, num_heads=H, depth=0, subln="none", rescale=False)
     lam = float(cache["hc"]["core"]["lam_b"].reshape(-1)[0])
     q = _split(x @ P["q_proj.weight"], H, d)
     k = _split(x @ P["k_proj.weight"], H, d)
@@ -851,7 +857,7 @@ def test_cross_attention_matches_torch_autograd():
     keep2 = rng.random((n, m2)) > 0.5
     keep2[0, 0] = True
     keep2[1] = False  # an empty subset for query 1: branch 2 contributes 0 there
-    out, cache = DV.differential_cross_attention_forward(**arrs, attn_mask2=keep2)
+    out, cache = D.differential_cross_attention_forward(**arrs, attn_mask2=keep2)
     T = {k: torch.from_numpy(v).requires_grad_() for k, v in arrs.items()}
     o1 = F.scaled_dot_product_attention(T["q1"], T["k1"], T["v1"], enable_gqa=True)
     add = torch.from_numpy(np.where(keep2, 0.0, -1e300))  # finite stand-in for -inf (torch gives NaN rows)
@@ -861,7 +867,7 @@ def test_cross_attention_matches_torch_autograd():
     np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-11, atol=1e-12)
     g = rng.standard_normal(out.shape)
     yt.backward(torch.from_numpy(g))
-    grads = DV.differential_cross_attention_backward(g, cache)
+    grads = D.differential_cross_attention_backward(g, cache)
     for key, t in T.items():
         np.testing.assert_allclose(grads[key], t.grad.numpy(), rtol=1e-10, atol=1e-12, err_msg=key)
 
@@ -871,9 +877,9 @@ def test_cross_attention_validation():
     q = rng.standard_normal((2, 2, 3, 2))
     k = rng.standard_normal((2, 1, 4, 2))
     with pytest.raises(ValueError, match="v2"):
-        DV.differential_cross_attention(q, k, k, q, k, k[..., :1], np.ones(1))
+        D.differential_cross_attention(q, k, k, q, k, k[..., :1], np.ones(1))
     with pytest.raises(ValueError, match="attn_mask2"):
-        DV.differential_cross_attention(q, k, k, q, k, k, np.ones(1), attn_mask2=np.ones((3, 5), bool))
+        D.differential_cross_attention(q, k, k, q, k, k, np.ones(1), attn_mask2=np.ones((3, 5), bool))
 
 
 def test_v1_halves_pairing_is_a_column_permutation_of_adjacent():
@@ -882,7 +888,7 @@ def test_v1_halves_pairing_is_a_column_permutation_of_adjacent():
     rng = np.random.default_rng(28)
     B, n, C, H, Hkv, d = 2, 4, 5, 2, 1, 2
     x = rng.standard_normal((B, n, C))
-    P = D._v1_params(rng, C, H, Hkv, d)
+    P = S.v1_params(rng, C, H, Hkv, d)
     halves = D.diff_attention_v1(x, P, num_heads=H, num_kv_heads=Hkv, depth=1, pairing="halves",
                                  gqa_pairing="flash")
 
@@ -925,11 +931,11 @@ def test_fda_matches_xbert_fda():
     ver = np.maximum(_softmax(scores, -1) - gate * _softmax(fda_scores, -1) * head_mask, 0.0)
     ref = np.minimum(hor, ver) @ v
     lam = gate * head_mask[0, :, :, 0]               # (H, 1): the gate on the FDA heads, 0 elsewhere
-    out = DV.differential_cross_attention(q, k, v, q_fda, k, v, lam, attn_mask=pad, attn_mask2=pad, combine="fda")
+    out = D.differential_cross_attention(q, k, v, q_fda, k, v, lam, attn_mask=pad, attn_mask2=pad, combine="fda")
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-13)
     # a boolean key-padding mask gives the same output (P^k = 0 on padded keys makes A = 0 there)
     keep = pad == 0
-    out_b = DV.differential_cross_attention(q, k, v, q_fda, k, v, lam, attn_mask=keep, attn_mask2=keep,
+    out_b = D.differential_cross_attention(q, k, v, q_fda, k, v, lam, attn_mask=keep, attn_mask2=keep,
                                             combine="fda")
     np.testing.assert_allclose(out_b, ref, rtol=1e-12, atol=1e-13)
 
@@ -945,7 +951,7 @@ def test_fda_matches_torch_autograd():
     keep = rng.random((B, 1, N, M)) > 0.25
     keep[..., 0] = True
     arrs = dict(q1=q1, k1=k1, v1=v1, q2=q2, k2=k2, v2=v2, lam=lam)
-    out, cache = DV.differential_cross_attention_forward(**arrs, attn_mask=keep, attn_mask2=keep, combine="fda")
+    out, cache = D.differential_cross_attention_forward(**arrs, attn_mask=keep, attn_mask2=keep, combine="fda")
     T = {n_: torch.from_numpy(a).requires_grad_() for n_, a in arrs.items()}
     rep = lambda t: t.repeat_interleave(H // Hkv, dim=1)  # noqa: E731
     mask = torch.from_numpy(np.where(keep, 0.0, -np.inf))
@@ -963,7 +969,7 @@ def test_fda_matches_torch_autograd():
     np.testing.assert_allclose(out, yt.detach().numpy(), rtol=1e-12, atol=1e-13)
     g = rng.standard_normal(out.shape)
     yt.backward(torch.from_numpy(g))
-    grads = DV.differential_cross_attention_backward(g, cache)
+    grads = D.differential_cross_attention_backward(g, cache)
     for name_, t in T.items():
         tg = np.zeros_like(arrs[name_]) if t.grad is None else t.grad.numpy()
         np.testing.assert_allclose(grads[name_], tg, rtol=1e-10, atol=1e-12, err_msg=name_)
@@ -984,7 +990,7 @@ def test_gsra_differential_term_is_the_output_combination():
     attn_geo = _softmax(q * scale @ k_geo.transpose(0, 1, 3, 2) + bias, -1)
     attn_sem = _softmax(q * scale @ k_sem.transpose(0, 1, 3, 2) + bias, -1)
     ref = attn_geo @ v_geo + (attn_sem - lambda_val * attn_geo) @ v_sem
-    diff = DV.differential_cross_attention(q, k_sem, v_sem, q, k_geo, v_sem, np.array([lambda_val]),
+    diff = D.differential_cross_attention(q, k_sem, v_sem, q, k_geo, v_sem, np.array([lambda_val]),
                                            attn_mask=bias, attn_mask2=bias)
     from refattn.attention.softmax import sdpa_forward
 
@@ -996,6 +1002,6 @@ def test_fda_validation():
     q = rng.standard_normal((1, 2, 3, 2))
     k = rng.standard_normal((1, 2, 4, 2))
     with pytest.raises(ValueError, match="k2 must have k1's shape"):
-        DV.differential_cross_attention(q, k, k, q, k[..., :3, :], k[..., :3, :], np.ones(1), combine="fda")
+        D.differential_cross_attention(q, k, k, q, k[..., :3, :], k[..., :3, :], np.ones(1), combine="fda")
     with pytest.raises(ValueError, match="combine"):
-        DV.differential_cross_attention(q, k, k, q, k, k, np.ones(1), combine="map")
+        D.differential_cross_attention(q, k, k, q, k, k, np.ones(1), combine="map")

@@ -1,4 +1,5 @@
-"""Mechanism-specific tests of refattn/attention/differential_relatives.py.
+"""Mechanism-specific tests of the relatives of differential attention (refattn/attention/differential/:
+shaped, momentum, pct, reflexsplit, mala, mta).
 
 Generic checks (FD gradcheck, directional, dtype, bad input, inputs-never-modified, properties)
 are generated from the registry; here: every record's own checks, PyTorch-autograd parity with
@@ -11,7 +12,10 @@ import numpy as np
 import pytest
 
 from refattn import registry
-from refattn.attention import differential_relatives as D
+from refattn.attention import differential as D
+from refattn.attention.differential import mta as MTA
+from refattn.attention.differential import pct as PCT
+from refattn.attention.differential import reflexsplit as REFLEX
 from refattn.testing import run_record_checks
 
 SLUGS = ["shaped_attention", "momentum_attention", "pct_offset_attention", "reflexsplit_dual_stream_attention",
@@ -102,7 +106,7 @@ def test_pct_offset_attention_matches_torch_port_in_train_mode():
     rng = np.random.default_rng(2)
     b, n, c = 3, 7, 8
     inputs = {"x": rng.standard_normal((b, n, c))}
-    params = D._pct_params(rng, c, c // 4)
+    params = PCT._pct_params(rng, c, c // 4)
 
     def tfn(t):
         # PCT_Pytorch SA_Layer, channels-first, tied q/k conv, BatchNorm1d in training mode
@@ -130,7 +134,7 @@ def test_reflexsplit_matches_torch_transcription(branch):
     wh, ww, c, nh = 2, 3, 8, 2
     n, hd = wh * ww, c // nh
     inputs = {"x": rng.standard_normal((2, 2, n, c))}
-    params = D._reflex_params(rng, c, nh, wh, ww, branch)
+    params = REFLEX._reflex_params(rng, c, nh, wh, ww, branch)
     idx = torch.tensor(D.swin_relative_position_index((wh, ww)))
 
     def tfn(t):
@@ -284,21 +288,21 @@ def test_bad_arguments_name_the_argument():
     with pytest.raises(ValueError, match="sin and cos must be given together"):
         D.mala_linear_attention(q, k, v, sin=np.zeros((4, 3)))
     x = rng.standard_normal((2, 2, 4, 4))
-    s = D._sample_reflex(rng, "small")
+    s = REFLEX._sample_reflex(rng, "small")
     with pytest.raises(ValueError, match="window_size"):
         D.reflexsplit_dual_stream_attention(x, s.params, num_heads=2, window_size=(2, 3))
     with pytest.raises(ValueError, match="running_mean"):
-        sp = D._sample_pct(rng, "tiny")
+        sp = PCT._sample_pct(rng, "tiny")
         D.pct_offset_attention(sp.inputs["x"], sp.params, bn_mode="eval")
     with pytest.raises(ValueError, match="transpose"):
-        sp = D._sample_pct(rng, "tiny")
+        sp = PCT._sample_pct(rng, "tiny")
         bad = dict(sp.params, **{"v_conv.weight": np.zeros((4, 5))})
         D.pct_offset_attention(sp.inputs["x"], bad)
 
 
 def test_reflexsplit_clamp_can_be_disabled_and_lambda_grad_flows():
     rng = np.random.default_rng(8)
-    s = D._sample_reflex(rng, "tiny")
+    s = REFLEX._sample_reflex(rng, "tiny")
     p = dict(s.params, lambda_sa=np.asarray(6.0))  # sigmoid(6) = 0.9975 > 0.99: clamp active
     out, cache = D.reflexsplit_dual_stream_attention_forward(**s.inputs, params=p, **s.config)
     assert D.reflexsplit_dual_stream_attention_backward(np.ones_like(out), cache)["lambda_sa"] == 0
@@ -312,15 +316,15 @@ def test_float32_inputs_compute_in_float32():
     assert D.mala_linear_attention(q, k, v).dtype == np.float32
     assert D.momentum_attention(q, k, v, {"gamma": np.float32(0.3)}).dtype == np.float32
     assert D.multi_token_attention(q, k, v, {"mta_kernel": np.ones((2, 1, 1, 1), np.float32)}).dtype == np.float32
-    s = D._sample_pct(rng, "tiny")
+    s = PCT._sample_pct(rng, "tiny")
     p32 = {k_: v_.astype(np.float32) for k_, v_ in s.params.items()}
     assert D.pct_offset_attention(s.inputs["x"].astype(np.float32), p32).dtype == np.float32
-    s = D._sample_reflex(rng, "tiny")
+    s = REFLEX._sample_reflex(rng, "tiny")
     p32 = {k_: np.asarray(v_, np.float32) for k_, v_ in s.params.items()}
     assert D.reflexsplit_dual_stream_attention(s.inputs["x"].astype(np.float32), p32, **s.config).dtype == np.float32
     g = {n: np.ones(2, np.float32) for n in ("attn_mat_resid_gain", "attn_mat_skip_gain", "centre_attn_gain")}
     assert D.shaped_attention(q, k, v, g).dtype == np.float32
-    s = D._sample_mta(rng, "small")
+    s = MTA._sample_mta(rng, "small")
     p32 = {k_: np.asarray(v_, np.float32) for k_, v_ in s.params.items()}
     i32 = {k_: v_.astype(np.float32) for k_, v_ in s.inputs.items()}
     out, cache = D.multi_token_attention_forward(**i32, params=p32, **s.config)

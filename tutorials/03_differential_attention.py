@@ -45,8 +45,9 @@ from refattn.testing import gradcheck
 # %% [markdown]
 # ## The core and its backward
 #
-# `diff_attention_core_forward(q1, k1, q2, k2, v, lam)` takes the SDPA layout for both query/key
-# pairs and shared values. Its backward is two softmax-attention backwards (with upstream
+# `diff_attention_core_forward(q1, k1, q2, k2, v, lam)` (in `refattn/attention/differential/core.py`,
+# whose docstring derives the backward) takes the SDPA layout for both query/key pairs and shared
+# values. Its backward is two softmax-attention backwards (with upstream
 # gradients $dO$ and $-\lambda\,dO$) plus
 # $d\lambda = -\sum_i dO_i\cdot(A_2V)_i$. A finite-difference check with a causal mask and
 # grouped-query heads:
@@ -182,6 +183,6 @@ for key in ("plain", "diff"):
 # * The core's backward is two ordinary attention backwards plus $d\lambda$; both heads were trained
 #   with refattn's hand-derived backwards only.
 # * The full DIFF layer (λ re-parameterisation, per-head RMSNorm with the $(1-\lambda_{\text{init}})$
-#   scale, GQA head pairing) and its conventions are on the
+#   scale, GQA head pairing; `refattn/attention/differential/v1.py`) and its conventions are on the
 #   [differential attention page](../differential.md) and the
 #   [conventions page](../conventions.md#differential-attention).

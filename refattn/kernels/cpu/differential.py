@@ -45,12 +45,12 @@ __all__ = ["diff_attention_forward", "diff_attention_backward", "diff_attention"
 BACKEND = "numba_cpu"
 
 
-def _validate(q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment,
-              block_q, block_k):
+def validate_differential_args(q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment,
+                               block_q, block_k):
     """The reference's validation (same checks, same messages) plus the tile sizes."""
-    from ...attention.differential import _validate_core
+    from ...attention.differential.core import validate_core
 
-    q1, k1, q2, k2, v, lam, mask, scale = _validate_core(
+    q1, k1, q2, k2, v, lam, mask, scale = validate_core(
         q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment)
     block_q = check_int(block_q, "block_q", minimum=1)
     block_k = check_int(block_k, "block_k", minimum=1)
@@ -78,7 +78,7 @@ def diff_attention_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_causal:
     out (..., H, N, dv), cache
         ``cache["lse"]`` (2, ..., H, N): the two maps' log-sum-exps.
     """
-    q1, k1, q2, k2, v, lam, mask, scale, block_q, block_k = _validate(
+    q1, k1, q2, k2, v, lam, mask, scale, block_q, block_k = validate_differential_args(
         q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment,
         block_q, block_k)
     dt = compute_dtype(q1, k1, q2, k2, v, lam)

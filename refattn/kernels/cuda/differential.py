@@ -17,7 +17,7 @@ import numpy as np
 
 from ...attention.softmax import sum_to_shape
 from ..cpu._common import compute_dtype, kv_map, mask_buffers
-from ..cpu.differential import _validate as _cpu_validate
+from ..cpu.differential import validate_differential_args as _cpu_validate
 from . import _common as _c
 from ._device import cuda, is_device_array, maybe_host, require_cuda
 from .flash import _grad_in
