@@ -134,3 +134,17 @@ def test_family_package_exports_its_public_functions(package):
             if getattr(pkg, name, None) is not getattr(mod, name):
                 missing.append(f"{info.name}.{name}")
     assert not missing, f"{package} does not export: {', '.join(missing)}"
+
+
+def test_top_level_names_users_reach_first():
+    import numpy as np
+
+    from refattn.attention.softmax.sdpa import sdpa_forward
+
+    assert refattn.get("sdpa").forward is sdpa_forward
+    assert refattn.sdpa_forward is sdpa_forward
+    assert {r.slug for r in refattn.mechanisms(family="2-differential")} >= {"diff_attention_v1", "diffclip_attention"}
+    q = np.random.default_rng(0).standard_normal((1, 2, 3, 4))
+    np.testing.assert_array_equal(refattn.sdpa(q, q, q), sdpa_forward(q, q, q)[0])
+    for name in refattn.__all__:
+        assert hasattr(refattn, name), name
