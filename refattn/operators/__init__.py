@@ -24,6 +24,15 @@ from .mamba_neural_operator import (  # noqa: F401
     mno_ss2d_forward,
     scan_order_permutations,
 )
+from .multiwavelet import (  # noqa: F401
+    init_mwt_cz1d_params,
+    multiwavelet_filters,
+    mwt_cz1d,
+    mwt_cz1d_backward,
+    mwt_cz1d_forward,
+    mwt_decompose,
+    mwt_reconstruct,
+)
 from .pde_transformer_channel_attention import (  # noqa: F401
     init_pde_channel_attention_params,
     pde_channel_attention,
@@ -75,4 +84,11 @@ __all__ = [
     "pde_channel_attention_backward",
     "pde_channel_attention",
     "init_pde_channel_attention_params",
+    "multiwavelet_filters",
+    "mwt_decompose",
+    "mwt_reconstruct",
+    "mwt_cz1d_forward",
+    "mwt_cz1d_backward",
+    "mwt_cz1d",
+    "init_mwt_cz1d_params",
 ]
