@@ -2,6 +2,27 @@
 
 from .anie import anie_backward, anie_forward, anie_solve, init_anie_params  # noqa: F401
 from .anisotropic_rbf import anisotropic_rbf_backward, anisotropic_rbf_forward, tangent_frames  # noqa: F401
+from .differential_conv import (  # noqa: F401
+    FD_PADDINGS,
+    finite_difference_conv,
+    finite_difference_conv_backward,
+    finite_difference_conv_forward,
+    zero_sum_stencil,
+)
+from .disco_conv import (  # noqa: F401
+    disco_basis,
+    disco_conv,
+    disco_conv_backward,
+    disco_conv_forward,
+    disco_filter_matrix,
+    equidistant_disco_conv,
+    equidistant_disco_conv_backward,
+    equidistant_disco_conv_forward,
+    equidistant_disco_kernel,
+    local_no_kernels,
+    local_no_kernels_backward,
+    local_no_kernels_forward,
+)
 from .gno_kernel_integral import (  # noqa: F401
     gno_kernel_integral_backward,
     gno_kernel_integral_forward,
@@ -91,4 +112,21 @@ __all__ = [
     "mwt_cz1d_backward",
     "mwt_cz1d",
     "init_mwt_cz1d_params",
+    "finite_difference_conv_forward",
+    "finite_difference_conv_backward",
+    "finite_difference_conv",
+    "zero_sum_stencil",
+    "FD_PADDINGS",
+    "disco_basis",
+    "disco_filter_matrix",
+    "disco_conv_forward",
+    "disco_conv_backward",
+    "disco_conv",
+    "equidistant_disco_kernel",
+    "equidistant_disco_conv_forward",
+    "equidistant_disco_conv_backward",
+    "equidistant_disco_conv",
+    "local_no_kernels_forward",
+    "local_no_kernels_backward",
+    "local_no_kernels",
 ]
