@@ -2,6 +2,19 @@
 
 from .anie import anie_backward, anie_forward, anie_solve, init_anie_params  # noqa: F401
 from .anisotropic_rbf import anisotropic_rbf_backward, anisotropic_rbf_forward, tangent_frames  # noqa: F401
+from .cno import (  # noqa: F401
+    cno_activation_operators,
+    cno_block,
+    cno_block_backward,
+    cno_block_forward,
+    cno_lowpass_filter,
+    cno_resample,
+    cno_residual_block,
+    cno_residual_block_backward,
+    cno_residual_block_forward,
+    fft_resample_matrix,
+    upfirdn_matrix,
+)
 from .differential_conv import (  # noqa: F401
     FD_PADDINGS,
     finite_difference_conv,
@@ -129,4 +142,15 @@ __all__ = [
     "local_no_kernels_forward",
     "local_no_kernels_backward",
     "local_no_kernels",
+    "cno_lowpass_filter",
+    "upfirdn_matrix",
+    "fft_resample_matrix",
+    "cno_resample",
+    "cno_activation_operators",
+    "cno_block_forward",
+    "cno_block_backward",
+    "cno_block",
+    "cno_residual_block_forward",
+    "cno_residual_block_backward",
+    "cno_residual_block",
 ]
