@@ -44,6 +44,15 @@ from .gno_kernel_integral import (  # noqa: F401
     sinusoidal_embedding,
     sinusoidal_embedding_vjp,
 )
+from .ho_fno import (  # noqa: F401
+    ho_block,
+    ho_block_backward,
+    ho_block_forward,
+    ho_spectral_conv,
+    ho_spectral_conv_backward,
+    ho_spectral_conv_forward,
+    two_thirds_padding,
+)
 from .mamba import (  # noqa: F401
     linear_scan,
     selective_scan,
@@ -153,4 +162,11 @@ __all__ = [
     "cno_residual_block_forward",
     "cno_residual_block_backward",
     "cno_residual_block",
+    "ho_spectral_conv_forward",
+    "ho_spectral_conv_backward",
+    "ho_spectral_conv",
+    "ho_block_forward",
+    "ho_block_backward",
+    "ho_block",
+    "two_thirds_padding",
 ]
