@@ -67,6 +67,14 @@ from .mamba_neural_operator import (  # noqa: F401
     mno_ss2d_forward,
     scan_order_permutations,
 )
+from .mgno import (  # noqa: F401
+    init_mgno_params,
+    mgno_layer,
+    mgno_layer_backward,
+    mgno_layer_forward,
+    mgno_param_shapes,
+    mgno_vcycle,
+)
 from .multiwavelet import (  # noqa: F401
     init_mwt_cz1d_params,
     multiwavelet_filters,
@@ -169,4 +177,10 @@ __all__ = [
     "ho_block_backward",
     "ho_block",
     "two_thirds_padding",
+    "mgno_param_shapes",
+    "mgno_vcycle",
+    "mgno_layer_forward",
+    "mgno_layer_backward",
+    "mgno_layer",
+    "init_mgno_params",
 ]
