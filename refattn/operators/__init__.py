@@ -90,6 +90,17 @@ from .pde_transformer_channel_attention import (  # noqa: F401
     pde_channel_attention_backward,
     pde_channel_attention_forward,
 )
+from .pinnsformer import (  # noqa: F401
+    init_pinnsformer_params,
+    make_time_sequence,
+    pinnsformer,
+    pinnsformer_backward,
+    pinnsformer_forward,
+    pinnsformer_param_shapes,
+    wave_activation,
+    wave_activation_backward,
+    wave_activation_forward,
+)
 from .pinto import init_pinto_params, pinto_backward, pinto_forward  # noqa: F401
 from .schwarz_attention import (  # noqa: F401
     coarse_hat_basis,
@@ -183,4 +194,13 @@ __all__ = [
     "mgno_layer_backward",
     "mgno_layer",
     "init_mgno_params",
+    "make_time_sequence",
+    "wave_activation_forward",
+    "wave_activation_backward",
+    "wave_activation",
+    "pinnsformer_param_shapes",
+    "pinnsformer_forward",
+    "pinnsformer_backward",
+    "pinnsformer",
+    "init_pinnsformer_params",
 ]
