@@ -13,6 +13,7 @@ from .cno import (  # noqa: F401
     cno_residual_block_backward,
     cno_residual_block_forward,
     fft_resample_matrix,
+    kink_margin,
     upfirdn_matrix,
 )
 from .differential_conv import (  # noqa: F401
@@ -24,7 +25,6 @@ from .differential_conv import (  # noqa: F401
 )
 from .disco_conv import (  # noqa: F401
     disco_basis,
-    disco_conv,
     disco_conv_backward,
     disco_conv_forward,
     disco_filter_matrix,
@@ -93,7 +93,6 @@ from .pde_transformer_channel_attention import (  # noqa: F401
 from .pinnsformer import (  # noqa: F401
     init_pinnsformer_params,
     make_time_sequence,
-    pinnsformer,
     pinnsformer_backward,
     pinnsformer_forward,
     pinnsformer_param_shapes,
@@ -162,7 +161,6 @@ __all__ = [
     "disco_filter_matrix",
     "disco_conv_forward",
     "disco_conv_backward",
-    "disco_conv",
     "equidistant_disco_kernel",
     "equidistant_disco_conv_forward",
     "equidistant_disco_conv_backward",
@@ -181,6 +179,7 @@ __all__ = [
     "cno_residual_block_forward",
     "cno_residual_block_backward",
     "cno_residual_block",
+    "kink_margin",
     "ho_spectral_conv_forward",
     "ho_spectral_conv_backward",
     "ho_spectral_conv",
@@ -201,6 +200,5 @@ __all__ = [
     "pinnsformer_param_shapes",
     "pinnsformer_forward",
     "pinnsformer_backward",
-    "pinnsformer",
     "init_pinnsformer_params",
 ]

@@ -79,7 +79,7 @@ from ..registry import Mechanism, Sample, register
 
 __all__ = ["cno_lowpass_filter", "upfirdn_matrix", "fft_resample_matrix", "cno_resample", "cno_activation_operators",
            "cno_block_forward", "cno_block_backward", "cno_block", "cno_residual_block_forward",
-           "cno_residual_block_backward", "cno_residual_block"]
+           "cno_residual_block_backward", "cno_residual_block", "kink_margin"]
 
 _SLOPE, _GAIN = 0.2, float(np.sqrt(2.0))
 
@@ -158,8 +158,10 @@ def _operators(s_in, s_out, cutoff_den, filter_size, up_rate, half_width_mult, r
 
 def cno_activation_operators(in_size: int, out_size: int, *, cutoff_den: float = 2.0001, filter_size: int = 6,
                              lrelu_upsampling: int = 2, half_width_mult: float = 0.8, resampling: str = "filtered"):
-    """The fixed per-axis matrices ``(U, D)`` of the CNO activation (module docstring): ``U (s_t, s)``
-    and ``D (s', s_t)``. Fresh copies (the construction is cached)."""
+    """The fixed per-axis matrices ``(U, D)`` of the CNO activation (module docstring): ``U (m, s)``
+    and ``D (s', m)`` with ``m`` the intermediate length ($s_t$ for ``"fft"``; for ``"filtered"``
+    the valid part of the padded, up-sampled grid, which the down filter then shrinks). Fresh
+    copies (the construction is cached)."""
     in_size, out_size = check_int(in_size, "in_size", minimum=1), check_int(out_size, "out_size", minimum=1)
     cutoff_den = check_positive(cutoff_den, "cutoff_den")
     filter_size = check_int(filter_size, "filter_size", minimum=1)
@@ -211,9 +213,10 @@ def _conv_bn_vjp(g, c, p, grads):
 
 
 def _activation(z, bias, U, D):
-    v = U @ (z + bias[:, None, None]) @ U.T
+    zb = z + bias[:, None, None]
+    v = U @ zb @ U.T
     slope = np.where(v > 0, 1.0, _SLOPE).astype(v.dtype)
-    return D @ (_GAIN * slope * v) @ D.T, slope
+    return D @ (_GAIN * slope * v) @ D.T, slope, zb
 
 
 def _activation_vjp(g, slope, U, D):
@@ -313,8 +316,8 @@ def cno_block_forward(x, params, *, out_size=None, batch_norm="eval", buffers=No
     s_out = x.shape[2] if out_size is None else check_int(out_size, "out_size", minimum=1)
     U, D = _operators_for(x.shape[2], s_out, cfg, dt)
     z, cb = _conv_bn(x, p, "convolution", "batch_norm", batch_norm, buf, eps)
-    y, slope = _activation(z, p["activation.bias"], U, D)
-    return y, {"p": p, "cb": cb, "slope": slope, "U": U, "D": D, "shape": y.shape, "dt": dt}
+    y, slope, zb = _activation(z, p["activation.bias"], U, D)
+    return y, {"p": p, "cb": cb, "slope": slope, "zb": zb, "U": U, "D": D, "shape": y.shape, "dt": dt}
 
 
 def cno_block_backward(dout, cache):
@@ -324,6 +327,13 @@ def cno_block_backward(dout, cache):
     dz, grads["activation.bias"] = _activation_vjp(g, cache["slope"], cache["U"], cache["D"])
     grads["x"] = _conv_bn_vjp(dz, cache["cb"], cache["p"], grads)
     return grads
+
+
+def kink_margin(cache) -> float:
+    """Smallest distance of the activation's inputs $UzU^\top$ from the leaky-ReLU kink, relative
+    to the size of the terms summed into each (samplers and tests keep it away from 0)."""
+    U, zb = cache["U"], cache["zb"]
+    return float((np.abs(U @ zb @ U.T) / (np.abs(U) @ np.abs(zb) @ np.abs(U).T + 1e-300)).min())
 
 
 def cno_block(x, params, **config) -> np.ndarray:
@@ -349,9 +359,9 @@ def cno_residual_block_forward(x, params, *, batch_norm="eval", buffers=None, bn
         raise ValueError(f"convolution1.weight must map C={x.shape[1]} channels to C; got {p['convolution1.weight'].shape}")
     U, D = _operators_for(x.shape[2], x.shape[2], cfg, dt)
     z, c1 = _conv_bn(x, p, "convolution1", "batch_norm1", batch_norm, buf, eps)
-    a, slope = _activation(z, p["activation.bias"], U, D)
+    a, slope, zb = _activation(z, p["activation.bias"], U, D)
     r, c2 = _conv_bn(a, p, "convolution2", "batch_norm2", batch_norm, buf, eps)
-    return x + r, {"p": p, "c1": c1, "c2": c2, "slope": slope, "U": U, "D": D, "shape": x.shape, "dt": dt}
+    return x + r, {"p": p, "c1": c1, "c2": c2, "slope": slope, "zb": zb, "U": U, "D": D, "shape": x.shape, "dt": dt}
 
 
 def cno_residual_block_backward(dout, cache):
@@ -404,11 +414,7 @@ def _sample(rng, size):
             cfg["buffers"] = {"batch_norm.running_mean": 0.1 * rng.standard_normal(cout),
                               "batch_norm.running_var": rng.uniform(0.5, 2.0, cout)}
         s = Sample(inputs={"x": rng.standard_normal((2, cin, s_in, s_in))}, params=params, config=cfg)
-        U, _ = cno_activation_operators(s_in, s_out, resampling=res)
-        z = _pre_activation(s)
-        # distance from the kink relative to the scale of the terms summed into each entry
-        rel = np.abs(U @ z @ U.T) / (np.abs(U) @ np.abs(z) @ np.abs(U).T + 1e-300)
-        if rel.min() > (1e-3 if size == "tiny" else 1e-5):
+        if kink_margin(cno_block_forward(**s.inputs, params=params, **cfg)[1]) > (1e-3 if size == "tiny" else 1e-5):
             return s
     raise RuntimeError("could not draw a CNO sample away from the leaky-ReLU kink")
 

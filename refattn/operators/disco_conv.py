@@ -342,16 +342,23 @@ def local_no_kernels_forward(x, params, *, grid_width: float, fd_padding: str = 
     :func:`refattn.operators.differential_conv.finite_difference_conv_forward` (``fd_*``,
     ``grid_width``) and :func:`equidistant_disco_conv_forward`.
     """
+    x = as_float(x, "x", ndim=4)
     if not isinstance(params, dict):
         raise TypeError(f"params must be a dict with keys {list(_LOCAL_KEYS)}; got {type(params).__name__}")
     extra = sorted(set(params) - set(_LOCAL_KEYS))
     if extra or params.get("differential.weight") is None or params.get("local_conv.weight") is None:
         raise ValueError(f"params must have keys {list(_LOCAL_KEYS)} (bias optional); got {sorted(params)}")
-    yd, cd = finite_difference_conv_forward(x, {"weight": params["differential.weight"]}, grid_width=grid_width,
-                                            padding=fd_padding, groups=fd_groups, implementation=fd_implementation)
+    try:
+        yd, cd = finite_difference_conv_forward(x, {"weight": params["differential.weight"]}, grid_width=grid_width,
+                                                padding=fd_padding, groups=fd_groups, implementation=fd_implementation)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{exc} (differential kernel: params key 'differential.weight')") from None
     pk = {"weight": params["local_conv.weight"], "bias": params.get("local_conv.bias")}
-    yk, ck = equidistant_disco_conv_forward(x, pk, kernel_shape=disco_kernel_shape, domain_length=domain_length,
-                                            radius_cutoff=radius_cutoff, groups=disco_groups)
+    try:
+        yk, ck = equidistant_disco_conv_forward(x, pk, kernel_shape=disco_kernel_shape, domain_length=domain_length,
+                                                radius_cutoff=radius_cutoff, groups=disco_groups)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{exc} (DISCO kernel: params keys 'local_conv.weight', 'local_conv.bias')") from None
     if yd.shape != yk.shape:
         raise ValueError(f"the differential ({yd.shape}) and DISCO ({yk.shape}) outputs differ in shape: the "
                          f"DISCO local lattice must be odd (adjust radius_cutoff)")

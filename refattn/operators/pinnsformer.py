@@ -88,7 +88,7 @@ def _wave_vjp(g, x, p, key, grads):
 
 def wave_activation_forward(x, params):
     r"""$\omega_1\sin x + \omega_2\cos x$ (upstream ``WaveAct``); ``params = {"w1": (1,), "w2": (1,)}``."""
-    x = as_float(x, "x")
+    x = as_float(x, "x", min_ndim=1)
     p = check_params(params, {"w1": (1,), "w2": (1,)}, where="wave_activation")
     dt = compute_dtype(x, *p.values())
     x, p = x.astype(dt, copy=False), cast_all(dt, p)
