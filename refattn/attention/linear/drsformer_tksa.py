@@ -39,6 +39,10 @@ entries: DRSformer builds them with ``bias=False``), ``temperature (h, 1, 1)`` a
 ``attnR`` of shape ``(1,)``, one per ratio. ``ratios`` is a keyword of integer pairs
 $(p, q)$ meaning $k = \lfloor cp/q\rfloor$ (exact integer arithmetic), default upstream's four.
 With every ratio 1 the mechanism is Restormer-style channel attention scaled by $\sum_r w_r$.
+
+Agreement with upstream (the upstream ``Attention`` module run in float64): output 4.4e-16
+relative, gradients <= 1e-15 relative except the four mixing weights (<= 2e-13, sums over every
+entry).
 """
 
 from __future__ import annotations

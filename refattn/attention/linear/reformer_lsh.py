@@ -54,6 +54,11 @@ Weights as trax stores them (JAX, already ``(in, out)``), stacked over heads: ``
 hash functions; without it they are drawn from ``numpy.random.default_rng(seed)``, shared by the
 batch. ``n_buckets=None`` is trax's $2\max(1, N/m)$ (trax factorises it above 128; here that raises).
 Not implemented: trax's padding mask (``masked=True``), dropout and incremental decoding.
+
+Agreement with upstream: trax needs JAX (not installed), so its ``hash_vecs``, ``look_adjacent``,
+``mask_self_attention``, ``attend`` and ``forward_unbatched`` were transcribed to PyTorch with the
+same rotations: output 5.5e-12, gradients <= 2.3e-12 relative over 8 configurations; the gap is the
+float64 resolution of $s - 10^5$ (with self-mask value 0 in both: 1.8e-15).
 """
 
 from __future__ import annotations

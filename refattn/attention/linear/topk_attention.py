@@ -47,6 +47,10 @@ product search into nearest-neighbour search with $\tilde k = [k/c, \sqrt{1-\|k\
 $\tilde q = [q/\|q\|, 0]$, $c = \max_j\|k_j\|$ (`mips_to_nns`): then
 $\|\tilde q - \tilde k_j\|^2 = 2 - 2\,q\cdot k_j/(c\|q\|)$, so the $k$ nearest neighbours are
 exactly the top-$k$ inner products (checked by the record).
+
+Agreement with upstream: the DCI C extension (``numpy.distutils`` build, system BLAS) was not
+built; ``dci_query``'s weighting transcribed to PyTorch with exact retrieval agrees to 6.7e-16
+(output) and 4.6e-16 (gradients, relative).
 """
 
 from __future__ import annotations
