@@ -11,6 +11,15 @@
   (``kernelized_attention_rpe_fft``).
 * `set_transformer`: Set Transformer MAB / SAB / ISAB / PMA (``set_transformer_blocks``).
 * `sinkformer`: doubly stochastic attention by log-domain Sinkhorn (``sinkformer_attention``).
+* `topk_attention`: top-k (k-NN retrieved) softmax attention, IceFormer's exact reference
+  (``topk_attention``).
+* `drsformer_tksa`: DRSformer top-k sparse channel attention (``drsformer_topk_channel_attention``).
+* `informer_probsparse`: Informer ProbSparse attention layer and distilling layer
+  (``informer_probsparse_attention``).
+* `reformer_lsh`: Reformer LSH self-attention (``reformer_lsh_attention``).
+* `sparsek`: the SPARSEK operator and SPARSEK attention (``sparsek_attention``).
+* `routing_transformer`: Routing Transformer online k-means routing (``routing_transformer_kmeans``).
+* `dynamic_mask`: DMA, value-generated dynamic bias and top-k mask (``dynamic_mask_attention``).
 
 Every public name of these modules is re-exported here, so
 ``from refattn.attention.linear import causal_linear_attention_forward`` works.
@@ -25,15 +34,43 @@ from .core import (  # noqa: F401
     FEATURE_MAPS,
     feature_map_backward,
     feature_map_forward,
+    gather_rows,
     linear_core_backward,
     linear_core_forward,
     mT,
+    scatter_add_rows,
+    topk_keep,
     validate_linear_qkv,
+)
+from .drsformer_tksa import (  # noqa: F401
+    DRSFORMER_RATIOS,
+    drsformer_tksa_backward,
+    drsformer_tksa_forward,
+    drsformer_topk_sizes,
+)
+from .dynamic_mask import (  # noqa: F401
+    BIAS_FORMS,
+    dynamic_mask_attention,
+    dynamic_mask_attention_backward,
+    dynamic_mask_attention_forward,
+    dynamic_mask_bias,
 )
 from .efficient import (  # noqa: F401
     efficient_attention,
     efficient_attention_backward,
     efficient_attention_forward,
+)
+from .informer_probsparse import (  # noqa: F401
+    informer_attention,
+    informer_attention_backward,
+    informer_attention_forward,
+    informer_distil_backward,
+    informer_distil_forward,
+    probsparse_attention_backward,
+    probsparse_attention_forward,
+    probsparse_index_sample,
+    probsparse_measure,
+    probsparse_sizes,
 )
 from .katharopoulos import (  # noqa: F401
     causal_linear_attention_backward,
@@ -50,6 +87,23 @@ from .performer import (  # noqa: F401
     performer_forward,
     performer_projection_matrix,
     validate_performer_config,
+)
+from .reformer_lsh import (  # noqa: F401
+    lsh_attention_core_backward,
+    lsh_attention_core_forward,
+    lsh_hash,
+    lsh_random_rotations,
+    reformer_lsh_attention,
+    reformer_lsh_attention_backward,
+    reformer_lsh_attention_forward,
+)
+from .routing_transformer import (  # noqa: F401
+    CAUSAL_RULES,
+    routing_assignments,
+    routing_attention,
+    routing_attention_backward,
+    routing_attention_forward,
+    routing_kmeans_ema_update,
 )
 from .rpe_fft import (  # noqa: F401
     kernelized_rpe,
@@ -72,6 +126,24 @@ from .sinkformer import (  # noqa: F401
     sinkformer_forward,
     sinkhorn_log,
 )
+from .sparsek import (  # noqa: F401
+    SPARSEK_GATES,
+    sparsek_attention,
+    sparsek_attention_backward,
+    sparsek_attention_forward,
+    sparsek_mask,
+    sparsek_mask_backward,
+    sparsek_mask_forward,
+    sparsek_mask_vjp,
+    sparsek_sets,
+    sparsek_threshold,
+)
+from .topk_attention import (  # noqa: F401
+    mips_to_nns,
+    topk_attention_backward,
+    topk_attention_forward,
+    topk_selection,
+)
 from .transnormer import (  # noqa: F401
     diag_attention_backward,
     diag_attention_forward,
@@ -87,6 +159,55 @@ __all__ = [
     "linear_core_forward",
     "mT",
     "validate_linear_qkv",
+    "topk_keep",
+    "gather_rows",
+    "scatter_add_rows",
+    "DRSFORMER_RATIOS",
+    "drsformer_tksa_backward",
+    "drsformer_tksa_forward",
+    "drsformer_topk_sizes",
+    "informer_attention",
+    "informer_attention_backward",
+    "informer_attention_forward",
+    "informer_distil_backward",
+    "informer_distil_forward",
+    "probsparse_attention_backward",
+    "probsparse_attention_forward",
+    "probsparse_index_sample",
+    "probsparse_measure",
+    "probsparse_sizes",
+    "lsh_attention_core_backward",
+    "lsh_attention_core_forward",
+    "lsh_hash",
+    "lsh_random_rotations",
+    "reformer_lsh_attention",
+    "reformer_lsh_attention_backward",
+    "reformer_lsh_attention_forward",
+    "CAUSAL_RULES",
+    "routing_assignments",
+    "routing_attention",
+    "routing_attention_backward",
+    "routing_attention_forward",
+    "routing_kmeans_ema_update",
+    "SPARSEK_GATES",
+    "sparsek_attention",
+    "sparsek_attention_backward",
+    "sparsek_attention_forward",
+    "sparsek_mask",
+    "sparsek_mask_backward",
+    "sparsek_mask_forward",
+    "sparsek_mask_vjp",
+    "sparsek_sets",
+    "sparsek_threshold",
+    "BIAS_FORMS",
+    "dynamic_mask_attention",
+    "dynamic_mask_attention_backward",
+    "dynamic_mask_attention_forward",
+    "dynamic_mask_bias",
+    "mips_to_nns",
+    "topk_attention_backward",
+    "topk_attention_forward",
+    "topk_selection",
     "efficient_attention",
     "efficient_attention_backward",
     "efficient_attention_forward",
