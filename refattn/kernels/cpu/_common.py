@@ -20,8 +20,12 @@ from ..._checks import (
     validate_qkv,
 )
 
-DEFAULT_BLOCK_Q = 128
-DEFAULT_BLOCK_K = 256  # measured at d = 64, float32: see docs/performance.md ("Tile sizes")
+# Measured at d = 64, float32, one thread (N = 2048): 256 x 256 tiles beat 128 x 256 and 64 x 256
+# (forward ~41 vs 40 vs 43 GFLOP/s non-causal but 42 vs 41 vs 32 causal; forward+backward
+# 44 / 41 vs 44 / 44 vs 39 / 35); larger tiles make the BLAS calls efficient, the score tile
+# (256 KiB in float32) still fits a 512 KiB L2.
+DEFAULT_BLOCK_Q = 256
+DEFAULT_BLOCK_K = 256
 # Work items the backward aims for: with fewer (batch x head) pairs than this, the keys are split
 # into ``nsplit`` ranges whose dQ partials are summed afterwards. It depends on the shapes only, never
 # on the thread count, so results are bit-identical whatever ``numba.set_num_threads`` says.
