@@ -9,6 +9,8 @@
 * `gqa`: grouped-query / multi-query attention (``gqa_mqa``; the MHA layer with fewer kv heads).
 * `alibi`: ALiBi linear biases (``alibi``).
 * `relative`: Shaw and T5 relative position encodings (``relative_position_encodings``).
+* `swin`: Swin / SwinV2 (shifted-)window attention (``swin_window_attention``), the window
+  attention that scOT and HAT call.
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
   ``tree_attention_merge``), one module because they share one derivation.
@@ -96,6 +98,21 @@ from .sdpa import (  # noqa: F401
     sdpa_backward,
     sdpa_forward,
 )
+from .swin import (  # noqa: F401
+    SWIN_PARAM_NAMES,
+    SWIN_VERSIONS,
+    SWIN_WINDOW_RULES,
+    init_swin_params,
+    swin_canonical_weights,
+    swin_named_grads,
+    swin_param_spec,
+    swin_window_and_shift,
+    swin_window_attention,
+    swin_window_attention_apply,
+    swin_window_attention_backward,
+    swin_window_attention_forward,
+    swin_window_attention_vjp,
+)
 
 __all__ = [
     "biased_attention_backward",
@@ -156,4 +173,17 @@ __all__ = [
     "t5_relative_position_bucket",
     "sdpa_backward",
     "sdpa_forward",
+    "SWIN_PARAM_NAMES",
+    "SWIN_VERSIONS",
+    "SWIN_WINDOW_RULES",
+    "init_swin_params",
+    "swin_canonical_weights",
+    "swin_named_grads",
+    "swin_param_spec",
+    "swin_window_and_shift",
+    "swin_window_attention",
+    "swin_window_attention_apply",
+    "swin_window_attention_backward",
+    "swin_window_attention_forward",
+    "swin_window_attention_vjp",
 ]
