@@ -11,6 +11,7 @@
 * `relative`: Shaw and T5 relative position encodings (``relative_position_encodings``).
 * `swin`: Swin / SwinV2 (shifted-)window attention (``swin_window_attention``), the window
   attention that scOT and HAT call.
+* `hat`: HAT's hybrid attention block and overlapping cross-attention block (``hat_hybrid_attention``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
   ``tree_attention_merge``), one module because they share one derivation.
@@ -51,6 +52,21 @@ from .core import (  # noqa: F401
     sum_to_shape,
     validate_attention_config,
     validate_qkv_config,
+)
+from .hat import (  # noqa: F401
+    HAT_BLOCKS,
+    hab_backward,
+    hab_forward,
+    hab_param_spec,
+    hat_block,
+    hat_block_backward,
+    hat_block_forward,
+    init_hat_params,
+    oca_relative_position_index,
+    oca_window_sizes,
+    ocab_backward,
+    ocab_forward,
+    ocab_param_spec,
 )
 from .masks import (  # noqa: F401
     MASK_KINDS,
@@ -186,4 +202,17 @@ __all__ = [
     "swin_window_attention_backward",
     "swin_window_attention_forward",
     "swin_window_attention_vjp",
+    "HAT_BLOCKS",
+    "hab_backward",
+    "hab_forward",
+    "hab_param_spec",
+    "hat_block",
+    "hat_block_backward",
+    "hat_block_forward",
+    "init_hat_params",
+    "oca_relative_position_index",
+    "oca_window_sizes",
+    "ocab_backward",
+    "ocab_forward",
+    "ocab_param_spec",
 ]

@@ -89,6 +89,7 @@ see the docs page ``docs/softmax/vision-attention.md`` for the numbers.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -266,6 +267,21 @@ def swin_window_and_shift(resolution, window_size, shift_size, rule: str = "micr
 # The unvalidated core (shared with scOT and HAT)
 
 
+@functools.lru_cache(maxsize=64)
+def _geometry(grid, window, shift, fill, dtype, pretrained):
+    """Read-only (relative index, shift mask (nW, 1, N, N) or None, V2 coordinate table) of a layer
+    geometry; cached because the block records call the layer many times at one geometry."""
+    idx = relative_position_index(window)
+    mask = None
+    if any(shift):
+        mask = shifted_window_mask(grid, window, shift, fill_value=fill, dtype=np.dtype(dtype))[:, None]
+    coords = swinv2_relative_coords_table(window, pretrained).astype(dtype)
+    for a in (idx, mask, coords):
+        if a is not None:
+            a.setflags(write=False)
+    return idx, mask, coords
+
+
 def swin_window_attention_apply(x, w, *, num_heads: int, window, shift, version: str = "v1", scale=None,
                                 mask_value: float = -100.0, mask_added_twice: bool = False,
                                 pretrained_window_size=0):
@@ -280,7 +296,9 @@ def swin_window_attention_apply(x, w, *, num_heads: int, window, shift, version:
     q = split_heads(linear_apply(xw, w["wq"], w["bq"]), nh, d)               # (B, nW, nh, N, d)
     k = split_heads(linear_apply(xw, w["wk"], w["bk"]), nh, d)
     v = split_heads(linear_apply(xw, w["wv"], w["bv"]), nh, w["wv"].shape[1] // nh)
-    idx = relative_position_index(window)
+    fill = (2.0 if mask_added_twice else 1.0) * mask_value
+    idx, mask, coords = _geometry((hh, ww), tuple(window), tuple(shift), fill, np.dtype(dt).str,
+                                  check_int_tuple(pretrained_window_size, 2, "pretrained_window_size"))
     cache = {"xw": xw, "q": q, "k": k, "v": v, "idx": idx, "w": w, "nh": nh, "window": window, "shift": shift,
              "version": version, "grid": (hh, ww)}
     if version == "v1":
@@ -294,14 +312,12 @@ def swin_window_attention_apply(x, w, *, num_heads: int, window, shift, version:
         qh, kh = q / qn, k / kn
         tau = np.exp(np.minimum(w["ls"], _LOG100))
         cos = qh @ np.swapaxes(kh, -1, -2)
-        coords = swinv2_relative_coords_table(window, pretrained_window_size).astype(dt)
         h1 = coords @ w["w0"] + w["b0"]
         sig = sigmoid(relative_position_bias(np.maximum(h1, 0.0) @ w["w2"], idx))   # (nh, N, N)
         s = tau[:, None, None] * cos + 16.0 * sig
         cache.update(qn=qn, kn=kn, qh=qh, kh=kh, tau=tau, cos=cos, coords=coords, h1=h1, sig=sig)
-    if any(shift):
-        fill = (2.0 if mask_added_twice else 1.0) * mask_value
-        s = s + shifted_window_mask((hh, ww), window, shift, fill_value=fill, dtype=dt)[:, None]
+    if mask is not None:
+        s = s + mask
     p, _ = softmax_lse(s, axis=-1)
     om = merge_heads(p @ v)                                                    # (B, nW, N, nh*dv)
     y = linear_apply(om, w["wo"], w["bo"])
