@@ -11,6 +11,7 @@
 * `relative`: Shaw and T5 relative position encodings (``relative_position_encodings``).
 * `swin`: Swin / SwinV2 (shifted-)window attention (``swin_window_attention``), the window
   attention that scOT and HAT call.
+* `transposed_channel`: Restormer MDTA and XCiT/DAT channel attention (``transposed_channel_attention``).
 * `hat`: HAT's hybrid attention block and overlapping cross-attention block (``hat_hybrid_attention``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
@@ -129,6 +130,16 @@ from .swin import (  # noqa: F401
     swin_window_attention_forward,
     swin_window_attention_vjp,
 )
+from .transposed_channel import (  # noqa: F401
+    CHANNEL_PROJECTIONS,
+    channel_attention_apply,
+    channel_attention_param_spec,
+    channel_attention_vjp,
+    init_channel_attention_params,
+    transposed_channel_attention,
+    transposed_channel_attention_backward,
+    transposed_channel_attention_forward,
+)
 
 __all__ = [
     "biased_attention_backward",
@@ -215,4 +226,12 @@ __all__ = [
     "ocab_backward",
     "ocab_forward",
     "ocab_param_spec",
+    "CHANNEL_PROJECTIONS",
+    "channel_attention_apply",
+    "channel_attention_param_spec",
+    "channel_attention_vjp",
+    "init_channel_attention_params",
+    "transposed_channel_attention",
+    "transposed_channel_attention_backward",
+    "transposed_channel_attention_forward",
 ]
