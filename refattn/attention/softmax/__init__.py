@@ -12,6 +12,7 @@
 * `swin`: Swin / SwinV2 (shifted-)window attention (``swin_window_attention``), the window
   attention that scOT and HAT call.
 * `transposed_channel`: Restormer MDTA and XCiT/DAT channel attention (``transposed_channel_attention``).
+* `cait`: CaiT class-attention block (``class_attention``) and talking-heads self-attention.
 * `hat`: HAT's hybrid attention block and overlapping cross-attention block (``hat_hybrid_attention``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
@@ -37,6 +38,17 @@ from .alibi import (  # noqa: F401
     alibi_attention_forward,
     alibi_bias,
     alibi_slopes,
+)
+from .cait import (  # noqa: F401
+    class_attention_block,
+    class_attention_block_backward,
+    class_attention_block_forward,
+    class_attention_param_spec,
+    init_class_attention_params,
+    talking_heads_attention,
+    talking_heads_attention_backward,
+    talking_heads_attention_forward,
+    talking_heads_param_spec,
 )
 from .core import (  # noqa: F401
     CAUSAL_ALIGNMENTS,
@@ -234,4 +246,13 @@ __all__ = [
     "transposed_channel_attention",
     "transposed_channel_attention_backward",
     "transposed_channel_attention_forward",
+    "class_attention_block",
+    "class_attention_block_backward",
+    "class_attention_block_forward",
+    "class_attention_param_spec",
+    "init_class_attention_params",
+    "talking_heads_attention",
+    "talking_heads_attention_backward",
+    "talking_heads_attention_forward",
+    "talking_heads_param_spec",
 ]
