@@ -13,6 +13,7 @@
   attention that scOT and HAT call.
 * `transposed_channel`: Restormer MDTA and XCiT/DAT channel attention (``transposed_channel_attention``).
 * `cait`: CaiT class-attention block (``class_attention``) and talking-heads self-attention.
+* `irpe`: iRPE image relative position encodings (``irpe_image_relative_position``).
 * `hat`: HAT's hybrid attention block and overlapping cross-attention block (``hat_hybrid_attention``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
@@ -80,6 +81,20 @@ from .hat import (  # noqa: F401
     ocab_backward,
     ocab_forward,
     ocab_param_spec,
+)
+from .irpe import (  # noqa: F401
+    IRPE_METHODS,
+    IRPE_MODES,
+    IRPE_TARGETS,
+    init_irpe_params,
+    irpe_attention,
+    irpe_attention_backward,
+    irpe_attention_forward,
+    irpe_bucket_ids,
+    irpe_coefficients,
+    irpe_num_buckets,
+    irpe_param_spec,
+    irpe_piecewise_index,
 )
 from .masks import (  # noqa: F401
     MASK_KINDS,
@@ -255,4 +270,16 @@ __all__ = [
     "talking_heads_attention_backward",
     "talking_heads_attention_forward",
     "talking_heads_param_spec",
+    "IRPE_METHODS",
+    "IRPE_MODES",
+    "IRPE_TARGETS",
+    "init_irpe_params",
+    "irpe_attention",
+    "irpe_attention_backward",
+    "irpe_attention_forward",
+    "irpe_bucket_ids",
+    "irpe_coefficients",
+    "irpe_num_buckets",
+    "irpe_param_spec",
+    "irpe_piecewise_index",
 ]
