@@ -14,6 +14,7 @@
 * `transposed_channel`: Restormer MDTA and XCiT/DAT channel attention (``transposed_channel_attention``).
 * `cait`: CaiT class-attention block (``class_attention``) and talking-heads self-attention.
 * `irpe`: iRPE image relative position encodings (``irpe_image_relative_position``).
+* `relation_detr`: Relation-DETR's position-relation bias in decoder self-attention (``relation_detr_position_bias``).
 * `hat`: HAT's hybrid attention block and overlapping cross-attention block (``hat_hybrid_attention``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
@@ -127,6 +128,16 @@ from .mha import (  # noqa: F401
     init_mha_params,
     mha_backward,
     mha_forward,
+)
+from .relation_detr import (  # noqa: F401
+    box_relation_encoding,
+    init_relation_detr_params,
+    position_relation_bias,
+    relation_detr_attention,
+    relation_detr_attention_backward,
+    relation_detr_attention_forward,
+    relation_detr_param_spec,
+    relation_sine_frequencies,
 )
 from .relative import (  # noqa: F401
     RPE_KINDS,
@@ -282,4 +293,12 @@ __all__ = [
     "irpe_num_buckets",
     "irpe_param_spec",
     "irpe_piecewise_index",
+    "box_relation_encoding",
+    "init_relation_detr_params",
+    "position_relation_bias",
+    "relation_detr_attention",
+    "relation_detr_attention_backward",
+    "relation_detr_attention_forward",
+    "relation_detr_param_spec",
+    "relation_sine_frequencies",
 ]
