@@ -15,6 +15,7 @@
 * `cait`: CaiT class-attention block (``class_attention``) and talking-heads self-attention.
 * `irpe`: iRPE image relative position encodings (``irpe_image_relative_position``).
 * `relation_detr`: Relation-DETR's position-relation bias in decoder self-attention (``relation_detr_position_bias``).
+* `duoformer`: DuoFormer scale-wise and patch-wise attention (``duoformer_scale_wise_attention``).
 * `hat`: HAT's hybrid attention block and overlapping cross-attention block (``hat_hybrid_attention``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
@@ -67,6 +68,14 @@ from .core import (  # noqa: F401
     sum_to_shape,
     validate_attention_config,
     validate_qkv_config,
+)
+from .duoformer import (  # noqa: F401
+    DUOFORMER_STAGES,
+    duoformer_attention,
+    duoformer_attention_backward,
+    duoformer_attention_forward,
+    duoformer_param_spec,
+    init_duoformer_params,
 )
 from .hat import (  # noqa: F401
     HAT_BLOCKS,
@@ -301,4 +310,10 @@ __all__ = [
     "relation_detr_attention_forward",
     "relation_detr_param_spec",
     "relation_sine_frequencies",
+    "DUOFORMER_STAGES",
+    "duoformer_attention",
+    "duoformer_attention_backward",
+    "duoformer_attention_forward",
+    "duoformer_param_spec",
+    "init_duoformer_params",
 ]

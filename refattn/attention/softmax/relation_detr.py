@@ -1,6 +1,6 @@
 r"""Relation-DETR: an explicit position-relation bias for the decoder's self-attention.
 
-Paper: Hou, Liu, Liu, Zhao, Zhang, Wang, "Relation DETR: Exploring Explicit Position Relation Prior
+Paper: Hou, Liu, Zhang, Wei, Chen, Lan, "Relation DETR: Exploring Explicit Position Relation Prior
 for Object Detection", ECCV 2024, arXiv 2407.11699. Upstream: xiuqhou/Relation-DETR
 ``models/bricks/relation_transformer.py`` (``box_rel_encoding``, ``PositionRelationEmbedding``,
 ``RelationTransformerDecoder.forward``, ``RelationTransformerDecoderLayer``) and
@@ -348,7 +348,7 @@ register(
     Mechanism(
         slug="relation_detr_position_bias", family="1-softmax", tier="T2",
         title="Position-relation attention bias (Relation-DETR)",
-        paper="Hou, Liu, Liu, Zhao, Zhang, Wang, Relation DETR: Exploring Explicit Position Relation Prior for "
+        paper="Hou, Liu, Zhang, Wei, Chen, Lan, Relation DETR: Exploring Explicit Position Relation Prior for "
               "Object Detection, ECCV 2024, arXiv 2407.11699",
         forward=relation_detr_attention_forward, backward=relation_detr_attention_backward, sample=_sample,
         reference=_reference, docs="softmax/vision-attention.md#relation-detr-position-bias",
