@@ -9,6 +9,14 @@
 * `gqa`: grouped-query / multi-query attention (``gqa_mqa``; the MHA layer with fewer kv heads).
 * `alibi`: ALiBi linear biases (``alibi``).
 * `relative`: Shaw and T5 relative position encodings (``relative_position_encodings``).
+* `swin`: Swin / SwinV2 (shifted-)window attention (``swin_window_attention``), the window
+  attention that scOT and HAT call.
+* `transposed_channel`: Restormer MDTA and XCiT/DAT channel attention (``transposed_channel_attention``).
+* `cait`: CaiT class-attention block (``class_attention``) and talking-heads self-attention.
+* `irpe`: iRPE image relative position encodings (``irpe_image_relative_position``).
+* `relation_detr`: Relation-DETR's position-relation bias in decoder self-attention (``relation_detr_position_bias``).
+* `duoformer`: DuoFormer scale-wise and patch-wise attention (``duoformer_scale_wise_attention``).
+* `hat`: HAT's hybrid attention block and overlapping cross-attention block (``hat_hybrid_attention``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
   ``tree_attention_merge``), one module because they share one derivation.
@@ -34,6 +42,17 @@ from .alibi import (  # noqa: F401
     alibi_bias,
     alibi_slopes,
 )
+from .cait import (  # noqa: F401
+    class_attention_block,
+    class_attention_block_backward,
+    class_attention_block_forward,
+    class_attention_param_spec,
+    init_class_attention_params,
+    talking_heads_attention,
+    talking_heads_attention_backward,
+    talking_heads_attention_forward,
+    talking_heads_param_spec,
+)
 from .core import (  # noqa: F401
     CAUSAL_ALIGNMENTS,
     KV_GROUP_MAPS,
@@ -49,6 +68,43 @@ from .core import (  # noqa: F401
     sum_to_shape,
     validate_attention_config,
     validate_qkv_config,
+)
+from .duoformer import (  # noqa: F401
+    DUOFORMER_STAGES,
+    duoformer_attention,
+    duoformer_attention_backward,
+    duoformer_attention_forward,
+    duoformer_param_spec,
+    init_duoformer_params,
+)
+from .hat import (  # noqa: F401
+    HAT_BLOCKS,
+    hab_backward,
+    hab_forward,
+    hab_param_spec,
+    hat_block,
+    hat_block_backward,
+    hat_block_forward,
+    init_hat_params,
+    oca_relative_position_index,
+    oca_window_sizes,
+    ocab_backward,
+    ocab_forward,
+    ocab_param_spec,
+)
+from .irpe import (  # noqa: F401
+    IRPE_METHODS,
+    IRPE_MODES,
+    IRPE_TARGETS,
+    init_irpe_params,
+    irpe_attention,
+    irpe_attention_backward,
+    irpe_attention_forward,
+    irpe_bucket_ids,
+    irpe_coefficients,
+    irpe_num_buckets,
+    irpe_param_spec,
+    irpe_piecewise_index,
 )
 from .masks import (  # noqa: F401
     MASK_KINDS,
@@ -82,6 +138,16 @@ from .mha import (  # noqa: F401
     mha_backward,
     mha_forward,
 )
+from .relation_detr import (  # noqa: F401
+    box_relation_encoding,
+    init_relation_detr_params,
+    position_relation_bias,
+    relation_detr_attention,
+    relation_detr_attention_backward,
+    relation_detr_attention_forward,
+    relation_detr_param_spec,
+    relation_sine_frequencies,
+)
 from .relative import (  # noqa: F401
     RPE_KINDS,
     relative_position_attention_backward,
@@ -95,6 +161,31 @@ from .relative import (  # noqa: F401
 from .sdpa import (  # noqa: F401
     sdpa_backward,
     sdpa_forward,
+)
+from .swin import (  # noqa: F401
+    SWIN_PARAM_NAMES,
+    SWIN_VERSIONS,
+    SWIN_WINDOW_RULES,
+    init_swin_params,
+    swin_canonical_weights,
+    swin_named_grads,
+    swin_param_spec,
+    swin_window_and_shift,
+    swin_window_attention,
+    swin_window_attention_apply,
+    swin_window_attention_backward,
+    swin_window_attention_forward,
+    swin_window_attention_vjp,
+)
+from .transposed_channel import (  # noqa: F401
+    CHANNEL_PROJECTIONS,
+    channel_attention_apply,
+    channel_attention_param_spec,
+    channel_attention_vjp,
+    init_channel_attention_params,
+    transposed_channel_attention,
+    transposed_channel_attention_backward,
+    transposed_channel_attention_forward,
 )
 
 __all__ = [
@@ -156,4 +247,73 @@ __all__ = [
     "t5_relative_position_bucket",
     "sdpa_backward",
     "sdpa_forward",
+    "SWIN_PARAM_NAMES",
+    "SWIN_VERSIONS",
+    "SWIN_WINDOW_RULES",
+    "init_swin_params",
+    "swin_canonical_weights",
+    "swin_named_grads",
+    "swin_param_spec",
+    "swin_window_and_shift",
+    "swin_window_attention",
+    "swin_window_attention_apply",
+    "swin_window_attention_backward",
+    "swin_window_attention_forward",
+    "swin_window_attention_vjp",
+    "HAT_BLOCKS",
+    "hab_backward",
+    "hab_forward",
+    "hab_param_spec",
+    "hat_block",
+    "hat_block_backward",
+    "hat_block_forward",
+    "init_hat_params",
+    "oca_relative_position_index",
+    "oca_window_sizes",
+    "ocab_backward",
+    "ocab_forward",
+    "ocab_param_spec",
+    "CHANNEL_PROJECTIONS",
+    "channel_attention_apply",
+    "channel_attention_param_spec",
+    "channel_attention_vjp",
+    "init_channel_attention_params",
+    "transposed_channel_attention",
+    "transposed_channel_attention_backward",
+    "transposed_channel_attention_forward",
+    "class_attention_block",
+    "class_attention_block_backward",
+    "class_attention_block_forward",
+    "class_attention_param_spec",
+    "init_class_attention_params",
+    "talking_heads_attention",
+    "talking_heads_attention_backward",
+    "talking_heads_attention_forward",
+    "talking_heads_param_spec",
+    "IRPE_METHODS",
+    "IRPE_MODES",
+    "IRPE_TARGETS",
+    "init_irpe_params",
+    "irpe_attention",
+    "irpe_attention_backward",
+    "irpe_attention_forward",
+    "irpe_bucket_ids",
+    "irpe_coefficients",
+    "irpe_num_buckets",
+    "irpe_param_spec",
+    "irpe_piecewise_index",
+    "box_relation_encoding",
+    "init_relation_detr_params",
+    "position_relation_bias",
+    "relation_detr_attention",
+    "relation_detr_attention_backward",
+    "relation_detr_attention_forward",
+    "relation_detr_param_spec",
+    "relation_sine_frequencies",
+    "DUOFORMER_STAGES",
+    "duoformer_attention",
+    "duoformer_attention_backward",
+    "duoformer_attention_forward",
+    "duoformer_param_spec",
+    "init_duoformer_params",
 ]
