@@ -11,6 +11,10 @@
   (``kernelized_attention_rpe_fft``).
 * `set_transformer`: Set Transformer MAB / SAB / ISAB / PMA (``set_transformer_blocks``).
 * `sinkformer`: doubly stochastic attention by log-domain Sinkhorn (``sinkformer_attention``).
+* `kl_transformer`: learned spectral-kernel random features, GMM / FastFood / generator
+  (``kl_transformer_learned_spectral_kernel``).
+* `spectraformer`: weight matrix x component function random features
+  (``spectraformer_random_features``), with the FastFood / Hadamard helpers.
 
 Every public name of these modules is re-exported here, so
 ``from refattn.attention.linear import causal_linear_attention_forward`` works.
@@ -43,6 +47,16 @@ from .katharopoulos import (  # noqa: F401
     linear_attention_explicit,
     linear_attention_forward,
 )
+from .kl_transformer import (  # noqa: F401
+    KL_FEATURES,
+    kl_features_backward,
+    kl_features_forward,
+    kl_spectral_samples_backward,
+    kl_spectral_samples_forward,
+    kl_transformer_attention,
+    kl_transformer_backward,
+    kl_transformer_forward,
+)
 from .performer import (  # noqa: F401
     performer_backward,
     performer_features_backward,
@@ -72,6 +86,20 @@ from .sinkformer import (  # noqa: F401
     sinkformer_forward,
     sinkhorn_log,
 )
+from .spectraformer import (  # noqa: F401
+    SPECTRA_COMPONENTS,
+    SPECTRA_WEIGHTS,
+    fastfood_draw,
+    fastfood_matrix,
+    fastfood_matrix_vjp,
+    spectraformer_attention,
+    spectraformer_backward,
+    spectraformer_features_backward,
+    spectraformer_features_forward,
+    spectraformer_forward,
+    spectraformer_weight_matrix,
+    walsh_hadamard,
+)
 from .transnormer import (  # noqa: F401
     diag_attention_backward,
     diag_attention_forward,
@@ -96,6 +124,14 @@ __all__ = [
     "linear_attention_backward",
     "linear_attention_explicit",
     "linear_attention_forward",
+    "KL_FEATURES",
+    "kl_features_backward",
+    "kl_features_forward",
+    "kl_spectral_samples_backward",
+    "kl_spectral_samples_forward",
+    "kl_transformer_attention",
+    "kl_transformer_backward",
+    "kl_transformer_forward",
     "performer_backward",
     "performer_features_backward",
     "performer_features_forward",
@@ -117,6 +153,18 @@ __all__ = [
     "sinkformer_backward",
     "sinkformer_forward",
     "sinkhorn_log",
+    "SPECTRA_COMPONENTS",
+    "SPECTRA_WEIGHTS",
+    "fastfood_draw",
+    "fastfood_matrix",
+    "fastfood_matrix_vjp",
+    "spectraformer_attention",
+    "spectraformer_backward",
+    "spectraformer_features_backward",
+    "spectraformer_features_forward",
+    "spectraformer_forward",
+    "spectraformer_weight_matrix",
+    "walsh_hadamard",
     "diag_attention_backward",
     "diag_attention_forward",
     "transnormer_backward",
