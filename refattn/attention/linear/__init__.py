@@ -5,12 +5,15 @@
 * `katharopoulos`: linear attention, "Transformers are RNNs" (record
   ``linear_attention_katharopoulos``), with the causal prefix-state scan the kernels mirror.
 * `efficient`: Efficient Attention of Shen et al. (``efficient_attention_shen``).
+* `masked_linear`: structured-mask linear attention, causal / Toeplitz / d-dim RPE by FFT / tree
+  masks (``masked_linear_attention_structured``).
 * `performer`: Performer FAVOR+ positive random features (``performer_favor_plus``).
 * `transnormer`: TransNormer NormAttention and DiagAttention (``transnormer_norm_attention``).
 * `rpe_fft`: kernelized attention with relative positional encoding via FFT
   (``kernelized_attention_rpe_fft``).
 * `set_transformer`: Set Transformer MAB / SAB / ISAB / PMA (``set_transformer_blocks``).
 * `sinkformer`: doubly stochastic attention by log-domain Sinkhorn (``sinkformer_attention``).
+* `fastmax`: Fastmax / FAST factorisable polynomial-kernel attention (``fastmax_polynomial_attention``).
 * `kl_transformer`: learned spectral-kernel random features, GMM / FastFood / generator
   (``kl_transformer_learned_spectral_kernel``).
 * `spectraformer`: weight matrix x component function random features
@@ -47,6 +50,15 @@ from .katharopoulos import (  # noqa: F401
     linear_attention_explicit,
     linear_attention_forward,
 )
+from .fastmax import (  # noqa: F401
+    FASTMAX_NORMALIZE,
+    fastmax_attention,
+    fastmax_backward,
+    fastmax_features,
+    fastmax_forward,
+    fastmax_normalize_backward,
+    fastmax_normalize_forward,
+)
 from .kl_transformer import (  # noqa: F401
     KL_FEATURES,
     kl_features_backward,
@@ -56,6 +68,17 @@ from .kl_transformer import (  # noqa: F401
     kl_transformer_attention,
     kl_transformer_backward,
     kl_transformer_forward,
+)
+from .masked_linear import (  # noqa: F401
+    MASK_KINDS,
+    grid_toeplitz_correlation_fft,
+    grid_toeplitz_dense,
+    grid_toeplitz_matvec_fft,
+    masked_linear_attention,
+    masked_linear_attention_backward,
+    masked_linear_attention_forward,
+    tree_distances,
+    tree_exp_matvec,
 )
 from .performer import (  # noqa: F401
     performer_backward,
@@ -124,6 +147,13 @@ __all__ = [
     "linear_attention_backward",
     "linear_attention_explicit",
     "linear_attention_forward",
+    "FASTMAX_NORMALIZE",
+    "fastmax_attention",
+    "fastmax_backward",
+    "fastmax_features",
+    "fastmax_forward",
+    "fastmax_normalize_backward",
+    "fastmax_normalize_forward",
     "KL_FEATURES",
     "kl_features_backward",
     "kl_features_forward",
@@ -132,6 +162,15 @@ __all__ = [
     "kl_transformer_attention",
     "kl_transformer_backward",
     "kl_transformer_forward",
+    "MASK_KINDS",
+    "grid_toeplitz_correlation_fft",
+    "grid_toeplitz_dense",
+    "grid_toeplitz_matvec_fft",
+    "masked_linear_attention",
+    "masked_linear_attention_backward",
+    "masked_linear_attention_forward",
+    "tree_distances",
+    "tree_exp_matvec",
     "performer_backward",
     "performer_features_backward",
     "performer_features_forward",
