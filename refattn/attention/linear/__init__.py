@@ -4,6 +4,7 @@
   scan, validation); registers nothing.
 * `katharopoulos`: linear attention, "Transformers are RNNs" (record
   ``linear_attention_katharopoulos``), with the causal prefix-state scan the kernels mirror.
+* `ecoformer`: EcoFormer kernelised-hashing binary linear attention (``ecoformer_hash_attention``).
 * `efficient`: Efficient Attention of Shen et al. (``efficient_attention_shen``).
 * `masked_linear`: structured-mask linear attention, causal / Toeplitz / d-dim RPE by FFT / tree
   masks (``masked_linear_attention_structured``).
@@ -14,6 +15,9 @@
 * `set_transformer`: Set Transformer MAB / SAB / ISAB / PMA (``set_transformer_blocks``).
 * `sinkformer`: doubly stochastic attention by log-domain Sinkhorn (``sinkformer_attention``).
 * `fastmax`: Fastmax / FAST factorisable polynomial-kernel attention (``fastmax_polynomial_attention``).
+* `hypformer`: Hypformer linear focused attention in the Lorentz model
+  (``hypformer_lorentz_linear_attention``).
+* `infsa`: Infinite Self-Attention and Linear-InfSA (``linear_infsa_neumann``).
 * `kl_transformer`: learned spectral-kernel random features, GMM / FastFood / generator
   (``kl_transformer_learned_spectral_kernel``).
 * `spectraformer`: weight matrix x component function random features
@@ -37,6 +41,15 @@ from .core import (  # noqa: F401
     mT,
     validate_linear_qkv,
 )
+from .ecoformer import (  # noqa: F401
+    binary_linear_attention_backward,
+    binary_linear_attention_forward,
+    ecoformer_attention,
+    ecoformer_attention_backward,
+    ecoformer_attention_forward,
+    ecoformer_hash_backward,
+    ecoformer_hash_forward,
+)
 from .efficient import (  # noqa: F401
     efficient_attention,
     efficient_attention_backward,
@@ -58,6 +71,23 @@ from .fastmax import (  # noqa: F401
     fastmax_forward,
     fastmax_normalize_backward,
     fastmax_normalize_forward,
+)
+from .hypformer import (  # noqa: F401
+    focus_map_backward,
+    focus_map_forward,
+    hypformer_attention,
+    hypformer_attention_backward,
+    hypformer_attention_forward,
+    lorentz_lift,
+    lorentz_lift_backward,
+)
+from .infsa import (  # noqa: F401
+    INFSA_VARIANTS,
+    infsa_attention,
+    infsa_attention_backward,
+    infsa_attention_forward,
+    infsa_scores_backward,
+    infsa_scores_forward,
 )
 from .kl_transformer import (  # noqa: F401
     KL_FEATURES,
@@ -138,6 +168,13 @@ __all__ = [
     "linear_core_forward",
     "mT",
     "validate_linear_qkv",
+    "binary_linear_attention_backward",
+    "binary_linear_attention_forward",
+    "ecoformer_attention",
+    "ecoformer_attention_backward",
+    "ecoformer_attention_forward",
+    "ecoformer_hash_backward",
+    "ecoformer_hash_forward",
     "efficient_attention",
     "efficient_attention_backward",
     "efficient_attention_forward",
@@ -154,6 +191,19 @@ __all__ = [
     "fastmax_forward",
     "fastmax_normalize_backward",
     "fastmax_normalize_forward",
+    "focus_map_backward",
+    "focus_map_forward",
+    "hypformer_attention",
+    "hypformer_attention_backward",
+    "hypformer_attention_forward",
+    "lorentz_lift",
+    "lorentz_lift_backward",
+    "INFSA_VARIANTS",
+    "infsa_attention",
+    "infsa_attention_backward",
+    "infsa_attention_forward",
+    "infsa_scores_backward",
+    "infsa_scores_forward",
     "KL_FEATURES",
     "kl_features_backward",
     "kl_features_forward",
