@@ -55,14 +55,6 @@ from .efficient import (  # noqa: F401
     efficient_attention_backward,
     efficient_attention_forward,
 )
-from .katharopoulos import (  # noqa: F401
-    causal_linear_attention_backward,
-    causal_linear_attention_forward,
-    linear_attention,
-    linear_attention_backward,
-    linear_attention_explicit,
-    linear_attention_forward,
-)
 from .fastmax import (  # noqa: F401
     FASTMAX_NORMALIZE,
     fastmax_attention,
@@ -88,6 +80,14 @@ from .infsa import (  # noqa: F401
     infsa_attention_forward,
     infsa_scores_backward,
     infsa_scores_forward,
+)
+from .katharopoulos import (  # noqa: F401
+    causal_linear_attention_backward,
+    causal_linear_attention_forward,
+    linear_attention,
+    linear_attention_backward,
+    linear_attention_explicit,
+    linear_attention_forward,
 )
 from .kl_transformer import (  # noqa: F401
     KL_FEATURES,

@@ -271,6 +271,7 @@ register(
         title="Fastmax / FAST: factorisable polynomial-kernel (truncated Taylor) attention",
         paper="Gerami, Hoover, Dulepet, Duraiswami, 'FAST: Factorizable Attention for Speeding up Transformers', "
               "2024, arXiv 2402.07901",
+        official_code="armingerami/fastmax (test_fastmax.py)",
         forward=fastmax_forward, backward=fastmax_backward, sample=_sample, reference=_reference,
         checks={"moments_equal_explicit": _check_moments_equal_explicit,
                 "gradcheck_every_option": _check_fd_every_option,

@@ -316,7 +316,7 @@ def _check_fd_cross_and_detached(rng):
     rho_grad='detached' returns a zero rho_logit gradient with every other gradient unchanged."""
     errs = []
     for variant in INFSA_VARIANTS:
-        qx, kx, vx = (rng.standard_normal((2, 3, 4)) for _ in range(3))
+        qx, kx, vx = (rng.standard_normal((1, 3, 4)) for _ in range(3))
         s = Sample(inputs={"query": qx, "key": kx, "value": vx}, params=_infsa_params(rng, 4),
                    config={"num_heads": 2, "variant": variant, "rho_grad": "full"})
         errs.append(fd_max_rel(infsa_attention_forward, infsa_attention_backward, s))
@@ -335,6 +335,7 @@ register(
         title="Infinite Self-Attention (Frobenius-normalised diffusion hop) and Linear-InfSA (one power step)",
         paper="Roffo, Palmer, 'Self-Attention And Beyond the Infinite: Towards Linear Transformers with Infinite "
               "Self-Attention', 2026, arXiv 2603.00175",
+        official_code="giorgioroffo/infinite-self-attention (infsa/core.py, infsa/attention.py)",
         forward=infsa_attention_forward, backward=infsa_attention_backward, sample=_sample, reference=_reference,
         checks={"neumann_series_converges": _check_neumann_series,
                 "linear_is_one_power_step": _check_linear_is_power_step,

@@ -479,6 +479,7 @@ register(
         title="KL-Transformer: learned spectral-kernel random-feature attention (GMM, FastFood, generator)",
         paper="Chowdhury, Solomou, Dubey, Sachan, 'Learning the Transformer Kernel', Transactions on Machine "
               "Learning Research 2022, arXiv 2110.08323",
+        official_code="cs1160701/OnLearningTheKernel",
         forward=kl_transformer_forward, backward=kl_transformer_backward, sample=_sample, reference=_reference,
         checks={"every_feature_equals_explicit": _check_every_feature_equals_explicit,
                 "gradcheck_generator_and_gmm": _check_fd_generator_and_gmm,

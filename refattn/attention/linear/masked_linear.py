@@ -508,7 +508,7 @@ def _check_fd_every_kind(rng):
     errs = []
     for kind in MASK_KINDS:
         s = _sample_kind(rng, "tiny", kind)
-        inputs = {key: val[:, :1] for key, val in s.inputs.items()}
+        inputs = {key: val[:1, :1] for key, val in s.inputs.items()}
         params = None if s.params is None else {key: (val[:1] if key == "b" else val) for key, val in s.params.items()}
         config = dict(s.config)
         if kind == "dense":
