@@ -117,6 +117,11 @@ from .moe import (  # noqa: F401
     moe_topk_gating_backward,
     moe_topk_gating_forward,
 )
+from .moh import (  # noqa: F401
+    mixture_of_head_attention,
+    mixture_of_head_attention_backward,
+    mixture_of_head_attention_forward,
+)
 from .ngpt import (  # noqa: F401
     NGPT_ROPE,
     ngpt_attention_backward,
@@ -305,6 +310,9 @@ __all__ = [
     "moe_topk_gating",
     "moe_topk_gating_backward",
     "moe_topk_gating_forward",
+    "mixture_of_head_attention",
+    "mixture_of_head_attention_backward",
+    "mixture_of_head_attention_forward",
     "NGPT_ROPE",
     "ngpt_attention_backward",
     "ngpt_attention_forward",
