@@ -83,6 +83,14 @@ from .glu_ffn import (  # noqa: F401
     glu_ffn_backward,
     glu_ffn_forward,
 )
+from .headmask import (  # noqa: F401
+    head_importance,
+    headmask_attention,
+    headmask_attention_backward,
+    headmask_attention_forward,
+    headmask_important,
+    headmask_random,
+)
 from .layerscale import (  # noqa: F401
     layerscale_block,
     layerscale_block_backward,
@@ -286,6 +294,12 @@ __all__ = [
     "glu_activation",
     "glu_ffn_backward",
     "glu_ffn_forward",
+    "head_importance",
+    "headmask_attention",
+    "headmask_attention_backward",
+    "headmask_attention_forward",
+    "headmask_important",
+    "headmask_random",
     "layerscale_block",
     "layerscale_block_backward",
     "layerscale_block_forward",
