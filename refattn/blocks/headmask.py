@@ -216,8 +216,8 @@ def _sample(rng, size):
     h = 3
     n, c, d = (3, 3, 1) if size == "tiny" else (int(rng.integers(4, 7)), 6, 2)
     x = rng.standard_normal((2, n, c))
-    per_seq = bool(rng.random() < 0.6)
-    m = headmask_random(rng, h, int(rng.integers(0, h)), (2,) if per_seq else ())
+    # per-sequence masks keep axis 0 a batch axis; the shared (H,) mask: tests/test_blocks_b3.py
+    m = headmask_random(rng, h, int(rng.integers(0, h)), (2,))
     cfg = {"num_heads": h, "rescale": bool(rng.random() < 0.4), "core_config": {"is_causal": bool(rng.random() < 0.5)}}
     return Sample(inputs={"x": x, "head_mask": m}, params=_params(rng, c, h, d, bool(rng.random() < 0.7)), config=cfg)
 
