@@ -83,6 +83,11 @@ from .glu_ffn import (  # noqa: F401
     glu_ffn_backward,
     glu_ffn_forward,
 )
+from .gmu import (  # noqa: F401
+    gated_memory_unit,
+    gated_memory_unit_backward,
+    gated_memory_unit_forward,
+)
 from .headmask import (  # noqa: F401
     head_importance,
     headmask_attention,
@@ -294,6 +299,9 @@ __all__ = [
     "glu_activation",
     "glu_ffn_backward",
     "glu_ffn_forward",
+    "gated_memory_unit",
+    "gated_memory_unit_backward",
+    "gated_memory_unit_forward",
     "head_importance",
     "headmask_attention",
     "headmask_attention_backward",
