@@ -123,6 +123,13 @@ from .magneto import (  # noqa: F401
     magneto_layer_backward,
     magneto_layer_forward,
 )
+from .mindskip import (  # noqa: F401
+    MINDSKIP_ESTIMATORS,
+    MINDSKIP_ROUTE_LEVELS,
+    mindskip_attention,
+    mindskip_attention_backward,
+    mindskip_attention_forward,
+)
 from .moe import (  # noqa: F401
     MIXTRAL_EXPERT_CONFIG,
     MIXTRAL_MOE_NAMES,
@@ -327,6 +334,11 @@ __all__ = [
     "magneto_layer",
     "magneto_layer_backward",
     "magneto_layer_forward",
+    "MINDSKIP_ESTIMATORS",
+    "MINDSKIP_ROUTE_LEVELS",
+    "mindskip_attention",
+    "mindskip_attention_backward",
+    "mindskip_attention_forward",
     "MIXTRAL_EXPERT_CONFIG",
     "MIXTRAL_MOE_NAMES",
     "moe_topk_gating",
