@@ -61,6 +61,12 @@ from .dra import (  # noqa: F401
     dra_backward,
     dra_forward,
 )
+from .dydit import (  # noqa: F401
+    DYDIT_ESTIMATORS,
+    dydit_block,
+    dydit_block_backward,
+    dydit_block_forward,
+)
 from .dyt import (  # noqa: F401
     DYT_ALPHA_INIT,
     dynamic_tanh,
@@ -290,6 +296,10 @@ __all__ = [
     "DRA_PARAMS",
     "dra_backward",
     "dra_forward",
+    "DYDIT_ESTIMATORS",
+    "dydit_block",
+    "dydit_block_backward",
+    "dydit_block_forward",
     "DYT_ALPHA_INIT",
     "dynamic_tanh",
     "dynamic_tanh_backward",
