@@ -542,7 +542,6 @@ register(
               "Text-to-Image Generation, ICCV 2025, arXiv 2510.09094; Piorczynski, Szatkowski, Balazy, Wojcik, "
               "Exploiting Transformer Activation Sparsity with Dynamic Inference, arXiv 2310.04361; layer and "
               "losses as in Fedus, Zoph, Shazeer, Switch Transformers, JMLR 2022, arXiv 2101.03961",
-        official_code="huggingface/transformers (Mixtral, Switch); deepspeedai/DeepSpeed (sharded_moe.py)",
         forward=moe_topk_gating_forward, backward=moe_topk_gating_backward, sample=_sample, reference=_reference,
         docs="blocks/routing-and-gating.md#top-k-mixture-of-experts",
         checks={"dense_soft_mixture_when_k_equals_E": _check_dense_soft_mixture,
