@@ -13,7 +13,8 @@ huggingface/transformers ``src/transformers/models/mixtral/modeling_mixtral.py``
 (``SwitchTransformersTop1Router``, ``SwitchTransformersSparseMLP``, ``router_z_loss_func``,
 ``load_balancing_loss_func``) @ 00dcc6dda6f6d8e69541a6b51f97986a80242367, and deepspeedai/DeepSpeed
 ``deepspeed/moe/sharded_moe.py`` (``top1gating``, ``top2gating``, ``topkgating``, ``_capacity``)
-@ 0c691a52a6e00461dfd59eff07a840aaecb30d89.
+@ 0c691a52a6e00461dfd59eff07a840aaecb30d89, and mistralai/mistral-inference
+``src/mistral_inference/moe.py`` (``MoeLayer``) @ 26a52a14eb5019ef0d40a822c1fe46456d6c378b.
 
 Forward
 -------
@@ -92,6 +93,8 @@ this layer with the same weights:
   equals ``aux_loss="switch", balance_over="sequence"`` to $1.7\times10^{-16}$ on the
   pre-capacity argmax; on the capacity-masked argmax HF passes in (the quirk above) it differs
   whenever tokens are dropped (1.138 vs 1.306 in that run).
+* mistral-inference ``MoeLayer`` (top-2 logits, then softmax; its float32 softmax cast removed)
+  against ``score_order="topk_softmax"``: output and every gradient to $7.2\times10^{-16}$.
 * DeepSpeed ``top2gating`` (capacity factor 0.6, ``top2_2nd_expert_sampling`` off) and
   ``topkgating`` ($k=3$, factor 0.5, both drop policies) on 20 random $12\times4$ logit sets:
   identical kept masks and capacities, combine weights to $1.1\times10^{-16}$ absolute,

@@ -67,7 +67,7 @@ Router z-loss (ST-MoE; HF Switch ``router_z_loss_func``): $L_z = \sum_t w_t\,(\l
 e^{\ell_{te}})^2/\sum_t w_t$, $\partial L_z/\partial\ell_t = 2\,w_t\,\mathrm{lse}_t\,p_t/\sum w$.
 
 How a user adds them to the loss: the total loss is $L = L_{task} + \alpha L_{aux} + \beta L_z$
-(HF: ``router_aux_loss_coef`` 0.02 Mixtral / 0.001 Switch, ``router_z_loss_coef`` 0.001; MoH:
+(HF: ``router_aux_loss_coef`` 0.001 for Mixtral and Switch, ``router_z_loss_coef`` 0.001; MoH:
 0.01 times the mean over layers). Either pass ``daux_loss=alpha`` (and ``dz_loss=beta``) to a
 routed block's backward, which adds $\alpha\,\partial L_{aux}/\partial\theta$ to every gradient,
 or collect ``cache["router_logits"]`` of several layers, evaluate these pairs on them and hand
