@@ -9,6 +9,8 @@
 * `gqa`: grouped-query / multi-query attention (``gqa_mqa``; the MHA layer with fewer kv heads).
 * `alibi`: ALiBi linear biases (``alibi``).
 * `relative`: Shaw and T5 relative position encodings (``relative_position_encodings``).
+* Q/K/V variants (page ``softmax/qkv-variants.md``): `key_value` (``key_value_attention``),
+  `persistent_memory` (``persistent_memory_attention``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
   ``tree_attention_merge``), one module because they share one derivation.
@@ -50,6 +52,13 @@ from .core import (  # noqa: F401
     validate_attention_config,
     validate_qkv_config,
 )
+from .key_value import (  # noqa: F401
+    init_key_value_params,
+    key_value_attention,
+    key_value_attention_backward,
+    key_value_attention_forward,
+    positional_encoding_2d,
+)
 from .masks import (  # noqa: F401
     MASK_KINDS,
     band_mask,
@@ -81,6 +90,12 @@ from .mha import (  # noqa: F401
     init_mha_params,
     mha_backward,
     mha_forward,
+)
+from .persistent_memory import (  # noqa: F401
+    init_persistent_memory_params,
+    persistent_memory_attention,
+    persistent_memory_attention_backward,
+    persistent_memory_attention_forward,
 )
 from .relative import (  # noqa: F401
     RPE_KINDS,
@@ -120,6 +135,11 @@ __all__ = [
     "sum_to_shape",
     "validate_attention_config",
     "validate_qkv_config",
+    "init_key_value_params",
+    "key_value_attention",
+    "key_value_attention_backward",
+    "key_value_attention_forward",
+    "positional_encoding_2d",
     "MASK_KINDS",
     "band_mask",
     "block_diagonal_mask",
@@ -146,6 +166,10 @@ __all__ = [
     "init_mha_params",
     "mha_backward",
     "mha_forward",
+    "init_persistent_memory_params",
+    "persistent_memory_attention",
+    "persistent_memory_attention_backward",
+    "persistent_memory_attention_forward",
     "RPE_KINDS",
     "relative_position_attention_backward",
     "relative_position_attention_forward",
