@@ -10,7 +10,7 @@
 * `alibi`: ALiBi linear biases (``alibi``).
 * `relative`: Shaw and T5 relative position encodings (``relative_position_encodings``).
 * Q/K/V variants (page ``softmax/qkv-variants.md``): `key_value` (``key_value_attention``),
-  `persistent_memory` (``persistent_memory_attention``).
+  `persistent_memory` (``persistent_memory_attention``), `poly_encoder` (``poly_encoder_attention``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
   ``tree_attention_merge``), one module because they share one derivation.
@@ -97,6 +97,12 @@ from .persistent_memory import (  # noqa: F401
     persistent_memory_attention_backward,
     persistent_memory_attention_forward,
 )
+from .poly_encoder import (  # noqa: F401
+    POLY_ATTENTION_TYPES,
+    poly_encoder_attention,
+    poly_encoder_attention_backward,
+    poly_encoder_attention_forward,
+)
 from .relative import (  # noqa: F401
     RPE_KINDS,
     relative_position_attention_backward,
@@ -170,6 +176,10 @@ __all__ = [
     "persistent_memory_attention",
     "persistent_memory_attention_backward",
     "persistent_memory_attention_forward",
+    "POLY_ATTENTION_TYPES",
+    "poly_encoder_attention",
+    "poly_encoder_attention_backward",
+    "poly_encoder_attention_forward",
     "RPE_KINDS",
     "relative_position_attention_backward",
     "relative_position_attention_forward",
