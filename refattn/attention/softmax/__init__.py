@@ -10,7 +10,8 @@
 * `alibi`: ALiBi linear biases (``alibi``).
 * `relative`: Shaw and T5 relative position encodings (``relative_position_encodings``).
 * Q/K/V variants (page ``softmax/qkv-variants.md``): `key_value` (``key_value_attention``),
-  `persistent_memory` (``persistent_memory_attention``), `poly_encoder` (``poly_encoder_attention``).
+  `persistent_memory` (``persistent_memory_attention``), `poly_encoder` (``poly_encoder_attention``),
+  `reversed_attention` (``reversed_attention_dependencyvit``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
   ``tree_attention_merge``), one module because they share one derivation.
@@ -113,6 +114,12 @@ from .relative import (  # noqa: F401
     t5_attention_forward,
     t5_relative_position_bucket,
 )
+from .reversed_attention import (  # noqa: F401
+    init_reversed_attention_params,
+    reversed_attention,
+    reversed_attention_backward,
+    reversed_attention_forward,
+)
 from .sdpa import (  # noqa: F401
     sdpa_backward,
     sdpa_forward,
@@ -188,6 +195,10 @@ __all__ = [
     "t5_attention_backward",
     "t5_attention_forward",
     "t5_relative_position_bucket",
+    "init_reversed_attention_params",
+    "reversed_attention",
+    "reversed_attention_backward",
+    "reversed_attention_forward",
     "sdpa_backward",
     "sdpa_forward",
 ]
