@@ -11,7 +11,8 @@
 * `relative`: Shaw and T5 relative position encodings (``relative_position_encodings``).
 * Q/K/V variants (page ``softmax/qkv-variants.md``): `key_value` (``key_value_attention``),
   `persistent_memory` (``persistent_memory_attention``), `poly_encoder` (``poly_encoder_attention``),
-  `reversed_attention` (``reversed_attention_dependencyvit``).
+  `reversed_attention` (``reversed_attention_dependencyvit``),
+  `multi_head_embedding` (``multi_head_embedding_attention``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
   ``tree_attention_merge``), one module because they share one derivation.
@@ -91,6 +92,13 @@ from .mha import (  # noqa: F401
     init_mha_params,
     mha_backward,
     mha_forward,
+)
+from .multi_head_embedding import (  # noqa: F401
+    MHE_MODES,
+    init_mhe_params,
+    mhe_attention,
+    mhe_attention_backward,
+    mhe_attention_forward,
 )
 from .persistent_memory import (  # noqa: F401
     init_persistent_memory_params,
@@ -179,6 +187,11 @@ __all__ = [
     "init_mha_params",
     "mha_backward",
     "mha_forward",
+    "MHE_MODES",
+    "init_mhe_params",
+    "mhe_attention",
+    "mhe_attention_backward",
+    "mhe_attention_forward",
     "init_persistent_memory_params",
     "persistent_memory_attention",
     "persistent_memory_attention_backward",

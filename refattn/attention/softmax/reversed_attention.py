@@ -27,7 +27,7 @@ $\tau$); the controller is $\sigma'$, `gelu_grad` and two `linear_vjp`s; $dm^{in
 
 Sources
 -------
-Paper: Ding, Shen, Fan, Chen, Chen, Tenenbaum, Gan, "Visual Dependency Transformers: Dependency
+Paper: Mingyu Ding et al., "Visual Dependency Transformers: Dependency
 Tree Emerges from Reversed Attention", CVPR 2023, arXiv 2304.03282. The official repository
 named in the paper, dingmyu/DependencyViT @ 3dcf35910bfc9f013f752a09aa99b56f21e2ee78, holds only a
 LICENSE and a .gitignore. The layer here follows the from-scratch timm port,
@@ -330,7 +330,7 @@ register(
     Mechanism(
         slug="reversed_attention_dependencyvit", family="1-softmax", tier="T2",
         title="Reversed (sending) attention of DependencyViT with head selector and message controller",
-        paper="Ding, Shen, Fan, Chen, Chen, Tenenbaum, Gan, Visual Dependency Transformers: Dependency Tree Emerges "
+        paper="Mingyu Ding et al., Visual Dependency Transformers: Dependency Tree Emerges "
               "from Reversed Attention, CVPR 2023, arXiv 2304.03282",
         official_code="dingmyu/DependencyViT (empty); huggingface/pytorch-image-models timm/models/dependencyvit.py",
         forward=reversed_attention_forward, backward=reversed_attention_backward, sample=_sample,
