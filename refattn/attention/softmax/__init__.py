@@ -12,7 +12,7 @@
 * Q/K/V variants (page ``softmax/qkv-variants.md``): `key_value` (``key_value_attention``),
   `persistent_memory` (``persistent_memory_attention``), `poly_encoder` (``poly_encoder_attention``),
   `reversed_attention` (``reversed_attention_dependencyvit``),
-  `multi_head_embedding` (``multi_head_embedding_attention``).
+  `multi_head_embedding` (``multi_head_embedding_attention``), `diffqkv` (``diffqkv_asymmetric_heads``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
   ``tree_attention_merge``), one module because they share one derivation.
@@ -53,6 +53,13 @@ from .core import (  # noqa: F401
     sum_to_shape,
     validate_attention_config,
     validate_qkv_config,
+)
+from .diffqkv import (  # noqa: F401
+    DIFFQKV_ACTIVATIONS,
+    diffqkv_attention,
+    diffqkv_attention_backward,
+    diffqkv_attention_forward,
+    init_diffqkv_params,
 )
 from .key_value import (  # noqa: F401
     init_key_value_params,
@@ -156,6 +163,11 @@ __all__ = [
     "sum_to_shape",
     "validate_attention_config",
     "validate_qkv_config",
+    "DIFFQKV_ACTIVATIONS",
+    "diffqkv_attention",
+    "diffqkv_attention_backward",
+    "diffqkv_attention_forward",
+    "init_diffqkv_params",
     "init_key_value_params",
     "key_value_attention",
     "key_value_attention_backward",
