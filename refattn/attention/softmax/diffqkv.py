@@ -86,8 +86,8 @@ def _validate(x, params, hq, hk, hv, augmented_q):
     if dk != d or "k_up_proj.weight" in params:
         spec["k_up_proj.weight"] = (dk, d)
         if "k_up_proj.weight" not in params:
-            raise ValueError(f"the key heads are {dk} wide but the query heads {d}: k_up_proj.weight ({dk}, {d}) "
-                             "is required")
+            raise ValueError(f"k_proj.weight gives key heads of width {dk} but q_proj.weight query heads of width "
+                             f"{d}: k_up_proj.weight ({dk}, {d}) is required")
     return check_params(params, spec, optional=[k for k in spec if k.endswith(".bias")],
                         where="diffqkv_asymmetric_heads"), d, dk, dv
 
@@ -182,7 +182,7 @@ def diffqkv_attention_backward(dout, cache):
         dq, dk = apply_rope(dq, rope[0], -rope[1]), apply_rope(dk, rope[0], -rope[1])
     if "k_up_proj.weight" in p:
         k_pre = cache["k_pre"]
-        grads["k_up_proj.weight"] = np.einsum("...nc,...nd->cd", k_pre, dk)
+        grads["k_up_proj.weight"] = k_pre.reshape(-1, k_pre.shape[-1]).T @ dk.reshape(-1, dk.shape[-1])
         dk = dk @ p["k_up_proj.weight"].T
     dq1 = merge_heads(dq)
     if aug is not None:
