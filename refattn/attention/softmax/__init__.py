@@ -12,7 +12,8 @@
 * Q/K/V variants (page ``softmax/qkv-variants.md``): `key_value` (``key_value_attention``),
   `persistent_memory` (``persistent_memory_attention``), `poly_encoder` (``poly_encoder_attention``),
   `reversed_attention` (``reversed_attention_dependencyvit``),
-  `multi_head_embedding` (``multi_head_embedding_attention``), `diffqkv` (``diffqkv_asymmetric_heads``).
+  `multi_head_embedding` (``multi_head_embedding_attention``), `diffqkv` (``diffqkv_asymmetric_heads``),
+  `skip_layer` (``skip_layer_attention``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
   ``tree_attention_merge``), one module because they share one derivation.
@@ -139,6 +140,14 @@ from .sdpa import (  # noqa: F401
     sdpa_backward,
     sdpa_forward,
 )
+from .skip_layer import (  # noqa: F401
+    init_skip_layer_params,
+    skip_layer_attention_backward,
+    skip_layer_attention_forward,
+    skip_layer_stack,
+    skip_layer_stack_backward,
+    skip_layer_stack_forward,
+)
 
 __all__ = [
     "biased_attention_backward",
@@ -226,4 +235,10 @@ __all__ = [
     "reversed_attention_forward",
     "sdpa_backward",
     "sdpa_forward",
+    "init_skip_layer_params",
+    "skip_layer_attention_backward",
+    "skip_layer_attention_forward",
+    "skip_layer_stack",
+    "skip_layer_stack_backward",
+    "skip_layer_stack_forward",
 ]
