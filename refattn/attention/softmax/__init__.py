@@ -13,7 +13,8 @@
   `persistent_memory` (``persistent_memory_attention``), `poly_encoder` (``poly_encoder_attention``),
   `reversed_attention` (``reversed_attention_dependencyvit``),
   `multi_head_embedding` (``multi_head_embedding_attention``), `diffqkv` (``diffqkv_asymmetric_heads``),
-  `skip_layer` (``skip_layer_attention``).
+  `skip_layer` (``skip_layer_attention``), `relational_attention` (``relational_attention``: relational heads,
+  symbol retrievers and the dual attention layer).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
   ``tree_attention_merge``), one module because they share one derivation.
@@ -120,6 +121,16 @@ from .poly_encoder import (  # noqa: F401
     poly_encoder_attention_backward,
     poly_encoder_attention_forward,
 )
+from .relational_attention import (  # noqa: F401
+    SYMBOL_RETRIEVERS,
+    dual_attention,
+    dual_attention_backward,
+    dual_attention_forward,
+    relational_attention_backward,
+    relational_attention_forward,
+    symbol_retrieval_backward,
+    symbol_retrieval_forward,
+)
 from .relative import (  # noqa: F401
     RPE_KINDS,
     relative_position_attention_backward,
@@ -221,6 +232,14 @@ __all__ = [
     "poly_encoder_attention",
     "poly_encoder_attention_backward",
     "poly_encoder_attention_forward",
+    "SYMBOL_RETRIEVERS",
+    "dual_attention",
+    "dual_attention_backward",
+    "dual_attention_forward",
+    "relational_attention_backward",
+    "relational_attention_forward",
+    "symbol_retrieval_backward",
+    "symbol_retrieval_forward",
     "RPE_KINDS",
     "relative_position_attention_backward",
     "relative_position_attention_forward",
