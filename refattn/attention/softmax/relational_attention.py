@@ -337,7 +337,7 @@ def dual_attention_forward(x, params, symbols=None, *, n_heads_sa: int, n_heads_
         raise ValueError("at least one of n_heads_sa and n_heads_ra must be positive")
     check_choice(symbol_retrieval, "symbol_retrieval", SYMBOL_RETRIEVERS)
     hs = check_size(symbolic_n_heads, "symbolic_n_heads")
-    n, c = x.shape[-2], x.shape[-1]
+    c = x.shape[-1]
     total = hsa + hra
     if c % total:
         raise ValueError(f"the width C={c} of x must be a multiple of n_heads_sa + n_heads_ra = {total}")

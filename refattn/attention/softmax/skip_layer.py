@@ -323,7 +323,7 @@ def _reference(x, params, *, num_layers, num_heads, skip_heads=0, skip_distance=
     hcur = x
     kv = []
     for i in range(num_layers):
-        def lin(name, t):
+        def lin(name, t, i=i):
             return t @ params[f"layers.{i}.{name}.weight"] + params.get(f"layers.{i}.{name}.bias", 0.0)
 
         q, k, v = lin("q_proj", hcur), lin("k_proj", hcur), lin("v_proj", hcur)
