@@ -143,7 +143,6 @@ from .relative import (  # noqa: F401
 )
 from .reversed_attention import (  # noqa: F401
     init_reversed_attention_params,
-    reversed_attention,
     reversed_attention_backward,
     reversed_attention_forward,
 )
@@ -249,7 +248,6 @@ __all__ = [
     "t5_attention_forward",
     "t5_relative_position_bucket",
     "init_reversed_attention_params",
-    "reversed_attention",
     "reversed_attention_backward",
     "reversed_attention_forward",
     "sdpa_backward",
