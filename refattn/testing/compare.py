@@ -656,14 +656,17 @@ def _run_case(rec, fn, vjp, smp: Sample, case, seed, dtype, conv, grads, rtol, a
             naive_cache[precision] = (_round_to(out, precision) if precision != "float32" else out, c)
         return naive_cache[precision]
 
-    pending = []  # (name, got, ref, precision, naive): compared at the end, against the run's scale
+    # (name, got or None if missing, ref, precision, naive): compared at the end, when the scale
+    # of the whole run (output and every gradient) is known
+    pending = []
 
     def finish():
-        run_scale = max((float(np.max(np.abs(r[np.isfinite(r)]), initial=0.0)) for _, _, r, _, _ in pending
-                         if isinstance(r, np.ndarray)), default=0.0)
+        run_scale = max((float(np.max(np.abs(r[np.isfinite(r)]), initial=0.0)) for _, _, r, _, _ in pending),
+                        default=0.0)
         for name, got_arr, ref_arr, precision, naive_arr in pending:
             if got_arr is None:
-                result.arrays.append(ArrayResult(name, tuple(np.shape(ref_arr)), note=precision))
+                result.arrays.append(ArrayResult(name, tuple(np.shape(ref_arr)),
+                                                 note=f"missing: your vjp returned no {name[5:]!r}"))
                 continue
             if precision not in report.rules:
                 report.rules[precision] = _rule_text(precision, rtol, atol)
@@ -708,7 +711,7 @@ def _run_case(rec, fn, vjp, smp: Sample, case, seed, dtype, conv, grads, rtol, a
     for name in names:
         ref_g = np.asarray(ref_grads[name], dtype=np.float64)
         if name not in theirs or theirs[name] is None:
-            pending.append((f"grad {name}", None, ref_g, f"missing: your vjp returned no {name!r}", None))
+            pending.append((f"grad {name}", None, ref_g, "", None))
             continue
         _check_output_type(theirs[name], f"vjp (gradient {name!r})", np.shape(ref_g))
         gp = _precision_of(theirs[name])
