@@ -253,11 +253,12 @@ def mha_case(rec: registry.Mechanism, name: str, *, grouped: bool = False):
     layer ``(x, context, params, num_heads, num_kv_heads ...)``: fresh inputs and projection
     weights for the case's sizes. The caller's ``num_heads`` / ``num_kv_heads`` are kept when given
     (the projection widths follow them)."""
-    from ..attention.softmax import init_mha_params
-
     spec = MHA_SIZES.get(name)
 
     def build(rng, config=None):
+        # imported here, not at registry load: a moved helper breaks this case, not the registry
+        from ..attention.softmax import init_mha_params
+
         if config is not None:
             _no_pinned_arrays(config, name)
             if name == "masked_row" and "attn_mask" in config:
