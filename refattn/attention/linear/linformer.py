@@ -385,10 +385,17 @@ def _check_low_rank_rate(rng):
 
 
 def _check_gradcheck_options(rng):
-    errs = [fd_max_rel(linformer_attention_forward, linformer_attention_backward,
-                       _draw(rng, "tiny", sharing=sh, compress_input=ci, bias=b))
-            for sh, ci, b in (("none", True, True), ("key_value", False, False))]
-    return max(errs)
+    """Full finite-difference Jacobian for per-head projections, random-direction checks for every option."""
+    from ...testing import directional_check  # lazy: testing imports the registry
+
+    err = fd_max_rel(linformer_attention_forward, linformer_attention_backward,
+                     _draw(rng, "tiny", sharing="none", compress_input=True))
+    for sh in LINFORMER_SHARING:
+        for ci in (True, False):
+            err = max(err, directional_check(linformer_attention_forward, linformer_attention_backward,
+                                             _draw(rng, "small", sharing=sh, compress_input=ci,
+                                                   bias=bool(rng.integers(0, 2)))).max_rel)
+    return err
 
 
 register(
