@@ -20,6 +20,13 @@
 * `sparsek`: the SPARSEK operator and SPARSEK attention (``sparsek_attention``).
 * `routing_transformer`: Routing Transformer online k-means routing (``routing_transformer_kmeans``).
 * `dynamic_mask`: DMA, value-generated dynamic bias and top-k mask (``dynamic_mask_attention``).
+* `linformer`: Linformer sequence-axis low-rank projections (``linformer_low_rank_attention``).
+* `combiner`: Combiner full attention by structured factorisation (``combiner_attention``).
+* `fourier_dct`: Fourier Transformer DCT sequence truncation (``fourier_transformer_dct``).
+* `udit`: U-DiT downsampled-token (polyphase) attention (``udit_downsampled_token_attention``).
+* `wavspa`: WavSpA attention in wavelet coefficient space (``wavelet_space_attention``).
+* `mra`: MRA-2 multiresolution approximation of attention (``mra_multiresolution_attention``).
+* `vcc`: VCC VIP-token centric compression (``vcc_vip_token_compression``).
 
 Every public name of these modules is re-exported here, so
 ``from refattn.attention.linear import causal_linear_attention_forward`` works.
@@ -30,11 +37,24 @@ module name keeps naming the module: call it as ``refattn.attention.linear.<modu
 
 from __future__ import annotations
 
+from .combiner import (  # noqa: F401
+    COMBINER_POOLING,
+    COMBINER_VARIANTS,
+    combiner_attention,
+    combiner_attention_backward,
+    combiner_attention_forward,
+    combiner_core_backward,
+    combiner_core_forward,
+    combiner_dense_matrix,
+    combiner_region_summaries,
+)
 from .core import (  # noqa: F401
     FEATURE_MAPS,
     feature_map_backward,
     feature_map_forward,
     gather_rows,
+    l2_normalize,
+    l2_normalize_vjp,
     linear_core_backward,
     linear_core_forward,
     mT,
@@ -60,6 +80,15 @@ from .efficient import (  # noqa: F401
     efficient_attention_backward,
     efficient_attention_forward,
 )
+from .fourier_dct import (  # noqa: F401
+    dct_ortho,
+    dct_truncate,
+    dct_truncate_vjp,
+    fourier_dct_attention,
+    fourier_dct_attention_backward,
+    fourier_dct_attention_forward,
+    idct_ortho,
+)
 from .informer_probsparse import (  # noqa: F401
     informer_attention,
     informer_attention_backward,
@@ -79,6 +108,21 @@ from .katharopoulos import (  # noqa: F401
     linear_attention_backward,
     linear_attention_explicit,
     linear_attention_forward,
+)
+from .linformer import (  # noqa: F401
+    LINFORMER_SHARING,
+    init_linformer_params,
+    linformer_attention,
+    linformer_attention_backward,
+    linformer_attention_forward,
+)
+from .mra import (  # noqa: F401
+    MRA_MODES,
+    mra_attention,
+    mra_attention_backward,
+    mra_attention_forward,
+    mra_block_scores,
+    mra_block_selection,
 )
 from .performer import (  # noqa: F401
     performer_backward,
@@ -150,6 +194,36 @@ from .transnormer import (  # noqa: F401
     transnormer_backward,
     transnormer_forward,
 )
+from .udit import (  # noqa: F401
+    UDIT_ATTN_TYPES,
+    UDIT_POSEMB,
+    udit_attention,
+    udit_attention_backward,
+    udit_attention_forward,
+    udit_polyphase_merge,
+    udit_polyphase_split,
+    udit_rope2d_angles,
+)
+from .vcc import (  # noqa: F401
+    VCC_SCORE_GRADIENTS,
+    vcc_block_relevance,
+    vcc_layer,
+    vcc_layer_backward,
+    vcc_layer_forward,
+    vcc_sort_tokens,
+)
+from .wavspa import (  # noqa: F401
+    WAVELET_BOUNDARIES,
+    daubechies_filter,
+    wavedec,
+    wavedec_vjp,
+    waverec,
+    waverec_vjp,
+    wavelet_qmf,
+    wavspa_attention,
+    wavspa_attention_backward,
+    wavspa_attention_forward,
+)
 
 __all__ = [
     "FEATURE_MAPS",
@@ -162,6 +236,8 @@ __all__ = [
     "topk_keep",
     "gather_rows",
     "scatter_add_rows",
+    "l2_normalize",
+    "l2_normalize_vjp",
     "DRSFORMER_RATIOS",
     "drsformer_tksa_backward",
     "drsformer_tksa_forward",
@@ -242,4 +318,55 @@ __all__ = [
     "diag_attention_forward",
     "transnormer_backward",
     "transnormer_forward",
+    "LINFORMER_SHARING",
+    "init_linformer_params",
+    "linformer_attention",
+    "linformer_attention_backward",
+    "linformer_attention_forward",
+    "COMBINER_POOLING",
+    "COMBINER_VARIANTS",
+    "combiner_attention",
+    "combiner_attention_backward",
+    "combiner_attention_forward",
+    "combiner_core_backward",
+    "combiner_core_forward",
+    "combiner_dense_matrix",
+    "combiner_region_summaries",
+    "dct_ortho",
+    "dct_truncate",
+    "dct_truncate_vjp",
+    "fourier_dct_attention",
+    "fourier_dct_attention_backward",
+    "fourier_dct_attention_forward",
+    "idct_ortho",
+    "UDIT_ATTN_TYPES",
+    "UDIT_POSEMB",
+    "udit_attention",
+    "udit_attention_backward",
+    "udit_attention_forward",
+    "udit_polyphase_merge",
+    "udit_polyphase_split",
+    "udit_rope2d_angles",
+    "WAVELET_BOUNDARIES",
+    "daubechies_filter",
+    "wavedec",
+    "wavedec_vjp",
+    "waverec",
+    "waverec_vjp",
+    "wavelet_qmf",
+    "wavspa_attention",
+    "wavspa_attention_backward",
+    "wavspa_attention_forward",
+    "MRA_MODES",
+    "mra_attention",
+    "mra_attention_backward",
+    "mra_attention_forward",
+    "mra_block_scores",
+    "mra_block_selection",
+    "VCC_SCORE_GRADIENTS",
+    "vcc_block_relevance",
+    "vcc_layer",
+    "vcc_layer_backward",
+    "vcc_layer_forward",
+    "vcc_sort_tokens",
 ]

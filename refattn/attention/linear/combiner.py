@@ -80,7 +80,7 @@ from ..softmax.core import attention_core_backward, attention_core_forward
 
 __all__ = ["COMBINER_VARIANTS", "COMBINER_POOLING", "combiner_region_summaries", "combiner_core_forward",
            "combiner_core_backward", "combiner_attention_forward", "combiner_attention_backward",
-           "combiner_attention"]
+           "combiner_attention", "combiner_dense_matrix"]
 
 COMBINER_VARIANTS = ("mixture", "axial", "fixed")
 COMBINER_POOLING = ("max", "sum")
@@ -369,11 +369,6 @@ def combiner_attention(x, params, **config) -> np.ndarray:
     return combiner_attention_forward(x, params, **config)[0]
 
 
-# =============================================================================================
-# Registry record: sampler, explicit reference and identity checks (verification, not the math)
-# =============================================================================================
-
-
 def _partition(n, seg, variant):
     """Per query i: the direct support and the list of regions (sets of positions), from the definitions."""
     out = []
@@ -397,8 +392,9 @@ def _partition(n, seg, variant):
 
 
 def combiner_dense_matrix(q, k, *, seg_len, variant="mixture", pooling="max", scale=None):
-    r"""The explicit factorised form: $A$ ``(..., N, N)`` with $A_{ij} = p(j|i)$, from the region sets
-    (loops; reference only)."""
+    r"""The explicit factorised form: $A$ ``(..., N, N)`` with $A_{ij} = p(j|i)$ for ``q, k (..., N, d)``,
+    built entry by entry from the region sets (loops over queries, regions and keys; $O = AV$ is the
+    layer's attention output). For verification and study, not speed."""
     n, d = q.shape[-2], q.shape[-1]
     s = d ** -0.5 if scale is None else scale
     pool = (lambda a: np.max(a, axis=0)) if pooling == "max" else (lambda a: np.sum(a, axis=0))
@@ -417,6 +413,11 @@ def combiner_dense_matrix(q, k, *, seg_len, variant="mixture", pooling="max", sc
                 loc = np.exp(loc - loc.max())
                 a[idx + (i,)][r] += pir * loc / loc.sum()
     return a
+
+
+# =============================================================================================
+# Registry record: sampler, explicit reference and identity checks (verification, not the math)
+# =============================================================================================
 
 
 def _reference(x, params, *, num_heads, seg_len, variant="mixture", pooling="max"):
