@@ -23,12 +23,6 @@ import numpy as np
 import pytest
 
 from refattn.attention.linear import combiner as cb_mod
-from refattn.attention.linear import fourier_dct as ft_mod
-from refattn.attention.linear import linformer as lf_mod
-from refattn.attention.linear import mra as mra_mod
-from refattn.attention.linear import udit as ud_mod
-from refattn.attention.linear import vcc as vcc_mod
-from refattn.attention.linear import wavspa as ws_mod
 from refattn.attention.linear import (
     combiner_attention_backward,
     combiner_attention_forward,
@@ -52,7 +46,12 @@ from refattn.attention.linear import (
     wavspa_attention_backward,
     wavspa_attention_forward,
 )
-
+from refattn.attention.linear import fourier_dct as ft_mod
+from refattn.attention.linear import linformer as lf_mod
+from refattn.attention.linear import mra as mra_mod
+from refattn.attention.linear import udit as ud_mod
+from refattn.attention.linear import vcc as vcc_mod
+from refattn.attention.linear import wavspa as ws_mod
 from refattn.registry import call_forward
 
 torch = pytest.importorskip("torch")
@@ -171,12 +170,8 @@ def _t_udit(t, cfg):
         if cfg["posemb"] == "rope2d":
             ang = torch.tensor(ud_mod.udit_rope2d_angles((hh // f) * (ww // f), d)[mloc])
             cos, sin = torch.cos(ang), torch.sin(ang)
-
-            def rot(a):
-                ev, od = a[..., 0::2], a[..., 1::2]
-                return torch.stack([ev * cos - od * sin, ev * sin + od * cos], -1).flatten(-2)
-
-            qh, kh = rot(qh), rot(kh)
+            qh, kh = (torch.stack([a[..., 0::2] * cos - a[..., 1::2] * sin, a[..., 0::2] * sin + a[..., 1::2] * cos],
+                                  -1).flatten(-2) for a in (qh, kh))
         if cfg["attn_type"] == "v2":
             sc = F.normalize(qh, dim=-1) @ F.normalize(kh, dim=-1).transpose(-1, -2)
             sc = sc * torch.clamp(t["logit_scale"][head, 0, 0], max=4.6052).exp()
@@ -272,7 +267,7 @@ def _t_mra(sample):
 
     def fn(t, _cfg):
         q, k, v = t["q"], t["k"], t["v"]
-        n, d = q.shape[-2], q.shape[-1]
+        d = q.shape[-1]
         s = d ** -0.5
         qh = q.reshape(q.shape[:-2] + (nb, b, d)).mean(-2)
         kh = k.reshape(k.shape[:-2] + (nb, b, d)).mean(-2)
@@ -354,7 +349,7 @@ def _t_vcc(sample):
     _, cache = vcc_layer_forward(x0, p0, **cfg)
     order, fine, crs = cache["order"], cache["fine"], cache["crs"]
     bsz, n, c = x0.shape
-    r, b, nb, m = cfg["num_important_tokens"], cfg["block_size"], cache["nb"], cache["m"]
+    r, b = cfg["num_important_tokens"], cfg["block_size"]
     cmats, dmats, dups = [], [], []
     for bi in range(bsz):  # C and D from the (fixed) ranking
         rest = order[bi, r:]
@@ -397,7 +392,7 @@ def test_vcc_gradients_vs_explicit_compression(trial):
 
 def test_mra_selection_vs_sort_many_draws():
     rng = np.random.default_rng(8)
-    for trial in range(30):
+    for _ in range(30):
         nb = int(rng.integers(2, 6))
         score = rng.standard_normal((2, nb, nb))
         k = int(rng.integers(0, nb * nb + 2))

@@ -182,7 +182,7 @@ def mra_attention_forward(q, k, v, *, num_blocks: int, block_size: int = 32, app
     q, k, v, nsel, b, nb, first_n, diag_n, eps, s = _validate(
         q, k, v, num_blocks, block_size, approx_mode, initial_prior_first_n_blocks,
         initial_prior_diagonal_n_blocks, eps, scale)
-    lead, n, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    lead, n = q.shape[:-2], q.shape[-2]
     dv = v.shape[-1]
     qg, kg, vg = (a.reshape((-1, n, a.shape[-1])) for a in (q, k, v))
     gsz = qg.shape[0]
@@ -233,7 +233,6 @@ def mra_attention_backward(dout, cache):
     qg, kg, vg, lam, mu, vhat = cache["qg"], cache["kg"], cache["vg"], cache["lam"], cache["mu"], cache["vhat"]
     gd = g / den[..., None]  # g_i / D_i
     god = np.sum(gd * o, axis=-1)  # g_i . o_i / D_i
-    rows = np.arange(gsz)[:, None]
     # refined entries: ds = w (g_i.v_j - g_i.o_i) / D_i, dv_j += w g_i / D_i
     gd_s = _gather_blocks(gd, bi)  # (G, k, b, dv)
     god_s = np.take_along_axis(god, bi[:, :, None], axis=1)  # (G, k, b)
