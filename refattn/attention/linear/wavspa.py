@@ -121,7 +121,7 @@ def _comb(n, k):
 
 def wavelet_qmf(h: np.ndarray):
     r"""``(h, g)`` with $g_m = (-1)^{m+1}h_{L-1-m}$ (``CQF_expansion``'s ``dec_hi``); ``h (L, ...)``."""
-    sign = np.where(np.arange(h.shape[0]) % 2 == 0, -1.0, 1.0).reshape((-1,) + (1,) * (h.ndim - 1))
+    sign = np.where(np.arange(h.shape[0]) % 2 == 0, -1.0, 1.0).astype(h.dtype).reshape((-1,) + (1,) * (h.ndim - 1))
     return h, sign * h[::-1]
 
 
@@ -208,7 +208,7 @@ def wavedec_vjp(dbands, h: np.ndarray, state, boundary: str = "reflect"):
 def _qmf_grad(dfl, dfh):
     """Map gradients of the correlation filters (flip(h), flip(g)) back to h."""
     dg = dfh[::-1]
-    sign = np.where(np.arange(dg.shape[0]) % 2 == 0, -1.0, 1.0).reshape((-1,) + (1,) * (dg.ndim - 1))
+    sign = np.where(np.arange(dg.shape[0]) % 2 == 0, -1.0, 1.0).astype(dg.dtype).reshape((-1,) + (1,) * (dg.ndim - 1))
     return dfl[::-1] + (sign * dg)[::-1]
 
 
