@@ -71,7 +71,6 @@ from ..._checks import as_dout, as_float, cast_all, check_choice, check_int, che
 from ...nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp, merge_heads, split_heads
 from ...registry import Mechanism, Sample, register
 from ..softmax.core import attention_core_backward, attention_core_forward
-from ._samples import fd_max_rel
 
 __all__ = ["LINFORMER_SHARING", "linformer_attention_forward", "linformer_attention_backward",
            "linformer_attention", "init_linformer_params"]
@@ -385,11 +384,11 @@ def _check_low_rank_rate(rng):
 
 
 def _check_gradcheck_options(rng):
-    """Full finite-difference Jacobian for per-head projections, random-direction checks for every option."""
+    """Random-direction gradient checks for every sharing option and compression order (the generated
+    test runs the full finite-difference Jacobian on one drawn combination)."""
     from ...testing import directional_check  # lazy: testing imports the registry
 
-    err = fd_max_rel(linformer_attention_forward, linformer_attention_backward,
-                     _draw(rng, "tiny", sharing="none", compress_input=True))
+    err = 0.0
     for sh in LINFORMER_SHARING:
         for ci in (True, False):
             err = max(err, directional_check(linformer_attention_forward, linformer_attention_backward,
@@ -410,7 +409,7 @@ register(
                 "input_and_kv_compression_agree_without_bias": _check_orders_agree_without_bias,
                 "sharing_reductions": _check_sharing_reductions,
                 "low_rank_error_rate_k_minus_half": _check_low_rank_rate,
-                "gradcheck_sharing_options": _check_gradcheck_options},
+                "directional_gradcheck_sharing_options": _check_gradcheck_options},
         docs="linear/low-rank-and-structured.md#linformer",
     ),
 )
