@@ -1,11 +1,43 @@
-r"""Linear, kernel, sparse, low-rank and set attention (catalogue family 4), one module per mechanism.
+r"""Linear, kernel and set attention (catalogue family 4), one module per mechanism.
 
-`core` holds the linear-attention core (feature maps, the causal scan and its explicit
-$O(N^2)$ form) and the selection helpers the sparse attentions share; every fast form in the
-family is tested against its explicit form.
+* `core`: the helpers the family shares (feature maps, the linear-attention core with its causal
+  scan, validation); registers nothing.
+* `katharopoulos`: linear attention, "Transformers are RNNs" (record
+  ``linear_attention_katharopoulos``), with the causal prefix-state scan the kernels mirror.
+* `efficient`: Efficient Attention of Shen et al. (``efficient_attention_shen``).
+* `performer`: Performer FAVOR+ positive random features (``performer_favor_plus``).
+* `transnormer`: TransNormer NormAttention and DiagAttention (``transnormer_norm_attention``).
+* `rpe_fft`: kernelized attention with relative positional encoding via FFT
+  (``kernelized_attention_rpe_fft``).
+* `set_transformer`: Set Transformer MAB / SAB / ISAB / PMA (``set_transformer_blocks``).
+* `sinkformer`: doubly stochastic attention by log-domain Sinkhorn (``sinkformer_attention``).
+* `topk_attention`: top-k (k-NN retrieved) softmax attention, IceFormer's exact reference
+  (``topk_attention``).
+* `drsformer_tksa`: DRSformer top-k sparse channel attention (``drsformer_topk_channel_attention``).
+* `informer_probsparse`: Informer ProbSparse attention layer and distilling layer
+  (``informer_probsparse_attention``).
+* `reformer_lsh`: Reformer LSH self-attention (``reformer_lsh_attention``).
+* `sparsek`: the SPARSEK operator and SPARSEK attention (``sparsek_attention``).
+* `routing_transformer`: Routing Transformer online k-means routing (``routing_transformer_kmeans``).
+* `dynamic_mask`: DMA, value-generated dynamic bias and top-k mask (``dynamic_mask_attention``).
+* `linformer`: Linformer sequence-axis low-rank projections (``linformer_low_rank_attention``).
+* `combiner`: Combiner full attention by structured factorisation (``combiner_attention``).
+* `fourier_dct`: Fourier Transformer DCT sequence truncation (``fourier_transformer_dct``).
+* `udit`: U-DiT downsampled-token (polyphase) attention (``udit_downsampled_token_attention``).
+* `wavspa`: WavSpA attention in wavelet coefficient space (``wavelet_space_attention``).
+* `mra`: MRA-2 multiresolution approximation of attention (``mra_multiresolution_attention``).
+* `vcc`: VCC VIP-token centric compression (``vcc_vip_token_compression``).
+
+Every public name of these modules is re-exported here, so
+``from refattn.attention.linear import causal_linear_attention_forward`` works.
+
+A convenience wrapper named like its module (``performer``, ``transnormer``) is not re-exported, so that the
+module name keeps naming the module: call it as ``refattn.attention.linear.<module>.<name>``.
 
 Modules
 -------
+* `combiner`: Combiner: full (causal) attention through a structured factorisation of the attention
+  distribution (``combiner_attention``).
 * `core`: Helpers shared by the linear / kernel attention family, under public names: feature maps,
   the linear-attention core (non-causal form and causal prefix-state scan) and input validation.
 * `drsformer_tksa`: DRSformer TKSA: top-k sparse channel ("transposed") attention with mixed
@@ -18,6 +50,8 @@ Modules
   key feature's positions, so attention costs $O(Md\,d_v)$ (``efficient_attention_shen``).
 * `fastmax`: Fastmax (FAST): factorisable polynomial-kernel attention, the truncated Taylor series
   of softmax (``fastmax_polynomial_attention``).
+* `fourier_dct`: Fourier Transformer: DCT-based sequence truncation before softmax attention
+  (``fourier_transformer_dct``).
 * `hypformer`: Hypformer: linear focused attention in the Lorentz model of hyperbolic space
   (``TransConvLayer``) (``hypformer_lorentz_linear_attention``).
 * `informer_probsparse`: Informer: ProbSparse self-attention (with its attention layer) and the
@@ -28,8 +62,12 @@ Modules
 * `katharopoulos`: Linear attention of Katharopoulos et al (``linear_attention_katharopoulos``).
 * `kl_transformer`: KL-Transformer: linear attention on spectral random features whose distribution
   is learned (``kl_transformer_learned_spectral_kernel``).
+* `linformer`: Linformer: self-attention with sequence-axis low-rank projections of the keys and
+  values (``linformer_low_rank_attention``).
 * `masked_linear`: Structured-mask linear attention: $(M\odot\Phi_Q\Phi_K^\top)V$ with only
   "multiply by $M$" needed (``masked_linear_attention_structured``).
+* `mra`: MRA-2: multiresolution (two-level) approximation of softmax self-attention
+  (``mra_multiresolution_attention``).
 * `performer`: Performer FAVOR+: softmax-kernel attention estimated with positive (orthogonal)
   random features (``performer_favor_plus``).
 * `reformer_lsh`: Reformer LSH self-attention: angular LSH with random rotations, sort by bucket,
@@ -53,6 +91,12 @@ Modules
 * `transnormer`: TransNormer: NormAttention (linear attention with a norm instead of the row-sum
   denominator) and DiagAttention (softmax attention inside non-overlapping blocks), the two
   attentions of its layers (``transnormer_norm_attention``).
+* `udit`: U-DiT downsampled-token self-attention: attention within the four polyphase sub-maps of a
+  feature map (``udit_downsampled_token_attention``).
+* `vcc`: VCC: VIP-token centric compression around one transformer layer
+  (``vcc_vip_token_compression``).
+* `wavspa`: WavSpA: attention in a (learnable) wavelet coefficient space
+  (``wavelet_space_attention``).
 
 Every public name of these modules is re-exported here. A function named like its own module
 (``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
@@ -61,11 +105,24 @@ module's other names from the module itself (``from package.sdpa import sdpa_for
 
 from __future__ import annotations
 
+from .combiner import (  # noqa: F401
+    COMBINER_POOLING,
+    COMBINER_VARIANTS,
+    combiner_attention,
+    combiner_attention_backward,
+    combiner_attention_forward,
+    combiner_core_backward,
+    combiner_core_forward,
+    combiner_dense_matrix,
+    combiner_region_summaries,
+)
 from .core import (  # noqa: F401
     FEATURE_MAPS,
     feature_map_backward,
     feature_map_forward,
     gather_rows,
+    l2_normalize,
+    l2_normalize_vjp,
     linear_core_backward,
     linear_core_forward,
     mT,
@@ -109,6 +166,15 @@ from .fastmax import (  # noqa: F401
     fastmax_forward,
     fastmax_normalize_backward,
     fastmax_normalize_forward,
+)
+from .fourier_dct import (  # noqa: F401
+    dct_ortho,
+    dct_truncate,
+    dct_truncate_vjp,
+    fourier_dct_attention,
+    fourier_dct_attention_backward,
+    fourier_dct_attention_forward,
+    idct_ortho,
 )
 from .hypformer import (  # noqa: F401
     focus_map_backward,
@@ -157,6 +223,13 @@ from .kl_transformer import (  # noqa: F401
     kl_transformer_backward,
     kl_transformer_forward,
 )
+from .linformer import (  # noqa: F401
+    LINFORMER_SHARING,
+    init_linformer_params,
+    linformer_attention,
+    linformer_attention_backward,
+    linformer_attention_forward,
+)
 from .masked_linear import (  # noqa: F401
     MASK_KINDS,
     grid_toeplitz_correlation_fft,
@@ -167,6 +240,14 @@ from .masked_linear import (  # noqa: F401
     masked_linear_attention_forward,
     tree_distances,
     tree_exp_matvec,
+)
+from .mra import (  # noqa: F401
+    MRA_MODES,
+    mra_attention,
+    mra_attention_backward,
+    mra_attention_forward,
+    mra_block_scores,
+    mra_block_selection,
 )
 from .performer import (  # noqa: F401
     performer,
@@ -256,12 +337,53 @@ from .transnormer import (  # noqa: F401
     transnormer_backward,
     transnormer_forward,
 )
+from .udit import (  # noqa: F401
+    UDIT_ATTN_TYPES,
+    UDIT_POSEMB,
+    udit_attention,
+    udit_attention_backward,
+    udit_attention_forward,
+    udit_polyphase_merge,
+    udit_polyphase_split,
+    udit_rope2d_angles,
+)
+from .vcc import (  # noqa: F401
+    VCC_SCORE_GRADIENTS,
+    vcc_block_relevance,
+    vcc_layer,
+    vcc_layer_backward,
+    vcc_layer_forward,
+    vcc_sort_tokens,
+)
+from .wavspa import (  # noqa: F401
+    WAVELET_BOUNDARIES,
+    daubechies_filter,
+    wavedec,
+    wavedec_vjp,
+    wavelet_qmf,
+    waverec,
+    waverec_vjp,
+    wavspa_attention,
+    wavspa_attention_backward,
+    wavspa_attention_forward,
+)
 
 __all__ = [
+    "COMBINER_POOLING",
+    "COMBINER_VARIANTS",
+    "combiner_attention",
+    "combiner_attention_backward",
+    "combiner_attention_forward",
+    "combiner_core_backward",
+    "combiner_core_forward",
+    "combiner_dense_matrix",
+    "combiner_region_summaries",
     "FEATURE_MAPS",
     "feature_map_backward",
     "feature_map_forward",
     "gather_rows",
+    "l2_normalize",
+    "l2_normalize_vjp",
     "linear_core_backward",
     "linear_core_forward",
     "mT",
@@ -295,6 +417,13 @@ __all__ = [
     "fastmax_forward",
     "fastmax_normalize_backward",
     "fastmax_normalize_forward",
+    "dct_ortho",
+    "dct_truncate",
+    "dct_truncate_vjp",
+    "fourier_dct_attention",
+    "fourier_dct_attention_backward",
+    "fourier_dct_attention_forward",
+    "idct_ortho",
     "focus_map_backward",
     "focus_map_forward",
     "hypformer_attention",
@@ -332,6 +461,11 @@ __all__ = [
     "kl_transformer_attention",
     "kl_transformer_backward",
     "kl_transformer_forward",
+    "LINFORMER_SHARING",
+    "init_linformer_params",
+    "linformer_attention",
+    "linformer_attention_backward",
+    "linformer_attention_forward",
     "MASK_KINDS",
     "grid_toeplitz_correlation_fft",
     "grid_toeplitz_dense",
@@ -341,6 +475,12 @@ __all__ = [
     "masked_linear_attention_forward",
     "tree_distances",
     "tree_exp_matvec",
+    "MRA_MODES",
+    "mra_attention",
+    "mra_attention_backward",
+    "mra_attention_forward",
+    "mra_block_scores",
+    "mra_block_selection",
     "performer",
     "performer_backward",
     "performer_features_backward",
@@ -409,4 +549,28 @@ __all__ = [
     "transnormer",
     "transnormer_backward",
     "transnormer_forward",
+    "UDIT_ATTN_TYPES",
+    "UDIT_POSEMB",
+    "udit_attention",
+    "udit_attention_backward",
+    "udit_attention_forward",
+    "udit_polyphase_merge",
+    "udit_polyphase_split",
+    "udit_rope2d_angles",
+    "VCC_SCORE_GRADIENTS",
+    "vcc_block_relevance",
+    "vcc_layer",
+    "vcc_layer_backward",
+    "vcc_layer_forward",
+    "vcc_sort_tokens",
+    "WAVELET_BOUNDARIES",
+    "daubechies_filter",
+    "wavedec",
+    "wavedec_vjp",
+    "wavelet_qmf",
+    "waverec",
+    "waverec_vjp",
+    "wavspa_attention",
+    "wavspa_attention_backward",
+    "wavspa_attention_forward",
 ]

@@ -69,6 +69,8 @@ __all__ = [
     "topk_keep",
     "gather_rows",
     "scatter_add_rows",
+    "l2_normalize",
+    "l2_normalize_vjp",
 ]
 
 FEATURE_MAPS = ("elu_plus_one", "identity")
@@ -222,6 +224,25 @@ def linear_core_backward(g, fq, fk, v, out, state, *, causal: bool, normalise: b
         dfk[..., j, :] = dk_j
         dv[..., j, :] = np.einsum("...de,...d->...e", R, fk[..., j, :])
     return dfq, dfk, dv
+
+
+# --------------------------------------------------------------------------------------------
+# L2 normalisation (PyTorch ``F.normalize``), for cosine-similarity attention
+
+
+def l2_normalize(x: np.ndarray, eps: float = 1e-12):
+    r"""``F.normalize(x, dim=-1)``: $\hat x = x/\max(\|x\|, \epsilon)$ (unvalidated). Returns
+    ``(xhat, stats)``; ``stats`` feeds `l2_normalize_vjp`."""
+    n = np.linalg.norm(x, axis=-1, keepdims=True)
+    r = np.maximum(n, eps)
+    return x / r, (n, r)
+
+
+def l2_normalize_vjp(dxhat: np.ndarray, xhat: np.ndarray, stats, eps: float = 1e-12) -> np.ndarray:
+    r"""VJP of `l2_normalize`: $dx = (d\hat x - \hat x\,(\hat x\cdot d\hat x))/\|x\|$ where
+    $\|x\| > \epsilon$, $d\hat x/\epsilon$ where the clamp is active."""
+    n, r = stats
+    return np.where(n > eps, (dxhat - xhat * np.sum(dxhat * xhat, axis=-1, keepdims=True)) / r, dxhat / eps)
 
 
 # --------------------------------------------------------------------------------------------
