@@ -10,7 +10,8 @@ helpers several of them share (real-FFT adjoints, the Physics-Attention slice fr
 initialisers); ``_samples`` the samplers and checks several registry records share. Kernel
 integrals and scans (``docs/operators/``): ``mamba`` (the selective scan), ``mamba_neural_operator``,
 ``gno_kernel_integral``, ``pinto``, ``anie``, ``anisotropic_rbf``, ``schwarz_attention``,
-``pde_transformer_channel_attention``.
+``pde_transformer_channel_attention``. Operator attention from recent papers (T3,
+``docs/operators/operator-attention-t3.md``): ``mono_cotap`` (MoNo's entropic-OT projection).
 
 Every public function of those modules is importable from here, e.g.
 ``from refattn.operators import fno_spectral_conv_forward``.
@@ -69,6 +70,7 @@ from .common import (  # noqa: F401
     physics_front_init,
     physics_front_spec,
     rfftn_adjoint,
+    sinkhorn_implicit_vjp,
     slice_dims,
     slice_tokens_backward,
     slice_tokens_forward,
@@ -204,6 +206,13 @@ from .mgno import (  # noqa: F401
     mgno_param_shapes,
     mgno_vcycle,
 )
+from .mono_cotap import (  # noqa: F401
+    cotap,
+    cotap_backward,
+    cotap_forward,
+    cotap_project,
+    init_cotap_params,
+)
 from .multiwavelet import (  # noqa: F401
     init_mwt_cz1d_params,
     multiwavelet_filters,
@@ -310,6 +319,7 @@ __all__ = [
     "physics_front_init",
     "physics_front_spec",
     "rfftn_adjoint",
+    "sinkhorn_implicit_vjp",
     "slice_dims",
     "slice_tokens_backward",
     "slice_tokens_forward",
@@ -410,6 +420,11 @@ __all__ = [
     "mgno_layer_forward",
     "mgno_param_shapes",
     "mgno_vcycle",
+    "cotap",
+    "cotap_backward",
+    "cotap_forward",
+    "cotap_project",
+    "init_cotap_params",
     "init_mwt_cz1d_params",
     "multiwavelet_filters",
     "mwt_cz1d",

@@ -71,6 +71,7 @@ from .sinkformer import (  # noqa: F401
     sinkformer_backward,
     sinkformer_forward,
     sinkhorn_log,
+    sinkhorn_log_vjp,
 )
 from .transnormer import (  # noqa: F401
     diag_attention_backward,
@@ -117,6 +118,7 @@ __all__ = [
     "sinkformer_backward",
     "sinkformer_forward",
     "sinkhorn_log",
+    "sinkhorn_log_vjp",
     "diag_attention_backward",
     "diag_attention_forward",
     "transnormer_backward",
