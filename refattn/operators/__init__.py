@@ -11,7 +11,8 @@ initialisers); ``_samples`` the samplers and checks several registry records sha
 integrals and scans (``docs/operators/``): ``mamba`` (the selective scan), ``mamba_neural_operator``,
 ``gno_kernel_integral``, ``pinto``, ``anie``, ``anisotropic_rbf``, ``schwarz_attention``,
 ``pde_transformer_channel_attention``. Operator attention from recent papers (T3,
-``docs/operators/operator-attention-t3.md``): ``mono_cotap`` (MoNo's entropic-OT projection).
+``docs/operators/operator-attention-t3.md``): ``mono_cotap`` (MoNo's entropic-OT projection),
+``physgto_attention`` (PhysGTO's projection-inspired attention).
 
 Every public function of those modules is importable from here, e.g.
 ``from refattn.operators import fno_spectral_conv_forward``.
@@ -241,6 +242,13 @@ from .pde_transformer_channel_attention import (  # noqa: F401
     pde_channel_attention_backward,
     pde_channel_attention_forward,
 )
+from .physgto_attention import (  # noqa: F401
+    PHYSGTO_VARIANTS,
+    init_physgto_attention_params,
+    physgto_attention,
+    physgto_attention_backward,
+    physgto_attention_forward,
+)
 from .pinnsformer import (  # noqa: F401
     init_pinnsformer_params,
     make_time_sequence,
@@ -445,6 +453,11 @@ __all__ = [
     "pde_channel_attention",
     "pde_channel_attention_backward",
     "pde_channel_attention_forward",
+    "PHYSGTO_VARIANTS",
+    "init_physgto_attention_params",
+    "physgto_attention",
+    "physgto_attention_backward",
+    "physgto_attention_forward",
     "init_pinnsformer_params",
     "make_time_sequence",
     "pinnsformer_backward",
