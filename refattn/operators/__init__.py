@@ -12,7 +12,8 @@ integrals and scans (``docs/operators/``): ``mamba`` (the selective scan), ``mam
 ``gno_kernel_integral``, ``pinto``, ``anie``, ``anisotropic_rbf``, ``schwarz_attention``,
 ``pde_transformer_channel_attention``. Operator attention from recent papers (T3,
 ``docs/operators/operator-attention-t3.md``): ``mono_cotap`` (MoNo's entropic-OT projection),
-``physgto_attention`` (PhysGTO's projection-inspired attention).
+``physgto_attention`` (PhysGTO's projection-inspired attention),
+``gaot_magno`` (GAOT's multiscale attentional GNO encoder/decoder).
 
 Every public function of those modules is importable from here, e.g.
 ``from refattn.operators import fno_spectral_conv_forward``.
@@ -138,6 +139,14 @@ from .galerkin import (  # noqa: F401
     galerkin_attention_backward,
     galerkin_attention_forward,
     init_params,
+)
+from .gaot_magno import (  # noqa: F401
+    init_magno_params,
+    magno,
+    magno_backward,
+    magno_forward,
+    magno_geometry_features,
+    node_pos_encode,
 )
 from .gno_kernel_integral import (  # noqa: F401
     gno_kernel_integral_backward,
@@ -380,6 +389,12 @@ __all__ = [
     "galerkin_attention_backward",
     "galerkin_attention_forward",
     "init_params",
+    "init_magno_params",
+    "magno",
+    "magno_backward",
+    "magno_forward",
+    "magno_geometry_features",
+    "node_pos_encode",
     "gno_kernel_integral_backward",
     "gno_kernel_integral_forward",
     "init_gno_params",
