@@ -13,7 +13,8 @@ integrals and scans (``docs/operators/``): ``mamba`` (the selective scan), ``mam
 ``pde_transformer_channel_attention``. Operator attention from recent papers (T3,
 ``docs/operators/operator-attention-t3.md``): ``mono_cotap`` (MoNo's entropic-OT projection),
 ``physgto_attention`` (PhysGTO's projection-inspired attention),
-``gaot_magno`` (GAOT's multiscale attentional GNO encoder/decoder).
+``gaot_magno`` (GAOT's multiscale attentional GNO encoder/decoder), ``mino`` (MINO's GNO +
+Perceiver cross-attention encoder).
 
 Every public function of those modules is importable from here, e.g.
 ``from refattn.operators import fno_spectral_conv_forward``.
@@ -215,6 +216,17 @@ from .mgno import (  # noqa: F401
     mgno_layer_forward,
     mgno_param_shapes,
     mgno_vcycle,
+)
+from .mino import (  # noqa: F401
+    init_mino_encoder_params,
+    init_perceiver_block_params,
+    mino_encoder,
+    mino_encoder_backward,
+    mino_encoder_forward,
+    mino_perceiver_block_backward,
+    mino_perceiver_block_forward,
+    mino_sincos_embedding,
+    perceiver_block_spec,
 )
 from .mono_cotap import (  # noqa: F401
     cotap,
@@ -443,6 +455,15 @@ __all__ = [
     "mgno_layer_forward",
     "mgno_param_shapes",
     "mgno_vcycle",
+    "init_mino_encoder_params",
+    "init_perceiver_block_params",
+    "mino_encoder",
+    "mino_encoder_backward",
+    "mino_encoder_forward",
+    "mino_perceiver_block_backward",
+    "mino_perceiver_block_forward",
+    "mino_sincos_embedding",
+    "perceiver_block_spec",
     "cotap",
     "cotap_backward",
     "cotap_forward",
