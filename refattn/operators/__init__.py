@@ -14,7 +14,7 @@ integrals and scans (``docs/operators/``): ``mamba`` (the selective scan), ``mam
 ``docs/operators/operator-attention-t3.md``): ``mono_cotap`` (MoNo's entropic-OT projection),
 ``physgto_attention`` (PhysGTO's projection-inspired attention),
 ``gaot_magno`` (GAOT's multiscale attentional GNO encoder/decoder), ``mino`` (MINO's GNO +
-Perceiver cross-attention encoder).
+Perceiver cross-attention encoder), ``cape`` (CAPE's parameter-guided channel-attention block).
 
 Every public function of those modules is importable from here, e.g.
 ``from refattn.operators import fno_spectral_conv_forward``.
@@ -38,6 +38,12 @@ from .anisotropic_rbf import (  # noqa: F401
     anisotropic_rbf_backward,
     anisotropic_rbf_forward,
     tangent_frames,
+)
+from .cape import (  # noqa: F401
+    cape_block,
+    cape_block_backward,
+    cape_block_forward,
+    init_cape_params,
 )
 from .cno import (  # noqa: F401
     cno_activation_operators,
@@ -319,6 +325,10 @@ __all__ = [
     "anisotropic_rbf_backward",
     "anisotropic_rbf_forward",
     "tangent_frames",
+    "cape_block",
+    "cape_block_backward",
+    "cape_block_forward",
+    "init_cape_params",
     "cno_activation_operators",
     "cno_block",
     "cno_block_backward",
