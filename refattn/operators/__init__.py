@@ -14,7 +14,7 @@ integrals and scans (``docs/operators/``): ``mamba`` (the selective scan), ``mam
 ``docs/operators/operator-attention-t3.md``): ``mono_cotap`` (MoNo's entropic-OT projection),
 ``physgto_attention`` (PhysGTO's projection-inspired attention),
 ``gaot_magno`` (GAOT's multiscale attentional GNO encoder/decoder), ``mino`` (MINO's GNO +
-Perceiver cross-attention encoder), ``cape`` (CAPE's parameter-guided channel-attention block).
+Perceiver cross-attention encoder), ``cape`` (CAPE's parameter-guided channel-attention block), ``mano`` (MANO's multipole attention).
 
 Every public function of those modules is importable from here, e.g.
 ``from refattn.operators import fno_spectral_conv_forward``.
@@ -214,6 +214,13 @@ from .mamba_neural_operator import (  # noqa: F401
     mno_ss2d_backward,
     mno_ss2d_forward,
     scan_order_permutations,
+)
+from .mano import (  # noqa: F401
+    init_mano_params,
+    mano_attention,
+    mano_attention_backward,
+    mano_attention_forward,
+    mano_levels,
 )
 from .mgno import (  # noqa: F401
     init_mgno_params,
@@ -459,6 +466,11 @@ __all__ = [
     "mno_ss2d_backward",
     "mno_ss2d_forward",
     "scan_order_permutations",
+    "init_mano_params",
+    "mano_attention",
+    "mano_attention_backward",
+    "mano_attention_forward",
+    "mano_levels",
     "init_mgno_params",
     "mgno_layer",
     "mgno_layer_backward",
