@@ -14,7 +14,8 @@ integrals and scans (``docs/operators/``): ``mamba`` (the selective scan), ``mam
 ``docs/operators/operator-attention-t3.md``): ``mono_cotap`` (MoNo's entropic-OT projection),
 ``physgto_attention`` (PhysGTO's projection-inspired attention),
 ``gaot_magno`` (GAOT's multiscale attentional GNO encoder/decoder), ``mino`` (MINO's GNO +
-Perceiver cross-attention encoder), ``cape`` (CAPE's parameter-guided channel-attention block), ``mano`` (MANO's multipole attention).
+Perceiver cross-attention encoder), ``cape`` (CAPE's parameter-guided channel-attention block), ``mano`` (MANO's multipole attention),
+``aot_pot`` (AOT-POT's Sinkhorn-projected multi-stream residual mixing, an mHC-form reconstruction).
 
 Every public function of those modules is importable from here, e.g.
 ``from refattn.operators import fno_spectral_conv_forward``.
@@ -38,6 +39,12 @@ from .anisotropic_rbf import (  # noqa: F401
     anisotropic_rbf_backward,
     anisotropic_rbf_forward,
     tangent_frames,
+)
+from .aot_pot import (  # noqa: F401
+    aot_pot_stream_mixing,
+    aot_pot_stream_mixing_backward,
+    aot_pot_stream_mixing_forward,
+    init_aot_pot_params,
 )
 from .cape import (  # noqa: F401
     cape_block,
@@ -332,6 +339,10 @@ __all__ = [
     "anisotropic_rbf_backward",
     "anisotropic_rbf_forward",
     "tangent_frames",
+    "aot_pot_stream_mixing",
+    "aot_pot_stream_mixing_backward",
+    "aot_pot_stream_mixing_forward",
+    "init_aot_pot_params",
     "cape_block",
     "cape_block_backward",
     "cape_block_forward",
