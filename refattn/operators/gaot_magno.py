@@ -198,7 +198,7 @@ def _validate(f, params, src_coord, dst_coord, radius, scales, role, attention_t
         co = as_float(w, "projection.fcs.0.weight", ndim=3).shape[0]
         spec.update({"projection.fcs.0.weight": (co, ch, 1), "projection.fcs.0.bias": (co,)})
     p = check_params(params, spec)
-    dt = compute_dtype(f, src, dst, *p.values())
+    dt = compute_dtype(f, *p.values())                # coordinates follow the features' dtype
     return (f.astype(dt, copy=False), src.astype(dt, copy=False), dst.astype(dt, copy=False), cast_all(dt, p),
             radius, scales, n_k)
 
@@ -234,7 +234,7 @@ def _segment_softmax(a, seg, n_seg):
     mx = np.full(n_seg, -np.inf, dtype=a.dtype)
     np.maximum.at(mx, seg, a)
     e = np.exp(a - mx[seg])
-    den = np.bincount(seg, e, minlength=n_seg)
+    den = np.bincount(seg, e, minlength=n_seg).astype(a.dtype, copy=False)   # bincount sums in float64
     return e / den[seg]
 
 
@@ -360,7 +360,7 @@ def magno_backward(dout, cache):
         alpha, val = sc["alpha"], sc["val"]
         dval = alpha[:, None] * dwe
         dalpha = np.sum(dwe * val, axis=-1)
-        s_grp = np.bincount(sc["seg"], alpha * dalpha, minlength=u.shape[0] * m)
+        s_grp = np.bincount(sc["seg"], alpha * dalpha, minlength=u.shape[0] * m).astype(alpha.dtype, copy=False)
         dlogit = alpha * (dalpha - s_grp[sc["seg"]])
         if cache["attention_type"] == "dot_product":
             dlogit = dlogit / np.sqrt(cache["qa"].shape[-1])
