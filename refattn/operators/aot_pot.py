@@ -48,8 +48,9 @@ Conventions
 -----------
 * ``sinkhorn_iters`` = 20 (mHC's $t_{max}$) *(reconstruction)*; row step first.
 * $H_{post}$ scaled by 2 and $\sigma$ for $H_{pre}$ as mHC *(reconstruction)*.
-* Gating scalars $\alpha$ are 0-d parameters; matrices ``phi_*`` are ``(n C, ·)`` with ``vec`` in
-  stream-major order (stream $k$ occupies entries $kC..(k+1)C-1$).
+* Gating scalars $\alpha$ are parameters of shape ``(1,)`` (a PyTorch ``nn.Parameter(torch.ones(1))``);
+  matrices ``phi_*`` are ``(n C, ·)`` with ``vec`` in stream-major order (stream $k$ occupies
+  entries $kC..(k+1)C-1$).
 * The Sinkhorn backward is unrolled (the exact gradient of the computed $H_{res}$); the implicit
   fixed-point gradient (``refattn.operators.common.sinkhorn_implicit_vjp``) agrees at convergence
   (check ``implicit_equals_unrolled_at_convergence``).
@@ -82,7 +83,7 @@ def _validate(x, params, sinkhorn_iters, eps):
         raise ValueError(f"params is missing 'sublayer.fc1.weight' (expected shape (C={c}, hidden))")
     hid = as_float(w1, "sublayer.fc1.weight", ndim=2).shape[1]
     spec = {"phi_pre": (n * c, n), "phi_post": (n * c, n), "phi_res": (n * c, n * n), "b_pre": (n,), "b_post": (n,),
-            "b_res": (n, n), "alpha_pre": (), "alpha_post": (), "alpha_res": ()}
+            "b_res": (n, n), "alpha_pre": (1,), "alpha_post": (1,), "alpha_res": (1,)}
     spec.update(linear_prefixed_spec("sublayer.fc1", c, hid))
     spec.update(linear_prefixed_spec("sublayer.fc2", hid, c))
     p = check_params(params, spec)
@@ -99,7 +100,7 @@ def aot_pot_stream_mixing_forward(x, params, *, sinkhorn_iters: int = 20, eps: f
         ``n`` residual streams of width C at each of the N tokens.
     params : dict
         ``phi_pre``, ``phi_post`` (n C, n), ``phi_res`` (n C, n²), ``b_pre``, ``b_post`` (n,), ``b_res``
-        (n, n), 0-d ``alpha_pre``, ``alpha_post``, ``alpha_res``; the sub-layer
+        (n, n), ``alpha_pre``, ``alpha_post``, ``alpha_res`` of shape (1,); the sub-layer
         ``sublayer.fc1.{weight (C, h), bias}``, ``sublayer.fc2.{weight (h, C), bias}``.
     sinkhorn_iters : int
         Row + column rounds projecting $H_{res}$ (reconstruction; mHC 20).
@@ -155,7 +156,7 @@ def aot_pot_stream_mixing_backward(dout, cache):
                         ("res", dz_res, cache["a"][2])):
         alpha = p[f"alpha_{name}"]
         dzf = dz.reshape(b, t, -1)
-        grads[f"alpha_{name}"] = np.asarray(np.sum(dz * a), dtype=x.dtype)
+        grads[f"alpha_{name}"] = np.full(1, np.sum(dz * a), dtype=x.dtype)
         grads[f"b_{name}"] = dz.sum(axis=(0, 1))
         grads[f"phi_{name}"] = alpha * (uh.reshape(-1, n * c).T @ dzf.reshape(-1, dzf.shape[-1]))
         duh = duh + alpha * (dzf @ p[f"phi_{name}"].T)
@@ -175,8 +176,8 @@ def init_aot_pot_params(rng, n_streams: int, c: int, *, hidden=None, alpha: floa
     hidden = 4 * c if hidden is None else hidden
     p = {"phi_pre": 0.02 * rng.standard_normal((n * c, n)), "phi_post": 0.02 * rng.standard_normal((n * c, n)),
          "phi_res": 0.02 * rng.standard_normal((n * c, n * n)), "b_pre": np.zeros(n), "b_post": np.zeros(n),
-         "b_res": np.zeros((n, n)), "alpha_pre": np.asarray(alpha), "alpha_post": np.asarray(alpha),
-         "alpha_res": np.asarray(alpha)}
+         "b_res": np.zeros((n, n)), "alpha_pre": np.full(1, alpha), "alpha_post": np.full(1, alpha),
+         "alpha_res": np.full(1, alpha)}
     p.update(init_linear_prefixed(rng, c, hidden, "sublayer.fc1"))
     p.update(init_linear_prefixed(rng, hidden, c, "sublayer.fc2"))
     return {k: np.asarray(v, dtype=dtype) for k, v in p.items()}
