@@ -109,7 +109,8 @@ def _validate(x, x_p, params, param_transform, combine):
     w2 = as_float(params.get("CNN_2.weight", np.zeros((1, 1) + (1,) * nd)), "CNN_2.weight", ndim=2 + nd)
     c_out = w2.shape[0]
     if c_out % c:
-        raise ValueError(f"CNN_2 must output C * n_p channels with C={c}; got {c_out}")
+        raise ValueError(f"CNN_2.weight must output C * n_p channels with C={c} the channels of x (axis 1); "
+                         f"got {c_out} output channels")
     k2 = w2.shape[2]
     sc = as_float(params.get("CNN_SC.weights1_real", np.zeros((1, 1) + (1,) * nd)), "CNN_SC.weights1_real", ndim=2 + nd)
     modes = sc.shape[2:]
