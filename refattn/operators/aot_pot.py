@@ -54,6 +54,12 @@ Conventions
 * The Sinkhorn backward is unrolled (the exact gradient of the computed $H_{res}$); the implicit
   fixed-point gradient (``refattn.operators.common.sinkhorn_implicit_vjp``) agrees at convergence
   (check ``implicit_equals_unrolled_at_convergence``).
+
+Agreement
+---------
+No upstream code is public. A PyTorch autograd transcription of the same formula in float64 ($B = 2$,
+7 tokens, $n = 4$ streams, $C = 8$, 20 rounds) agrees to 9.3e-16 (output) and 2.7e-15 (gradients),
+relative to the largest entry; a smaller copy is in ``tests/test_operators_o3.py``.
 """
 
 from __future__ import annotations

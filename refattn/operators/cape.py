@@ -61,6 +61,13 @@ Conventions
 * The grid size must be a multiple of 4 (pool, then upsample by 4, as upstream).
 * Convolution weights keep PyTorch's ``(C_out, C_in/groups, k...)`` layout; the spectral weights
   are ``CNN_SC.weights{1,2}_real/imag`` (upstream's complex ``weights1/2``); linear ``(in, out)``.
+
+Agreement with upstream
+-----------------------
+``PrmEmb_Block_1d``/``_2d`` in PyTorch float64 on CPU (the spectral layers' ``torch.cfloat`` patched
+to complex128; 1-D grid 128 with 16 modes, 2-D 32x32 with 5 modes so the corners overlap), maximum
+error relative to the largest entry: output <= 8.9e-16, gradients <= 7.2e-15 in all four
+configurations (the 1x1 output convolution's bias gradient is structurally zero, ~1e-17 in both).
 """
 
 from __future__ import annotations

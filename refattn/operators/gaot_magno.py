@@ -68,6 +68,15 @@ Conventions and upstream details
 * Batched coordinates ``(B, n, d)`` are upstream's "vx" mode. The decoder's scale weights use
   each batch element's own query coordinates (upstream uses element 0's for the whole batch).
 * ``Conv1d`` weights keep PyTorch's ``(C_out, C_in, 1)`` layout; linear weights are ``(in, out)``.
+
+Agreement with upstream
+-----------------------
+``MAGNOEncoder``/``MAGNODecoder`` in PyTorch float64 on CPU (CPU stand-ins for ``torch_scatter``,
+``"native"`` neighbour search; 120 points, 30 targets, radius 0.35), maximum error relative to the
+largest entry: default encoder output 5.7e-16, gradients <= 1.9e-15; two scales with scale weights
+1.3e-15 / 4.0e-15; dot-product attention + nonlinear kernel + node embedding 2.2e-15 / 2.1e-15
+(the key-projection bias's gradient is structurally zero, ~1e-17 in both); decoder, two scales
+4.8e-16 / 1.6e-15.
 """
 
 from __future__ import annotations

@@ -55,6 +55,13 @@ Conventions
 * Dropout (attention and output) is the training-time identity here.
 * Token-major ``(B, H, W, C)`` as upstream; ``down.1.weight``/``up.1.weight`` keep PyTorch's conv
   layouts ``(C, C, s, s)``; linear weights ``(in, out)``.
+
+Agreement with the upstream code
+--------------------------------
+The copied ``MultipoleAttention`` classes in PyTorch float64 on CPU (16x16 grid, $C = 8$), maximum
+error relative to the largest entry: conv samplers, 4 heads of 4, 4 levels: output 4.5e-16,
+gradients <= 1.3e-15; pool samplers, 2 heads of 8: 3.9e-16 / 1.1e-15; overlapping 4x4 windows with
+stride 2, one head of width $C$, 3 levels: 3.8e-16 / 2.3e-15.
 """
 
 from __future__ import annotations

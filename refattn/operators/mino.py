@@ -61,6 +61,12 @@ Conventions and upstream details
 * Upstream shares one point cloud over the batch (``input_pos[0]``): coordinates are ``(n, d)``.
 * Linear weights ``(in, out)`` = ``nn.Linear.weight.T``; the kernel MLP keys follow
   ``named_parameters()`` (``supernode_pooling.message.channel_mlp.fcs.{i}``).
+
+Agreement with upstream
+-----------------------
+``EncoderSupernodes`` in PyTorch float64 on CPU (depth 3, 4 heads, width 16, 150 points, 20 latent
+points; the embedding frequencies recomputed in float64, upstream builds them in float32), maximum
+error relative to the largest entry: output 7.6e-16, gradients <= 1.2e-14.
 """
 
 from __future__ import annotations

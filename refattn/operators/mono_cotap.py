@@ -77,8 +77,10 @@ Conventions
 Agreement with upstream
 -----------------------
 ``sinkhorn_reference`` + ``CoTAP.build_mapping``/``encode``/``decode`` of the upstream files run in
-PyTorch float64 on CPU (``timm`` stubbed, it only initialises weights) against this module: see
-``docs/operators/operator-attention-t3.md#mono-cotap`` for the measured errors.
+PyTorch float64 on CPU (``timm`` stubbed, it only initialises weights) against this module ($B = 2$,
+$N = 40$, $M = 7$, $D = 6$, three hidden layers), maximum error relative to the largest entry:
+output 3.3e-15, every gradient <= 5.5e-15, with the standard and the row-normalised output layer
+(the output bias's gradient is structurally zero, roundoff ~1e-12 in both).
 """
 
 from __future__ import annotations

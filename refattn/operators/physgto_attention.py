@@ -53,6 +53,13 @@ Conventions
   upstream names: ``attention{i}.in_proj_weight`` is ``in_proj_weight.T`` (C, 3C) (columns: q, k,
   v), ``attention{i}.out_proj.weight`` is ``out_proj.weight.T``.
 * Scores are scaled by $1/\sqrt d$ with $d$ the head width in every variant.
+
+Agreement with upstream
+-----------------------
+Each upstream class (``Atten``/``GTO_Atten``/``Atten``) in PyTorch float64 on CPU, eval mode, biases
+randomised ($B = 2$, $N = 50$, $C = 16$, $H = 4$, $M = 8$), maximum error relative to the largest
+entry: task 1 output 5.6e-16, gradients <= 1.2e-14; task 2 5.7e-16 / 7.6e-14; task 3 4.9e-16 /
+1.1e-15.
 """
 
 from __future__ import annotations
