@@ -1,21 +1,31 @@
 """``refattn bench``: NumPy reference vs Numba CPU kernels vs PyTorch CPU, in one process.
 
-Cases (float32, ``B=1, H=8, d=64`` by default, ``N`` from ``--sizes``):
+Cases (float32, ``B=1``, ``H=4``, ``d=64`` by default, ``N`` from ``--sizes``):
 
 * ``sdpa``: forward and forward+backward, causal and not — NumPy reference
   (:func:`refattn.attention.softmax.sdpa_forward`), the fused Numba kernel
   (:mod:`refattn.kernels.cpu.flash`) and ``torch.nn.functional.scaled_dot_product_attention``;
 * ``diff``: differential attention core (``dv = 2d``) — NumPy reference, the fused Numba kernel and
-  the torch composition ``sdpa(q1, k1, v) - lam * sdpa(q2, k2, v)``;
-* ``linear``: causal linear attention — NumPy reference scan vs the Numba scan kernels.
+  the torch composition ``sdpa(q1, k1, v) - lam * sdpa(q2, k2, v)`` (two SDPA calls);
+* ``linear``: causal linear attention — NumPy reference scan vs the Numba chunked scan.
 
-torch and Numba run with the same thread count (``torch.set_num_threads`` /
-``numba.set_num_threads``); the OpenBLAS under NumPy is set to it too where it can be reached
-(numpy's bundled ``scipy_openblas``). Reported: median wall time, ratios, GFLOP/s (``4BHN^2d``
-forward, x0.5 causal, backward x2.5), the measured sgemm GFLOP/s of the machine, which BLAS kernel
-ran, and peak extra memory: ``tracemalloc`` peak of NumPy arrays allocated by the call (the kernels'
-outputs, caches and partial buffers) plus an analytic count of the Numba kernels' per-thread tile
-scratch (NRT allocations are not seen by tracemalloc).
+Every case runs twice in the same process:
+
+1. **single thread** (the like-for-like comparison): Numba, torch and every BLAS library at one
+   thread, timed in *process CPU time*, which moves much less than wall time on a shared machine;
+2. **all cores** (``--threads``, default all): the same thread count for Numba, torch and NumPy's
+   BLAS, timed in wall-clock time.
+
+Both modes report the sgemm rate of the same run (NumPy and torch, ``2048^3``) and which BLAS
+kernel ran (``threadpoolctl``), medians of interleaved rounds (each round calls every
+implementation once, so a burst of outside load hits all of them), speed ratios as medians of the
+per-round ratios, GFLOP/s (``4BHN^2d`` forward, x0.5 causal, x3.5 forward+backward) and the
+kernel's share of the same run's sgemm. A sample that takes less than ``--min-sample-ms`` repeats
+the call until it does, so that the small sizes of ``--quick`` are not dominated by timer and
+thread wake-up noise. Also measured: peak extra memory per head at ``--memory-n`` (tracemalloc
+of the NumPy-visible allocations plus the kernels' analytic tile scratch) and, with
+``--cold-start``, the one-time compile cost of the kernels in a fresh process with an empty
+cache and the load time from the on-disk cache in a second one.
 
 torch is optional and imported lazily. OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE in the environment
 change NumPy's BLAS; run the benchmark with them unset (``benchmarks/run.py`` says how).
@@ -28,7 +38,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -39,66 +51,33 @@ __all__ = ["main", "run"]
 
 
 # --------------------------------------------------------------------------------------------
-# Machine information
+# Machine information and thread control
 
 
-def _openblas():
-    """ctypes handle of NumPy's bundled OpenBLAS, or None."""
-    import ctypes
-    import glob
-
-    libdir = Path(np.__file__).parent.parent / "numpy.libs"
-    for path in glob.glob(str(libdir / "libscipy_openblas*.so")):
-        try:
-            return ctypes.CDLL(path)
-        except OSError:
-            continue
-    return None
-
-
-def blas_info(threads: int | None = None) -> dict:
-    """Which BLAS NumPy uses, its core type and thread count (sets the threads when asked)."""
-    import ctypes
-
-    info = {"env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE",
-                                                   "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")}}
+def blas_info() -> list[dict]:
+    """Every BLAS / OpenMP library loaded in the process (threadpoolctl), with its kernel
+    ("architecture") and thread count; empty when threadpoolctl is not installed."""
     try:
-        cfg = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        info["numpy_blas"] = f"{cfg.get('name')} {cfg.get('version')}"
-    except Exception as exc:  # pragma: no cover - depends on the numpy build
-        info["numpy_blas"] = f"unknown ({exc})"
-    lib = _openblas()
-    if lib is not None:
-        for sym in ("scipy_openblas_get_corename64_", "openblas_get_corename"):
-            if hasattr(lib, sym):
-                fn = getattr(lib, sym)
-                fn.restype = ctypes.c_char_p
-                info["openblas_core"] = fn().decode()
-                break
-        for sym in ("scipy_openblas_get_config64_", "openblas_get_config"):
-            if hasattr(lib, sym):
-                fn = getattr(lib, sym)
-                fn.restype = ctypes.c_char_p
-                info["openblas_config"] = fn().decode()
-                break
-        if threads is not None and hasattr(lib, "scipy_openblas_set_num_threads64_"):
-            lib.scipy_openblas_set_num_threads64_(ctypes.c_int(threads))
-        if hasattr(lib, "scipy_openblas_get_num_threads64_"):
-            info["openblas_threads"] = int(lib.scipy_openblas_get_num_threads64_())
-    return info
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return []
+    return [{k: lib.get(k) for k in ("user_api", "internal_api", "version", "architecture", "num_threads",
+                                     "threading_layer", "filepath")} for lib in threadpool_info()]
 
 
-def sgemm_gflops(n: int = 2048, repeats: int = 5) -> dict:
-    """Measured float32 GEMM rate (NumPy BLAS and, when installed, torch) at n x n x n."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n), dtype=np.float32)
-    b = rng.standard_normal((n, n), dtype=np.float32)
-    out = {"n": n, "numpy": 2 * n**3 / _median(lambda: a @ b, repeats) / 1e9}
-    torch = _torch()
+def set_threads(n: int, torch) -> None:
+    """Numba, torch and every BLAS library at ``n`` threads (the kernels pin the BLAS they call
+    to one thread per Numba worker themselves)."""
+    import numba
+
+    numba.set_num_threads(n)
     if torch is not None:
-        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
-        out["torch"] = 2 * n**3 / _median(lambda: ta @ tb, repeats) / 1e9
-    return out
+        torch.set_num_threads(n)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return
+    threadpool_limits(n, user_api="blas")
 
 
 def _torch():
@@ -109,16 +88,49 @@ def _torch():
     return torch
 
 
-def _median(fn, repeats: int, warmup: int = 1) -> float:
-    """Median wall time of ``repeats`` calls after ``warmup``."""
-    for _ in range(warmup):
+def _clock(mode: str):
+    return time.process_time if mode == "1thread" else time.perf_counter
+
+
+def _sample(fn, clock, min_s: float) -> float:
+    """Time of one call: the mean over enough back-to-back calls to take ``min_s``."""
+    t0 = clock()
+    fn()
+    dt = clock() - t0
+    if dt >= min_s:
+        return dt
+    reps = min(1000, int(min_s / max(dt, 1e-6)) + 1)
+    t0 = clock()
+    for _ in range(reps):
         fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
+    return (clock() - t0) / reps
+
+
+def sgemm_gflops(mode: str, torch, n: int = 2048, repeats: int = 5) -> dict:
+    """float32 GEMM rate (NumPy BLAS and torch) at ``n^3`` in the clock of ``mode``."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n), dtype=np.float32)
+    b = rng.standard_normal((n, n), dtype=np.float32)
+    clock = _clock(mode)
+    fns = {"numpy": lambda: a @ b}
+    if torch is not None:
+        ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+        fns["torch"] = lambda: ta @ tb
+    out = {}
+    for name, fn in fns.items():
         fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        out[name] = 2 * n**3 / statistics.median(_sample(fn, clock, 0.0) for _ in range(repeats)) / 1e9
+    return out
+
+
+def memory_bandwidth_gbs(mode: str) -> float:
+    """Copy bandwidth (read + write bytes / s) of a 64 MiB float32 array: the memory roof."""
+    a = np.ones(16 << 20, dtype=np.float32)
+    b = np.empty_like(a)
+    clock = _clock(mode)
+    np.copyto(b, a)
+    t = statistics.median(_sample(lambda: np.copyto(b, a), clock, 0.0) for _ in range(5))
+    return 2 * a.nbytes / t / 1e9
 
 
 def _peak_numpy_bytes(fn) -> int:
@@ -133,10 +145,16 @@ def _peak_numpy_bytes(fn) -> int:
     return int(peak)
 
 
-def _measure(impls: dict, repeats: int, flops: float, fb_factor: float, ref: str, mem_names=()) -> dict:
-    """Time every implementation's forward and forward+backward, *interleaved*: each round runs
-    every implementation once, so load from other processes hits them alike; the speed ratios
-    are medians of the per-round ratios ``t_ref / t_impl``. One warm-up call each first."""
+# --------------------------------------------------------------------------------------------
+# Timing
+
+
+def _measure(impls: dict, *, mode: str, repeats: int, min_s: float, flops: float, fb_factor: float,
+             ref: str) -> dict:
+    """Time every implementation's forward and forward+backward, interleaved: each round runs
+    every implementation once, and the ratios ``t_ref / t_impl`` are medians of the per-round
+    ratios. One warm-up call each first."""
+    clock = _clock(mode)
     for f_fwd, f_fb in impls.values():
         f_fwd()
         f_fb()
@@ -144,21 +162,18 @@ def _measure(impls: dict, repeats: int, flops: float, fb_factor: float, ref: str
     for _ in range(repeats):
         for key, idx in (("fwd", 0), ("fb", 1)):
             for name, fns in impls.items():
-                t0 = time.perf_counter()
-                fns[idx]()
-                t[name][key].append(time.perf_counter() - t0)
+                t[name][key].append(_sample(fns[idx], clock, min_s))
     rows = {}
-    for name, (_, f_fb) in impls.items():
+    for name in impls:
         tf, tb = t[name]["fwd"], t[name]["fb"]
-        row = {"fwd_s": statistics.median(tf), "fwd_bwd_s": statistics.median(tb), "fwd_min_s": min(tf),
-               "fwd_bwd_min_s": min(tb)}
+        row = {"fwd_s": statistics.median(tf), "fwd_bwd_s": statistics.median(tb),
+               "fwd_min_s": min(tf), "fwd_bwd_min_s": min(tb)}
         row["fwd_gflops"] = flops / row["fwd_s"] / 1e9
         row["fwd_bwd_gflops"] = fb_factor * flops / row["fwd_bwd_s"] / 1e9
-        if ref in t:
-            row[f"fwd_speed_vs_{ref}"] = statistics.median(a / b for a, b in zip(t[ref]["fwd"], tf))
-            row[f"fwd_bwd_speed_vs_{ref}"] = statistics.median(a / b for a, b in zip(t[ref]["fb"], tb))
-        if name in mem_names:
-            row["fwd_bwd_peak_numpy_bytes"] = _peak_numpy_bytes(f_fb)
+        for other in impls:
+            if other != name:
+                row[f"fwd_speed_vs_{other}"] = statistics.median(a / b for a, b in zip(t[other]["fwd"], tf))
+                row[f"fwd_bwd_speed_vs_{other}"] = statistics.median(a / b for a, b in zip(t[other]["fb"], tb))
         rows[name] = row
     return rows
 
@@ -171,10 +186,10 @@ def kernel_scratch_bytes(kind: str, *, threads: int, d: int, dv: int, r: int = 1
 
     bq = DEFAULT_BLOCK_Q if bq is None else bq
     bk = DEFAULT_BLOCK_K if bk is None else bk
-    if kind == "fwd":  # s, th, kt, e2, acc, m, l
-        per = (2 * bq * bk + d * bk + bk + r * bq * dv + 2 * r * bq) * itemsize
-    else:  # s, th, dp, e2, kt, vt, dkt, dvt, dqt + float64 dka, dva
-        per = (3 * bq * bk + bk + 2 * (d + dv) * bk + bq * d) * itemsize + (d + dv) * bk * 8
+    if kind == "fwd":  # s, th, P V, acc, m, row sums + float64 l, alpha
+        per = (2 * bq * bk + bq * dv + r * bq * dv + r * bq + bq) * itemsize + (r * bq + bq) * 8
+    else:  # s, dp, ds, th, tile products, 2 row vectors + float64 dK, dV accumulators
+        per = (4 * bq * bk + max(bq, bk) * max(d, dv) + 2 * bq) * itemsize + (r * d + dv) * bk * 8
     return per * threads
 
 
@@ -186,20 +201,19 @@ def _sdpa_flops(b, h, n, d, causal):
     return 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
 
 
-def _bench_sdpa(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
+def _case_sdpa(n, *, b, h, d, causal, numpy_max, torch):
     from refattn.attention.softmax import sdpa_backward, sdpa_forward
     from refattn.kernels.cpu.flash import flash_attention_backward, flash_attention_forward
 
     rng = np.random.default_rng(n)
     q, k, v = (rng.standard_normal((b, h, n, d), dtype=np.float32) for _ in range(3))
     g = rng.standard_normal((b, h, n, d), dtype=np.float32)
-    fl = _sdpa_flops(b, h, n, d, causal)
+
     def nb_fwd():
         return flash_attention_forward(q, k, v, is_causal=causal)
 
     def nb_fb():
-        o, c = flash_attention_forward(q, k, v, is_causal=causal)
-        return flash_attention_backward(g, c)
+        return flash_attention_backward(g, flash_attention_forward(q, k, v, is_causal=causal)[1])
 
     impls = {"numba": (nb_fwd, nb_fb)}
     if n <= numpy_max:
@@ -207,8 +221,7 @@ def _bench_sdpa(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
             return sdpa_forward(q, k, v, is_causal=causal)
 
         def np_fb():
-            o, c = sdpa_forward(q, k, v, is_causal=causal)
-            return sdpa_backward(g, c)
+            return sdpa_backward(g, sdpa_forward(q, k, v, is_causal=causal)[1])
 
         impls["numpy"] = (np_fwd, np_fb)
     if torch is not None:
@@ -220,16 +233,15 @@ def _bench_sdpa(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
                 return F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
 
         def t_fb():
-            qq, kk, vv = (x.detach().requires_grad_() for x in (tq, tk, tv))
-            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=causal)
-            return torch.autograd.grad(o, (qq, kk, vv), tg)
+            xs = [x.detach().requires_grad_() for x in (tq, tk, tv)]
+            return torch.autograd.grad(F.scaled_dot_product_attention(*xs, is_causal=causal), xs, tg)
 
         impls["torch"] = (t_fwd, t_fb)
-    rows = _measure(impls, repeats, fl, 3.5, "torch", ("numba", "numpy") if mem else ())
-    results.append({"case": "sdpa", "N": n, "B": b, "H": h, "d": d, "causal": causal, "impl": rows})
+    # minimum bytes a forward must move: q, k, v, out (float32) and the LSE
+    return impls, _sdpa_flops(b, h, n, d, causal), 3.5, "torch", 4 * b * h * n * (4 * d + 1)
 
 
-def _bench_diff(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
+def _case_diff(n, *, b, h, d, causal, numpy_max, torch):
     from refattn.attention.differential import diff_attention_core_backward, diff_attention_core_forward
     from refattn.kernels.cpu.differential import diff_attention_backward, diff_attention_forward
 
@@ -238,23 +250,21 @@ def _bench_diff(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
     v = rng.standard_normal((b, h, n, 2 * d), dtype=np.float32)
     g = rng.standard_normal((b, h, n, 2 * d), dtype=np.float32)
     lam = np.full((h, 1), 0.6, dtype=np.float32)
-    align = {"causal_alignment": "top_left"}
-    fl = 2 * (_sdpa_flops(b, h, n, d, causal) + _sdpa_flops(b, h, n, 2 * d, causal)) / 2  # QK^T at d, PV at 2d
+    cfg = {"is_causal": causal, "causal_alignment": "top_left"}
+
     def nb_fwd():
-        return diff_attention_forward(q1, k1, q2, k2, v, lam, is_causal=causal, **align)
+        return diff_attention_forward(q1, k1, q2, k2, v, lam, **cfg)
 
     def nb_fb():
-        o, c = diff_attention_forward(q1, k1, q2, k2, v, lam, is_causal=causal, **align)
-        return diff_attention_backward(g, c)
+        return diff_attention_backward(g, diff_attention_forward(q1, k1, q2, k2, v, lam, **cfg)[1])
 
     impls = {"numba": (nb_fwd, nb_fb)}
     if n <= numpy_max:
         def np_fwd():
-            return diff_attention_core_forward(q1, k1, q2, k2, v, lam, is_causal=causal, **align)
+            return diff_attention_core_forward(q1, k1, q2, k2, v, lam, **cfg)
 
         def np_fb():
-            o, c = diff_attention_core_forward(q1, k1, q2, k2, v, lam, is_causal=causal, **align)
-            return diff_attention_core_backward(g, c)
+            return diff_attention_core_backward(g, diff_attention_core_forward(q1, k1, q2, k2, v, lam, **cfg)[1])
 
         impls["numpy"] = (np_fwd, np_fb)
     if torch is not None:
@@ -275,26 +285,29 @@ def _bench_diff(n, *, b, h, d, causal, repeats, numpy_max, torch, results, mem):
             return torch.autograd.grad(comp(*xs), xs, t[5])
 
         impls["torch_two_sdpa"] = (t_fwd, t_fb)
-    rows = _measure(impls, repeats, fl, 3.5, "torch_two_sdpa", ("numba", "numpy") if mem else ())
-    results.append({"case": "diff", "N": n, "B": b, "H": h, "d": d, "dv": 2 * d, "causal": causal, "impl": rows})
+    # two maps: QK^T at d and PV at dv = 2d each
+    fl = 2 * (_sdpa_flops(b, h, n, d, causal) + _sdpa_flops(b, h, n, 2 * d, causal)) / 2
+    return impls, fl, 3.5, "torch_two_sdpa", 4 * b * h * n * (4 * d + 4 * d + 2)
 
 
-def _bench_linear(n, *, b, h, d, repeats, results, mem):
+def _case_linear(n, *, b, h, d, causal, numpy_max, torch):
     from refattn.attention.linear import causal_linear_attention_backward, causal_linear_attention_forward
     from refattn.kernels.cpu import linear as kl
 
     rng = np.random.default_rng(n + 2)
     q, k, v = (rng.standard_normal((b, h, n, d), dtype=np.float32) for _ in range(3))
     g = rng.standard_normal((b, h, n, d), dtype=np.float32)
-    fl = 4.0 * b * h * n * d * d + 2.0 * b * h * n * d  # state update + readout + denominator
     impls = {
         "numba": (lambda: kl.causal_linear_attention_forward(q, k, v),
                   lambda: kl.causal_linear_attention_backward(g, kl.causal_linear_attention_forward(q, k, v)[1])),
         "numpy": (lambda: causal_linear_attention_forward(q, k, v),
                   lambda: causal_linear_attention_backward(g, causal_linear_attention_forward(q, k, v)[1])),
     }
-    rows = _measure(impls, repeats, fl, 3.0, "numpy", ("numba", "numpy") if mem else ())
-    results.append({"case": "linear_causal", "N": n, "B": b, "H": h, "d": d, "causal": True, "impl": rows})
+    fl = 4.0 * b * h * n * d * d + 2.0 * b * h * n * d  # state update + readout + denominator (scan form)
+    return impls, fl, 3.0, "numpy", 4 * b * h * n * 4 * d
+
+
+_CASES = {"sdpa": _case_sdpa, "diff": _case_diff, "linear": _case_linear}
 
 
 def memory_per_head(n: int, *, d: int = 64, threads: int = 1) -> dict:
@@ -306,78 +319,142 @@ def memory_per_head(n: int, *, d: int = 64, threads: int = 1) -> dict:
     q, k, v, g = (rng.standard_normal((1, 1, n, d), dtype=np.float32) for _ in range(4))
     # warm up (loading the compiled kernels allocates Python objects that tracemalloc would count)
     flash_attention_backward(g[..., :8, :], flash_attention_forward(q[..., :8, :], k[..., :8, :], v[..., :8, :])[1])
-    inputs = 4 * n * d * 4
-    t = time.perf_counter()
+    mib = 1 << 20
     fwd = _peak_numpy_bytes(lambda: flash_attention_forward(q, k, v))
     fb = _peak_numpy_bytes(lambda: flash_attention_backward(g, flash_attention_forward(q, k, v)[1]))
-    mib = 1 << 20
+    scratch = kernel_scratch_bytes("bwd", threads=threads, d=d, dv=d)
     return {"N": n, "d": d, "fwd_numpy_peak_MiB": fwd / mib, "fwd_bwd_numpy_peak_MiB": fb / mib,
-            "kernel_scratch_MiB": kernel_scratch_bytes("bwd", threads=threads, d=d, dv=d) / mib,
-            "inputs_MiB": inputs / mib, "dense_scores_MiB_for_comparison": n * n * 4 / mib,
-            "seconds": time.perf_counter() - t}
+            "kernel_scratch_MiB": scratch / mib, "fwd_bwd_total_MiB": (fb + scratch) / mib,
+            "inputs_MiB": 4 * n * d * 4 / mib, "dense_scores_MiB_for_comparison": n * n * 4 / mib}
+
+
+_COLD_SCRIPT = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import numpy as np
+from refattn.kernels.cpu import flash, linear
+t_import = time.perf_counter() - t0
+rng = np.random.default_rng(0)
+q, k, v, g = (rng.standard_normal((1, 2, 64, 16), dtype=np.float32) for _ in range(4))
+t = time.perf_counter(); out, c = flash.flash_attention_forward(q, k, v); t_fwd = time.perf_counter() - t
+t = time.perf_counter(); flash.flash_attention_backward(g, c); t_bwd = time.perf_counter() - t
+t = time.perf_counter(); lo, lc = linear.causal_linear_attention_forward(q, k, v); t_lf = time.perf_counter() - t
+t = time.perf_counter(); linear.causal_linear_attention_backward(g, lc); t_lb = time.perf_counter() - t
+print(json.dumps({"import_s": t_import, "sdpa_fwd_first_call_s": t_fwd, "sdpa_bwd_first_call_s": t_bwd,
+                  "linear_fwd_first_call_s": t_lf, "linear_bwd_first_call_s": t_lb}))
+"""
+
+
+def cold_start() -> dict:
+    """First-call times of the float32 kernels in a fresh process with an empty cache folder
+    (``NUMBA_CACHE_DIR``: compile + write), then in a second fresh process (load from the cache)."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="refattn-cold-") as tmp:
+        env["NUMBA_CACHE_DIR"] = tmp
+        for label in ("compile", "cached"):
+            t = time.perf_counter()
+            res = subprocess.run([sys.executable, "-c", _COLD_SCRIPT], env=env, capture_output=True, text=True,
+                                 timeout=900)
+            if res.returncode != 0:
+                return {"error": res.stderr[-2000:]}
+            out[label] = json.loads(res.stdout.strip().splitlines()[-1])
+            out[label]["process_s"] = time.perf_counter() - t
+            out[label]["stderr"] = res.stderr.strip()
+    return out
 
 
 # --------------------------------------------------------------------------------------------
 # Reporting
 
 
-def _fmt_s(x):
+def _fmt_ms(x):
     return f"{x * 1e3:.1f}" if x is not None else "—"
+
+
+def _ratio(x):
+    return f"{x:.2f}x" if x is not None else "—"
 
 
 def markdown(report: dict) -> str:
     m = report["machine"]
+    blas = "; ".join(f"{lib['internal_api']} {lib['version']} kernel `{lib['architecture']}` "
+                     f"({Path(lib['filepath']).name})" for lib in m["blas"] if lib.get("user_api") == "blas")
     lines = [
         "# refattn benchmark",
         "",
-        f"- CPU: {m['cpu']}, threads used: {m['threads']} (torch and Numba)",
-        f"- NumPy {m['numpy']} BLAS: {m['blas'].get('numpy_blas')}, core `{m['blas'].get('openblas_core')}`, "
-        f"threads {m['blas'].get('openblas_threads')}; env {m['blas']['env']}",
-        f"- Numba {m['numba']} (threading layer {m.get('numba_threading_layer')}), torch {m.get('torch')}",
-        f"- load average before/after (other processes share this machine): {m.get('loadavg_before')} / "
-        f"{m.get('loadavg_after')}",
-        f"- measured sgemm (n={m['sgemm']['n']}): NumPy {m['sgemm']['numpy']:.1f} GFLOP/s"
-        + (f", torch {m['sgemm']['torch']:.1f} GFLOP/s" if "torch" in m["sgemm"] else ""),
-        "",
-        "Times are medians in ms (minimum in brackets); implementations are timed interleaved (one call "
-        "of each per round) and the speed ratios are medians of the per-round ratios; GFLOP/s use the "
-        "median times; FLOPs are "
-        "4BHN²d (x0.5 causal) forward and x3.5 for forward+backward (differential: both maps, dv = 2d).",
+        f"- CPU: {m['cpu']} ({m['cores']} cores); Python {m['python']}, NumPy {m['numpy']}, Numba {m['numba']} "
+        f"(threading layer {m.get('numba_threading_layer')}), torch {m.get('torch')}",
+        f"- BLAS kernels in use (threadpoolctl): {blas or 'threadpoolctl not installed'}; the Numba kernels' "
+        f"tile products call {m.get('kernel_blas')}",
+        f"- environment: {m['env']}",
+        f"- load average (1, 5, 15 min; other processes share this machine) before / after: "
+        f"{m.get('loadavg_before')} / {m.get('loadavg_after')}",
+        f"- B={m['B']}, H={m['H']}, d={m['d']}, float32; {m['repeats']} interleaved rounds, samples of at least "
+        f"{m['min_sample_ms']} ms; times are medians (minimum in brackets), speed ratios medians of per-round "
+        "ratios; FLOPs 4BHN²d forward (x0.5 causal), x3.5 forward+backward (differential: both maps, dv = 2d).",
         "",
     ]
-    for case in ("sdpa", "diff", "linear_causal"):
-        rows = [r for r in report["results"] if r["case"] == case]
-        if not rows:
-            continue
-        ref = "torch_two_sdpa" if case == "diff" else ("torch" if case == "sdpa" else "numpy")
-        lines += [f"## {case}", "",
-                  "| N | causal | impl | fwd ms (min) | fwd GFLOP/s | fwd+bwd ms (min) | fwd+bwd GFLOP/s | "
-                  f"speed vs {ref} fwd | vs {ref} fwd+bwd | peak NumPy MiB (fwd+bwd) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in rows:
-            for name, x in r["impl"].items():
-                sp_f = x.get(f"fwd_speed_vs_{ref}")
-                sp_b = x.get(f"fwd_bwd_speed_vs_{ref}")
-                sp_f = f"{sp_f:.2f}x" if sp_f is not None else "—"
-                sp_b = f"{sp_b:.2f}x" if sp_b is not None else "—"
-                mem = x.get("fwd_bwd_peak_numpy_bytes")
-                mem = f"{mem / 2**20:.1f}" if mem is not None else "—"
-                lines.append(f"| {r['N']} | {r['causal']} | {name} | {_fmt_s(x['fwd_s'])} ({_fmt_s(x['fwd_min_s'])}) | "
-                             f"{x['fwd_gflops']:.1f} | {_fmt_s(x['fwd_bwd_s'])} ({_fmt_s(x['fwd_bwd_min_s'])}) | "
-                             f"{x['fwd_bwd_gflops']:.1f} | {sp_f} | {sp_b} | {mem} |")
-        lines.append("")
+    for mode in report["modes"]:
+        mr = report["modes"][mode]
+        sg = mr["sgemm"]
+        title = ("Single thread, process CPU time" if mode == "1thread"
+                 else f"All cores ({mr['threads']} threads), wall-clock time")
+        lines += [f"## {title}", "",
+                  f"sgemm 2048³ in this run: NumPy {sg['numpy']:.1f} GFLOP/s"
+                  + (f", torch {sg['torch']:.1f} GFLOP/s" if "torch" in sg else "")
+                  + f"; copy bandwidth {mr['bandwidth_gbs']:.1f} GB/s.", ""]
+        for case in ("sdpa", "diff", "linear"):
+            rows = [r for r in mr["results"] if r["case"] == case]
+            if not rows:
+                continue
+            ref = rows[0]["ref"]
+            lines += [f"### {case}", "",
+                      f"| N | causal | impl | fwd ms | fwd GFLOP/s (% sgemm) | fwd+bwd ms | fwd+bwd GFLOP/s | "
+                      f"speed vs {ref}: fwd | fwd+bwd | speed vs NumPy: fwd | fwd+bwd |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|"]
+            for r in rows:
+                for name, x in r["impl"].items():
+                    pct = 100 * x["fwd_gflops"] / sg["numpy"]
+                    lines.append(
+                        f"| {r['N']} | {r['causal']} | {name} | {_fmt_ms(x['fwd_s'])} ({_fmt_ms(x['fwd_min_s'])}) | "
+                        f"{x['fwd_gflops']:.1f} ({pct:.0f} %) | {_fmt_ms(x['fwd_bwd_s'])} ({_fmt_ms(x['fwd_bwd_min_s'])}) | "
+                        f"{x['fwd_bwd_gflops']:.1f} | {_ratio(x.get(f'fwd_speed_vs_{ref}'))} | "
+                        f"{_ratio(x.get(f'fwd_bwd_speed_vs_{ref}'))} | {_ratio(x.get('fwd_speed_vs_numpy'))} | "
+                        f"{_ratio(x.get('fwd_bwd_speed_vs_numpy'))} |")
+            lines.append("")
     if report.get("memory"):
         mm = report["memory"]
         lines += ["## Memory per head (Numba flash kernel, float32)", "",
-                  f"N={mm['N']}, d={mm['d']}: forward peak NumPy allocations {mm['fwd_numpy_peak_MiB']:.1f} MiB, "
-                  f"forward+backward {mm['fwd_bwd_numpy_peak_MiB']:.1f} MiB (tracemalloc, includes outputs, "
-                  f"LSE, caches and gradients), kernel tile scratch {mm['kernel_scratch_MiB']:.2f} MiB (analytic), "
-                  f"inputs {mm['inputs_MiB']:.1f} MiB; a dense N×N score matrix would be "
-                  f"{mm['dense_scores_MiB_for_comparison']:.0f} MiB.", ""]
+                  f"N={mm['N']}, d={mm['d']}: forward {mm['fwd_numpy_peak_MiB']:.1f} MiB, forward+backward "
+                  f"{mm['fwd_bwd_numpy_peak_MiB']:.1f} MiB of NumPy allocations (tracemalloc: outputs, LSE, caches, "
+                  f"gradients, dQ partials) + {mm['kernel_scratch_MiB']:.2f} MiB kernel tile scratch (analytic) = "
+                  f"{mm['fwd_bwd_total_MiB']:.1f} MiB; inputs {mm['inputs_MiB']:.1f} MiB; a dense N×N score matrix "
+                  f"would be {mm['dense_scores_MiB_for_comparison']:.0f} MiB.", ""]
+    if report.get("cold_start"):
+        cs = report["cold_start"]
+        if "error" in cs:
+            lines += ["## Cold start", "", f"failed: {cs['error']}", ""]
+        else:
+            lines += ["## Cold start (fresh process, float32, first call of each kernel)", "",
+                      "| | import | SDPA fwd | SDPA bwd | linear fwd | linear bwd | whole process |",
+                      "|---|---|---|---|---|---|---|"]
+            for label in ("compile", "cached"):
+                c = cs[label]
+                lines.append(f"| {'empty cache (compile)' if label == 'compile' else 'from the on-disk cache'} | "
+                             f"{c['import_s']:.1f} s | {c['sdpa_fwd_first_call_s']:.1f} s | "
+                             f"{c['sdpa_bwd_first_call_s']:.1f} s | {c['linear_fwd_first_call_s']:.1f} s | "
+                             f"{c['linear_bwd_first_call_s']:.1f} s | {c['process_s']:.1f} s |")
+            lines += ["", "Messages printed during the compiling run:", "", "```",
+                      cs["compile"]["stderr"] or "(none)", "```", ""]
     return "\n".join(lines)
 
 
 def plot(report: dict, path: Path) -> bool:
+    """Roofline chart: achieved GFLOP/s of every implementation against the algorithmic arithmetic
+    intensity of its case, under the same run's sgemm (compute roof) and copy bandwidth (memory
+    roof), one panel per thread mode."""
     try:
         import matplotlib
 
@@ -385,29 +462,42 @@ def plot(report: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    cases = [("sdpa", False), ("sdpa", True), ("diff", False), ("linear_causal", True)]
-    fig, axes = plt.subplots(1, len(cases), figsize=(4.2 * len(cases), 3.6))
-    for ax, (case, causal) in zip(axes, cases):
-        rows = [r for r in report["results"] if r["case"] == case and r["causal"] == causal]
-        names = sorted({n for r in rows for n in r["impl"]})
-        for ci, name in enumerate(names):
-            color = f"C{ci}"
-            pts = [(r["N"], r["impl"][name]["fwd_bwd_s"]) for r in rows if name in r["impl"]]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", color=color, label=f"{name} fwd+bwd")
-            pts = [(r["N"], r["impl"][name]["fwd_s"]) for r in rows if name in r["impl"]]
-            if pts:
-                ax.plot(*zip(*pts), marker="x", linestyle="--", color=color, label=f"{name} fwd")
-        ax.set_xscale("log", base=2)
+    modes = list(report["modes"])
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.4 * len(modes), 4.8), squeeze=False)
+    markers = {"sdpa": "o", "diff": "s", "linear": "^"}
+    colors = {"numba": "C0", "torch": "C1", "torch_two_sdpa": "C1", "numpy": "C2"}
+    for ax, mode in zip(axes[0], modes):
+        mr = report["modes"][mode]
+        peak = mr["sgemm"]["numpy"]
+        bw = mr["bandwidth_gbs"]
+        xs = np.logspace(-1, 4, 200)
+        ax.plot(xs, np.minimum(peak, bw * xs), color="k", lw=1.2)
+        ax.axhline(peak, color="k", lw=0.6, ls=":")
+        ax.text(1.5e3, peak * 1.06, f"sgemm {peak:.0f} GFLOP/s (this run)", fontsize=7, ha="right")
+        ax.text(0.15, bw * 0.25, f"copy {bw:.0f} GB/s", fontsize=7, rotation=38)
+        seen = set()
+        for r in mr["results"]:
+            ai = r["flops"] / r["min_bytes"]
+            for name, x in r["impl"].items():
+                label = f"{name} {r['case']}" + (" causal" if r["causal"] and r["case"] != "linear" else "")
+                fill = "none" if r["causal"] else colors.get(name, "C3")
+                ax.scatter([ai], [x["fwd_gflops"]], marker=markers[r["case"]], s=22 + r["N"] / 160,
+                           edgecolors=colors.get(name, "C3"), facecolors=fill,
+                           label=label if label not in seen else None)
+                seen.add(label)
+        ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("N")
-        ax.set_ylabel("seconds (median)")
-        ax.set_title(f"{case}{' causal' if causal and case != 'linear_causal' else ''}")
-        if ax.get_legend_handles_labels()[0]:  # panels of cases that were not run stay empty
-            ax.legend(fontsize=6)
-    fig.suptitle(f"refattn CPU benchmark, {report['machine']['threads']} threads, float32, B=1 H=8 d=64")
+        ax.set_ylim(0.5, peak * 2)
+        ax.set_xlabel("arithmetic intensity, forward (flop per byte of q, k, v, out)")
+        ax.set_ylabel("achieved GFLOP/s, forward")
+        ax.set_title("single thread (CPU time)" if mode == "1thread" else f"{mr['threads']} threads (wall time)")
+        ax.legend(fontsize=6, loc="lower right", ncol=2)
+    fig.suptitle(f"refattn CPU kernels vs this run's sgemm — float32, B={report['machine']['B']}, "
+                 f"H={report['machine']['H']}, d={report['machine']['d']}, N in "
+                 f"{sorted({r['N'] for m in report['modes'].values() for r in m['results']})} (bigger = larger N)",
+                 fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
 
@@ -426,55 +516,77 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def run(*, sizes, threads, repeats, cases, numpy_max, memory_n, b=1, h=8, d=64, mem=True, log=print) -> dict:
+def _loadavg():
+    return tuple(round(x, 2) for x in os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def run(*, sizes, threads, repeats, cases, numpy_max, memory_n, b=1, h=4, d=64, modes=("1thread", "allcore"),
+        min_sample_ms=20.0, cold=False, log=print) -> dict:
     import numba
 
-    numba.set_num_threads(threads)
+    from refattn.kernels.cpu import _runtime
+
     torch = _torch()
-    if torch is not None:
-        torch.set_num_threads(threads)
-    machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "threads": threads, "numpy": np.__version__,
-               "numba": numba.__version__, "numba_threading_layer": None, "python": sys.version.split()[0],
-               "torch": None if torch is None else torch.__version__, "blas": blas_info(threads)}
-    machine["loadavg_before"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    machine["sgemm"] = sgemm_gflops()
-    log(f"sgemm: {machine['sgemm']}; BLAS core {machine['blas'].get('openblas_core')}")
-    results: list = []
-    for n in sizes:
-        for causal in (False, True):
-            if "sdpa" in cases:
-                _bench_sdpa(n, b=b, h=h, d=d, causal=causal, repeats=repeats, numpy_max=numpy_max, torch=torch,
-                            results=results, mem=mem)
-                log(json.dumps(results[-1]))
-            if "diff" in cases and not causal:
-                _bench_diff(n, b=b, h=h, d=d, causal=causal, repeats=repeats, numpy_max=numpy_max, torch=torch,
-                            results=results, mem=mem)
-                log(json.dumps(results[-1]))
-        if "linear" in cases:
-            _bench_linear(n, b=b, h=h, d=d, repeats=repeats, results=results, mem=mem)
-            log(json.dumps(results[-1]))
+    machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "numpy": np.__version__, "numba": numba.__version__,
+               "python": sys.version.split()[0], "torch": None if torch is None else torch.__version__,
+               "B": b, "H": h, "d": d, "repeats": repeats, "min_sample_ms": min_sample_ms,
+               "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
+                                                      "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "NUMBA_NUM_THREADS")},
+               "loadavg_before": _loadavg(), "kernel_blas": "; ".join(_runtime.blas_libraries()) or "unknown"}
+    report = {"machine": machine, "modes": {}}
+    for mode in modes:
+        nthreads = 1 if mode == "1thread" else threads
+        set_threads(nthreads, torch)
+        mr = {"threads": nthreads, "sgemm": sgemm_gflops(mode, torch), "bandwidth_gbs": memory_bandwidth_gbs(mode),
+              "results": []}
+        log(f"[{mode}] sgemm {mr['sgemm']}, copy {mr['bandwidth_gbs']:.1f} GB/s, load {_loadavg()}")
+        for n in sizes:
+            for case in cases:
+                for causal in ((True,) if case == "linear" else (False, True)):
+                    impls, fl, fb_factor, ref, min_bytes = _CASES[case](
+                        n, b=b, h=h, d=d, causal=causal, numpy_max=numpy_max, torch=torch)
+                    rows = _measure(impls, mode=mode, repeats=repeats, min_s=min_sample_ms / 1e3, flops=fl,
+                                    fb_factor=fb_factor, ref=ref)
+                    mr["results"].append({"case": case, "N": n, "causal": causal, "ref": ref, "flops": fl,
+                                          "min_bytes": min_bytes, "impl": rows})
+                    log(f"[{mode}] {case} N={n} causal={causal}: " + ", ".join(
+                        f"{k} fwd {v['fwd_s'] * 1e3:.1f} ms ({v['fwd_gflops']:.0f} GF)" for k, v in rows.items()))
+        report["modes"][mode] = mr
+    blas = blas_info()  # after the runs: every library is loaded and threads are as last set
+    machine["blas"] = blas
     try:
         machine["numba_threading_layer"] = numba.threading_layer()
     except ValueError:
         pass
-    machine["loadavg_after"] = os.getloadavg() if hasattr(os, "getloadavg") else None
-    report = {"machine": machine, "results": results}
-    if memory_n:
+    if memory_n and "sdpa" in cases:  # the memory figure is the flash kernel's
         report["memory"] = memory_per_head(memory_n, d=d, threads=threads)
         log(json.dumps(report["memory"]))
+    if cold:
+        report["cold_start"] = cold_start()
+        log(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "stderr"} if isinstance(v, dict) else v
+                        for k, v in report["cold_start"].items()}))
+    machine["loadavg_after"] = _loadavg()
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``refattn bench [--sizes 512 1024 ...] [--threads T] [--repeats R] [--quick] [--out DIR]``."""
+    """``refattn bench [--sizes 1024 2048 4096] [--threads T] [--repeats R] [--quick] [--out DIR]``."""
     p = argparse.ArgumentParser(prog="refattn bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[512, 1024, 2048, 4096], help="sequence lengths N")
-    p.add_argument("--quick", action="store_true", help="N in {128, 256}, 3 repeats, no memory run")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for torch, Numba and BLAS")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096], help="sequence lengths N")
+    p.add_argument("--quick", action="store_true",
+                   help="N in {512, 1024}, 3 rounds, no memory or cold-start run (ratios at small N are "
+                        "still measured like-for-like, samples of at least --min-sample-ms)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of the all-core run")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved rounds")
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--min-sample-ms", type=float, default=20.0, help="repeat short calls up to this time per sample")
+    p.add_argument("--modes", nargs="+", default=["1thread", "allcore"], choices=["1thread", "allcore"])
     p.add_argument("--cases", nargs="+", default=["sdpa", "diff", "linear"], choices=["sdpa", "diff", "linear"])
-    p.add_argument("--numpy-max", type=int, default=4096, help="skip the NumPy reference above this N")
-    p.add_argument("--memory-n", type=int, default=16384, help="N of the per-head memory measurement (0: skip)")
+    p.add_argument("--numpy-max", type=int, default=2048, help="skip the NumPy reference above this N")
+    p.add_argument("--memory-n", type=int, default=16384,
+                   help="N of the per-head memory measurement of the SDPA kernel (0: skip; runs with --cases sdpa)")
+    p.add_argument("--cold-start", action="store_true",
+                   help="also time the first calls in fresh processes (empty cache: compile; then cached)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="output directory")
     args = p.parse_args(argv)
     # torch (its bundled libgomp) and Numba's "omp" threading layer each keep an OpenMP pool in
@@ -484,17 +596,20 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if args.threads < 1 or args.repeats < 1 or any(n < 1 for n in args.sizes):
         p.error("--threads, --repeats and --sizes must be positive")
+    cold = args.cold_start
     if args.quick:
-        args.sizes, args.repeats, args.memory_n = [128, 256], 3, 0
+        args.sizes, args.repeats, args.memory_n, cold = [512, 1024], 3, 0, False
     report = run(sizes=args.sizes, threads=args.threads, repeats=args.repeats, cases=args.cases,
-                 numpy_max=args.numpy_max, memory_n=args.memory_n, log=lambda s: print(s, file=sys.stderr))
+                 numpy_max=args.numpy_max, memory_n=args.memory_n, h=args.heads, modes=tuple(args.modes),
+                 min_sample_ms=args.min_sample_ms, cold=cold, log=lambda s: print(s, file=sys.stderr, flush=True))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench.json").write_text(json.dumps(report, indent=1))
     md = markdown(report)
     (args.out / "bench.md").write_text(md + "\n")
-    plotted = plot(report, args.out / "bench.png")
+    plotted = plot(report, args.out / "roofline.png")
     print(md)
-    print(f"\nwrote {args.out / 'bench.json'}, {args.out / 'bench.md'}" + (f", {args.out / 'bench.png'}" if plotted else ""))
+    print(f"\nwrote {args.out / 'bench.json'}, {args.out / 'bench.md'}"
+          + (f", {args.out / 'roofline.png'}" if plotted else ""))
     return 0
 
 

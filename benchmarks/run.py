@@ -1,13 +1,14 @@
-"""Run the refattn CPU benchmark and write benchmarks/results/bench.{json,md,png}.
+"""Run the refattn CPU benchmark and write benchmarks/results/bench.{json,md} and roofline.png.
 
 Usage (from the repository root)::
 
-    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/run.py [--quick] [--sizes 512 1024]
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python benchmarks/run.py [--quick] [--sizes 1024 2048]
 
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE, when set, force a slower OpenBLAS kernel under NumPy; unset them
-for the benchmark only (the report records which BLAS core ran). ``OMP_WAIT_POLICY`` defaults to
-PASSIVE (set by ``benchmarks/bench.py``'s ``main``; see there why). All options: ``--help`` (same as
-``refattn bench``).
+for the benchmark only (the report records which BLAS kernel ran). ``OMP_WAIT_POLICY`` defaults to
+PASSIVE (set by ``benchmarks/bench.py``'s ``main``; see there why). Every case is measured on one
+thread (process CPU time) and on all cores (wall time) in the same run. All options: ``--help``
+(same as ``refattn bench``).
 """
 
 from __future__ import annotations

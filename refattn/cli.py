@@ -180,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     pc.add_argument("--all", action="store_true", help="every implemented record")
     pc.add_argument("--seed", type=int, default=0)
     pc.add_argument("--json", action="store_true")
-    sub.add_parser("bench", help="kernel benchmarks (arguments after `bench` go to the runner)", add_help=False)
+    sub.add_parser("bench", help="kernel benchmarks: single-thread and all-core speed vs torch and NumPy, "
+                   "sgemm and BLAS kernel of the same run (arguments after `bench` go to the runner)",
+                   add_help=False)
     return p
 
 

@@ -1,9 +1,79 @@
-"""Family 5: transformer building blocks beyond the primitives in `refattn.nn`.
+r"""Family 5: transformer building blocks beyond the primitives in `refattn.nn`.
 
-One module per block (feed-forward variants, residual schemes, gating, token mixers,
+One module per block (feed-forward variants, residual schemes, gating and routing, token mixers,
 initialisation schemes ...). A block that wraps attention takes the attention mechanism as a
-registry slug or a forward/backward pair and chains its backward through it: the protocol is in
-`refattn.blocks.core` (`Sublayer`, `resolve_sublayer`, `split_block_params`).
+registry slug or a forward/backward pair and chains its backward through it (`core`: the
+sublayer protocol; `routing`: top-k routing, capacity and load-balancing losses).
+
+Modules
+-------
+* `bcos`: B-cos transform: a unit-norm linear map rescaled by the input-weight cosine to the power
+  B-1 (``bcos_transform``).
+* `core`: Shared helpers of family 5: the sublayer protocol, prefixed norms and MLPs, a pre-norm
+  block.
+* `deformable_merging`: LIT deformable token merging: a deformable convolution with kernel = stride
+  = patch, then BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling
+  points (``lit_deformable_token_merging``).
+* `dra`: Dynamic Range Activator (DRA): a learnable periodic-plus-saturating activation
+  (``dynamic_range_activator``).
+* `dydit`: DyDiT block: timestep-wise dynamic width (TDW) and spatial-wise dynamic tokens (SDT) in a
+  DiT block (``dydit_dynamic_width_token``).
+* `dyt`: Dynamic Tanh (DyT): an element-wise, statistics-free replacement for LayerNorm
+  (``dyt_dynamic_tanh``).
+* `equiformer_norm`: EquiformerV2 separable layer norm over spherical-harmonic degrees, and its
+  attention re-normalisation (``equiformerv2_separable_layernorm``).
+* `glu_ffn`: GLU-family feed-forward layers: GLU, Bilinear, ReGLU, GEGLU, SwiGLU (Shazeer 2020)
+  (``glu_swiglu_ffn``).
+* `gmu`: Gated Memory Unit (GMU): SambaY's cross-decoder layer that gates a shared SSM memory
+  readout (``gated_memory_unit``).
+* `headmask`: HeadMask: multi-head attention with training-time head masks (random or
+  importance-based) (``headmask``).
+* `layerscale`: LayerScale: a pre-norm block whose two residual branches are scaled per channel
+  (CaiT) (``layerscale``).
+* `looped`: Looped (weight-tied) transformer with input injection; AlgoFormer's pre/loop/post
+  structure (``looped_transformer``).
+* `ltm`: LTM-Transformer learnable token merging — registered as **not implemented** (T3).
+* `macaron`: Macaron block: half-step FFN, attention, half-step FFN (Strang-Marchuk splitting)
+  (``macaron_block``).
+* `magneto`: Magneto: the Sub-LayerNorm transformer layer and its DeepNet-derived initialisation
+  (``magneto_subln_init``).
+* `mindskip`: MindSkip (Router-Tuning): attention with dynamic depth — a router decides whether to
+  run it (``mindskip_attention_dynamic_depth``).
+* `moe`: Top-k mixture-of-experts feed-forward layer with load-balancing and router z-losses
+  (``moe_topk_gating``).
+* `moh`: MoH: multi-head attention as a mixture of heads (shared heads + top-K routed heads)
+  (``mixture_of_head_attention``).
+* `mohd`: MoHD, mixture of hidden dimensions — registered as **not implemented** (T3).
+* `ngpt`: nGPT block: a normalised Transformer whose hidden states move on the unit hypersphere
+  (``ngpt_normalized_block``).
+* `parallel`: Parallel attention + MLP block: both sublayers read the same normalised input
+  (``parallel_attention_mlp_block``).
+* `patch_embed`: ViT patch embedding: patchify + linear projection (a conv with kernel = stride =
+  patch), class token and learned absolute positions (``vit_patch_embedding``).
+* `polycom`: PolyCom activations: PolyReLU and PolyNorm (polynomial composition activations)
+  (``polynorm_polycom``).
+* `polyphase`: Adaptive polyphase anchoring: a shift-equivariant (or invariant) ViT patch embedding
+  (``polyphase_anchoring``).
+* `poolformer`: PoolFormer block: average pooling as the token mixer of a MetaFormer
+  (``poolformer_pooling_mixer``).
+* `repmixer`: FastViT RepMixer: a depthwise-conv token mixer trained with parallel branches and
+  structurally re-parameterised into one depthwise conv for inference (``fastvit_repmixer``).
+* `reversible`: Reversible residual layers (RevNet / Reformer) and multi-split reversible networks
+  (``reversible_residual_block``).
+* `routing`: Routing helpers shared by the routed blocks: top-k selection, capacity, gates, balance
+  losses.
+* `simplified`: Simplified Transformer block (He & Hofmann): parallel, skipless,
+  value/projection-free (``simplified_block_he_hofmann``).
+* `stn`: Spatial transformer: a localisation network regresses an affine map, ``affine_grid`` turns
+  it into a sampling grid and ``grid_sample`` reads the input there (bilinear)
+  (``spatial_transformer_bilinear_sampler``).
+* `tnt`: Transformer-in-Transformer (TNT) block: an inner block over the words of each patch, merged
+  into the outer block over the patches (``tnt_block``).
+* `token_pool`: Token Pooling: downsample a token set by clustering, keeping the cluster centres
+  (``token_pooling``).
+
+Every public name of these modules is re-exported here, except a function named like its
+module (it would shadow the module); call that one as ``package.module.name``.
 """
 
 from __future__ import annotations
@@ -16,7 +86,9 @@ from .bcos import (  # noqa: F401
 from .core import (  # noqa: F401
     ACTIVATIONS,
     BATCH_NORM_KEYS,
+    FUSED_QKV_NAMES,
     NORMS,
+    SPLIT_QKV_NAMES,
     BlockNames,
     Sublayer,
     activation_functions,
@@ -27,6 +99,11 @@ from .core import (  # noqa: F401
     batch_norm_spec,
     block_dtype,
     cache_nbytes,
+    core_apply,
+    core_vjp,
+    head_gated_attention_backward,
+    head_gated_attention_forward,
+    head_gated_attention_spec,
     init_attention_params,
     mlp_backward,
     mlp_forward,
@@ -35,6 +112,7 @@ from .core import (  # noqa: F401
     norm_forward,
     norm_spec,
     param_dim,
+    resolve_attention_core,
     resolve_sublayer,
     split_block_params,
     transformer_block_backward,
@@ -52,6 +130,12 @@ from .dra import (  # noqa: F401
     DRA_PARAMS,
     dra_backward,
     dra_forward,
+)
+from .dydit import (  # noqa: F401
+    DYDIT_ESTIMATORS,
+    dydit_block,
+    dydit_block_backward,
+    dydit_block_forward,
 )
 from .dyt import (  # noqa: F401
     DYT_ALPHA_INIT,
@@ -74,6 +158,19 @@ from .glu_ffn import (  # noqa: F401
     glu_activation,
     glu_ffn_backward,
     glu_ffn_forward,
+)
+from .gmu import (  # noqa: F401
+    gated_memory_unit,
+    gated_memory_unit_backward,
+    gated_memory_unit_forward,
+)
+from .headmask import (  # noqa: F401
+    head_importance,
+    headmask_attention,
+    headmask_attention_backward,
+    headmask_attention_forward,
+    headmask_important,
+    headmask_random,
 )
 from .layerscale import (  # noqa: F401
     layerscale_block,
@@ -101,6 +198,25 @@ from .magneto import (  # noqa: F401
     magneto_layer,
     magneto_layer_backward,
     magneto_layer_forward,
+)
+from .mindskip import (  # noqa: F401
+    MINDSKIP_ESTIMATORS,
+    MINDSKIP_ROUTE_LEVELS,
+    mindskip_attention,
+    mindskip_attention_backward,
+    mindskip_attention_forward,
+)
+from .moe import (  # noqa: F401
+    MIXTRAL_EXPERT_CONFIG,
+    MIXTRAL_MOE_NAMES,
+    moe_topk_gating,
+    moe_topk_gating_backward,
+    moe_topk_gating_forward,
+)
+from .moh import (  # noqa: F401
+    mixture_of_head_attention,
+    mixture_of_head_attention_backward,
+    mixture_of_head_attention_forward,
 )
 from .ngpt import (  # noqa: F401
     NGPT_ROPE,
@@ -158,6 +274,22 @@ from .reversible import (  # noqa: F401
     reversible_residual_block_forward,
     reversible_residual_inverse,
 )
+from .routing import (  # noqa: F401
+    AUX_LOSS_VARIANTS,
+    BALANCE_OVER,
+    CAPACITY_PRIORITIES,
+    SCORE_ORDERS,
+    capacity_mask,
+    expert_capacity,
+    gates_backward,
+    gates_forward,
+    load_balancing_loss_backward,
+    load_balancing_loss_forward,
+    router_z_loss_backward,
+    router_z_loss_forward,
+    threshold_mask,
+    topk_mask,
+)
 from .simplified import (  # noqa: F401
     shaped_attention_sublayer_backward,
     shaped_attention_sublayer_forward,
@@ -195,7 +327,9 @@ __all__ = [
     "ACTIVATIONS",
     "BATCH_NORM_KEYS",
     "BlockNames",
+    "FUSED_QKV_NAMES",
     "NORMS",
+    "SPLIT_QKV_NAMES",
     "Sublayer",
     "activation_functions",
     "add_grad",
@@ -205,6 +339,11 @@ __all__ = [
     "batch_norm_spec",
     "block_dtype",
     "cache_nbytes",
+    "core_apply",
+    "core_vjp",
+    "head_gated_attention_backward",
+    "head_gated_attention_forward",
+    "head_gated_attention_spec",
     "init_attention_params",
     "mlp_backward",
     "mlp_forward",
@@ -213,6 +352,7 @@ __all__ = [
     "norm_forward",
     "norm_spec",
     "param_dim",
+    "resolve_attention_core",
     "resolve_sublayer",
     "split_block_params",
     "transformer_block_backward",
@@ -226,6 +366,10 @@ __all__ = [
     "DRA_PARAMS",
     "dra_backward",
     "dra_forward",
+    "DYDIT_ESTIMATORS",
+    "dydit_block",
+    "dydit_block_backward",
+    "dydit_block_forward",
     "DYT_ALPHA_INIT",
     "dynamic_tanh",
     "dynamic_tanh_backward",
@@ -242,6 +386,15 @@ __all__ = [
     "glu_activation",
     "glu_ffn_backward",
     "glu_ffn_forward",
+    "gated_memory_unit",
+    "gated_memory_unit_backward",
+    "gated_memory_unit_forward",
+    "head_importance",
+    "headmask_attention",
+    "headmask_attention_backward",
+    "headmask_attention_forward",
+    "headmask_important",
+    "headmask_random",
     "layerscale_block",
     "layerscale_block_backward",
     "layerscale_block_forward",
@@ -261,6 +414,19 @@ __all__ = [
     "magneto_layer",
     "magneto_layer_backward",
     "magneto_layer_forward",
+    "MINDSKIP_ESTIMATORS",
+    "MINDSKIP_ROUTE_LEVELS",
+    "mindskip_attention",
+    "mindskip_attention_backward",
+    "mindskip_attention_forward",
+    "MIXTRAL_EXPERT_CONFIG",
+    "MIXTRAL_MOE_NAMES",
+    "moe_topk_gating",
+    "moe_topk_gating_backward",
+    "moe_topk_gating_forward",
+    "mixture_of_head_attention",
+    "mixture_of_head_attention_backward",
+    "mixture_of_head_attention_forward",
     "NGPT_ROPE",
     "ngpt_attention_backward",
     "ngpt_attention_forward",
@@ -301,6 +467,20 @@ __all__ = [
     "reversible_residual_block_backward",
     "reversible_residual_block_forward",
     "reversible_residual_inverse",
+    "AUX_LOSS_VARIANTS",
+    "BALANCE_OVER",
+    "CAPACITY_PRIORITIES",
+    "SCORE_ORDERS",
+    "capacity_mask",
+    "expert_capacity",
+    "gates_backward",
+    "gates_forward",
+    "load_balancing_loss_backward",
+    "load_balancing_loss_forward",
+    "router_z_loss_backward",
+    "router_z_loss_forward",
+    "threshold_mask",
+    "topk_mask",
     "shaped_attention_sublayer_backward",
     "shaped_attention_sublayer_forward",
     "simplified_block_he_hofmann",

@@ -35,6 +35,24 @@ If a block computes $u = x + s\,F_\theta(h(x))$, the backward is
 $dh = J_F^\top(s\,du)$ (the mixer's own backward), $d\theta \mathrel{+}= J_{F,\theta}^\top(s\,du)$,
 $dx = du + J_h^\top dh$: the block never needs to know what $F$ is.
 
+Attention cores and head-gated attention
+----------------------------------------
+A block that reweights the *heads* of an attention (MoH, HeadMask, DyDiT's dynamic width) needs
+the per-head outputs, so it takes an attention *core* instead of a token mixer: any pair
+``forward(q, k, v, [params=p,] **config) -> (o, cache)`` with ``q, k, v (..., H, N, d)`` and
+``o (..., H, N, dv)``, ``backward(do, cache) -> {"q", "k", "v"[, key: ...]}`` — the contract of
+``"sdpa"`` and of every registered core whose forward starts ``(q, k, v, ...)`` (``"alibi"``,
+``"linear_attention_katharopoulos"`` ...). `resolve_attention_core` resolves a slug or pair into a
+`Sublayer` (default ``"sdpa"``; a core's own parameters sit under ``"<prefix>.<key>"``);
+`core_apply`/`core_vjp` run it and chain through its backward.
+`head_gated_attention_forward` is then
+
+$$y = \Big[\,g_{t,h}\;\mathrm{core}(q_h, k_h, v_h)_t\,\Big]_{h}\,W_O + b_O,\qquad
+dg_{t,h} = \langle dO_{t,h}, o_{t,h}\rangle,\quad do_{t,h} = g_{t,h}\,dO_{t,h},$$
+
+with the projections either fused (timm ``qkv``/``proj``: ``qkv.weight (C, 3Hd)`` holding
+$[W_Q\,W_K\,W_V]$) or separate (fairseq ``q_proj``/``k_proj``/``v_proj``/``out_proj``).
+
 Other helpers
 -------------
 `norm_forward`/`norm_backward` (LayerNorm / RMSNorm / none over the last axis, with prefixed
@@ -81,7 +99,7 @@ import numpy as np
 
 from .._checks import as_float, check_choice, check_params, compute_dtype
 from ..nn.activations import gelu, gelu_grad, relu, relu_grad, silu, silu_grad
-from ..nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp
+from ..nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.norms import normalize_backward, normalize_forward
 
 __all__ = [
@@ -90,9 +108,13 @@ __all__ = [
     "mlp_spec", "mlp_forward", "mlp_backward", "BlockNames", "transformer_block_spec",
     "transformer_block_forward", "transformer_block_backward", "init_attention_params", "cache_nbytes",
     "BATCH_NORM_KEYS", "batch_norm_spec", "batch_norm_forward", "batch_norm_backward",
+    "FUSED_QKV_NAMES", "SPLIT_QKV_NAMES", "resolve_attention_core", "core_apply", "core_vjp",
+    "head_gated_attention_spec", "head_gated_attention_forward", "head_gated_attention_backward",
 ]
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+FUSED_QKV_NAMES = ("qkv", "proj")
+SPLIT_QKV_NAMES = ("q_proj", "k_proj", "v_proj", "out_proj")
 NORMS = ("layer", "rms", "none")
 
 
@@ -430,6 +452,102 @@ def transformer_block_backward(grads: dict, params: dict, dy: np.ndarray, cache)
     c1, ca, c2, cm, attention = cache
     du = dy + norm_backward(grads, params, mlp_backward(grads, params, dy, cm), c2)
     return du + norm_backward(grads, params, attention.vjp(du, ca, grads), c1)
+
+
+# --------------------------------------------------------------------------------------------
+# Attention cores (q, k, v) -> o and head-gated multi-head attention
+
+
+def resolve_attention_core(spec, *, prefix: str = "core", config=None, name: str = "core") -> Sublayer:
+    """A per-head attention core as a `Sublayer` (module docstring): ``None`` (``"sdpa"``), a
+    registry slug whose forward starts ``(q, k, v, ...)`` or a ``(forward, backward)`` pair.
+    Raises ``TypeError``/``ValueError`` naming ``name``."""
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"{name}_config must be a dict of keyword arguments for the {name}; got {type(config).__name__}")
+    cfg = dict(config or {})
+    spec = "sdpa" if spec is None else spec
+    if isinstance(spec, str):
+        from .. import registry
+
+        try:
+            rec = registry.get(spec)
+        except KeyError as exc:
+            raise ValueError(f"{name}={spec!r} is not a registered mechanism ({exc.args[0]})") from None
+        if not rec.implemented or rec.backward is None or _parameter_names(rec.forward)[:3] != ("q", "k", "v"):
+            raise ValueError(f"{name}={spec!r} is not an attention core forward(q, k, v, ...) with a backward; pass "
+                             f"e.g. 'sdpa' or 'alibi', or a (forward, backward) pair")
+        return Sublayer(rec.forward, rec.backward, prefix, cfg, spec)
+    if isinstance(spec, (tuple, list)) and len(spec) == 2 and all(callable(f) for f in spec):
+        return Sublayer(spec[0], spec[1], prefix, cfg, getattr(spec[0], "__name__", "custom"))
+    raise TypeError(f"{name} must be a registry slug or a (forward, backward) pair of callables; got {type(spec).__name__}")
+
+
+def core_apply(core: Sublayer, q, k, v, params: dict):
+    """``core.forward(q, k, v[, params=params], **core.config)``; errors re-raised naming the core."""
+    kwargs = dict(core.config)
+    if params:
+        kwargs["params"] = params
+    try:
+        o, cache = core.forward(q, k, v, **kwargs)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"attention core '{core.prefix}' ({core.name}): {exc}") from exc
+    if np.shape(o)[:-1] != q.shape[:-1]:
+        raise ValueError(f"attention core '{core.prefix}' ({core.name}) must map q of shape {q.shape} to "
+                         f"(..., H, N, dv); got {np.shape(o)}")
+    return o, cache
+
+
+def core_vjp(core: Sublayer, do, cache, grads: dict):
+    """Chain ``do`` through the core's backward: returns ``(dq, dk, dv)`` and adds the core's own
+    parameter gradients into ``grads`` under ``"<prefix>.<key>"``."""
+    g = core.backward(do, cache)
+    for key, val in g.items():
+        if key not in ("q", "k", "v"):
+            add_grad(grads, core.key(key), val)
+    return g["q"], g["k"], g["v"]
+
+
+def head_gated_attention_spec(names, width: int, num_heads: int, head_dim: int) -> dict:
+    """Spec of the projections (biases included: list them as optional): fused ``qkv (C, 3Hd)``,
+    ``proj (Hd, C)`` or separate ``q_proj``/``k_proj``/``v_proj (C, Hd)``, ``out_proj (Hd, C)``."""
+    inner = num_heads * head_dim
+    if len(names) == 2:
+        spec = linear_prefixed_spec(names[0], width, 3 * inner)
+    else:
+        spec = {}
+        for n in names[:3]:
+            spec.update(linear_prefixed_spec(n, width, inner))
+    spec.update(linear_prefixed_spec(names[-1], inner, width))
+    return spec
+
+
+def head_gated_attention_forward(params: dict, x: np.ndarray, gates: np.ndarray, *, num_heads: int, core: Sublayer,
+                                 core_params: dict, names=FUSED_QKV_NAMES):
+    r"""$y = [g_{t,h}\,\mathrm{core}(q_h, k_h, v_h)_t]_h W_O + b_O$ for ``gates (..., N, H)``
+    (module docstring). Unvalidated; returns ``(y, cache)``."""
+    if len(names) == 2:
+        qkv = linear_prefixed(params, names[0], x)
+        q, k, v = (split_heads(a, num_heads) for a in np.split(qkv, 3, axis=-1))
+    else:
+        q, k, v = (split_heads(linear_prefixed(params, n, x), num_heads) for n in names[:3])
+    o, c_core = core_apply(core, q, k, v, core_params)
+    gt = np.swapaxes(gates, -1, -2)[..., None]
+    m = merge_heads(o * gt)
+    return linear_prefixed(params, names[-1], m), (x, o, gt, m, c_core, core, tuple(names), num_heads)
+
+
+def head_gated_attention_backward(grads: dict, params: dict, dy: np.ndarray, cache):
+    r"""VJP of `head_gated_attention_forward`: adds the projection (and core) gradients into
+    ``grads`` and returns ``(dx, dgates)`` with ``dgates (..., N, H)``."""
+    x, o, gt, m, c_core, core, names, h = cache
+    dog = split_heads(linear_prefixed_vjp(grads, params, names[-1], dy, m), h)
+    dgates = np.swapaxes(np.sum(dog * o, axis=-1), -1, -2)
+    dq, dk, dv = core_vjp(core, dog * gt, c_core, grads)
+    if len(names) == 2:
+        dqkv = np.concatenate([merge_heads(dq), merge_heads(dk), merge_heads(dv)], axis=-1)
+        return linear_prefixed_vjp(grads, params, names[0], dqkv, x), dgates
+    dx = sum(linear_prefixed_vjp(grads, params, n, merge_heads(d), x) for n, d in zip(names[:3], (dq, dk, dv)))
+    return dx, dgates
 
 
 # --------------------------------------------------------------------------------------------

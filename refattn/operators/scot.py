@@ -18,7 +18,9 @@ $\hat x = (x-\mu)/\sqrt{\sigma^2+\epsilon}$, $\mathrm{LN}_t(x) = \gamma(t)\odot\
 $\gamma(t) = t\,w_\gamma + b_\gamma$, $\beta(t) = t\,w_\beta + b_\beta$ (``nn.Linear(1, C)``; no other
 affine).
 
-*SwinV2 window attention* (``Swinv2Attention``): pad $H, W$ with zeros to multiples of the window
+*SwinV2 window attention* (``Swinv2Attention``; computed by refattn's single window-attention
+implementation, `refattn.attention.softmax.swin.swin_window_attention_apply`, with HF parameter
+names, scOT's window rule and the mask added twice): pad $H, W$ with zeros to multiples of the window
 $w$; cyclically shift by $-s$ (odd blocks of a stage, $s = w/2$); split into $w\times w$ windows;
 $q = xW_q + b_q$, $k = xW_k$ (no bias), $v = xW_v + b_v$; per head
 $$S = \tau_h\,\hat q\hat k^\top + 16\,\sigma\big(\mathrm{CPB}\big)_{h} + 2M,\qquad
@@ -47,8 +49,9 @@ $d\hat q = \tau\,dS\,\hat k$, $d\hat k = \tau\,dS^\top\hat q$,
 $d\lambda_h = \sum (dS\odot\hat q\hat k^\top)\,\tau_h\,[\lambda_h < \log 100]$;
 normalize VJP $dq = (d\hat q - \hat q(\hat q\cdot d\hat q))/\|q\|$; CPB: scatter-add
 $16\,\sigma(1-\sigma)\,dS$ (summed over batch and windows) into the table rows, then the
-Linear–ReLU–Linear VJP. Windowing, shifting, padding and cropping are permutations/selections:
-their VJPs are the inverse permutation and zero-filling.
+Linear–ReLU–Linear VJP (`refattn.attention.softmax.swin.swin_window_attention_vjp`). Windowing,
+shifting, padding and cropping are permutations/selections: their VJPs are the inverse
+permutation and zero-filling.
 """
 
 from __future__ import annotations
@@ -58,9 +61,15 @@ import math
 import numpy as np
 
 from .._checks import as_dout, as_float, cast_all, check_int, check_params, check_positive, compute_dtype
-from ..nn.activations import gelu, gelu_grad, sigmoid
-from ..nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
-from ..nn.softmax import softmax_lse, softmax_vjp
+from ..attention.softmax.swin import (
+    swin_canonical_weights,
+    swin_named_grads,
+    swin_window_attention_apply,
+    swin_window_attention_vjp,
+)
+from ..nn.activations import gelu, gelu_grad
+from ..nn.linear import linear_apply, linear_vjp
+from ..nn.windows import swinv2_relative_coords_table
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["scot_layer_forward", "scot_layer_backward", "scot_layer", "scot_param_shapes", "init_scot_params",
@@ -152,45 +161,6 @@ def conditional_layer_norm(x, t, params, *, eps: float = 1e-5):
     return _cln_forward(x, t, params, "", eps)[0]
 
 
-def _relative_tables(ws: int, pretrained_window_size: int):
-    """(coords table (T, 2), index (ws^2, ws^2)) exactly as transformers' Swinv2SelfAttention."""
-    r = np.arange(-(ws - 1), ws, dtype=np.float64)
-    table = np.stack(np.meshgrid(r, r, indexing="ij"), -1)   # (2ws-1, 2ws-1, 2)
-    if pretrained_window_size > 0:
-        table = table / (pretrained_window_size - 1)
-    elif ws > 1:
-        table = table / (ws - 1)
-    table = table * 8
-    table = np.sign(table) * np.log2(np.abs(table) + 1.0) / math.log2(8)
-    coords = np.stack(np.meshgrid(np.arange(ws), np.arange(ws), indexing="ij")).reshape(2, -1)
-    rel = (coords[:, :, None] - coords[:, None, :]).transpose(1, 2, 0)
-    idx = (rel[..., 0] + ws - 1) * (2 * ws - 1) + (rel[..., 1] + ws - 1)
-    return table.reshape(-1, 2), idx
-
-
-def _shift_mask(hp, wp, ws, shift):
-    """(nW, ws^2, ws^2) 0 / 1 'different region' indicator of ScOTLayer.get_attn_mask."""
-    img = np.zeros((hp, wp))
-    cnt = 0
-    sl = (slice(0, -ws), slice(-ws, -shift), slice(-shift, None))
-    for hs in sl:
-        for wsl in sl:
-            img[hs, wsl] = cnt
-            cnt += 1
-    win = img.reshape(hp // ws, ws, wp // ws, ws).transpose(0, 2, 1, 3).reshape(-1, ws * ws)
-    return (win[:, None, :] - win[:, :, None]) != 0
-
-
-def _partition(x, ws):
-    b, h, w, c = x.shape
-    return x.reshape(b, h // ws, ws, w // ws, ws, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, -1, ws * ws, c)
-
-
-def _reverse(xw, ws, h, w):
-    b, _, _, c = xw.shape
-    return xw.reshape(b, h // ws, w // ws, ws, ws, c).transpose(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
-
-
 def _window_and_shift(h, w, window_size, shift_size):
     ws = h if h <= window_size else window_size
     shift = 0 if (h, w) <= (ws, ws) else shift_size
@@ -233,90 +203,10 @@ def _validate(x, t, params, num_heads, window_size, shift_size, eps, mask_value,
             num_heads, ws, shift, eps, dt, pretrained_window_size)
 
 
-def _attention_forward(x, p, nh, ws, shift, mask_value, mask_twice, pretrained_window_size, dt):
-    a = "attention.self."
-    b, h, w, c = x.shape
-    hp, wp = -(-h // ws) * ws, -(-w // ws) * ws
-    xp = np.zeros((b, hp, wp, c), dtype=dt)
-    xp[:, :h, :w] = x
-    xs = np.roll(xp, (-shift, -shift), axis=(1, 2)) if shift else xp
-    xw = _partition(xs, ws)                                   # (B, nW, L, C)
-    d = c // nh
-
-    q = split_heads(linear_apply(xw, p[a + "query.weight"], p[a + "query.bias"]), nh, d)  # (B, nW, nh, L, d)
-    k = split_heads(linear_apply(xw, p[a + "key.weight"]), nh, d)
-    v = split_heads(linear_apply(xw, p[a + "value.weight"], p[a + "value.bias"]), nh, d)
-    qn = np.maximum(np.linalg.norm(q, axis=-1, keepdims=True), 1e-12)
-    kn = np.maximum(np.linalg.norm(k, axis=-1, keepdims=True), 1e-12)
-    qh, kh = q / qn, k / kn
-    ls = p[a + "logit_scale"].reshape(nh)
-    tau = np.exp(np.minimum(ls, math.log(100.0)))
-    cos = qh @ kh.swapaxes(-1, -2)
-    table, idx = _relative_tables(ws, pretrained_window_size)
-    h1 = table.astype(dt) @ p[a + "continuous_position_bias_mlp.0.weight"] + p[a + "continuous_position_bias_mlp.0.bias"]
-    cpb = np.maximum(h1, 0.0) @ p[a + "continuous_position_bias_mlp.2.weight"]   # (T, nh)
-    sig = sigmoid(cpb[idx].transpose(2, 0, 1))               # (nh, L, L)
-    s = tau[:, None, None] * cos + 16.0 * sig
-    if shift:
-        mask = _shift_mask(hp, wp, ws, shift)                 # (nW, L, L)
-        s = s + ((2.0 if mask_twice else 1.0) * mask_value) * mask[None, :, None].astype(dt)
-    prob, _ = softmax_lse(s, axis=-1)
-    o = prob @ v                                               # (B, nW, nh, L, d)
-    om = merge_heads(o)                                        # (B, nW, L, C)
-    y = linear_apply(om, p["attention.output.dense.weight"], p["attention.output.dense.bias"])
-    yr = _reverse(y, ws, hp, wp)
-    if shift:
-        yr = np.roll(yr, (shift, shift), axis=(1, 2))
-    cache = dict(xw=xw, q=q, k=k, v=v, qn=qn, kn=kn, qh=qh, kh=kh, tau=tau, ls=ls, cos=cos, h1=h1, sig=sig,
-                 idx=idx, table=table, prob=prob, om=om, hp=hp, wp=wp, shape=x.shape)
-    return yr[:, :h, :w], cache
-
-
-def _attention_backward(dy, p, c_, nh, ws, shift, grads):
-    a = "attention.self."
-    b, h, w, c = c_["shape"]
-    hp, wp = c_["hp"], c_["wp"]
-    g = np.zeros((b, hp, wp, c), dtype=dy.dtype)
-    g[:, :h, :w] = dy
-    if shift:
-        g = np.roll(g, (-shift, -shift), axis=(1, 2))
-    gw = _partition(g, ws)
-    lg = linear_vjp(gw, c_["om"], p["attention.output.dense.weight"])
-    grads["attention.output.dense.weight"], grads["attention.output.dense.bias"] = lg["weight"], lg["bias"]
-    d = c // nh
-    do = split_heads(lg["x"], nh, d)
-    prob, v = c_["prob"], c_["v"]
-    dv = prob.swapaxes(-1, -2) @ do
-    ds = softmax_vjp(prob, do @ v.swapaxes(-1, -2))
-    tau, ls, cos, qh, kh = c_["tau"], c_["ls"], c_["cos"], c_["qh"], c_["kh"]
-    grads[a + "logit_scale"] = (np.einsum("bwhij,bwhij->h", ds, cos) * tau
-                                * (ls < math.log(100.0))).reshape(nh, 1, 1)
-    dsig = 16.0 * np.sum(ds, axis=(0, 1)) * c_["sig"] * (1.0 - c_["sig"])    # (nh, L, L)
-    dcpb = np.zeros((c_["table"].shape[0], nh), dtype=dy.dtype)
-    np.add.at(dcpb, c_["idx"].reshape(-1), dsig.transpose(1, 2, 0).reshape(-1, nh))
-    h1 = c_["h1"]
-    grads[a + "continuous_position_bias_mlp.2.weight"] = np.maximum(h1, 0.0).T @ dcpb
-    dh1 = (dcpb @ p[a + "continuous_position_bias_mlp.2.weight"].T) * (h1 > 0)
-    grads[a + "continuous_position_bias_mlp.0.weight"] = c_["table"].astype(dy.dtype).T @ dh1
-    grads[a + "continuous_position_bias_mlp.0.bias"] = dh1.sum(0)
-    dcos = ds * tau[:, None, None]
-    dqh = dcos @ kh
-    dkh = dcos.swapaxes(-1, -2) @ qh
-    dq = (dqh - qh * np.sum(qh * dqh, -1, keepdims=True)) / c_["qn"]
-    dk = (dkh - kh * np.sum(kh * dkh, -1, keepdims=True)) / c_["kn"]
-
-    xw = c_["xw"]
-    dxw = 0.0
-    for name, dz, bias in (("query", dq, True), ("key", dk, False), ("value", dv, True)):
-        lz = linear_vjp(merge_heads(dz), xw, p[a + name + ".weight"], bias)
-        grads[a + name + ".weight"] = lz["weight"]
-        if bias:
-            grads[a + name + ".bias"] = lz["bias"]
-        dxw = dxw + lz["x"]
-    dxs = _reverse(dxw, ws, hp, wp)
-    if shift:
-        dxs = np.roll(dxs, (shift, shift), axis=(1, 2))
-    return dxs[:, :h, :w]
+def _attention_weights(p):
+    """The ``attention.*`` sub-dict of the layer's params as `swin_window_attention_apply`'s weights."""
+    sub = {k[len("attention."):]: v for k, v in p.items() if k.startswith("attention.")}
+    return sub, swin_canonical_weights(sub, version="v2", param_names="hf")
 
 
 def scot_layer_forward(x, t, params, *, num_heads: int, window_size: int, shift_size: int = 0,
@@ -351,7 +241,10 @@ def scot_layer_forward(x, t, params, *, num_heads: int, window_size: int, shift_
     """
     x, t, p, nh, ws, shift, eps, dt, pws = _validate(x, t, params, num_heads, window_size, shift_size, eps,
                                                      mask_value, pretrained_window_size)
-    att, c_att = _attention_forward(x, p, nh, ws, shift, float(mask_value), bool(mask_added_twice), pws, dt)
+    sub, w = _attention_weights(p)
+    att, c_att = swin_window_attention_apply(x, w, num_heads=nh, window=(ws, ws), shift=(shift, shift), version="v2",
+                                             mask_value=float(mask_value), mask_added_twice=bool(mask_added_twice),
+                                             pretrained_window_size=pws)
     ln1, c_ln1 = _cln_forward(att, t, p, "layernorm_before.", eps)
     hh = x + ln1
     z = linear_apply(hh, p["intermediate.dense.weight"], p["intermediate.dense.bias"])
@@ -359,7 +252,7 @@ def scot_layer_forward(x, t, params, *, num_heads: int, window_size: int, shift_
     m = linear_apply(gz, p["output.dense.weight"], p["output.dense.bias"])
     ln2, c_ln2 = _cln_forward(m, t, p, "layernorm_after.", eps)
     out = hh + ln2
-    cache = dict(p=p, t=t, nh=nh, ws=ws, shift=shift, dt=dt, c_att=c_att, c_ln1=c_ln1, c_ln2=c_ln2,
+    cache = dict(p=p, sub=sub, t=t, nh=nh, ws=ws, shift=shift, dt=dt, c_att=c_att, c_ln1=c_ln1, c_ln2=c_ln2,
                  hh=hh, z=z, gz=gz, shape=x.shape)
     return out, cache
 
@@ -376,7 +269,10 @@ def scot_layer_backward(dout, cache):
     grads["intermediate.dense.weight"], grads["intermediate.dense.bias"] = li["weight"], li["bias"]
     dh = g + li["x"]
     datt, dt1 = _cln_backward(dh, t, p, "layernorm_before.", cache["c_ln1"], grads)
-    dx = dh + _attention_backward(datt, p, cache["c_att"], cache["nh"], cache["ws"], cache["shift"], grads)
+    ga = swin_window_attention_vjp(datt, cache["c_att"])
+    for k, v in swin_named_grads(ga, cache["sub"], version="v2", param_names="hf").items():
+        grads["attention." + k] = v
+    dx = dh + ga["x"]
     return {"x": dx, "t": dt1 + dt2, **grads}
 
 
@@ -400,8 +296,7 @@ def _sample(rng, size, shift=True):
              for k, v in scot_param_shapes(c, nh, mlp_ratio=ratio, cpb_hidden=cpb).items()}
         p["attention.self.logit_scale"] = rng.uniform(0.5, 2.5, (nh, 1, 1))
         # Keep the CPB ReLU away from its kink (the table is a fixed grid).
-        table, _ = _relative_tables(ws, 0)
-        h1 = table @ p["attention.self.continuous_position_bias_mlp.0.weight"] \
+        h1 = swinv2_relative_coords_table(ws) @ p["attention.self.continuous_position_bias_mlp.0.weight"] \
             + p["attention.self.continuous_position_bias_mlp.0.bias"]
         if np.abs(h1).min() > 1e-3:
             break

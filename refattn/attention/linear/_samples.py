@@ -11,7 +11,7 @@ import numpy as np
 from ...nn.softmax import softmax_lse
 from .core import mT
 
-__all__ = ["random_qkv", "fd_max_rel", "softmax_attention_reference"]
+__all__ = ["random_qkv", "fd_max_rel", "softmax_attention_reference", "topk_margin", "draw_until"]
 
 
 def random_qkv(rng, size, *, same_length=True, d=None, dv=None):
@@ -48,3 +48,29 @@ def softmax_attention_reference(q, k, v):
     s = q @ mT(k) / np.sqrt(q.shape[-1])
     p, _ = softmax_lse(s, axis=-1)
     return p @ v
+
+
+def topk_margin(scores, k, valid=None, axis=-1):
+    """The smallest gap, over all rows, between the ``k``-th and the ``(k+1)``-th largest valid
+    entry along ``axis`` (``inf`` when no row has more than ``k`` valid entries): a selection made
+    with `refattn.attention.linear.core.topk_keep` is constant under perturbations below half of it."""
+    s = np.moveaxis(np.asarray(scores, dtype=np.float64), axis, -1)
+    if valid is not None:
+        s = np.where(np.moveaxis(np.broadcast_to(valid, np.shape(scores)), axis, -1), s, -np.inf)
+    if k >= s.shape[-1]:
+        return np.inf
+    srt = -np.sort(-s, axis=-1)
+    a, b = srt[..., k - 1], srt[..., k]
+    with np.errstate(invalid="ignore"):
+        gap = np.where(np.isfinite(b), a - b, np.inf)
+    return float(np.min(gap))
+
+
+def draw_until(rng, draw, margin, minimum, tries=2000):
+    """Call ``draw(rng)`` until ``margin(result) >= minimum`` (a sampler that keeps selections
+    away from ties and breakpoints); raises ``RuntimeError`` after ``tries`` draws."""
+    for _ in range(tries):
+        out = draw(rng)
+        if margin(out) >= minimum:
+            return out
+    raise RuntimeError(f"no draw with margin >= {minimum} in {tries} tries")

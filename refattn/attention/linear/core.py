@@ -40,6 +40,14 @@ $$d\phi(k_j) = R_jv_j + r_j,\qquad dv_j = R_j^\top\phi(k_j)$$
 $O(d\,d_v)$ extra memory, as in fast-transformers' ``causal_product`` kernels. Without the
 normaliser (TransNormer) $c=0$ and $\mathrm{den}=1$.
 
+Selections (sparse members of the family)
+----------------------------------------
+Top-k, hashing and clustering members (`reformer_lsh`, `informer_probsparse`, `topk_attention`,
+`sparsek`, `drsformer_tksa`, `routing_transformer`, `dynamic_mask`) select entries with
+`topk_keep` and move rows with `gather_rows` / `scatter_add_rows` (its adjoint). A selection is
+piecewise constant in its inputs: every backward of the family differentiates the selected
+computation with the selection held fixed.
+
 This module registers no mechanism.
 """
 
@@ -58,6 +66,9 @@ __all__ = [
     "mT",
     "linear_core_forward",
     "linear_core_backward",
+    "topk_keep",
+    "gather_rows",
+    "scatter_add_rows",
 ]
 
 FEATURE_MAPS = ("elu_plus_one", "identity")
@@ -211,3 +222,41 @@ def linear_core_backward(g, fq, fk, v, out, state, *, causal: bool, normalise: b
         dfk[..., j, :] = dk_j
         dv[..., j, :] = np.einsum("...de,...d->...e", R, fk[..., j, :])
     return dfq, dfk, dv
+
+
+# --------------------------------------------------------------------------------------------
+# Selections: top-k keep-masks and row gather / scatter (unvalidated)
+
+
+def topk_keep(scores: np.ndarray, k: int, valid=None, axis: int = -1) -> np.ndarray:
+    """Boolean mask of the ``k`` largest entries of ``scores`` along ``axis`` among the ``valid``
+    ones (all of them when fewer than ``k`` are valid). Ties at the ``k``-th value are broken
+    arbitrarily (``np.argpartition``), as ``torch.topk`` does: callers' samplers avoid them."""
+    s = scores if valid is None else np.where(valid, scores, -np.inf)
+    n = s.shape[axis]
+    if k >= n:
+        keep = np.ones(s.shape, dtype=bool)
+    else:
+        idx = np.take(np.argpartition(-s, k - 1, axis=axis), np.arange(k), axis=axis)
+        keep = np.zeros(s.shape, dtype=bool)
+        np.put_along_axis(keep, idx, True, axis=axis)
+    if valid is not None:
+        keep &= np.broadcast_to(valid, keep.shape)
+    return keep
+
+
+def gather_rows(x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``x (..., N, e)``, integer ``idx (..., S)`` (leading axes broadcast) -> ``x[..., idx, :]``
+    of shape ``(..., S, e)``."""
+    return np.take_along_axis(x, idx[..., None], axis=-2)
+
+
+def scatter_add_rows(g: np.ndarray, idx: np.ndarray, n: int) -> np.ndarray:
+    """The adjoint of `gather_rows`: ``g (..., S, e)`` added into rows ``idx (..., S)`` of a zero
+    ``(..., n, e)`` array (repeated indices accumulate)."""
+    lead, (s, e) = g.shape[:-2], g.shape[-2:]
+    b = int(np.prod(lead, dtype=np.int64))
+    flat = np.broadcast_to(idx, lead + (s,)).reshape(b, s) + (np.arange(b) * n)[:, None]
+    out = np.zeros((b * n, e), dtype=g.dtype)
+    np.add.at(out, flat.reshape(-1), g.reshape(b * s, e))
+    return out.reshape(lead + (n, e))

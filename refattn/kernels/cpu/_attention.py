@@ -6,10 +6,10 @@ attention. They compute a weighted sum of ``R`` softmax-attention maps that shar
 $$O = \sum_{r<R} w_{r,h}\,\mathrm{softmax}\big(T(s\,Q_r K_r^\top) + M\big)\,V,$$
 
 ``R = 1, w = 1`` for SDPA and ``R = 2, w = (1, -\lambda)`` for differential attention ($\lambda$
-broadcast to every output row). These
-functions are unvalidated: the public wrappers (:mod:`.flash`, :mod:`.differential`) check every
-argument in Python and pass C-contiguous arrays of one floating dtype. All flags are *runtime*
-arguments, so each kernel compiles once per dtype (float32, float64).
+broadcast to every output row). These functions are unvalidated: the public wrappers
+(:mod:`.flash`, :mod:`.differential`) check every argument in Python and pass C-contiguous arrays
+of one floating dtype (inputs as read-only views, so that one compiled signature serves every
+caller). All flags are *runtime* arguments, so each kernel compiles once per dtype.
 
 Array layout (``B`` = all leading batch axes flattened):
 
@@ -23,13 +23,30 @@ Array layout (``B`` = all leading batch axes flattened):
   (``offset = 0`` top-left, ``M - N`` bottom-right);
 * ``softcap > 0`` enables $T(x) = c\tanh(x/c)$.
 
-Loop structure: every dot product is written as an outer-product update whose innermost loop runs
-over a contiguous axis (``S[i, :] += q_ic * K^T[c, :]``, ``acc[i, :] += p_ij * V[j, :]``). That
-loop carries no reduction, so LLVM vectorises it without ``fastmath`` and the summation order (over
-``c`` and over key tiles) is fixed: results are bit-identical from call to call and thread count
-to thread count. The backward sums each query tile's (key tile's) contribution to dK, dV (dQ) in
-the input dtype and adds it to float64 accumulators, so the long sums over N are float64; the
-recomputed P, dP, dS tiles stay in the input dtype.
+**Tile products are BLAS calls.** Inside ``@njit``, ``np.dot`` on C- or F-contiguous 2-D
+float32/float64 arrays calls the BLAS ``gemm`` of SciPy's ``cython_blas`` (the wrappers pin it to
+one thread per Numba worker, see :mod:`._runtime`). Tiles are contiguous views (no copies). Score
+tiles are query-major, ``S = Q K^T`` (``nq, nk``), in the forward and in the backward, and the
+backward recomputes each score tile with *the same call on the same tile* as the forward (under a
+causal mask the same trimmed width): OpenBLAS rounds differently for other shapes or layouts, and
+logits that differ from the ones the LSE was built from made the float32 gradients fail the 2x
+rule.
+
+**Vector loops, fixed orders.** ``fastmath=False``; everything else is an elementwise loop over a
+contiguous axis, which LLVM vectorises. Row maxima use ``llvm.maxnum`` with ``nnan`` (exact in any
+order, :func:`_fmax`); the float32 row sums of ``P`` use one ``reassoc`` add (:func:`_radd`), whose
+order is fixed by the compiled code. Each work item owns its outputs and the BLAS runs
+single-threaded on tiles whose shapes depend on the problem only, so results are bit-identical
+from call to call and for any thread count.
+
+**exp.** float32 uses an elementwise ``2^t`` (:func:`_exp2f`: exponent bits plus a degree-6
+polynomial), which vectorises; float64 uses ``math.exp``.
+
+**Schedule.** Forward work item = (batch, head, slot); a slot is one query tile, or under a causal
+mask the pair of query tiles ``(p, nqt-1-p)``, so that every work item has the same number of key
+tiles and Numba's static split of the items over its threads is balanced. Backward work item =
+(batch, head, key split); split ``sp`` takes key tiles in a zig-zag (``sp``, ``2S-1-sp``,
+``2S+sp``, ...), balanced for causal masks too. Both depend on the shapes only.
 """
 
 from __future__ import annotations
@@ -37,8 +54,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
+
+from . import _runtime  # (cache folder, before the kernels are defined)
 
 
 @njit(cache=True, inline="always")
@@ -53,418 +74,401 @@ def _mask_logit(x, b, h, i, j, mask_mode, maskb, maskf, ms):
 
 
 @intrinsic
+def _f32_from_bits(typingctx, x):
+    """The float32 whose IEEE bits are the low 32 bits of the integer ``x`` (a bitcast; vectorises)."""
+    if not isinstance(x, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        bits = args[0]
+        if x.bitwidth > 32:
+            bits = builder.trunc(bits, ir.IntType(32))
+        return builder.bitcast(bits, ir.FloatType())
+
+    return types.float32(x), codegen
+
+
+@intrinsic
 def _fma(typingctx, a, b, c):
     """``a * b + c`` rounded once (``llvm.fma``), for three floats of one type.
 
     An explicit, correctly rounded IEEE operation: deterministic and allowed with
     ``fastmath=False`` (which forbids the compiler from *contracting* ``a * b + c`` on its own).
-    LLVM vectorises it to FMA instructions.
     """
-    if not (isinstance(a, types.Float) and a == b and b == c):
+    if not all(isinstance(x, types.Float) for x in (a, b, c)):
         return None
+    res = max(a, b, c, key=lambda x: x.bitwidth)  # mixed only in the float64 compile of float32 code
 
     def codegen(context, builder, signature, args):
+        args = [context.cast(builder, x, t, res) for x, t in zip(args, signature.args)]
         return builder.fma(*args)
 
-    return a(a, b, c), codegen
+    return res(a, b, c), codegen
+
+
+@intrinsic
+def _fmax(typingctx, a, b):
+    """``max(a, b)`` as ``llvm.maxnum`` (operands are never NaN here: inputs are validated).
+
+    A plain ``t[i] = max(t[i], x)`` in a loop is turned by LLVM into a *conditional* store, which
+    it vectorises with ``vmaskmovps``, microcoded and ~7x slower on AMD Zen; ``maxnum`` becomes
+    ``vmaxps`` and an unconditional store."""
+    if not (isinstance(a, types.Float) and isinstance(b, types.Float)):
+        return None
+    res = max(a, b, key=lambda x: x.bitwidth)
+
+    def codegen(context, builder, signature, args):
+        args = [context.cast(builder, x, t, res) for x, t in zip(args, signature.args)]
+        t = args[0].type
+        name = "llvm.maxnum.f32" if isinstance(t, ir.FloatType) else "llvm.maxnum.f64"
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(t, [t, t]), name)
+        # nnan (true: the operands are never NaN) lets LLVM vectorise a max *reduction*; max is
+        # exact, so the order of that reduction cannot change the result.
+        return builder.call(fn, args, fastmath=("nnan",))
+
+    return res(a, b), codegen
+
+
+@intrinsic
+def _radd(typingctx, a, b):
+    """``a + b`` with LLVM's ``reassoc`` flag, used only to accumulate a row sum: it lets LLVM
+    vectorise that one reduction (8 or 16 partial sums, combined at the end). The order is fixed
+    by the compiled code, so results stay bit-identical from call to call and for any thread
+    count; it is the one place where the compiler, not the source, picks a summation order."""
+    if not (isinstance(a, types.Float) and isinstance(b, types.Float)):
+        return None
+    res = max(a, b, key=lambda x: x.bitwidth)
+
+    def codegen(context, builder, signature, args):
+        x, y = (context.cast(builder, v, t, res) for v, t in zip(args, signature.args))
+        return builder.fadd(x, y, flags=("reassoc",))
+
+    return res(a, b), codegen
+
+
+LOG2E = 1.4426950408889634
 
 
 @njit(cache=True, inline="always")
-def _mm_abt(S, A, a0, nx, Bt, b0, ny, e):
-    """``S[x, y] = sum_c A[a0 + x, c] * Bt[c, b0 + y]`` for ``x < nx``, ``y < ny``, ``c < e``.
+def _exp2f(t):
+    r"""float32 $2^t$, elementwise so that it vectorises (libm ``expf`` does not).
 
-    The innermost loop runs over ``y`` (contiguous in ``S`` and ``Bt``); ``c`` is unrolled by 4 and
-    four rows share every load of ``Bt`` (register blocking). Each ``S`` entry accumulates over ``c``
-    in increasing order with one FMA per term, so the result does not depend on the blocking.
+    $2^t = 2^n\,2^f$ with $n = \lfloor t + 1/2\rfloor$, $f = t - n \in [-1/2, 1/2]$ (exact), a
+    degree-6 polynomial for $2^f$ (least-squares fit on Chebyshev nodes, relative error
+    $1.9\times10^{-9}$, ~1e-7 = 1.6 ulp evaluated in float32 with FMAs) and $2^n$ assembled in the
+    exponent bits. Exactly 0 below $t = -126$ (and for ``-inf``); the kernels call it with
+    $t \le 0$ (logits minus their running maximum, in units of $\log 2$), about 14 vector
+    operations per 8 entries.
     """
-    e4 = e - e % 4
-    nx4 = nx - nx % 4
-    for x in range(0, nx4, 4):
-        for y in range(ny):
-            S[x, y] = 0.0
-            S[x + 1, y] = 0.0
-            S[x + 2, y] = 0.0
-            S[x + 3, y] = 0.0
-        for c in range(0, e4, 4):
-            p0 = A[a0 + x, c]
-            p1 = A[a0 + x, c + 1]
-            p2 = A[a0 + x, c + 2]
-            p3 = A[a0 + x, c + 3]
-            r0 = A[a0 + x + 1, c]
-            r1 = A[a0 + x + 1, c + 1]
-            r2 = A[a0 + x + 1, c + 2]
-            r3 = A[a0 + x + 1, c + 3]
-            t0 = A[a0 + x + 2, c]
-            t1 = A[a0 + x + 2, c + 1]
-            t2 = A[a0 + x + 2, c + 2]
-            t3 = A[a0 + x + 2, c + 3]
-            u0 = A[a0 + x + 3, c]
-            u1 = A[a0 + x + 3, c + 1]
-            u2 = A[a0 + x + 3, c + 2]
-            u3 = A[a0 + x + 3, c + 3]
-            for y in range(ny):
-                k0 = Bt[c, b0 + y]
-                k1 = Bt[c + 1, b0 + y]
-                k2 = Bt[c + 2, b0 + y]
-                k3 = Bt[c + 3, b0 + y]
-                S[x, y] = _fma(p3, k3, _fma(p2, k2, _fma(p1, k1, _fma(p0, k0, S[x, y]))))
-                S[x + 1, y] = _fma(r3, k3, _fma(r2, k2, _fma(r1, k1, _fma(r0, k0, S[x + 1, y]))))
-                S[x + 2, y] = _fma(t3, k3, _fma(t2, k2, _fma(t1, k1, _fma(t0, k0, S[x + 2, y]))))
-                S[x + 3, y] = _fma(u3, k3, _fma(u2, k2, _fma(u1, k1, _fma(u0, k0, S[x + 3, y]))))
-        for c in range(e4, e):
-            for xx in range(x, x + 4):
-                p0 = A[a0 + xx, c]
-                for y in range(ny):
-                    S[xx, y] = _fma(p0, Bt[c, b0 + y], S[xx, y])
-    for x in range(nx4, nx):
-        for y in range(ny):
-            S[x, y] = 0.0
-        for c in range(e):
-            p0 = A[a0 + x, c]
-            for y in range(ny):
-                S[x, y] = _fma(p0, Bt[c, b0 + y], S[x, y])
+    lo = np.float32(-126.0)
+    tc = max(t, lo)
+    n = np.floor(tc + np.float32(0.5))
+    f = tc - n
+    p = _fma(np.float32(0.00015337577497120947), f, np.float32(0.0013399859890341759))
+    p = _fma(p, f, np.float32(0.009618519805371761))
+    p = _fma(p, f, np.float32(0.05550329014658928))
+    p = _fma(p, f, np.float32(0.24022646248340607))
+    p = _fma(p, f, np.float32(0.6931471824645996))
+    p = _fma(p, f, np.float32(1.0))
+    e = p * _f32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))
+    return e if t >= lo else np.float32(0.0)
 
 
 @njit(cache=True, inline="always")
-def _acc_pb(C, c0, P, nx, ny, B, b0, e):
-    """``C[c0 + x, :e] += sum_y P[x, y] * B[b0 + y, :e]``: y unrolled by 4, two rows of ``C`` share
-    every load of ``B``, one FMA per term in increasing ``y`` (the result does not depend on the
-    blocking)."""
-    ny4 = ny - ny % 4
-    nx2 = nx - nx % 2
-    for x in range(0, nx2, 2):
-        for y in range(0, ny4, 4):
-            p0 = P[x, y]
-            p1 = P[x, y + 1]
-            p2 = P[x, y + 2]
-            p3 = P[x, y + 3]
-            r0 = P[x + 1, y]
-            r1 = P[x + 1, y + 1]
-            r2 = P[x + 1, y + 2]
-            r3 = P[x + 1, y + 3]
-            for c in range(e):
-                v0 = B[b0 + y, c]
-                v1 = B[b0 + y + 1, c]
-                v2 = B[b0 + y + 2, c]
-                v3 = B[b0 + y + 3, c]
-                C[c0 + x, c] = _fma(p3, v3, _fma(p2, v2, _fma(p1, v1, _fma(p0, v0, C[c0 + x, c]))))
-                C[c0 + x + 1, c] = _fma(r3, v3, _fma(r2, v2, _fma(r1, v1, _fma(r0, v0, C[c0 + x + 1, c]))))
-        for y in range(ny4, ny):
-            p0 = P[x, y]
-            r0 = P[x + 1, y]
-            for c in range(e):
-                C[c0 + x, c] = _fma(p0, B[b0 + y, c], C[c0 + x, c])
-                C[c0 + x + 1, c] = _fma(r0, B[b0 + y, c], C[c0 + x + 1, c])
-    for x in range(nx2, nx):
-        for y in range(ny):
-            p0 = P[x, y]
-            for c in range(e):
-                C[c0 + x, c] = _fma(p0, B[b0 + y, c], C[c0 + x, c])
+def _expf(x):
+    """float32 ``exp(x)`` as :func:`_exp2f` of ``x * log2(e)``.
+
+    The callers form ``x = s*S - m`` with one FMA, so its rounding error is relative to ``x``,
+    which is small for the entries that matter (``P`` near 1); scaling by ``log2(e)`` afterwards
+    keeps that. (Folding ``log2(e)`` into ``s`` and ``m`` instead saves the multiply but adds an
+    absolute error of ~|m| ulp to every exponent: the float32 gradients then failed the 2x rule.)
+    """
+    return _exp2f(x * np.float32(LOG2E))
 
 
 @njit(cache=True, inline="always")
-def _acc_ptb(C, P, nx, ny, B, b0, e):
-    """``C[x, :e] += sum_y P[y, x] * B[b0 + y, :e]`` (``P`` transposed), blocked as :func:`_acc_pb`."""
-    ny4 = ny - ny % 4
-    nx2 = nx - nx % 2
-    for x in range(0, nx2, 2):
-        for y in range(0, ny4, 4):
-            p0 = P[y, x]
-            p1 = P[y + 1, x]
-            p2 = P[y + 2, x]
-            p3 = P[y + 3, x]
-            r0 = P[y, x + 1]
-            r1 = P[y + 1, x + 1]
-            r2 = P[y + 2, x + 1]
-            r3 = P[y + 3, x + 1]
-            for c in range(e):
-                v0 = B[b0 + y, c]
-                v1 = B[b0 + y + 1, c]
-                v2 = B[b0 + y + 2, c]
-                v3 = B[b0 + y + 3, c]
-                C[x, c] = _fma(p3, v3, _fma(p2, v2, _fma(p1, v1, _fma(p0, v0, C[x, c]))))
-                C[x + 1, c] = _fma(r3, v3, _fma(r2, v2, _fma(r1, v1, _fma(r0, v0, C[x + 1, c]))))
-        for y in range(ny4, ny):
-            p0 = P[y, x]
-            r0 = P[y, x + 1]
-            for c in range(e):
-                C[x, c] = _fma(p0, B[b0 + y, c], C[x, c])
-                C[x + 1, c] = _fma(r0, B[b0 + y, c], C[x + 1, c])
-    for x in range(nx2, nx):
-        for y in range(ny):
-            p0 = P[y, x]
-            for c in range(e):
-                C[x, c] = _fma(p0, B[b0 + y, c], C[x, c])
+def _as_dtype(x, like):
+    """The Python float ``x`` in the dtype of the array ``like`` (float32 arithmetic stays float32)."""
+    one = np.empty(1, dtype=like.dtype)
+    one[0] = x
+    return one[0]
 
 
 @njit(cache=True, inline="always")
-def _logits_row(s, th, ii, b, h, i, j0, nk, scale, softcap, causal, offset, mask_mode, maskb, maskf, ms):
-    """Row ``ii`` of a tile of raw dot products -> final logits in place: scale, softcap (tanh kept
-    in ``th``), mask, causal. The common case (no softcap, no mask) is a plain vectorised scale."""
-    if softcap == 0.0 and mask_mode == 0:
-        for jj in range(nk):
-            s[ii, jj] = s[ii, jj] * scale
-    else:
+def _final_logits(s, nq, nk, b, h, i0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th):
+    """Raw products ``s[ii, jj] = q_i . k_j`` -> final logits (scale, softcap, mask) in place;
+    ``th`` keeps ``tanh`` for the softcap backward. Only used when a softcap or a mask is set."""
+    for ii in range(nq):
         for jj in range(nk):
             x = s[ii, jj] * scale
             if softcap > 0.0:
                 t = math.tanh(x / softcap)
                 th[ii, jj] = t
                 x = softcap * t
-            s[ii, jj] = _mask_logit(x, b, h, i, j0 + jj, mask_mode, maskb, maskf, ms)
+            s[ii, jj] = _mask_logit(x, b, h, i0 + ii, j0 + jj, mask_mode, maskb, maskf, ms)
+
+
+@njit(cache=True)
+def _fwd_query_tile(q, k, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, scale, softcap, causal,
+                    offset, bk, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, out, omap, lse):
+    """Online-softmax forward of query rows ``i0 .. i0+nq`` of head ``h`` (all ``R`` maps).
+
+    The score tile is query-major here, ``S = Q K^T`` of shape ``(nq, nk)``, because the
+    ``P V`` product is ~15 % faster from a row-major ``P`` than from a transposed one (measured).
+    Row maxima are vectorised ``maxnum`` reductions (exact in any order); the float32 row sums are
+    accumulated in the ``exp`` loop with :func:`_radd`."""
+    R = q.shape[0]
+    M = k.shape[3]
+    dv = v.shape[3]
+    fast = q.itemsize == 4
+    plain = softcap == 0.0 and mask_mode == 0
+    sc = _as_dtype(scale if plain else 1.0, mrow)  # plain: the scale is applied inside exp
+    zero = _as_dtype(0.0, mrow)
+    for r in range(R):
+        for ii in range(nq):
+            mrow[r, ii] = -np.inf
+            lrow[r, ii] = 0.0
+            for c in range(dv):
+                acc[r, ii, c] = 0.0
+    jend = M
     if causal:
-        for jj in range(max(i + offset - j0 + 1, 0), nk):  # keys j > i + offset are hidden
-            s[ii, jj] = -np.inf
+        jend = min(M, i0 + nq + offset)  # the last visible key of the tile is (i0 + nq - 1) + offset
+    for j0 in range(0, max(jend, 0), bk):
+        nk = min(bk, jend - j0)
+        vt = v[b, hk, j0:j0 + nk]
+        s = sbuf[:nq * nk].reshape(nq, nk)
+        pv = pbuf[:nq * dv].reshape(nq, dv)
+        for r in range(R):
+            np.dot(q[r, b, h, i0:i0 + nq], k[r, b, hk, j0:j0 + nk].T, s)  # S = Q K^T
+            if not plain:
+                _final_logits(s, nq, nk, b, h, i0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
+            for ii in range(nq):
+                if causal:
+                    for jj in range(max(0, i0 + ii + offset + 1 - j0), nk):  # keys j > i + offset
+                        s[ii, jj] = -np.inf
+                mt = s[ii, 0]
+                for jj in range(1, nk):
+                    mt = _fmax(mt, s[ii, jj])
+                m_old = mrow[r, ii]
+                m_new = max(m_old, sc * mt)
+                if m_new == -np.inf:  # nothing visible in this row yet: P = 0, state unchanged
+                    alpha[ii] = 1.0
+                    rsum[ii] = 0.0
+                    for jj in range(nk):
+                        s[ii, jj] = 0.0
+                    continue
+                mrow[r, ii] = m_new
+                alpha[ii] = math.exp(np.float64(m_old) - np.float64(m_new))  # 0 when m_old = -inf
+                neg = -m_new
+                if fast:
+                    t = zero
+                    for jj in range(nk):
+                        e = _expf(_fma(sc, s[ii, jj], neg))
+                        s[ii, jj] = e
+                        t = _radd(t, e)
+                    rsum[ii] = t
+                else:
+                    t = zero
+                    for jj in range(nk):
+                        e = math.exp(sc * s[ii, jj] + neg)
+                        s[ii, jj] = e
+                        t += e
+                    rsum[ii] = t
+            np.dot(s, vt, pv)  # P V_tile
+            for ii in range(nq):
+                lrow[r, ii] = lrow[r, ii] * alpha[ii] + rsum[ii]  # float64
+                a = _as_dtype(alpha[ii], rsum)
+                for c in range(dv):
+                    acc[r, ii, c] = acc[r, ii, c] * a + pv[ii, c]
+    for ii in range(nq):
+        i = i0 + ii
+        for r in range(R):
+            l_ = lrow[r, ii]
+            if l_ > 0.0:
+                lse[r, b, h, i] = np.float64(mrow[r, ii]) + math.log(l_)
+                inv = 1.0 / l_
+                for c in range(dv):
+                    omap[r, b, h, i, c] = acc[r, ii, c] * inv
+            else:
+                lse[r, b, h, i] = -np.inf
+                for c in range(dv):
+                    omap[r, b, h, i, c] = 0.0
+        # out may alias omap when R = 1 (w = 1): read every map before writing out.
+        for c in range(dv):
+            o = w[0, b, h, i] * omap[0, b, h, i, c]
+            for r in range(1, R):
+                o += w[r, b, h, i] * omap[r, b, h, i, c]
+            out[b, h, i, c] = o
 
 
-@njit(cache=True, inline="always")
-def _exp_row(s, ii, nk, shift, e2, e2i, fast):
-    r"""``s[ii, :nk] = exp(s[ii, :nk] - shift)`` in place (``-inf`` -> 0).
-
-    ``fast`` (float32 only): Cephes ``expf`` — $2^n e^r$ with $n = \lfloor x\log_2 e + 1/2\rceil$,
-    $r = x - n\ln 2$ (two-constant Cody–Waite) and a degree-7 polynomial for $e^r$, $2^n$ built from
-    its exponent bits through the int32 view ``e2i`` of ``e2``. Every step is elementwise, so the
-    loops vectorise (libm ``expf`` does not); accuracy ~1 ulp like libm, and exactly 0 below
-    $x = -87$ where ``expf`` would return a denormal $< 2^{-125}$. float64 uses ``math.exp``.
-    """
-    if fast:
-        lo = np.float32(-87.0)
-        for jj in range(nk):
-            x = s[ii, jj] - shift
-            xc = max(x, lo)
-            nf = math.floor(xc * np.float32(1.44269504088896341) + np.float32(0.5))
-            r = xc - nf * np.float32(0.693359375) - nf * np.float32(-2.12194440e-4)
-            p = ((((np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)) * r
-                   + np.float32(8.3334519073e-3)) * r + np.float32(4.1665795894e-2)) * r
-                 + np.float32(1.6666665459e-1)) * r + np.float32(5.0000001201e-1)
-            p = p * r * r + r + np.float32(1.0)
-            e2i[jj] = (np.int32(nf) + np.int32(127)) << 23
-            s[ii, jj] = p if x >= lo else np.float32(0.0)
-        for jj in range(nk):
-            s[ii, jj] = s[ii, jj] * e2[jj]
-    else:
-        for jj in range(nk):
-            s[ii, jj] = math.exp(s[ii, jj] - shift)
-
-
-@njit(cache=True, inline="always")
-def _row_max(s, ii, nk):
-    """Max of ``s[ii, :nk]`` with four interleaved partial maxima (exact, order-free)."""
-    a0 = -np.inf
-    a1 = -np.inf
-    a2 = -np.inf
-    a3 = -np.inf
-    n4 = nk - nk % 4
-    for jj in range(0, n4, 4):
-        a0 = max(a0, s[ii, jj])
-        a1 = max(a1, s[ii, jj + 1])
-        a2 = max(a2, s[ii, jj + 2])
-        a3 = max(a3, s[ii, jj + 3])
-    for jj in range(n4, nk):
-        a0 = max(a0, s[ii, jj])
-    return max(max(a0, a1), max(a2, a3))
-
-
-@njit(cache=True, inline="always")
-def _row_sum(s, ii, nk):
-    """Sum of ``s[ii, :nk]`` in float64 with four interleaved partial sums (a fixed order, so it is
-    deterministic, and four independent add chains instead of one latency-bound chain)."""
-    a0 = 0.0
-    a1 = 0.0
-    a2 = 0.0
-    a3 = 0.0
-    n4 = nk - nk % 4
-    for jj in range(0, n4, 4):
-        a0 += s[ii, jj]
-        a1 += s[ii, jj + 1]
-        a2 += s[ii, jj + 2]
-        a3 += s[ii, jj + 3]
-    for jj in range(n4, nk):
-        a0 += s[ii, jj]
-    return (a0 + a1) + (a2 + a3)
-
-
-@njit(cache=True, parallel=True, fastmath=False)
+@njit(cache=True, parallel=True)
 def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap, causal, offset,
                   bq, bk, out, omap, lse):
     """Forward: fills ``out`` (B,H,N,dv), per-map normalised outputs ``omap`` (R,B,H,N,dv) and
-    ``lse`` (R,B,H,N) (``-inf`` on fully masked rows, whose outputs are 0).
-
-    Each key tile is transposed into a small ``d x bk`` scratch (contiguous rows of ``bk``): reading
-    a pre-transposed ``(d, M)`` K instead strides by ``4M`` bytes between rows, which aliases in
-    L1 for power-of-two ``M`` and was measured ~1.8x slower."""
+    ``lse`` (R,B,H,N), float64 whatever the dtype (``-inf`` on fully masked rows, whose outputs
+    are 0): the backward recomputes ``P = exp(sS - L)`` from it, and a float32 LSE of a row with
+    logits ~10 carries a rounding error of ~5e-7, which alone made float32 ``dV`` fail the 2x rule
+    (the naive reference keeps ``P`` itself). The running sums ``l`` are float64 for the same reason."""
     R, B, H, N, d = q.shape
-    M = k.shape[3]
     dv = v.shape[3]
     nqt = (N + bq - 1) // bq
-    ntask = B * H * nqt
-    fast = q.itemsize == 4  # float32: vectorised exp
-    for t in prange(ntask):
-        b = t // (H * nqt)
-        h = (t // nqt) % H
-        it = t % nqt
-        hk = kvmap[h]
-        i0 = it * bq
-        nq = min(bq, N - i0)
-        s = np.empty((bq, bk), dtype=q.dtype)
+    nslot = (nqt + 1) // 2 if causal else nqt  # causal: query tiles p and nqt-1-p share a slot
+    for t in prange(B * H * nslot):
+        b = t // (H * nslot)
+        h = (t // nslot) % H
+        p = t % nslot
+        sbuf = np.empty(bq * bk, dtype=q.dtype)
+        pbuf = np.empty(bq * dv, dtype=q.dtype)
         th = np.empty((bq, bk), dtype=q.dtype)
-        kt = np.empty((d, bk), dtype=q.dtype)
-        e2 = np.empty(bk, dtype=q.dtype)
-        e2i = e2.view(np.int32)
-        acc = np.zeros((R, bq, dv), dtype=q.dtype)
-        mrow = np.full((R, bq), -np.inf, dtype=q.dtype)
-        lrow = np.zeros((R, bq), dtype=q.dtype)
-        jend = M
+        acc = np.empty((R, bq, dv), dtype=q.dtype)
+        mrow = np.empty((R, bq), dtype=q.dtype)
+        lrow = np.empty((R, bq), dtype=np.float64)
+        alpha = np.empty(bq, dtype=np.float64)
+        rsum = np.empty(bq, dtype=q.dtype)
+        tiles = 2 if causal and nqt - 1 - p != p else 1
+        for sub in range(tiles):
+            it = p if sub == 0 else nqt - 1 - p
+            i0 = it * bq
+            _fwd_query_tile(q, k, v, w, b, h, kvmap[h], i0, min(bq, N - i0), mask_mode, maskb, maskf, ms,
+                            scale, softcap, causal, offset, bk, sbuf, pbuf, th, acc, mrow, lrow, alpha,
+                            rsum, out, omap, lse)
+
+
+@njit(cache=True)
+def _bwd_key_tile(q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_mode, maskb, maskf, ms, scale,
+                  softcap, causal, offset, bq, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva,
+                  dq_part, dk_part, dv_part):
+    """FlashAttention-2 backward of key rows ``j0 .. j0+nk`` of query head ``h`` over all query tiles."""
+    R, B, H, N, d = q.shape
+    dv = v.shape[3]
+    fast = q.itemsize == 4
+    plain = softcap == 0.0 and mask_mode == 0
+    sc = _as_dtype(scale if plain else 1.0, lrow)
+    for jj in range(nk):
+        for c in range(dv):
+            dva[jj, c] = 0.0
+        for r in range(R):
+            for c in range(d):
+                dka[r, jj, c] = 0.0
+    M = k.shape[3]
+    i_start = 0
+    if causal:
+        i_start = max(0, j0 - offset)  # the first query that sees key j0
+    for i0 in range(i_start - i_start % bq, N, bq):
+        nq = min(bq, N - i0)
+        # The forward's tile (i0, j0): same shape, so the recomputed logits are bit-identical to
+        # the ones the LSE was built from (OpenBLAS rounds differently for other shapes/layouts).
+        nkq = nk
         if causal:
-            jend = min(M, i0 + nq + offset)  # last visible key of the tile is (i0+nq-1)+offset
-        for j0 in range(0, max(jend, 0), bk):
-            nk = min(bk, jend - j0)
-            vbh = v[b, hk]
-            for r in range(R):
-                for jj in range(nk):
-                    for c in range(d):
-                        kt[c, jj] = k[r, b, hk, j0 + jj, c]
-                _mm_abt(s, q[r, b, h], i0, nq, kt, 0, nk, d)
-                for ii in range(nq):
-                    _logits_row(s, th, ii, b, h, i0 + ii, j0, nk, scale, softcap, causal, offset,
-                                mask_mode, maskb, maskf, ms)
-                    mt = _row_max(s, ii, nk)
-                    m_old = mrow[r, ii]
-                    m_new = max(m_old, mt)
-                    if m_new == -np.inf:
-                        for jj in range(nk):
-                            s[ii, jj] = 0.0  # nothing visible yet in this row: P = 0
-                        continue
-                    alpha = math.exp(m_old - m_new)  # 0 when m_old = -inf
-                    mrow[r, ii] = m_new
-                    _exp_row(s, ii, nk, m_new, e2, e2i, fast)
-                    rs = _row_sum(s, ii, nk)
-                    lrow[r, ii] = lrow[r, ii] * alpha + rs
-                    if alpha != 1.0:
-                        for c in range(dv):
-                            acc[r, ii, c] *= alpha
-                _acc_pb(acc[r], 0, s, nq, nk, vbh, j0, dv)  # acc += P V_tile
-        for ii in range(nq):
-            i = i0 + ii
-            for r in range(R):
-                l_ = lrow[r, ii]
-                if l_ > 0.0:
-                    lse[r, b, h, i] = mrow[r, ii] + math.log(l_)
-                    inv = 1.0 / l_
-                    for c in range(dv):
-                        omap[r, b, h, i, c] = acc[r, ii, c] * inv
+            nkq = min(nk, min(M, i0 + nq + offset) - j0)
+            if nkq <= 0:  # no query of this tile sees key j0 (N < M, top-left)
+                continue
+        dot = dout[b, h, i0:i0 + nq]
+        s = sbuf[:nq * nkq].reshape(nq, nkq)
+        dp = dpbuf[:nq * nkq].reshape(nq, nkq)
+        ds = dsbuf[:nq * nkq].reshape(nq, nkq)
+        np.dot(dot, v[b, hk, j0:j0 + nkq].T, dp)  # dP = dO V^T, shared by the R maps
+        for r in range(R):
+            qt = q[r, b, h, i0:i0 + nq]
+            kt = k[r, b, hk, j0:j0 + nkq]
+            np.dot(qt, kt.T, s)  # S = Q K^T, the forward's call
+            if not plain:
+                _final_logits(s, nq, nkq, b, h, i0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
+            for ii in range(nq):
+                i = i0 + ii
+                L = lse[r, b, h, i]  # float64
+                if L == -np.inf:  # a fully masked row: P = 0, dS = 0
+                    for jj in range(nkq):
+                        s[ii, jj] = 0.0
+                        ds[ii, jj] = 0.0
+                    continue
+                if causal:
+                    for jj in range(max(0, i + offset + 1 - j0), nkq):  # keys j > i + offset
+                        s[ii, jj] = -np.inf
+                lrow[ii] = L  # L rounded to the dtype ...
+                llo[ii] = L - np.float64(lrow[ii])  # ... and the rest
+                lh = lrow[ii]
+                lo = llo[ii]
+                D = delta[r, b, h, i]
+                wr = w[r, b, h, i]
+                if fast:
+                    for jj in range(nkq):
+                        pw = _expf(_fma(sc, s[ii, jj], -lh) - lo)
+                        ds[ii, jj] = pw * (wr * dp[ii, jj] - D)
+                        s[ii, jj] = wr * pw  # w P, the dV weight
                 else:
-                    lse[r, b, h, i] = -np.inf
-                    for c in range(dv):
-                        omap[r, b, h, i, c] = 0.0
-            # out may alias omap when R = 1 (w = 1): read every map before writing out.
-            for c in range(dv):
-                o = w[0, b, h, i] * omap[0, b, h, i, c]
-                for r in range(1, R):
-                    o += w[r, b, h, i] * omap[r, b, h, i, c]
-                out[b, h, i, c] = o
+                    for jj in range(nkq):
+                        pw = math.exp(sc * s[ii, jj] - lh - lo)
+                        ds[ii, jj] = pw * (wr * dp[ii, jj] - D)
+                        s[ii, jj] = wr * pw
+                if softcap > 0.0:
+                    for jj in range(nkq):
+                        tt = th[ii, jj]
+                        ds[ii, jj] = ds[ii, jj] * (1.0 - tt * tt)
+            tv = tbuf[:nkq * dv].reshape(nkq, dv)
+            np.dot(s.T, dot, tv)  # (w P)^T dO
+            for jj in range(nkq):
+                for c in range(dv):
+                    dva[jj, c] += tv[jj, c]
+            tk = tbuf[:nkq * d].reshape(nkq, d)
+            np.dot(ds.T, qt, tk)  # dS^T Q
+            for jj in range(nkq):
+                for c in range(d):
+                    dka[r, jj, c] += tk[jj, c]
+            tq = tbuf[:nq * d].reshape(nq, d)
+            np.dot(ds, kt, tq)  # dS K
+            dqp = dq_part[sp, r, b, h]
+            for ii in range(nq):
+                for c in range(d):
+                    dqp[i0 + ii, c] += tq[ii, c]
+    for jj in range(nk):
+        for r in range(R):
+            for c in range(d):
+                dk_part[r, b, h, j0 + jj, c] = dka[r, jj, c]
+        for c in range(dv):
+            dv_part[b, h, j0 + jj, c] = dva[jj, c]
 
 
-@njit(cache=True, parallel=True, fastmath=False)
+@njit(cache=True, parallel=True)
 def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap, causal, offset,
                   bq, bk, nsplit, dout, lse, delta, dq_part, dk_part, dv_part):
     r"""FlashAttention-2 backward, recomputing $P$ from the stored LSE.
 
     ``delta`` (R,B,H,N) is $D_r = w_r\,\mathrm{rowsum}(dO \odot O_r) - dL_r$ (``dL`` the upstream
     LSE gradient), so $dS_r = P_r \odot (w_r\,dO\,V^\top - D_r)$.
+    ``lse`` (R,B,H,N) is float64 (the forward's); it enters the float32 exponent as a rounded part
+    plus a remainder, ``fma(s, S, -L_hi) - L_lo``.
     Work item = (b, query head h, key split). Outputs, all *unscaled by s* and per query head:
-    ``dq_part`` (nsplit,R,B,H,N,d) $\sum_j dS^0 K$ (float64: it accumulates over all key tiles),
-    ``dk_part`` (R,B,H,M,d) $dS^{0\top} Q$,
-    ``dv_part`` (B,H,M,dv) $\sum_r w_r P_r^\top dO$. The caller sums the splits and the heads of
-    each kv group in a fixed order and multiplies by ``s``.
+    ``dq_part`` (nsplit,R,B,H,N,d) $\sum_j dS K$ (float64, zero-initialised: it accumulates over
+    the split's key tiles), ``dk_part`` (R,B,H,M,d) $dS^\top Q$, ``dv_part`` (B,H,M,dv)
+    $\sum_r w_r P_r^\top dO$; the tile partials are summed in float64. The caller sums the splits
+    and the heads of each kv group in a fixed order and multiplies by ``s``.
     """
     R, B, H, N, d = q.shape
     M = k.shape[3]
     dv = v.shape[3]
     nkt = (M + bk - 1) // bk
-    tiles_per_split = (nkt + nsplit - 1) // nsplit
-    ntask = B * H * nsplit
-    fast = q.itemsize == 4  # float32: vectorised exp
-    for t in prange(ntask):
+    for t in prange(B * H * nsplit):
         b = t // (H * nsplit)
         h = (t // nsplit) % H
         sp = t % nsplit
-        hk = kvmap[h]
-        s = np.empty((bq, bk), dtype=q.dtype)
+        sbuf = np.empty(bk * bq, dtype=q.dtype)
+        dpbuf = np.empty(bk * bq, dtype=q.dtype)
+        dsbuf = np.empty(bk * bq, dtype=q.dtype)
+        tbuf = np.empty(max(bk, bq) * max(d, dv), dtype=q.dtype)
         th = np.empty((bq, bk), dtype=q.dtype)
-        dp = np.empty((bq, bk), dtype=q.dtype)
-        e2 = np.empty(bk, dtype=q.dtype)
-        e2i = e2.view(np.int32)
-        kt = np.empty((d, bk), dtype=q.dtype)
-        vt = np.empty((dv, bk), dtype=q.dtype)
-        dka = np.empty((bk, d), dtype=np.float64)
+        vec = np.empty((2, bq), dtype=q.dtype)
+        dka = np.empty((R, bk, d), dtype=np.float64)
         dva = np.empty((bk, dv), dtype=np.float64)
-        # per-query-tile partials in the input dtype (full SIMD width), added to the float64
-        # accumulators once per tile: short sums in float32, the long sums over N in float64
-        dkt = np.empty((bk, d), dtype=q.dtype)
-        dvt = np.empty((bk, dv), dtype=q.dtype)
-        dqt = np.empty((bq, d), dtype=q.dtype)
-        dobh = dout[b, h]
-        for kt_i in range(sp * tiles_per_split, min(nkt, (sp + 1) * tiles_per_split)):
+        for kt_i in range(nkt):
+            pos = kt_i % (2 * nsplit)  # zig-zag: split sp owns positions sp and 2*nsplit-1-sp
+            if pos != sp and pos != 2 * nsplit - 1 - sp:
+                continue
             j0 = kt_i * bk
-            nk = min(bk, M - j0)
-            for jj in range(nk):
-                for c in range(dv):
-                    vt[c, jj] = v[b, hk, j0 + jj, c]
-                    dva[jj, c] = 0.0
-            i_start = 0
-            if causal:
-                i_start = max(0, j0 - offset)  # first query that sees key j0
-            for r in range(R):
-                qbh = q[r, b, h]
-                kbh = k[r, b, hk]
-                dqbh = dq_part[sp, r, b, h]
-                for jj in range(nk):
-                    for c in range(d):
-                        kt[c, jj] = kbh[j0 + jj, c]
-                        dka[jj, c] = 0.0
-                for i0 in range(i_start - i_start % bq, N, bq):
-                    nq = min(bq, N - i0)
-                    _mm_abt(s, qbh, i0, nq, kt, 0, nk, d)  # S = Q K^T
-                    _mm_abt(dp, dobh, i0, nq, vt, 0, nk, dv)  # dP = dO V^T
-                    for ii in range(nq):
-                        i = i0 + ii
-                        L = lse[r, b, h, i]
-                        if L == -np.inf:
-                            for jj in range(nk):
-                                s[ii, jj] = 0.0
-                                dp[ii, jj] = 0.0
-                            continue
-                        D = delta[r, b, h, i]
-                        wr = w[r, b, h, i]
-                        _logits_row(s, th, ii, b, h, i, j0, nk, scale, softcap, causal, offset,
-                                    mask_mode, maskb, maskf, ms)
-                        _exp_row(s, ii, nk, L, e2, e2i, fast)
-                        for jj in range(nk):
-                            pw = s[ii, jj]
-                            dp[ii, jj] = pw * (wr * dp[ii, jj] - D)
-                            s[ii, jj] = wr * pw  # w P, the dV weight
-                        if softcap > 0.0:
-                            for jj in range(nk):
-                                tt = th[ii, jj]
-                                dp[ii, jj] = dp[ii, jj] * (1.0 - tt * tt)
-                    dvt[:nk, :] = 0.0
-                    dkt[:nk, :] = 0.0
-                    dqt[:nq, :] = 0.0
-                    _acc_ptb(dvt, s, nk, nq, dobh, i0, dv)  # dV += (w P)^T dO
-                    _acc_ptb(dkt, dp, nk, nq, qbh, i0, d)  # dK += dS^T Q
-                    _acc_pb(dqt, 0, dp, nq, nk, kbh, j0, d)  # dQ += dS K
-                    for jj in range(nk):
-                        for c in range(dv):
-                            dva[jj, c] += dvt[jj, c]
-                        for c in range(d):
-                            dka[jj, c] += dkt[jj, c]
-                    for ii in range(nq):
-                        for c in range(d):
-                            dqbh[i0 + ii, c] += dqt[ii, c]
-                for jj in range(nk):
-                    for c in range(d):
-                        dk_part[r, b, h, j0 + jj, c] = dka[jj, c]
-            for jj in range(nk):
-                for c in range(dv):
-                    dv_part[b, h, j0 + jj, c] = dva[jj, c]
+            _bwd_key_tile(q, k, v, w, dout, lse, delta, b, h, kvmap[h], j0, min(bk, M - j0), sp, mask_mode,
+                          maskb, maskf, ms, scale, softcap, causal, offset, bq, sbuf, dpbuf, dsbuf, tbuf, th,
+                          vec[0], vec[1], dka, dva, dq_part, dk_part, dv_part)
+
+
+_runtime.register_entry_point(attention_fwd, "attention_fwd")
+_runtime.register_entry_point(attention_bwd, "attention_bwd")

@@ -37,6 +37,8 @@ from ._common import (
     flat4,
     kv_map,
     mask_buffers,
+    readonly,
+    run_kernel,
 )
 from .flash import reduce_heads
 
@@ -45,9 +47,10 @@ __all__ = ["diff_attention_forward", "diff_attention_backward", "diff_attention"
 BACKEND = "numba_cpu"
 
 
-def validate_differential_args(q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment,
-                               block_q, block_k):
-    """The reference's validation (same checks, same messages) plus the tile sizes."""
+def validate_arguments(q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment,
+                       block_q, block_k):
+    """The reference's validation (same checks, same messages) plus the tile sizes; shared with the
+    CUDA port so that both backends accept and reject the same arguments."""
     from ...attention.differential.core import validate_core
 
     q1, k1, q2, k2, v, lam, mask, scale = validate_core(
@@ -78,7 +81,7 @@ def diff_attention_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_causal:
     out (..., H, N, dv), cache
         ``cache["lse"]`` (2, ..., H, N): the two maps' log-sum-exps.
     """
-    q1, k1, q2, k2, v, lam, mask, scale, block_q, block_k = validate_differential_args(
+    q1, k1, q2, k2, v, lam, mask, scale, block_q, block_k = validate_arguments(
         q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_map, causal_alignment,
         block_q, block_k)
     dt = compute_dtype(q1, k1, q2, k2, v, lam)
@@ -87,24 +90,24 @@ def diff_attention_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_causal:
     hkv, m = k1.shape[-3], k1.shape[-2]
     dv = v.shape[-1]
     s = d ** -0.5 if scale is None else scale
-    q = np.stack([flat4(q1.astype(dt, copy=False)), flat4(q2.astype(dt, copy=False))])
-    k = np.stack([flat4(k1.astype(dt, copy=False)), flat4(k2.astype(dt, copy=False))])
-    v4 = flat4(v.astype(dt, copy=False))
+    q = readonly(np.stack([flat4(q1.astype(dt, copy=False)), flat4(q2.astype(dt, copy=False))]))
+    k = readonly(np.stack([flat4(k1.astype(dt, copy=False)), flat4(k2.astype(dt, copy=False))]))
+    v4 = readonly(flat4(v.astype(dt, copy=False)))
     b = q.shape[1]
     lam_rows = np.broadcast_to(lam.astype(dt, copy=False), q1.shape[:-1]).reshape(b, h, n)
-    w = np.stack([np.ones((b, h, n), dtype=dt), -lam_rows])
+    w = readonly(np.stack([np.ones((b, h, n), dtype=dt), -lam_rows]))
     mode, mb, mf, ms = mask_buffers(mask, lead, h, n, m, dt)
     kvm = kv_map(h, hkv, kv_group_map)
     offset = 0 if (causal_alignment == "top_left" or not is_causal) else m - n
     out = np.empty((b, h, n, dv), dtype=dt)
     omap = np.empty((2, b, h, n, dv), dtype=dt)
-    lse = np.empty((2, b, h, n), dtype=dt)
-    _k.attention_fwd(q, k, v4, w, kvm, mode, mb, mf, ms, float(s), 0.0, bool(is_causal), offset,
-                     block_q, block_k, out, omap, lse)
+    lse = np.empty((2, b, h, n), dtype=np.float64)  # float64 inside, for the backward (see _attention)
+    run_kernel(_k.attention_fwd, q, k, v4, w, kvm, mode, mb, mf, ms, float(s), 0.0, bool(is_causal), offset,
+               block_q, block_k, out, omap, lse)
     out_l = out.reshape(lead + (h, n, dv))
     cache = {
         "backend": BACKEND, "q": q, "k": k, "v": v4, "w": w, "omap": omap, "lse4": lse,
-        "lse": lse.reshape((2,) + lead + (h, n)), "out": out_l, "scale": float(s),
+        "lse": lse.astype(dt).reshape((2,) + lead + (h, n)), "out": out_l, "scale": float(s),
         "is_causal": bool(is_causal), "offset": offset, "kv_group_map": kv_group_map,
         "mask": (mode, mb, mf, ms), "block_q": block_q, "block_k": block_k,
         "shapes": (q1.shape, k1.shape, v.shape), "lam_shape": lam.shape, "kind": "diff",
@@ -121,9 +124,9 @@ def diff_attention_backward(dout, cache):
     dt = q.dtype
     qs, ks, vs = c["shapes"]
     g = check_dout(dout, qs[:-1] + (vs[-1],), dt)
-    g4 = g.reshape(omap.shape[1:])
+    g4 = readonly(g.reshape(omap.shape[1:]))
     rs = np.einsum("bhnc,rbhnc->rbhn", g4, omap)  # rowsum(G o O_a), (2, B, H, N), no temporary
-    delta = np.ascontiguousarray(w * rs)
+    delta = readonly(w * rs)
     _, b, h, n, d = q.shape
     hkv, m = k.shape[2], k.shape[3]
     nsplit = bwd_splits(b, h, m, c["block_k"], 2 * n, d)
@@ -132,8 +135,9 @@ def diff_attention_backward(dout, cache):
     dv_part = np.empty((b, h, m, v4.shape[-1]), dtype=dt)
     mode, mb, mf, ms = c["mask"]
     kvm = kv_map(h, hkv, c["kv_group_map"])
-    _k.attention_bwd(q, k, v4, w, kvm, mode, mb, mf, ms, c["scale"], 0.0, c["is_causal"], c["offset"],
-                     c["block_q"], c["block_k"], nsplit, g4, c["lse4"], delta, dq_part, dk_part, dv_part)
+    run_kernel(_k.attention_bwd, q, k, v4, w, kvm, mode, mb, mf, ms, c["scale"], 0.0, c["is_causal"],
+               c["offset"], c["block_q"], c["block_k"], nsplit, g4, readonly(c["lse4"]), delta, dq_part,
+               dk_part, dv_part)
     dq = dq_part[0]
     for i in range(1, nsplit):  # fixed order, in place
         dq += dq_part[i]

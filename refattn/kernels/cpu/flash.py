@@ -31,6 +31,8 @@ from ._common import (
     flat4,
     kv_map,
     mask_buffers,
+    readonly,
+    run_kernel,
     validate_config,
     validate_qkv,
 )
@@ -85,21 +87,21 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
     hkv, m = k.shape[-3], k.shape[-2]
     dv = v.shape[-1]
     s = (1.0 / np.sqrt(d)) if scale is None else scale
-    q4, k4, v4 = (flat4(a.astype(dt, copy=False)) for a in (q, k, v))
+    q4, k4, v4 = (readonly(flat4(a.astype(dt, copy=False))) for a in (q, k, v))
     b = q4.shape[0]
     mode, mb, mf, ms = mask_buffers(attn_mask, lead, h, n, m, dt)
     kvm = kv_map(h, hkv, kv_group_map)
-    w = np.ones((1, b, h, n), dtype=dt)
+    w = readonly(np.ones((1, b, h, n), dtype=dt))
     offset = 0 if causal_alignment == "top_left" else m - n
     out = np.empty((b, h, n, dv), dtype=dt)
     omap = out[None]  # R = 1, weight 1: the per-map output is the output (written twice, same value)
-    lse = np.empty((1, b, h, n), dtype=dt)
-    _k.attention_fwd(q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, float(s),
-                     float(softcap or 0.0), is_causal, offset, block_q, block_k, out, omap, lse)
+    lse = np.empty((1, b, h, n), dtype=np.float64)  # float64 inside, for the backward (see _attention)
+    run_kernel(_k.attention_fwd, q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, float(s),
+               float(softcap or 0.0), bool(is_causal), offset, block_q, block_k, out, omap, lse)
     out_l = out.reshape(lead + (h, n, dv))
     cache = {
         "backend": BACKEND, "q": q4, "k": k4, "v": v4, "out4": out, "out": out_l, "lse4": lse,
-        "lse": lse[0].reshape(lead + (h, n)), "scale": float(s), "softcap": softcap,
+        "lse": lse[0].astype(dt).reshape(lead + (h, n)), "scale": float(s), "softcap": softcap,
         "is_causal": is_causal, "offset": offset, "kv_group_map": kv_group_map,
         "mask": (mode, mb, mf, ms), "block_q": block_q, "block_k": block_k,
         "shapes": (q.shape, k.shape, v.shape),
@@ -135,12 +137,12 @@ def flash_attention_backward(dout, cache, *, dlse=None):
     dt = q4.dtype
     qs, ks, vs = c["shapes"]
     g = check_dout(dout, qs[:-1] + (vs[-1],), dt)
-    g4 = g.reshape(out.shape)
+    g4 = readonly(g.reshape(out.shape))
     delta = np.einsum("bhnc,bhnc->bhn", g4, out)[None]  # rowsum(dO * O) without an N x dv temporary
     if dlse is not None:
         dl = check_dout(dlse, qs[:-1], dt, "dlse")
         delta = delta - dl.reshape(delta.shape)
-    delta = np.ascontiguousarray(delta, dtype=dt)
+    delta = readonly(delta.astype(dt, copy=False))
     b, h, n, d = q4.shape
     hkv, m = k4.shape[1], k4.shape[2]
     nsplit = bwd_splits(b, h, m, c["block_k"], n, d)
@@ -149,10 +151,10 @@ def flash_attention_backward(dout, cache, *, dlse=None):
     dv_part = np.empty((b, h, m, v4.shape[-1]), dtype=dt)
     mode, mb, mf, ms = c["mask"]
     kvm = kv_map(h, hkv, c["kv_group_map"])
-    w = np.ones((1, b, h, n), dtype=dt)
-    _k.attention_bwd(q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, c["scale"],
-                     float(c["softcap"] or 0.0), c["is_causal"], c["offset"], c["block_q"],
-                     c["block_k"], nsplit, g4, c["lse4"], delta, dq_part, dk_part, dv_part)
+    w = readonly(np.ones((1, b, h, n), dtype=dt))
+    run_kernel(_k.attention_bwd, q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, c["scale"],
+               float(c["softcap"] or 0.0), bool(c["is_causal"]), c["offset"], c["block_q"],
+               c["block_k"], nsplit, g4, readonly(c["lse4"]), delta, dq_part, dk_part, dv_part)
     dq = dq_part[0, 0]
     for i in range(1, nsplit):  # fixed order, in place (no extra float64 N x d arrays)
         dq += dq_part[i, 0]

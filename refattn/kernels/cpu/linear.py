@@ -25,7 +25,8 @@ import numpy as np
 from numba import njit, prange
 
 from ..._checks import as_float, check_choice, check_positive, compute_dtype
-from ._common import check_dout
+from . import _runtime
+from ._common import check_dout, readonly, run_kernel
 
 __all__ = ["causal_linear_attention_forward", "causal_linear_attention_backward"]
 
@@ -33,87 +34,170 @@ BACKEND = "numba_cpu"
 FEATURE_MAPS = ("elu_plus_one", "identity")
 
 
-@njit(cache=True, parallel=True, fastmath=False)
-def _scan_fwd(fq, fk, v, eps, out, den):
-    B, N, d = fq.shape
+# Tokens per chunk of the scan: the intra-chunk products are (CHUNK x CHUNK x d) gemms.
+CHUNK = 64
+
+
+@njit(cache=True)
+def _chunk_fwd(fq, fk, v, eps, b, chunk, S, z, A, num, out, den):
+    """Forward scan of one (batch, head) row ``b``, ``chunk`` tokens at a time (see module doc)."""
+    N, d = fq.shape[1], fq.shape[2]
     dv = v.shape[2]
-    for b in prange(B):
-        S = np.zeros((d, dv), dtype=fq.dtype)
-        z = np.zeros(d, dtype=fq.dtype)
-        num = np.empty(dv, dtype=fq.dtype)
-        for i in range(N):
-            for c in range(d):
-                a = fk[b, i, c]
-                for e in range(dv):
-                    S[c, e] += a * v[b, i, e]
-                z[c] += a
-            for e in range(dv):
-                num[e] = 0.0
+    for c0 in range(0, N, chunk):
+        nc = min(chunk, N - c0)
+        Q = fq[b, c0:c0 + nc]
+        K = fk[b, c0:c0 + nc]
+        V = v[b, c0:c0 + nc]
+        a = A[:nc * nc].reshape(nc, nc)
+        np.dot(Q, K.T, a)  # phi(q_i) . phi(k_j)
+        for i in range(nc):
+            for j in range(i + 1, nc):
+                a[i, j] = 0.0  # causal: keys after the query
+        nm = num[:nc * dv].reshape(nc, dv)
+        np.dot(a, V, nm)  # intra-chunk numerator
+        tq = num[nc * dv:2 * nc * dv].reshape(nc, dv)
+        np.dot(Q, S, tq)  # the state of the previous chunks
+        for i in range(nc):
+            # the denominator, a dot product that ends in a division: accumulated in float64
             dd = 0.0
+            for j in range(i + 1):
+                dd += a[i, j]
             for c in range(d):
-                a = fq[b, i, c]
-                for e in range(dv):
-                    num[e] += a * S[c, e]
-                dd += a * z[c]
+                dd += Q[i, c] * z[c]
             dd += eps
-            den[b, i] = dd
+            den[b, c0 + i] = dd
             for e in range(dv):
-                out[b, i, e] = num[e] / dd
+                out[b, c0 + i, e] = (nm[i, e] + tq[i, e]) / dd
+        ts = A[:d * dv].reshape(d, dv)
+        np.dot(K.T, V, ts)  # this chunk's contribution to the state
+        for c in range(d):
+            for e in range(dv):
+                S[c, e] += ts[c, e]
+        for j in range(nc):
+            for c in range(d):
+                z[c] += K[j, c]
 
 
-@njit(cache=True, parallel=True, fastmath=False)
-def _scan_bwd(fq, fk, v, g, out, den, dfq, dfk, dv_):
+@njit(cache=True, parallel=True)
+def scan_fwd(fq, fk, v, eps, chunk, out, den):
     B, N, d = fq.shape
     dv = v.shape[2]
     for b in prange(B):
         S = np.zeros((d, dv), dtype=fq.dtype)
         z = np.zeros(d, dtype=fq.dtype)
-        u = np.empty(dv, dtype=fq.dtype)
-        for i in range(N):
+        A = np.empty(max(chunk * chunk, d * dv), dtype=fq.dtype)
+        num = np.empty(2 * chunk * dv, dtype=fq.dtype)
+        _chunk_fwd(fq, fk, v, eps, b, chunk, S, z, A, num, out, den)
+
+
+@njit(cache=True)
+def _chunk_weights(g, out, den, v, b, c0, nc, U, cv, W):
+    """``U = G / den``, ``c = -rowsum(G o O) / den`` and ``W = tril(U V^T + c 1^T)`` of a chunk."""
+    dv = v.shape[2]
+    for i in range(nc):
+        di = den[b, c0 + i]
+        go = 0.0
+        for e in range(dv):
+            U[i, e] = g[b, c0 + i, e] / di
+            go += g[b, c0 + i, e] * out[b, c0 + i, e]
+        cv[i] = -go / di
+    np.dot(U, v[b, c0:c0 + nc].T, W)
+    for i in range(nc):
+        for j in range(nc):
+            W[i, j] = W[i, j] + cv[i] if j <= i else 0.0
+
+
+@njit(cache=True)
+def _chunk_bwd(fq, fk, v, g, out, den, b, chunk, S, z, R, r, ubuf, cv, wbuf, tbuf, dfq, dfk, dv_):
+    """Backward of one (batch, head) row: a forward pass over the chunks for d phi(q) (needs the
+    prefix state S, z), then a reverse pass for d phi(k) and dv (needs the suffix state R, r)."""
+    N, d = fq.shape[1], fq.shape[2]
+    dv = v.shape[2]
+    for c0 in range(0, N, chunk):
+        nc = min(chunk, N - c0)
+        Q = fq[b, c0:c0 + nc]
+        K = fk[b, c0:c0 + nc]
+        V = v[b, c0:c0 + nc]
+        U = ubuf[:nc * dv].reshape(nc, dv)
+        W = wbuf[:nc * nc].reshape(nc, nc)
+        _chunk_weights(g, out, den, v, b, c0, nc, U, cv, W)
+        t1 = tbuf[:nc * d].reshape(nc, d)
+        np.dot(W, K, t1)  # intra-chunk part
+        t2 = tbuf[nc * d:2 * nc * d].reshape(nc, d)
+        np.dot(U, S.T, t2)  # previous chunks, S_prev u_i
+        for i in range(nc):
             for c in range(d):
-                a = fk[b, i, c]
-                for e in range(dv):
-                    S[c, e] += a * v[b, i, e]
-                z[c] += a
-            di = den[b, i]
-            go = 0.0
+                dfq[b, c0 + i, c] = t1[i, c] + t2[i, c] + cv[i] * z[c]
+        ts = tbuf[:d * dv].reshape(d, dv)
+        np.dot(K.T, V, ts)
+        for c in range(d):
             for e in range(dv):
-                u[e] = g[b, i, e] / di
-                go += g[b, i, e] * out[b, i, e]
-            ci = -go / di
+                S[c, e] += ts[c, e]
+        for j in range(nc):
             for c in range(d):
-                acc = 0.0
-                for e in range(dv):
-                    acc += S[c, e] * u[e]
-                dfq[b, i, c] = acc + ci * z[c]
+                z[c] += K[j, c]
+    nch = (N + chunk - 1) // chunk
+    for ci in range(nch - 1, -1, -1):
+        c0 = ci * chunk
+        nc = min(chunk, N - c0)
+        Q = fq[b, c0:c0 + nc]
+        K = fk[b, c0:c0 + nc]
+        V = v[b, c0:c0 + nc]
+        U = ubuf[:nc * dv].reshape(nc, dv)
+        W = wbuf[:nc * nc].reshape(nc, nc)
+        _chunk_weights(g, out, den, v, b, c0, nc, U, cv, W)
+        t1 = tbuf[:nc * d].reshape(nc, d)
+        np.dot(W.T, Q, t1)  # intra-chunk part of d phi(k)
+        t2 = tbuf[nc * d:2 * nc * d].reshape(nc, d)
+        np.dot(V, R.T, t2)  # later chunks, R_next v_j
+        for j in range(nc):
+            for c in range(d):
+                dfk[b, c0 + j, c] = t1[j, c] + t2[j, c] + r[c]
+        pm = wbuf[:nc * nc].reshape(nc, nc)
+        np.dot(Q, K.T, pm)  # phi(q_i) . phi(k_j), i >= j
+        for i in range(nc):
+            for j in range(i + 1, nc):
+                pm[i, j] = 0.0
+        t3 = tbuf[:nc * dv].reshape(nc, dv)
+        np.dot(pm.T, U, t3)
+        t4 = tbuf[nc * dv:2 * nc * dv].reshape(nc, dv)
+        np.dot(K, R, t4)
+        for j in range(nc):
+            for e in range(dv):
+                dv_[b, c0 + j, e] = t3[j, e] + t4[j, e]
+        tr = tbuf[:d * dv].reshape(d, dv)
+        np.dot(Q.T, U, tr)
+        for c in range(d):
+            for e in range(dv):
+                R[c, e] += tr[c, e]
+            acc = 0.0
+            for i in range(nc):
+                acc += cv[i] * Q[i, c]
+            r[c] += acc
+
+
+@njit(cache=True, parallel=True)
+def scan_bwd(fq, fk, v, g, out, den, chunk, dfq, dfk, dv_):
+    B, N, d = fq.shape
+    dv = v.shape[2]
+    for b in prange(B):
+        S = np.zeros((d, dv), dtype=fq.dtype)
+        z = np.zeros(d, dtype=fq.dtype)
         R = np.zeros((d, dv), dtype=fq.dtype)
         r = np.zeros(d, dtype=fq.dtype)
-        for j in range(N - 1, -1, -1):
-            dj = den[b, j]
-            go = 0.0
-            for e in range(dv):
-                u[e] = g[b, j, e] / dj
-                go += g[b, j, e] * out[b, j, e]
-            cj = -go / dj
-            for c in range(d):
-                a = fq[b, j, c]
-                for e in range(dv):
-                    R[c, e] += a * u[e]
-                r[c] += cj * a
-            for c in range(d):
-                acc = 0.0
-                for e in range(dv):
-                    acc += R[c, e] * v[b, j, e]
-                dfk[b, j, c] = acc + r[c]
-            for e in range(dv):
-                dv_[b, j, e] = 0.0
-            for c in range(d):
-                a = fk[b, j, c]
-                for e in range(dv):
-                    dv_[b, j, e] += a * R[c, e]
+        ubuf = np.empty(chunk * dv, dtype=fq.dtype)
+        cv = np.empty(chunk, dtype=fq.dtype)
+        wbuf = np.empty(chunk * chunk, dtype=fq.dtype)
+        tbuf = np.empty(max(2 * chunk * max(d, dv), d * dv), dtype=fq.dtype)
+        _chunk_bwd(fq, fk, v, g, out, den, b, chunk, S, z, R, r, ubuf, cv, wbuf, tbuf, dfq, dfk, dv_)
 
 
-def _validate(q, k, v, eps, feature_map):
+_runtime.register_entry_point(scan_fwd, "scan_fwd")
+_runtime.register_entry_point(scan_bwd, "scan_bwd")
+
+
+def validate_arguments(q, k, v, eps, feature_map):
+    """Checks of the arguments (shared with the CUDA port); returns ``q, k, v, eps``."""
     q = as_float(q, "q", min_ndim=3)
     k = as_float(k, "k", min_ndim=3)
     v = as_float(v, "v", min_ndim=3)
@@ -148,18 +232,18 @@ def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: 
     """
     from ...attention.linear.core import feature_map_forward
 
-    q, k, v, eps = _validate(q, k, v, eps, feature_map)
+    q, k, v, eps = validate_arguments(q, k, v, eps, feature_map)
     dt = compute_dtype(q, k, v)
     q, k, v = (a.astype(dt, copy=False) for a in (q, k, v))
     fq = np.ascontiguousarray(feature_map_forward(q, feature_map), dtype=dt)
     fk = np.ascontiguousarray(feature_map_forward(k, feature_map), dtype=dt)
     n, d = q.shape[-2:]
     dv = v.shape[-1]
-    fq3, fk3 = fq.reshape(-1, n, d), fk.reshape(-1, n, d)
-    v3 = np.ascontiguousarray(v.reshape(-1, n, dv))
+    fq3, fk3 = readonly(fq.reshape(-1, n, d)), readonly(fk.reshape(-1, n, d))
+    v3 = readonly(v.reshape(-1, n, dv))
     out = np.empty((fq3.shape[0], n, dv), dtype=dt)
     den = np.empty((fq3.shape[0], n), dtype=dt)
-    _scan_fwd(fq3, fk3, v3, float(eps), out, den)
+    run_kernel(scan_fwd, fq3, fk3, v3, float(eps), CHUNK, out, den)
     cache = {"backend": BACKEND, "kind": "causal_linear", "q": q, "k": k, "v3": v3, "fq3": fq3, "fk3": fk3,
              "out3": out, "den": den, "feature_map": feature_map, "eps": eps,
              "shapes": (q.shape, k.shape, v.shape)}
@@ -176,9 +260,9 @@ def causal_linear_attention_backward(dout, cache):
     qs, ks, vs = c["shapes"]
     fq3, fk3, v3, out = c["fq3"], c["fk3"], c["v3"], c["out3"]
     dt = fq3.dtype
-    g = check_dout(dout, qs[:-1] + (vs[-1],), dt).reshape(out.shape)
-    dfq, dfk, dvv = np.empty_like(fq3), np.empty_like(fk3), np.empty_like(v3)
-    _scan_bwd(fq3, fk3, v3, g, out, c["den"], dfq, dfk, dvv)
+    g = readonly(check_dout(dout, qs[:-1] + (vs[-1],), dt).reshape(out.shape))
+    dfq, dfk, dvv = (np.empty(a.shape, dtype=dt) for a in (fq3, fk3, v3))
+    run_kernel(scan_bwd, fq3, fk3, v3, g, readonly(out), readonly(c["den"]), CHUNK, dfq, dfk, dvv)
     fm = c["feature_map"]
     return {"q": feature_map_backward(dfq.reshape(qs), c["q"], fm),
             "k": feature_map_backward(dfk.reshape(ks), c["k"], fm),

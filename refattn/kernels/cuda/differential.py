@@ -17,10 +17,10 @@ import numpy as np
 
 from ...attention.softmax import sum_to_shape
 from ..cpu._common import compute_dtype, kv_map, mask_buffers
-from ..cpu.differential import validate_differential_args as _cpu_validate
+from ..cpu.differential import validate_arguments as cpu_validate
 from . import _common as _c
 from ._device import cuda, is_device_array, maybe_host, require_cuda
-from .flash import _grad_in
+from .flash import grad_in
 
 __all__ = ["diff_attention_forward", "diff_attention_backward", "diff_attention"]
 
@@ -49,7 +49,7 @@ def diff_attention_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_causal:
         lam = lam.copy_to_host()
     if is_device_array(attn_mask):
         attn_mask = attn_mask.copy_to_host()
-    q1p, k1p, q2p, k2p, vp, lam, mask, scale, _, _ = _cpu_validate(
+    q1p, k1p, q2p, k2p, vp, lam, mask, scale, _, _ = cpu_validate(
         _c.proxy(q1), _c.proxy(k1), _c.proxy(q2), _c.proxy(k2), _c.proxy(v), lam, attn_mask, is_causal, scale,
         kv_group_map, causal_alignment, block_q or 1, block_k or 1)
     dt = compute_dtype(q1p, k1p, q2p, k2p, vp, lam)
@@ -91,7 +91,7 @@ def diff_attention_backward(dout, cache):
     dt = c["dtype"]
     qs, ks, vs = c["shapes"]
     out4 = c["out4"]
-    g4 = _grad_in(dout, "dout", qs[:-1] + (vs[-1],), dt).reshape(out4.shape)
+    g4 = grad_in(dout, "dout", qs[:-1] + (vs[-1],), dt).reshape(out4.shape)
     q, k, v4, w = c["q"], c["k"], c["v"], c["w"]
     rs, delta = _c.launch_delta(g4, c["omap"], w, None)
     h, hkv = q.shape[2], k.shape[2]

@@ -97,7 +97,7 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
     return out_l, cache
 
 
-def _grad_in(x, name, shape, dt):
+def grad_in(x, name, shape, dt):
     """Validate an upstream gradient (host or device) and return it on the device."""
     if is_device_array(x):
         check_dout(shape_proxy(x), shape, dt, name)
@@ -119,8 +119,8 @@ def flash_attention_backward(dout, cache, *, dlse=None):
     dt = c["dtype"]
     qs, ks, vs = c["shapes"]
     out4 = c["out4"]
-    g4 = _grad_in(dout, "dout", qs[:-1] + (vs[-1],), dt).reshape(out4.shape)
-    dl = None if dlse is None else _grad_in(dlse, "dlse", qs[:-1], dt)
+    g4 = grad_in(dout, "dout", qs[:-1] + (vs[-1],), dt).reshape(out4.shape)
+    dl = None if dlse is None else grad_in(dlse, "dlse", qs[:-1], dt)
     q, k, v4, w = c["q"], c["k"], c["v"], c["w"]
     omap = out4.reshape((1,) + tuple(out4.shape))
     _, delta = _c.launch_delta(g4, omap, w, dl)

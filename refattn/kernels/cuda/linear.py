@@ -23,11 +23,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..._checks import compute_dtype
-from ..cpu.linear import _validate as _cpu_validate
+from ..cpu.linear import validate_arguments as cpu_validate
 from . import _attention as _k
 from . import _common as _c
 from ._device import cuda, is_device_array, maybe_host, require_cuda, to_device
-from .flash import _grad_in
+from .flash import grad_in
 
 __all__ = ["causal_linear_attention_forward", "causal_linear_attention_backward"]
 
@@ -77,7 +77,7 @@ def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: 
     out (..., N, dv), cache
     """
     on_dev = is_device_array(q)
-    qp, kp, vp, eps = _cpu_validate(_c.proxy(q), _c.proxy(k), _c.proxy(v), eps, feature_map)
+    qp, kp, vp, eps = cpu_validate(_c.proxy(q), _c.proxy(k), _c.proxy(v), eps, feature_map)
     dt = compute_dtype(qp, kp, vp)
     n, d = qp.shape[-2:]
     dv = vp.shape[-1]
@@ -102,7 +102,7 @@ def causal_linear_attention_backward(dout, cache):
     qs, ks, vs = c["shapes"]
     dt = c["dtype"]
     out = c["out3"]
-    g = _grad_in(dout, "dout", qs[:-1] + (vs[-1],), dt).reshape(out.shape)
+    g = grad_in(dout, "dout", qs[:-1] + (vs[-1],), dt).reshape(out.shape)
     q3, k3, v3 = c["q3"], c["k3"], c["v3"]
     b, n, d = q3.shape
     dv = v3.shape[2]
