@@ -296,6 +296,7 @@ from .sinkformer import (  # noqa: F401
     sinkformer_backward,
     sinkformer_forward,
     sinkhorn_log,
+    sinkhorn_log_vjp,
 )
 from .sparsek import (  # noqa: F401
     SPARSEK_GATES,
@@ -517,6 +518,7 @@ __all__ = [
     "sinkformer_backward",
     "sinkformer_forward",
     "sinkhorn_log",
+    "sinkhorn_log_vjp",
     "SPARSEK_GATES",
     "sparsek_attention",
     "sparsek_attention_backward",

@@ -53,7 +53,7 @@ from ...nn.softmax import softmax_lse
 from ...registry import Mechanism, Sample, register
 from .core import mT
 
-__all__ = ["sinkformer_forward", "sinkformer_backward", "sinkformer_attention", "sinkhorn_log"]
+__all__ = ["sinkformer_forward", "sinkformer_backward", "sinkformer_attention", "sinkhorn_log", "sinkhorn_log_vjp"]
 
 
 def sinkhorn_log(L0: np.ndarray, n_iter: int):
@@ -69,6 +69,17 @@ def sinkhorn_log(L0: np.ndarray, n_iter: int):
         Ps.append(P)
         L = L - np.expand_dims(lse, axis) - math.log(n if axis == -1 else m)  # a Python float keeps float32
     return L, Ps
+
+
+def sinkhorn_log_vjp(dL: np.ndarray, Ps) -> np.ndarray:
+    r"""Unrolled VJP of :func:`sinkhorn_log`: $\partial\mathcal L/\partial L_0$ from
+    $\partial\mathcal L/\partial L_T$ and the stored softmaxes ``Ps``. Each step
+    $L' = L - \mathrm{lse}_{ax}(L) + c$ gives $dL = dL' - P\odot\sum_{ax}dL'$ (reverse order).
+    Shared with the operator family (MoNo CoTAP, AOT-POT stream mixing)."""
+    for t in range(len(Ps) - 1, -1, -1):
+        axis = -1 if t % 2 == 0 else -2
+        dL = dL - Ps[t] * np.sum(dL, axis=axis, keepdims=True)
+    return dL
 
 
 def sinkformer_forward(q, k, v, *, n_iter: int = 3, eps: float = 1.0, scale: float | None = None):
@@ -118,10 +129,7 @@ def sinkformer_backward(dout, cache):
     A, q, k, v = cache["A"], cache["q"], cache["k"], cache["v"]
     g = as_dout(dout, cache["out_shape"], A.dtype)
     dv = mT(A) @ g
-    dL = (g @ mT(v)) * A
-    for t in range(len(cache["Ps"]) - 1, -1, -1):
-        axis = -1 if t % 2 == 0 else -2
-        dL = dL - cache["Ps"][t] * np.sum(dL, axis=axis, keepdims=True)
+    dL = sinkhorn_log_vjp((g @ mT(v)) * A, cache["Ps"])
     dS = dL * (cache["s"] / cache["eps"])
     return {"q": dS @ k, "k": mT(dS) @ q, "v": dv}
 
