@@ -17,6 +17,19 @@
 * `relation_detr`: Relation-DETR's position-relation bias in decoder self-attention (``relation_detr_position_bias``).
 * `duoformer`: DuoFormer scale-wise and patch-wise attention (``duoformer_scale_wise_attention``).
 * `hat`: HAT's hybrid attention block and overlapping cross-attention block (``hat_hybrid_attention``).
+* `additive`: additive (MLP-score) soft attention of Show, Attend and Tell, with the selector gate and the
+  doubly-stochastic regulariser (``additive_attention_bahdanau``); its separable tanh score
+  `additive_scores` is shared with ``latent_alignment``.
+* `bidaf`: BiDAF's attention flow layer (``bidaf_attention_flow``).
+* `location_relative`: GMM (V0/V1/V2) and Dynamic Convolution Attention over decoder steps, backward
+  through time (``gmm_dca_location_attention``).
+* `latent_alignment`: exact latent-alignment likelihood, enumerated variational ELBO, soft baseline
+  (``latent_alignment_attention``).
+* `high_order_mhn`: MHN's High-Order Attention module (``high_order_attention_hoa``).
+* `monotonic_location`: monotonic location attention with forward/reverse mixing, backward through time
+  (``monotonic_location_attention``).
+* `neural_attention`: Neural Attention, MLP scores on query/key pairs (``neural_attention_mlp_scores``).
+* `high_order_vqa`: three-modality high-order attention for VQA (``high_order_attention_vqa``).
 * `memory_efficient`: the exact memory-efficient forms, FlashAttention-2, Rabe–Staats and the tree
   merge (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
   ``tree_attention_merge``), one module because they share one derivation.
@@ -30,6 +43,17 @@ module name keeps naming the module: call it as ``refattn.attention.softmax.<mod
 
 from __future__ import annotations
 
+from .additive import (  # noqa: F401
+    additive_scores,
+    additive_scores_vjp,
+    doubly_stochastic_penalty_backward,
+    doubly_stochastic_penalty_forward,
+    init_soft_attention_params,
+    soft_attention,
+    soft_attention_backward,
+    soft_attention_forward,
+    soft_attention_param_spec,
+)
 from .additive_bias import (  # noqa: F401
     biased_attention_backward,
     biased_attention_forward,
@@ -41,6 +65,14 @@ from .alibi import (  # noqa: F401
     alibi_attention_forward,
     alibi_bias,
     alibi_slopes,
+)
+from .bidaf import (  # noqa: F401
+    bidaf_attention,
+    bidaf_attention_backward,
+    bidaf_attention_forward,
+    bidaf_param_spec,
+    bidaf_similarity,
+    init_bidaf_params,
 )
 from .cait import (  # noqa: F401
     class_attention_block,
@@ -92,6 +124,21 @@ from .hat import (  # noqa: F401
     ocab_forward,
     ocab_param_spec,
 )
+from .high_order_mhn import (  # noqa: F401
+    hoa,
+    hoa_backward,
+    hoa_forward,
+    hoa_param_spec,
+    init_hoa_params,
+)
+from .high_order_vqa import (  # noqa: F401
+    HOA_VQA_MODALITIES,
+    hoa_vqa,
+    hoa_vqa_backward,
+    hoa_vqa_forward,
+    hoa_vqa_param_spec,
+    init_hoa_vqa_params,
+)
 from .irpe import (  # noqa: F401
     IRPE_METHODS,
     IRPE_MODES,
@@ -105,6 +152,30 @@ from .irpe import (  # noqa: F401
     irpe_num_buckets,
     irpe_param_spec,
     irpe_piecewise_index,
+)
+from .latent_alignment import (  # noqa: F401
+    LATENT_ATTN_TYPES,
+    LATENT_MODES,
+    init_latent_alignment_params,
+    latent_alignment_backward,
+    latent_alignment_forward,
+    latent_alignment_param_spec,
+)
+from .location_relative import (  # noqa: F401
+    GMM_VERSIONS,
+    LOCATION_KINDS,
+    dca_attention_backward,
+    dca_attention_forward,
+    dca_param_spec,
+    dca_prior_filter,
+    gmm_attention_backward,
+    gmm_attention_forward,
+    gmm_param_spec,
+    init_dca_params,
+    init_gmm_params,
+    location_relative_attention,
+    location_relative_attention_backward,
+    location_relative_attention_forward,
 )
 from .masks import (  # noqa: F401
     MASK_KINDS,
@@ -137,6 +208,22 @@ from .mha import (  # noqa: F401
     init_mha_params,
     mha_backward,
     mha_forward,
+)
+from .monotonic_location import (  # noqa: F401
+    STEP_ACTIVATIONS,
+    init_monotonic_location_params,
+    monotonic_location_attention,
+    monotonic_location_backward,
+    monotonic_location_forward,
+    monotonic_location_param_spec,
+    reverse_within_length,
+)
+from .neural_attention import (  # noqa: F401
+    init_neural_attention_params,
+    neural_attention_backward,
+    neural_attention_forward,
+    neural_attention_param_spec,
+    neural_attention_qkv_columns,
 )
 from .relation_detr import (  # noqa: F401
     box_relation_encoding,
@@ -316,4 +403,62 @@ __all__ = [
     "transposed_channel_attention",
     "transposed_channel_attention_backward",
     "transposed_channel_attention_forward",
+    "additive_scores",
+    "additive_scores_vjp",
+    "doubly_stochastic_penalty_backward",
+    "doubly_stochastic_penalty_forward",
+    "init_soft_attention_params",
+    "soft_attention",
+    "soft_attention_backward",
+    "soft_attention_forward",
+    "soft_attention_param_spec",
+    "bidaf_attention",
+    "bidaf_attention_backward",
+    "bidaf_attention_forward",
+    "bidaf_param_spec",
+    "bidaf_similarity",
+    "init_bidaf_params",
+    "hoa",
+    "hoa_backward",
+    "hoa_forward",
+    "hoa_param_spec",
+    "init_hoa_params",
+    "HOA_VQA_MODALITIES",
+    "hoa_vqa",
+    "hoa_vqa_backward",
+    "hoa_vqa_forward",
+    "hoa_vqa_param_spec",
+    "init_hoa_vqa_params",
+    "LATENT_ATTN_TYPES",
+    "LATENT_MODES",
+    "init_latent_alignment_params",
+    "latent_alignment_backward",
+    "latent_alignment_forward",
+    "latent_alignment_param_spec",
+    "GMM_VERSIONS",
+    "LOCATION_KINDS",
+    "dca_attention_backward",
+    "dca_attention_forward",
+    "dca_param_spec",
+    "dca_prior_filter",
+    "gmm_attention_backward",
+    "gmm_attention_forward",
+    "gmm_param_spec",
+    "init_dca_params",
+    "init_gmm_params",
+    "location_relative_attention",
+    "location_relative_attention_backward",
+    "location_relative_attention_forward",
+    "STEP_ACTIVATIONS",
+    "init_monotonic_location_params",
+    "monotonic_location_attention",
+    "monotonic_location_backward",
+    "monotonic_location_forward",
+    "monotonic_location_param_spec",
+    "reverse_within_length",
+    "init_neural_attention_params",
+    "neural_attention_backward",
+    "neural_attention_forward",
+    "neural_attention_param_spec",
+    "neural_attention_qkv_columns",
 ]
