@@ -9,7 +9,7 @@ branches is a model/training matter and not part of the layer.
 
 Forward
 -------
-Features $x\in\mathbb R^{C\times H\times W}$ (``(B, C, H, W)``), $C' = $ ``inter_channels``
+Features $x\in\mathbb R^{C\times H\times W}$ (``(B, C, H, W)``), $C'$ = ``inter_channels``
 (upstream ``C // 8 * 2``):
 
 $$y_{r,s} = W_{r,s}\,x\ \ (1\times1\text{ conv } C\to C',\ s = 1..r),\qquad

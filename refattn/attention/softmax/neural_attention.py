@@ -12,7 +12,7 @@ Forward
 $x\in\mathbb R^{N\times C}$; ``to_qkv`` (no bias) gives per head $h$ queries, keys and values of width
 $d_h$, split as einops ``'b n (d k h) -> k b h n d'`` — the fused column of (feature $d$, part $k$,
 head $h$) is $d\cdot3H + kH + h$ (feature-major, not the usual part-major layout). Queries and keys are
-projected down to $d' $ (``projection_dim``, upstream default $d_h/32$) by ``q_proj``/``k_proj``
+projected down to $d'$ (``projection_dim``, upstream default $d_h/32$) by ``q_proj``/``k_proj``
 (shared over heads, with bias), and the score of a pair is an MLP of their concatenation:
 
 $$e_{ij} = w_3^\top\,\mathrm{ReLU}\!\big(W_2^\top\,\mathrm{ReLU}(W_1^\top[\tilde q_i;\tilde k_j] + b_1) + b_2\big) + b_3,
