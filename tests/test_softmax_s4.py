@@ -207,10 +207,10 @@ def test_hoa_default_inter_channels_and_order_five():
     np.testing.assert_allclose(out, mhn_mod._reference(**s.inputs, params=s.params, **s.config), rtol=0, atol=1e-13)
 
 
-@pytest.mark.parametrize("act", ["relu", "free"])
-def test_monotonic_remaining_step_activations_gradcheck(act):
+@pytest.mark.parametrize("act,mix", [("relu", False), ("free", False), ("sigmoid", False), ("controlled_relu", True)])
+def test_monotonic_remaining_step_activations_gradcheck(act, mix):
     rng = np.random.default_rng(22)
-    gradcheck(monotonic_location_forward, monotonic_location_backward, mono_mod._sample_cfg(rng, "tiny", act, False))
+    gradcheck(monotonic_location_forward, monotonic_location_backward, mono_mod._sample_cfg(rng, "tiny", act, mix))
 
 
 def test_monotonic_mask_must_be_a_prefix_and_reversal_brute_force():

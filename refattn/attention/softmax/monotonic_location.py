@@ -474,13 +474,12 @@ def _reference(query, memory, params, *, heads, memory_mask=None, step_act="cont
 
 
 def _check_every_step_activation_gradcheck(rng):
-    # The generated FD test draws one configuration per seed: three step activations, the content mix
-    # (with and without position_past) and the reversal, through time (tests/test_softmax_s4.py runs
-    # every activation).
+    # The generated FD test draws one configuration per seed: here the softstair step with the content
+    # mix and position_past, through time (tests/test_softmax_s4.py runs every other activation, the mix
+    # without position_past and the reversal).
     from ...testing import gradcheck
-    cases = [("sigmoid", False, False), ("softstair", True, True), ("controlled_relu", True, False)]
-    return max(gradcheck(monotonic_location_forward, monotonic_location_backward,
-                         _sample_cfg(rng, "tiny", act, mix, pp)).max_rel for act, mix, pp in cases)
+    return gradcheck(monotonic_location_forward, monotonic_location_backward,
+                     _sample_cfg(rng, "tiny", "softstair", True, True)).max_rel
 
 
 def _check_reversal_is_an_involution(rng):
