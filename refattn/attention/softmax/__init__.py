@@ -8,11 +8,17 @@ maps, validation, the explicit references).
 
 Modules
 -------
+* `additive`: Additive (MLP-score) soft attention: Bahdanau et al.'s score, as the soft attention of
+  *Show, Attend and Tell*, with its gate ("selector") and the doubly-stochastic regulariser
+  (``additive_attention_bahdanau``).
 * `additive_bias`: Additive attention bias: a dense differentiable score bias and/or a bias table
   gathered through an integer index map (the T5 / Swin relative-bias layout), with the scatter-add
   gradient (``additive_attention_bias``).
 * `alibi`: ALiBi: Attention with Linear Biases (reference slopes, symmetric option, learnable
   slopes) (``alibi``).
+* `bidaf`: Bi-directional attention flow (BiDAF): the trilinear similarity, context-to-query and
+  query-to-context attention, and the query-aware context representation $G$
+  (``bidaf_attention_flow``).
 * `cait`: CaiT class-attention (the class token attends to itself and the frozen patch tokens) and,
   as a separate option, CaiT's talking-heads self-attention (``class_attention``).
 * `core`: Helpers shared by the softmax-attention family (and the families built on it), under
@@ -26,10 +32,22 @@ Modules
 * `hat`: HAT: the hybrid attention block (window self-attention + channel attention) and the
   overlapping cross-attention block (one record, ``hat_hybrid_attention``, ``block="hab"`` or
   ``"ocab"``) (``hat_hybrid_attention``).
+* `high_order_mhn`: High-Order Attention (HOA) module of MHN: a channel-and-position gate built from
+  elementwise products of $1\times1$ convolutions (polynomial terms of order $1..R$ of the features)
+  (``high_order_attention_hoa``).
+* `high_order_vqa`: High-order attention for three modalities (question, image, answers): unary,
+  pairwise and ternary potentials merged per modality, then one softmax attention per modality
+  (``high_order_attention_vqa``).
 * `irpe`: iRPE: image relative position encodings (bias and contextual modes on queries, keys and
   values) (``irpe_image_relative_position``).
 * `key_value`: Key-Value (query-free) attention: Borji's KV Transformer, symmetric and positional
   variants (``key_value_attention``).
+* `latent_alignment`: Latent alignment attention: the exact marginal likelihood over a categorical
+  alignment, the variational (enumerated) ELBO with an inference network's alignment posterior, and
+  soft attention as the baseline (``latent_alignment_attention``).
+* `location_relative`: Location-relative attention for long-form speech synthesis: GMM attention
+  (V0, V1, V2) and Dynamic Convolution Attention (DCA), recurrent over decoder steps, with the
+  backward through time (``gmm_dca_location_attention``).
 * `masks`: Attention masks: padding, causal (with an offset), sliding-window / band and
   block-diagonal keep-masks, and SDPA with a mask built from them (the ``attention_masks`` record)
   (``attention_masks``).
@@ -39,9 +57,15 @@ Modules
   ``memory_efficient_attention_rabe_staats``, ``tree_attention_merge``).
 * `mha`: Multi-head (self or cross) attention layer with q/k/v/out projections, token-major
   (``multi_head_attention``).
+* `monotonic_location`: Monotonic location attention (OneStepAttn, MonoAttn, RMonoAttn and their
+  content-mixed forms) with the forward/reverse interpolation of the encoder states, recurrent over
+  decoder steps, with the backward through time (``monotonic_location_attention``).
 * `multi_head_embedding`: Multi-head embedding attention (MHE): one shared query/key/value
   projection, heads made different by per-head embeddings, added (MHE-ADD) or multiplied (MHE-MUL)
   (``multi_head_embedding_attention``).
+* `neural_attention`: Neural Attention: the dot-product score replaced by a small feed-forward
+  network on each (query, key) pair, in a multi-head self-attention layer
+  (``neural_attention_mlp_scores``).
 * `persistent_memory`: All-attention layer with persistent memory vectors (Sukhbaatar et al.):
   learned key/value slots appended to every head's keys and values, never masked
   (``persistent_memory_attention``).
@@ -76,6 +100,17 @@ module's other names from the module itself (``from package.sdpa import sdpa_for
 
 from __future__ import annotations
 
+from .additive import (  # noqa: F401
+    additive_scores,
+    additive_scores_vjp,
+    doubly_stochastic_penalty_backward,
+    doubly_stochastic_penalty_forward,
+    init_soft_attention_params,
+    soft_attention,
+    soft_attention_backward,
+    soft_attention_forward,
+    soft_attention_param_spec,
+)
 from .additive_bias import (  # noqa: F401
     biased_attention_backward,
     biased_attention_forward,
@@ -87,6 +122,14 @@ from .alibi import (  # noqa: F401
     alibi_attention_forward,
     alibi_bias,
     alibi_slopes,
+)
+from .bidaf import (  # noqa: F401
+    bidaf_attention,
+    bidaf_attention_backward,
+    bidaf_attention_forward,
+    bidaf_param_spec,
+    bidaf_similarity,
+    init_bidaf_params,
 )
 from .cait import (  # noqa: F401
     class_attention_block,
@@ -145,6 +188,21 @@ from .hat import (  # noqa: F401
     ocab_forward,
     ocab_param_spec,
 )
+from .high_order_mhn import (  # noqa: F401
+    hoa,
+    hoa_backward,
+    hoa_forward,
+    hoa_param_spec,
+    init_hoa_params,
+)
+from .high_order_vqa import (  # noqa: F401
+    HOA_VQA_MODALITIES,
+    hoa_vqa,
+    hoa_vqa_backward,
+    hoa_vqa_forward,
+    hoa_vqa_param_spec,
+    init_hoa_vqa_params,
+)
 from .irpe import (  # noqa: F401
     IRPE_METHODS,
     IRPE_MODES,
@@ -165,6 +223,30 @@ from .key_value import (  # noqa: F401
     key_value_attention_backward,
     key_value_attention_forward,
     positional_encoding_2d,
+)
+from .latent_alignment import (  # noqa: F401
+    LATENT_ATTN_TYPES,
+    LATENT_MODES,
+    init_latent_alignment_params,
+    latent_alignment_backward,
+    latent_alignment_forward,
+    latent_alignment_param_spec,
+)
+from .location_relative import (  # noqa: F401
+    GMM_VERSIONS,
+    LOCATION_KINDS,
+    dca_attention_backward,
+    dca_attention_forward,
+    dca_param_spec,
+    dca_prior_filter,
+    gmm_attention_backward,
+    gmm_attention_forward,
+    gmm_param_spec,
+    init_dca_params,
+    init_gmm_params,
+    location_relative_attention,
+    location_relative_attention_backward,
+    location_relative_attention_forward,
 )
 from .masks import (  # noqa: F401
     MASK_KINDS,
@@ -199,12 +281,28 @@ from .mha import (  # noqa: F401
     mha_backward,
     mha_forward,
 )
+from .monotonic_location import (  # noqa: F401
+    STEP_ACTIVATIONS,
+    init_monotonic_location_params,
+    monotonic_location_attention,
+    monotonic_location_backward,
+    monotonic_location_forward,
+    monotonic_location_param_spec,
+    reverse_within_length,
+)
 from .multi_head_embedding import (  # noqa: F401
     MHE_MODES,
     init_mhe_params,
     mhe_attention,
     mhe_attention_backward,
     mhe_attention_forward,
+)
+from .neural_attention import (  # noqa: F401
+    init_neural_attention_params,
+    neural_attention_backward,
+    neural_attention_forward,
+    neural_attention_param_spec,
+    neural_attention_qkv_columns,
 )
 from .persistent_memory import (  # noqa: F401
     init_persistent_memory_params,
@@ -294,6 +392,15 @@ from .transposed_channel import (  # noqa: F401
 )
 
 __all__ = [
+    "additive_scores",
+    "additive_scores_vjp",
+    "doubly_stochastic_penalty_backward",
+    "doubly_stochastic_penalty_forward",
+    "init_soft_attention_params",
+    "soft_attention",
+    "soft_attention_backward",
+    "soft_attention_forward",
+    "soft_attention_param_spec",
     "biased_attention_backward",
     "biased_attention_forward",
     "gather_bias",
@@ -302,6 +409,12 @@ __all__ = [
     "alibi_attention_forward",
     "alibi_bias",
     "alibi_slopes",
+    "bidaf_attention",
+    "bidaf_attention_backward",
+    "bidaf_attention_forward",
+    "bidaf_param_spec",
+    "bidaf_similarity",
+    "init_bidaf_params",
     "class_attention_block",
     "class_attention_block_backward",
     "class_attention_block_forward",
@@ -349,6 +462,17 @@ __all__ = [
     "ocab_backward",
     "ocab_forward",
     "ocab_param_spec",
+    "hoa",
+    "hoa_backward",
+    "hoa_forward",
+    "hoa_param_spec",
+    "init_hoa_params",
+    "HOA_VQA_MODALITIES",
+    "hoa_vqa",
+    "hoa_vqa_backward",
+    "hoa_vqa_forward",
+    "hoa_vqa_param_spec",
+    "init_hoa_vqa_params",
     "IRPE_METHODS",
     "IRPE_MODES",
     "IRPE_TARGETS",
@@ -366,6 +490,26 @@ __all__ = [
     "key_value_attention_backward",
     "key_value_attention_forward",
     "positional_encoding_2d",
+    "LATENT_ATTN_TYPES",
+    "LATENT_MODES",
+    "init_latent_alignment_params",
+    "latent_alignment_backward",
+    "latent_alignment_forward",
+    "latent_alignment_param_spec",
+    "GMM_VERSIONS",
+    "LOCATION_KINDS",
+    "dca_attention_backward",
+    "dca_attention_forward",
+    "dca_param_spec",
+    "dca_prior_filter",
+    "gmm_attention_backward",
+    "gmm_attention_forward",
+    "gmm_param_spec",
+    "init_dca_params",
+    "init_gmm_params",
+    "location_relative_attention",
+    "location_relative_attention_backward",
+    "location_relative_attention_forward",
     "MASK_KINDS",
     "band_mask",
     "block_diagonal_mask",
@@ -393,11 +537,23 @@ __all__ = [
     "mha",
     "mha_backward",
     "mha_forward",
+    "STEP_ACTIVATIONS",
+    "init_monotonic_location_params",
+    "monotonic_location_attention",
+    "monotonic_location_backward",
+    "monotonic_location_forward",
+    "monotonic_location_param_spec",
+    "reverse_within_length",
     "MHE_MODES",
     "init_mhe_params",
     "mhe_attention",
     "mhe_attention_backward",
     "mhe_attention_forward",
+    "init_neural_attention_params",
+    "neural_attention_backward",
+    "neural_attention_forward",
+    "neural_attention_param_spec",
+    "neural_attention_qkv_columns",
     "init_persistent_memory_params",
     "persistent_memory_attention",
     "persistent_memory_attention_backward",
