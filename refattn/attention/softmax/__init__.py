@@ -228,6 +228,7 @@ from .latent_alignment import (  # noqa: F401
     LATENT_ATTN_TYPES,
     LATENT_MODES,
     init_latent_alignment_params,
+    latent_alignment,
     latent_alignment_backward,
     latent_alignment_forward,
     latent_alignment_param_spec,
@@ -299,6 +300,7 @@ from .multi_head_embedding import (  # noqa: F401
 )
 from .neural_attention import (  # noqa: F401
     init_neural_attention_params,
+    neural_attention,
     neural_attention_backward,
     neural_attention_forward,
     neural_attention_param_spec,
@@ -493,6 +495,7 @@ __all__ = [
     "LATENT_ATTN_TYPES",
     "LATENT_MODES",
     "init_latent_alignment_params",
+    "latent_alignment",
     "latent_alignment_backward",
     "latent_alignment_forward",
     "latent_alignment_param_spec",
@@ -550,6 +553,7 @@ __all__ = [
     "mhe_attention_backward",
     "mhe_attention_forward",
     "init_neural_attention_params",
+    "neural_attention",
     "neural_attention_backward",
     "neural_attention_forward",
     "neural_attention_param_spec",
