@@ -14,6 +14,7 @@
 * `transposed_channel`: Restormer MDTA and XCiT/DAT channel attention (``transposed_channel_attention``).
 * `cait`: CaiT class-attention block (``class_attention``) and talking-heads self-attention.
 * `irpe`: iRPE image relative position encodings (``irpe_image_relative_position``).
+* `coca`: CoCA collinear constrained attention (``coca_collinear_attention``).
 * `relation_detr`: Relation-DETR's position-relation bias in decoder self-attention (``relation_detr_position_bias``).
 * `duoformer`: DuoFormer scale-wise and patch-wise attention (``duoformer_scale_wise_attention``).
 * `hat`: HAT's hybrid attention block and overlapping cross-attention block (``hat_hybrid_attention``).
@@ -52,6 +53,17 @@ from .cait import (  # noqa: F401
     talking_heads_attention_backward,
     talking_heads_attention_forward,
     talking_heads_param_spec,
+)
+from .coca import (  # noqa: F401
+    COCA_MODES,
+    coca_attention,
+    coca_attention_backward,
+    coca_attention_forward,
+    coca_key_magnitudes,
+    coca_param_spec,
+    coca_position_angles,
+    coca_scores,
+    init_coca_params,
 )
 from .core import (  # noqa: F401
     CAUSAL_ALIGNMENTS,
@@ -206,6 +218,15 @@ __all__ = [
     "talking_heads_attention_backward",
     "talking_heads_attention_forward",
     "talking_heads_param_spec",
+    "COCA_MODES",
+    "coca_attention",
+    "coca_attention_backward",
+    "coca_attention_forward",
+    "coca_key_magnitudes",
+    "coca_param_spec",
+    "coca_position_angles",
+    "coca_scores",
+    "init_coca_params",
     "CAUSAL_ALIGNMENTS",
     "KV_GROUP_MAPS",
     "attention_core_backward",
