@@ -15,6 +15,8 @@
 * `cait`: CaiT class-attention block (``class_attention``) and talking-heads self-attention.
 * `irpe`: iRPE image relative position encodings (``irpe_image_relative_position``).
 * `coca`: CoCA collinear constrained attention (``coca_collinear_attention``).
+* `chiral_rope`: Chiral-RoPE, a handedness-signed rotary encoding (``chiral_rope``).
+* `rpe_key_query`: BERT's ``relative_key_query`` distance embeddings, Huang et al. (``rpe_key_query_huang``).
 * `relation_detr`: Relation-DETR's position-relation bias in decoder self-attention (``relation_detr_position_bias``).
 * `duoformer`: DuoFormer scale-wise and patch-wise attention (``duoformer_scale_wise_attention``).
 * `hat`: HAT's hybrid attention block and overlapping cross-attention block (``hat_hybrid_attention``).
@@ -53,6 +55,12 @@ from .cait import (  # noqa: F401
     talking_heads_attention_backward,
     talking_heads_attention_forward,
     talking_heads_param_spec,
+)
+from .chiral_rope import (  # noqa: F401
+    chiral_rope_attention,
+    chiral_rope_attention_backward,
+    chiral_rope_attention_forward,
+    validate_chirality,
 )
 from .coca import (  # noqa: F401
     COCA_MODES,
@@ -170,6 +178,17 @@ from .relative import (  # noqa: F401
     t5_attention_forward,
     t5_relative_position_bucket,
 )
+from .rpe_key_query import (  # noqa: F401
+    RPE_KEY_QUERY_TYPES,
+    gather_rows_at,
+    init_rpe_key_query_params,
+    relative_distance_index,
+    rpe_key_query,
+    rpe_key_query_backward,
+    rpe_key_query_forward,
+    rpe_key_query_param_spec,
+    scatter_rows_at,
+)
 from .sdpa import (  # noqa: F401
     sdpa_backward,
     sdpa_forward,
@@ -218,6 +237,10 @@ __all__ = [
     "talking_heads_attention_backward",
     "talking_heads_attention_forward",
     "talking_heads_param_spec",
+    "chiral_rope_attention",
+    "chiral_rope_attention_backward",
+    "chiral_rope_attention_forward",
+    "validate_chirality",
     "COCA_MODES",
     "coca_attention",
     "coca_attention_backward",
@@ -314,6 +337,15 @@ __all__ = [
     "t5_attention_backward",
     "t5_attention_forward",
     "t5_relative_position_bucket",
+    "RPE_KEY_QUERY_TYPES",
+    "gather_rows_at",
+    "init_rpe_key_query_params",
+    "relative_distance_index",
+    "rpe_key_query",
+    "rpe_key_query_backward",
+    "rpe_key_query_forward",
+    "rpe_key_query_param_spec",
+    "scatter_rows_at",
     "sdpa_backward",
     "sdpa_forward",
     "SWIN_PARAM_NAMES",
