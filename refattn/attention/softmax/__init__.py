@@ -16,6 +16,7 @@
 * `irpe`: iRPE image relative position encodings (``irpe_image_relative_position``).
 * `coca`: CoCA collinear constrained attention (``coca_collinear_attention``).
 * `chiral_rope`: Chiral-RoPE, a handedness-signed rotary encoding (``chiral_rope``).
+* `urpe`: URPE, softmax attention Hadamard-modulated by a learnable Toeplitz matrix (``urpe_toeplitz_modulated_attention``).
 * `rpe_key_query`: BERT's ``relative_key_query`` distance embeddings, Huang et al. (``rpe_key_query_huang``).
 * `relation_detr`: Relation-DETR's position-relation bias in decoder self-attention (``relation_detr_position_bias``).
 * `duoformer`: DuoFormer scale-wise and patch-wise attention (``duoformer_scale_wise_attention``).
@@ -217,6 +218,16 @@ from .transposed_channel import (  # noqa: F401
     transposed_channel_attention_backward,
     transposed_channel_attention_forward,
 )
+from .urpe import (  # noqa: F401
+    init_urpe_params,
+    urpe_attention,
+    urpe_attention_backward,
+    urpe_attention_forward,
+    urpe_bucket_ids,
+    urpe_num_rows,
+    urpe_param_spec,
+    urpe_relative_bucket,
+)
 
 __all__ = [
     "biased_attention_backward",
@@ -367,4 +378,12 @@ __all__ = [
     "transposed_channel_attention",
     "transposed_channel_attention_backward",
     "transposed_channel_attention_forward",
+    "init_urpe_params",
+    "urpe_attention",
+    "urpe_attention_backward",
+    "urpe_attention_forward",
+    "urpe_bucket_ids",
+    "urpe_num_rows",
+    "urpe_param_spec",
+    "urpe_relative_bucket",
 ]
