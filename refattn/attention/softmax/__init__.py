@@ -17,6 +17,7 @@
 * `coca`: CoCA collinear constrained attention (``coca_collinear_attention``).
 * `chiral_rope`: Chiral-RoPE, a handedness-signed rotary encoding (``chiral_rope``).
 * `urpe`: URPE, softmax attention Hadamard-modulated by a learnable Toeplitz matrix (``urpe_toeplitz_modulated_attention``).
+* `magnetic_laplacian`: magnetic-Laplacian eigenvector encodings of directed graphs and MagLapNet (``magnetic_laplacian_pe``).
 * `rpe_key_query`: BERT's ``relative_key_query`` distance embeddings, Huang et al. (``rpe_key_query_huang``).
 * `relation_detr`: Relation-DETR's position-relation bias in decoder self-attention (``relation_detr_position_bias``).
 * `duoformer`: DuoFormer scale-wise and patch-wise attention (``duoformer_scale_wise_attention``).
@@ -126,6 +127,18 @@ from .irpe import (  # noqa: F401
     irpe_num_buckets,
     irpe_param_spec,
     irpe_piecewise_index,
+)
+from .magnetic_laplacian import (  # noqa: F401
+    MAGLAP_ACTIVATIONS,
+    MAGLAP_PHASE_CONVENTIONS,
+    init_maglap_pe_params,
+    maglap_pe,
+    maglap_pe_backward,
+    maglap_pe_forward,
+    maglap_pe_param_spec,
+    maglap_stack,
+    magnetic_laplacian_eigenpairs,
+    magnetic_laplacian_matrix,
 )
 from .masks import (  # noqa: F401
     MASK_KINDS,
@@ -305,6 +318,16 @@ __all__ = [
     "irpe_num_buckets",
     "irpe_param_spec",
     "irpe_piecewise_index",
+    "MAGLAP_ACTIVATIONS",
+    "MAGLAP_PHASE_CONVENTIONS",
+    "init_maglap_pe_params",
+    "maglap_pe",
+    "maglap_pe_backward",
+    "maglap_pe_forward",
+    "maglap_pe_param_spec",
+    "maglap_stack",
+    "magnetic_laplacian_matrix",
+    "magnetic_laplacian_eigenpairs",
     "MASK_KINDS",
     "band_mask",
     "block_diagonal_mask",

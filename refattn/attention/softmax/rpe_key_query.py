@@ -55,8 +55,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..._checks import as_dout, as_float, cast_all, check_choice, check_params, check_positive, compute_dtype
-from ...nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp, merge_heads
-from ...nn.linear import split_heads
+from ...nn.linear import (
+    init_linear_prefixed,
+    linear_prefixed,
+    linear_prefixed_spec,
+    linear_prefixed_vjp,
+    merge_heads,
+    split_heads,
+)
 from ...registry import Mechanism, Sample, register
 from .core import attention_core_backward, attention_core_forward, check_size
 

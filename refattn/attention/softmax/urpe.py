@@ -62,8 +62,14 @@ from ..._checks import (
     check_positive,
     compute_dtype,
 )
-from ...nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp, merge_heads
-from ...nn.linear import split_heads
+from ...nn.linear import (
+    init_linear_prefixed,
+    linear_prefixed,
+    linear_prefixed_spec,
+    linear_prefixed_vjp,
+    merge_heads,
+    split_heads,
+)
 from ...registry import Mechanism, Sample, register
 from .additive_bias import gather_bias, scatter_bias_grad
 from .core import attention_core_backward, attention_core_forward, check_size
