@@ -1,4 +1,4 @@
-r"""Relative position embeddings with query *and* key interaction (Huang et al., method 4): BERT's
+r"""Relative position embeddings with query *and* key interaction (method 4 of Huang et al.); BERT's
 ``position_embedding_type="relative_key_query"`` self-attention.
 
 Paper: Huang, Liang, Xu, Xiang, "Improve Transformer Models with Better Relative Position
