@@ -260,3 +260,28 @@ def test_maglap_signnet_is_invariant_per_eigenvector():
     y2 = maglap_pe_forward(s.inputs["x"], s.inputs["eigenvalues"], vec, s.params, use_signnet=False, **s.config)[0]
     y3 = maglap_pe_forward(**s.inputs, params=s.params, use_signnet=False, **s.config)[0]
     assert np.abs(y2 - y3).max() > 1e-8
+
+
+# ----------------------------------------------------------------------------------- position coupling
+
+
+def test_position_coupling_decoder_layout_and_errors():
+    from refattn.attention.softmax import (
+        coupled_addition_position_ids,
+        init_position_coupling_params,
+        pad_position_ids,
+        position_coupling_embed_forward,
+    )
+
+    # "12+345=753" reversed answer, start 1: a = [3, 2], + = 1, b = [4, 3, 2], = = 1, c = [2, 3, 4, 5].
+    ids = coupled_addition_position_ids(2, 3, 4, start=1, reverse_output=True)
+    np.testing.assert_array_equal(ids, [3, 2, 1, 4, 3, 2, 1, 2, 3, 4, 5])
+    pos = pad_position_ids([ids, ids[:5]], 13)
+    assert pos[0, 0] == 0 and pos[0, -1] == 0 and np.array_equal(pos[0, 1:12], ids)
+    assert np.all(pos[1, 6:] == 0)
+    p = init_position_coupling_params(np.random.default_rng(0), 5, 2)  # IDs reach 5: one row short
+    x = np.zeros((2, 13, 2))
+    with pytest.raises(ValueError, match="position_ids must lie in"):
+        position_coupling_embed_forward(x, p, position_ids=pos)
+    with pytest.raises(TypeError, match="position_ids must be an integer"):
+        position_coupling_embed_forward(x, p, position_ids=pos.astype(float))

@@ -54,6 +54,8 @@ Modules
 * `poly_encoder`: Poly-encoder code attention (Humeau et al.): learned codes pool the context, the
   candidate attends over the pooled codes, and the score is a dot product
   (``poly_encoder_attention``).
+* `position_coupling`: Position coupling: task-aligned tokens share one position ID of a learned
+  absolute embedding (``position_coupling``).
 * `relation_detr`: Relation-DETR: an explicit position-relation bias for the decoder's
   self-attention (``relation_detr_position_bias``).
 * `relational_attention`: Relational attention and the dual attention layer of the Dual Attention
@@ -255,6 +257,17 @@ from .poly_encoder import (  # noqa: F401
     poly_encoder_attention,
     poly_encoder_attention_backward,
     poly_encoder_attention_forward,
+)
+from .position_coupling import (  # noqa: F401
+    coupled_addition_position_ids,
+    coupling_start_bounds,
+    init_position_coupling_params,
+    pad_position_ids,
+    position_coupling_embed,
+    position_coupling_embed_backward,
+    position_coupling_embed_forward,
+    position_coupling_param_spec,
+    sample_coupling_start,
 )
 from .relation_detr import (  # noqa: F401
     box_relation_encoding,
@@ -484,6 +497,15 @@ __all__ = [
     "poly_encoder_attention",
     "poly_encoder_attention_backward",
     "poly_encoder_attention_forward",
+    "coupled_addition_position_ids",
+    "coupling_start_bounds",
+    "init_position_coupling_params",
+    "pad_position_ids",
+    "position_coupling_embed",
+    "position_coupling_embed_backward",
+    "position_coupling_embed_forward",
+    "position_coupling_param_spec",
+    "sample_coupling_start",
     "box_relation_encoding",
     "init_relation_detr_params",
     "position_relation_bias",
