@@ -48,6 +48,8 @@ Modules
 * `multi_head_embedding`: Multi-head embedding attention (MHE): one shared query/key/value
   projection, heads made different by per-head embeddings, added (MHE-ADD) or multiplied (MHE-MUL)
   (``multi_head_embedding_attention``).
+* `orthogonal_pe`: Orthogonal-basis (Legendre) absolute positional encoding, added to the token
+  embeddings (``orthogonal_basis_positional_encoding``).
 * `persistent_memory`: All-attention layer with persistent memory vectors (Sukhbaatar et al.):
   learned key/value slots appended to every head's keys and values, never masked
   (``persistent_memory_attention``).
@@ -245,6 +247,13 @@ from .multi_head_embedding import (  # noqa: F401
     mhe_attention,
     mhe_attention_backward,
     mhe_attention_forward,
+)
+from .orthogonal_pe import (  # noqa: F401
+    LEGENDRE_NORMALIZATIONS,
+    legendre_basis,
+    legendre_pe,
+    legendre_pe_backward,
+    legendre_pe_forward,
 )
 from .persistent_memory import (  # noqa: F401
     init_persistent_memory_params,
@@ -489,6 +498,11 @@ __all__ = [
     "mhe_attention",
     "mhe_attention_backward",
     "mhe_attention_forward",
+    "LEGENDRE_NORMALIZATIONS",
+    "legendre_basis",
+    "legendre_pe",
+    "legendre_pe_backward",
+    "legendre_pe_forward",
     "init_persistent_memory_params",
     "persistent_memory_attention",
     "persistent_memory_attention_backward",
