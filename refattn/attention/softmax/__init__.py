@@ -79,6 +79,8 @@ Modules
   (``skip_layer_attention``).
 * `swin`: (Shifted-)window attention of the Swin Transformer (V1 relative-bias table, V2 scaled
   cosine + CPB) (``swin_window_attention``).
+* `thg`: THG, Transformer with Hyperbolic Geometry (hyperbolic Q/K projections) — registered as
+  **not implemented** (T3).
 * `transposed_channel`: Transposed ("channel") attention: Restormer's MDTA, and the
   linear-projection form of XCiT / DAT (``transposed_channel_attention``).
 * `urpe`: URPE: universal RPE-based attention — softmax attention with a relative bias,
