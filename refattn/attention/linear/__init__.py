@@ -54,8 +54,9 @@ Modules
   denominator) and DiagAttention (softmax attention inside non-overlapping blocks), the two
   attentions of its layers (``transnormer_norm_attention``).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from .core import (  # noqa: F401
 )
 from .drsformer_tksa import (  # noqa: F401
     DRSFORMER_RATIOS,
+    drsformer_tksa,
     drsformer_tksa_backward,
     drsformer_tksa_forward,
     drsformer_topk_sizes,
@@ -167,6 +169,7 @@ from .masked_linear import (  # noqa: F401
     tree_exp_matvec,
 )
 from .performer import (  # noqa: F401
+    performer,
     performer_backward,
     performer_features_backward,
     performer_features_forward,
@@ -203,6 +206,7 @@ from .set_transformer import (  # noqa: F401
     BLOCKS,
     mab_backward,
     mab_forward,
+    set_transformer,
     set_transformer_backward,
     set_transformer_forward,
 )
@@ -240,6 +244,7 @@ from .spectraformer import (  # noqa: F401
 )
 from .topk_attention import (  # noqa: F401
     mips_to_nns,
+    topk_attention,
     topk_attention_backward,
     topk_attention_forward,
     topk_selection,
@@ -247,6 +252,7 @@ from .topk_attention import (  # noqa: F401
 from .transnormer import (  # noqa: F401
     diag_attention_backward,
     diag_attention_forward,
+    transnormer,
     transnormer_backward,
     transnormer_forward,
 )
@@ -263,6 +269,7 @@ __all__ = [
     "topk_keep",
     "validate_linear_qkv",
     "DRSFORMER_RATIOS",
+    "drsformer_tksa",
     "drsformer_tksa_backward",
     "drsformer_tksa_forward",
     "drsformer_topk_sizes",
@@ -334,6 +341,7 @@ __all__ = [
     "masked_linear_attention_forward",
     "tree_distances",
     "tree_exp_matvec",
+    "performer",
     "performer_backward",
     "performer_features_backward",
     "performer_features_forward",
@@ -362,6 +370,7 @@ __all__ = [
     "BLOCKS",
     "mab_backward",
     "mab_forward",
+    "set_transformer",
     "set_transformer_backward",
     "set_transformer_forward",
     "sinkformer_attention",
@@ -391,11 +400,13 @@ __all__ = [
     "spectraformer_weight_matrix",
     "walsh_hadamard",
     "mips_to_nns",
+    "topk_attention",
     "topk_attention_backward",
     "topk_attention_forward",
     "topk_selection",
     "diag_attention_backward",
     "diag_attention_forward",
+    "transnormer",
     "transnormer_backward",
     "transnormer_forward",
 ]

@@ -86,8 +86,9 @@ Modules
 * `urpe`: URPE: universal RPE-based attention — softmax attention with a relative bias,
   Hadamard-modulated by a learnable Toeplitz matrix (``urpe_toeplitz_modulated_attention``).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 """
 
 from __future__ import annotations
@@ -240,6 +241,7 @@ from .memory_efficient import (  # noqa: F401
 from .mha import (  # noqa: F401
     MHA_WEIGHTS,
     init_mha_params,
+    mha,
     mha_backward,
     mha_forward,
 )
@@ -312,6 +314,7 @@ from .relative import (  # noqa: F401
 )
 from .reversed_attention import (  # noqa: F401
     init_reversed_attention_params,
+    reversed_attention,
     reversed_attention_backward,
     reversed_attention_forward,
 )
@@ -320,12 +323,14 @@ from .rpe_key_query import (  # noqa: F401
     gather_rows_at,
     init_rpe_key_query_params,
     relative_distance_index,
+    rpe_key_query,
     rpe_key_query_backward,
     rpe_key_query_forward,
     rpe_key_query_param_spec,
     scatter_rows_at,
 )
 from .sdpa import (  # noqa: F401
+    sdpa,
     sdpa_backward,
     sdpa_forward,
 )
@@ -493,6 +498,7 @@ __all__ = [
     "tree_reduce",
     "MHA_WEIGHTS",
     "init_mha_params",
+    "mha",
     "mha_backward",
     "mha_forward",
     "MHE_MODES",
@@ -547,16 +553,19 @@ __all__ = [
     "t5_attention_forward",
     "t5_relative_position_bucket",
     "init_reversed_attention_params",
+    "reversed_attention",
     "reversed_attention_backward",
     "reversed_attention_forward",
     "RPE_KEY_QUERY_TYPES",
     "gather_rows_at",
     "init_rpe_key_query_params",
     "relative_distance_index",
+    "rpe_key_query",
     "rpe_key_query_backward",
     "rpe_key_query_forward",
     "rpe_key_query_param_spec",
     "scatter_rows_at",
+    "sdpa",
     "sdpa_backward",
     "sdpa_forward",
     "init_skip_layer_params",
