@@ -21,6 +21,10 @@ Modules
   (``bidaf_attention_flow``).
 * `cait`: CaiT class-attention (the class token attends to itself and the frozen patch tokens) and,
   as a separate option, CaiT's talking-heads self-attention (``class_attention``).
+* `chiral_rope`: Chiral-RoPE: a rotary encoding whose relative rotation is signed by a handedness
+  pseudoscalar (``chiral_rope``).
+* `coca`: CoCA: Collinear Constrained Attention (the Llama attention layer with ``t_proj`` instead
+  of ``k_proj``) (``coca_collinear_attention``).
 * `core`: Helpers shared by the softmax-attention family (and the families built on it), under
   public names.
 * `diffqkv`: DiffQKV attention (Sigma): differently compressed K and V heads and an augmented query
@@ -48,6 +52,8 @@ Modules
 * `location_relative`: Location-relative attention for long-form speech synthesis: GMM attention
   (V0, V1, V2) and Dynamic Convolution Attention (DCA), recurrent over decoder steps, with the
   backward through time (``gmm_dca_location_attention``).
+* `magnetic_laplacian`: Magnetic-Laplacian positional encodings for directed graphs (the
+  eigenvectors and their sign-invariant encoder, MagLapNet) (``magnetic_laplacian_pe``).
 * `masks`: Attention masks: padding, causal (with an offset), sliding-window / band and
   block-diagonal keep-masks, and SDPA with a mask built from them (the ``attention_masks`` record)
   (``attention_masks``).
@@ -66,12 +72,16 @@ Modules
 * `neural_attention`: Neural Attention: the dot-product score replaced by a small feed-forward
   network on each (query, key) pair, in a multi-head self-attention layer
   (``neural_attention_mlp_scores``).
+* `orthogonal_pe`: Orthogonal-basis (Legendre) absolute positional encoding, added to the token
+  embeddings (``orthogonal_basis_positional_encoding``).
 * `persistent_memory`: All-attention layer with persistent memory vectors (Sukhbaatar et al.):
   learned key/value slots appended to every head's keys and values, never masked
   (``persistent_memory_attention``).
 * `poly_encoder`: Poly-encoder code attention (Humeau et al.): learned codes pool the context, the
   candidate attends over the pooled codes, and the score is a dot product
   (``poly_encoder_attention``).
+* `position_coupling`: Position coupling: task-aligned tokens share one position ID of a learned
+  absolute embedding (``position_coupling``).
 * `relation_detr`: Relation-DETR: an explicit position-relation bias for the decoder's
   self-attention (``relation_detr_position_bias``).
 * `relational_attention`: Relational attention and the dual attention layer of the Dual Attention
@@ -83,6 +93,9 @@ Modules
 * `reversed_attention`: Reversed ("sending") attention of DependencyViT: each child token
   distributes its message over its parents, and receivers sum what they are sent
   (``reversed_attention_dependencyvit``).
+* `rpe_key_query`: Relative position embeddings with query *and* key interaction (method 4 of Huang
+  et al.); BERT's ``position_embedding_type="relative_key_query"`` self-attention
+  (``rpe_key_query_huang``).
 * `sdpa`: Scaled dot-product attention (SDPA): softmax attention with masks, causal alignment, GQA,
   softcap and LSE (``sdpa``).
 * `skip_layer`: Skip-Layer Attention (SLA): a chosen set of heads in layer $l$ attends with its
@@ -90,8 +103,12 @@ Modules
   (``skip_layer_attention``).
 * `swin`: (Shifted-)window attention of the Swin Transformer (V1 relative-bias table, V2 scaled
   cosine + CPB) (``swin_window_attention``).
+* `thg`: THG, Transformer with Hyperbolic Geometry (hyperbolic Q/K projections) — registered as
+  **not implemented** (T3).
 * `transposed_channel`: Transposed ("channel") attention: Restormer's MDTA, and the
   linear-projection form of XCiT / DAT (``transposed_channel_attention``).
+* `urpe`: URPE: universal RPE-based attention — softmax attention with a relative bias,
+  Hadamard-modulated by a learnable Toeplitz matrix (``urpe_toeplitz_modulated_attention``).
 
 Every public name of these modules is re-exported here. A function named like its own module
 (``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
@@ -141,6 +158,23 @@ from .cait import (  # noqa: F401
     talking_heads_attention_backward,
     talking_heads_attention_forward,
     talking_heads_param_spec,
+)
+from .chiral_rope import (  # noqa: F401
+    chiral_rope_attention,
+    chiral_rope_attention_backward,
+    chiral_rope_attention_forward,
+    validate_chirality,
+)
+from .coca import (  # noqa: F401
+    COCA_MODES,
+    coca_attention,
+    coca_attention_backward,
+    coca_attention_forward,
+    coca_key_magnitudes,
+    coca_param_spec,
+    coca_position_angles,
+    coca_scores,
+    init_coca_params,
 )
 from .core import (  # noqa: F401
     CAUSAL_ALIGNMENTS,
@@ -249,6 +283,18 @@ from .location_relative import (  # noqa: F401
     location_relative_attention_backward,
     location_relative_attention_forward,
 )
+from .magnetic_laplacian import (  # noqa: F401
+    MAGLAP_ACTIVATIONS,
+    MAGLAP_PHASE_CONVENTIONS,
+    init_maglap_pe_params,
+    maglap_pe,
+    maglap_pe_backward,
+    maglap_pe_forward,
+    maglap_pe_param_spec,
+    maglap_stack,
+    magnetic_laplacian_eigenpairs,
+    magnetic_laplacian_matrix,
+)
 from .masks import (  # noqa: F401
     MASK_KINDS,
     band_mask,
@@ -306,6 +352,13 @@ from .neural_attention import (  # noqa: F401
     neural_attention_param_spec,
     neural_attention_qkv_columns,
 )
+from .orthogonal_pe import (  # noqa: F401
+    LEGENDRE_NORMALIZATIONS,
+    legendre_basis,
+    legendre_pe,
+    legendre_pe_backward,
+    legendre_pe_forward,
+)
 from .persistent_memory import (  # noqa: F401
     init_persistent_memory_params,
     persistent_memory_attention,
@@ -317,6 +370,17 @@ from .poly_encoder import (  # noqa: F401
     poly_encoder_attention,
     poly_encoder_attention_backward,
     poly_encoder_attention_forward,
+)
+from .position_coupling import (  # noqa: F401
+    coupled_addition_position_ids,
+    coupling_start_bounds,
+    init_position_coupling_params,
+    pad_position_ids,
+    position_coupling_embed,
+    position_coupling_embed_backward,
+    position_coupling_embed_forward,
+    position_coupling_param_spec,
+    sample_coupling_start,
 )
 from .relation_detr import (  # noqa: F401
     box_relation_encoding,
@@ -353,6 +417,17 @@ from .reversed_attention import (  # noqa: F401
     reversed_attention,
     reversed_attention_backward,
     reversed_attention_forward,
+)
+from .rpe_key_query import (  # noqa: F401
+    RPE_KEY_QUERY_TYPES,
+    gather_rows_at,
+    init_rpe_key_query_params,
+    relative_distance_index,
+    rpe_key_query,
+    rpe_key_query_backward,
+    rpe_key_query_forward,
+    rpe_key_query_param_spec,
+    scatter_rows_at,
 )
 from .sdpa import (  # noqa: F401
     sdpa,
@@ -392,6 +467,16 @@ from .transposed_channel import (  # noqa: F401
     transposed_channel_attention_backward,
     transposed_channel_attention_forward,
 )
+from .urpe import (  # noqa: F401
+    init_urpe_params,
+    urpe_attention,
+    urpe_attention_backward,
+    urpe_attention_forward,
+    urpe_bucket_ids,
+    urpe_num_rows,
+    urpe_param_spec,
+    urpe_relative_bucket,
+)
 
 __all__ = [
     "additive_scores",
@@ -426,6 +511,19 @@ __all__ = [
     "talking_heads_attention_backward",
     "talking_heads_attention_forward",
     "talking_heads_param_spec",
+    "chiral_rope_attention",
+    "chiral_rope_attention_backward",
+    "chiral_rope_attention_forward",
+    "validate_chirality",
+    "COCA_MODES",
+    "coca_attention",
+    "coca_attention_backward",
+    "coca_attention_forward",
+    "coca_key_magnitudes",
+    "coca_param_spec",
+    "coca_position_angles",
+    "coca_scores",
+    "init_coca_params",
     "CAUSAL_ALIGNMENTS",
     "KV_GROUP_MAPS",
     "attention_core_backward",
@@ -513,6 +611,16 @@ __all__ = [
     "location_relative_attention",
     "location_relative_attention_backward",
     "location_relative_attention_forward",
+    "MAGLAP_ACTIVATIONS",
+    "MAGLAP_PHASE_CONVENTIONS",
+    "init_maglap_pe_params",
+    "maglap_pe",
+    "maglap_pe_backward",
+    "maglap_pe_forward",
+    "maglap_pe_param_spec",
+    "maglap_stack",
+    "magnetic_laplacian_eigenpairs",
+    "magnetic_laplacian_matrix",
     "MASK_KINDS",
     "band_mask",
     "block_diagonal_mask",
@@ -558,6 +666,11 @@ __all__ = [
     "neural_attention_forward",
     "neural_attention_param_spec",
     "neural_attention_qkv_columns",
+    "LEGENDRE_NORMALIZATIONS",
+    "legendre_basis",
+    "legendre_pe",
+    "legendre_pe_backward",
+    "legendre_pe_forward",
     "init_persistent_memory_params",
     "persistent_memory_attention",
     "persistent_memory_attention_backward",
@@ -566,6 +679,15 @@ __all__ = [
     "poly_encoder_attention",
     "poly_encoder_attention_backward",
     "poly_encoder_attention_forward",
+    "coupled_addition_position_ids",
+    "coupling_start_bounds",
+    "init_position_coupling_params",
+    "pad_position_ids",
+    "position_coupling_embed",
+    "position_coupling_embed_backward",
+    "position_coupling_embed_forward",
+    "position_coupling_param_spec",
+    "sample_coupling_start",
     "box_relation_encoding",
     "init_relation_detr_params",
     "position_relation_bias",
@@ -594,6 +716,15 @@ __all__ = [
     "reversed_attention",
     "reversed_attention_backward",
     "reversed_attention_forward",
+    "RPE_KEY_QUERY_TYPES",
+    "gather_rows_at",
+    "init_rpe_key_query_params",
+    "relative_distance_index",
+    "rpe_key_query",
+    "rpe_key_query_backward",
+    "rpe_key_query_forward",
+    "rpe_key_query_param_spec",
+    "scatter_rows_at",
     "sdpa",
     "sdpa_backward",
     "sdpa_forward",
@@ -624,4 +755,12 @@ __all__ = [
     "transposed_channel_attention",
     "transposed_channel_attention_backward",
     "transposed_channel_attention_forward",
+    "init_urpe_params",
+    "urpe_attention",
+    "urpe_attention_backward",
+    "urpe_attention_forward",
+    "urpe_bucket_ids",
+    "urpe_num_rows",
+    "urpe_param_spec",
+    "urpe_relative_bucket",
 ]
