@@ -98,6 +98,8 @@ def _select(args) -> list[registry.Mechanism]:
 def _fd_cell(rec, status) -> str:
     if not rec.implemented:
         return "-"
+    if not rec.differentiable:
+        return "no backward"
     fd = status.get(rec.slug, {}).get("gradcheck")
     if fd is None:
         return "not run"
@@ -223,9 +225,13 @@ def cmd_show(args) -> int:
             source = Path(inspect.getsourcefile(rec.forward)).resolve().relative_to(Path(__file__).resolve().parents[1])
         except (TypeError, ValueError):
             source = rec.module
-        checks = ["gradcheck", "directional", *(["reference"] if rec.reference else []), *rec.checks]
+        from .testing.runner import record_check_names
+
+        checks = [c.removeprefix("check:") for c in record_check_names(rec)]
+        backward = (f"{rec.backward.__module__}.{rec.backward.__qualname__}" if rec.backward is not None
+                    else f"none (forward-only{': ' + rec.notes if rec.notes else ''})")
         out += [f"  forward      {rec.forward.__module__}.{rec.forward.__qualname__}",
-                f"  backward     {rec.backward.__module__}.{rec.backward.__qualname__}",
+                f"  backward     {backward}",
                 f"  source       {source}",
                 f"  docs         {'docs/' + rec.docs if rec.docs else '-'}",
                 f"  kernels      {', '.join(sorted(rec.kernels)) or '-'}",

@@ -285,14 +285,18 @@ def resolve_family(name: str) -> str:
     raise ValueError(f"family {name!r} {what}; choose one of {choices}")
 
 
-def all(*, implemented: bool | None = None, family: str | None = None) -> list[Mechanism]:  # noqa: A001
+def all(*, implemented: bool | None = None, family: str | None = None,  # noqa: A001
+        differentiable: bool | None = None) -> list[Mechanism]:
     """All records: catalogue order first, then primitives. Filters are optional; ``family``
-    goes through :func:`resolve_family` (an unknown family raises ``ValueError``)."""
+    goes through :func:`resolve_family` (an unknown family raises ``ValueError``);
+    ``differentiable=True`` keeps the records with a backward (the ones gradient tests run on)."""
     _load()
     order = {slug: i for i, slug in enumerate(catalog_rows())}
     recs = sorted(_RECORDS.values(), key=lambda r: (order.get(r.slug, len(order)), r.family, r.slug))
     if implemented is not None:
         recs = [r for r in recs if r.implemented == implemented]
+    if differentiable is not None:
+        recs = [r for r in recs if r.differentiable == differentiable]
     if family is not None:
         fam = resolve_family(family)
         recs = [r for r in recs if r.family == fam]

@@ -572,6 +572,8 @@ def _compare(fn, slug, *, vjp, config, cases, seeds, grads, sample, dtype, conve
         raise TypeError(f"fn must be your forward function; got {type(fn).__name__}")
     if vjp is not None and not callable(vjp):
         raise TypeError(f"vjp must be your backward function or None; got {type(vjp).__name__}")
+    if vjp is not None and not rec.differentiable:
+        raise ValueError(f"{rec.slug} is forward-only (it has no backward): compare its forward with vjp=None")
     if config is not None and not isinstance(config, Mapping):
         raise TypeError(f"config must be a dict of keyword arguments; got {type(config).__name__}")
     if seed is not None:

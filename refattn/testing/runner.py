@@ -54,7 +54,8 @@ def _run(slug, name, fn) -> CheckResult:
 
 
 def record_check_names(rec: Mechanism) -> list[str]:
-    names = ["gradcheck", "directional"]
+    # a forward-only record (differentiable=False) has no backward: no gradient checks
+    names = ["gradcheck", "directional"] if rec.differentiable else []
     if rec.reference is not None:
         names.append("reference")
     names += [f"check:{k}" for k in rec.checks]
@@ -63,7 +64,9 @@ def record_check_names(rec: Mechanism) -> list[str]:
 
 def run_record_checks(rec: Mechanism, *, seed: int = 0, only: str | None = None,
                       on_check=None) -> RecordResults:
-    """FD gradcheck (tiny), directional check (small), explicit reference and named checks."""
+    """FD gradcheck (tiny), directional check (small), explicit reference and named checks.
+
+    A forward-only record (``differentiable=False``) gets the reference and named checks only."""
     out = RecordResults(rec.slug)
     if not rec.implemented:
         return out
@@ -87,7 +90,7 @@ def run_record_checks(rec: Mechanism, *, seed: int = 0, only: str | None = None,
         assert_close(out_, ref, rtol=1e-10, atol=1e-12, name=f"{rec.slug} forward vs explicit formula")
         return float(np.max(np.abs(np.asarray(out_) - np.asarray(ref))))
 
-    plan = [("gradcheck", fd), ("directional", directional)]
+    plan = [("gradcheck", fd), ("directional", directional)] if rec.differentiable else []
     if rec.reference is not None:
         plan.append(("reference", reference))
     for name, fn in rec.checks.items():
