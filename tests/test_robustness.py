@@ -39,6 +39,10 @@ KERNEL_VARIANTS = [_with_backend(r, "numba") for r in IMPLEMENTED
                    if "backend" in inspect.signature(r.forward).parameters]
 SWEPT = IMPLEMENTED + KERNEL_VARIANTS
 SWEPT_IDS = [r.slug for r in SWEPT]
+# records with a backward: the tests of gradients run on these; forward-only records
+# (differentiable=False) get the forward half of every other test
+SWEPT_GRAD = [r for r in SWEPT if r.differentiable]
+SWEPT_GRAD_IDS = [r.slug for r in SWEPT_GRAD]
 _COUNT = {"cases": 0}
 
 _INTERNAL_MARKERS = ("operands could not be broadcast", "index ", "out of bounds", "axis ", "shapes (",
@@ -165,7 +169,7 @@ def test_bad_config_values(rec):
             assert key in str(ei.value), f"{rec.slug}: wrong-shape {key}: {ei.value}"
 
 
-@pytest.mark.parametrize("rec", SWEPT, ids=SWEPT_IDS)
+@pytest.mark.parametrize("rec", SWEPT_GRAD, ids=SWEPT_GRAD_IDS)
 def test_backward_rejects_wrong_dout(rec):
     s = rec.sample(np.random.default_rng(0), "tiny")
     out, cache = _run(rec, s.inputs, s.params, s.config)
@@ -191,7 +195,8 @@ def test_layouts_and_read_only_inputs_work(rec):
         _COUNT["cases"] += 1
         out, cache = _run(rec, inputs, params, s.config)
         np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12, err_msg=f"{rec.slug}: {label}")
-        rec.backward(np.ones_like(out), cache)
+        if rec.differentiable:
+            rec.backward(np.ones_like(out), cache)
 
 
 def _ro(a):
@@ -227,8 +232,9 @@ def test_inputs_never_modified(rec):
     out, cache = _run(rec, s.inputs, s.params, s.config)
     dout = np.random.default_rng(1).standard_normal(np.shape(out))
     dout_before = dout.copy()
-    rec.backward(dout, cache)
-    rec.backward(dout, cache)  # a backward may be called twice on one cache
+    if rec.differentiable:
+        rec.backward(dout, cache)
+        rec.backward(dout, cache)  # a backward may be called twice on one cache
     assert _identical(before, (s.inputs, s.params, s.config)), f"{rec.slug}: an input was modified"
     assert _identical(dout_before, dout), f"{rec.slug}: dout was modified"
 
@@ -239,6 +245,8 @@ def test_deterministic(rec):
     o1, c1 = _run(rec, s.inputs, s.params, s.config)
     o2, c2 = _run(rec, s.inputs, s.params, s.config)
     assert np.asarray(o1).tobytes() == np.asarray(o2).tobytes()
+    if not rec.differentiable:
+        return
     g = np.ones_like(o1)
     g1, g2 = rec.backward(g, c1), rec.backward(g, c2)
     assert all(np.asarray(g1[k]).tobytes() == np.asarray(g2[k]).tobytes() for k in g1)
@@ -252,8 +260,8 @@ def test_properties(rec, seed, size):
     s = rec.sample(np.random.default_rng(seed), size)
     out, cache = _run(rec, s.inputs, s.params, s.config)
     assert np.all(np.isfinite(out)), f"{rec.slug}: non-finite output for finite input"
-    grads = rec.backward(np.ones_like(out), cache)
-    for k, v in s.arrays().items():
+    grads = rec.backward(np.ones_like(out), cache) if rec.differentiable else None
+    for k, v in s.arrays().items() if grads is not None else ():
         assert k in grads and np.shape(grads[k]) == np.shape(v), f"{rec.slug}: grad {k} shape"
         assert np.asarray(grads[k]).dtype == out.dtype
         assert np.all(np.isfinite(grads[k])), f"{rec.slug}: non-finite grad {k}"
@@ -269,3 +277,56 @@ def test_properties(rec, seed, size):
         out2, _ = _run(rec, inputs, s.params, s.config)
         np.testing.assert_allclose(out2[0], out[0], rtol=1e-12, atol=1e-12,
                                    err_msg=f"{rec.slug}: batch element 0 depends on the other elements")
+
+
+def _fresh(s: Sample) -> Sample:
+    return Sample(_snapshot(s.inputs), _snapshot(s.params), dict(s.config))
+
+
+@pytest.mark.parametrize("rec", SWEPT_GRAD, ids=SWEPT_GRAD_IDS)
+def test_output_updated_in_place_leaves_gradients_unchanged(rec):
+    """A caller may update the returned ``out`` in place (``out += residual``); the gradients of
+    that forward must not change: a cache keeps a private copy of what it needs, or recomputes it,
+    and never holds the returned array (nor an input the output is a view of)."""
+    s = rec.sample(np.random.default_rng(0), "tiny")
+    f = _fresh(s)
+    out, cache = _run(rec, f.inputs, f.params, f.config)
+    dout = np.random.default_rng(1).standard_normal(np.shape(out))
+    expected = {k: np.array(v, copy=True) for k, v in rec.backward(dout, cache).items()}
+    f = _fresh(s)
+    out, cache = _run(rec, f.inputs, f.params, f.config)
+    _COUNT["cases"] += 1
+    for o in (out if isinstance(out, tuple) else (out,)):
+        if isinstance(o, np.ndarray) and o.flags.writeable:
+            o *= -3.0
+            o += 0.5
+    got = rec.backward(dout, cache)
+    for k, g in expected.items():
+        np.testing.assert_array_equal(got[k], g, err_msg=f"{rec.slug}: grad {k} changed after the caller "
+                                                         f"updated out in place (the cache holds out)")
+
+
+# Backwards that do not propagate a NaN in dout, each with the reason (none today: every
+# backward propagates it, so a NaN loss shows up as NaN gradients instead of an exception).
+NAN_DOUT_EXCEPTIONS: dict[str, str] = {}
+
+
+@pytest.mark.parametrize("rec", SWEPT_GRAD, ids=SWEPT_GRAD_IDS)
+def test_nan_dout_propagates(rec):
+    """A NaN in dout (a diverged loss) gives NaN gradients, never an exception from inside the
+    backward (e.g. SciPy's ``check_finite``) and never silently finite gradients.
+
+    One NaN entry must not raise; an all-NaN dout must reach a gradient (a single entry may sit
+    on an output that depends on nothing, e.g. a token no routing cluster took)."""
+    if rec.slug in NAN_DOUT_EXCEPTIONS:
+        pytest.skip(NAN_DOUT_EXCEPTIONS[rec.slug])
+    s = rec.sample(np.random.default_rng(0), "tiny")
+    out, cache = _run(rec, s.inputs, s.params, s.config)
+    one = np.ones(np.shape(out))
+    one.reshape(-1)[0] = np.nan
+    _COUNT["cases"] += 2
+    with np.errstate(all="ignore"):
+        rec.backward(one, cache)
+        grads = rec.backward(np.full(np.shape(out), np.nan), cache)
+    assert any(np.isnan(np.asarray(g)).any() for g in grads.values()), (
+        f"{rec.slug}: an all-NaN dout gave finite gradients ({', '.join(grads)})")

@@ -110,7 +110,7 @@ def softmax_forward(x, *, mask=None, axis: int = -1):
     """
     x, mask, axis = _validate(x, mask, axis)
     p, _ = softmax_lse(apply_mask(x, mask), axis)
-    return p, {"p": p, "axis": axis}
+    return p, {"p": p.copy(), "axis": axis}  # a private copy: the caller may update p in place
 
 
 def softmax_backward(dout, cache):

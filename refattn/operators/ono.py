@@ -90,7 +90,9 @@ def cholesky_vjp(L: np.ndarray, dL: np.ndarray) -> np.ndarray:
     phi = np.tril(L.T @ np.tril(dL))
     phi[np.diag_indices_from(phi)] *= 0.5
     # phi L^{-1} = (L^{-T} phi^T)^T, then L^{-T} (phi L^{-1})
-    s = solve_triangular(L, solve_triangular(L, phi.T, lower=True, trans="T").T, lower=True, trans="T")
+    # check_finite=False: a NaN in the cotangent propagates (refattn's NaN policy), never raises
+    s = solve_triangular(L, solve_triangular(L, phi.T, lower=True, trans="T", check_finite=False).T,
+                         lower=True, trans="T", check_finite=False)
     return 0.5 * (s + s.T)
 
 
@@ -166,12 +168,14 @@ def ono_attention_backward(dout, cache):
     dpsi_t = ga * s + np.einsum("bnd,bcd->bnc", fx, da)
     dmu = np.einsum("bnc,bnc->c", ga, psi_t) * sigmoid(cache["mu"])
     flat = dpsi_t.reshape(-1, k)
-    dpsi = solve_triangular(L, flat.T, lower=True, trans="T").T.reshape(b, n, k)   # dpsi_t L^{-1}
+    # check_finite=False: a NaN in dout gives NaN gradients, as in every other backward, instead of
+    # SciPy's "array must not contain infs or NaNs" (L itself is finite: the forward factorised it)
+    dpsi = solve_triangular(L, flat.T, lower=True, trans="T", check_finite=False).T.reshape(b, n, k)
     if cache["train"]:
         dm = psi.reshape(-1, k).T @ flat                  # dM for M = L^{-T}
         # dL = -L^{-T} dM^T L^{-T}
-        x = solve_triangular(L, dm.T, lower=True, trans="T")
-        dL = -solve_triangular(L, x.T, lower=True).T
+        x = solve_triangular(L, dm.T, lower=True, trans="T", check_finite=False)
+        dL = -solve_triangular(L, x.T, lower=True, check_finite=False).T
         dc = cholesky_vjp(L, np.tril(dL))
         dpsi = dpsi + (2.0 / (b * n)) * (psi @ dc)
     return {"psi": dpsi.astype(dt, copy=False), "fx": dfx, "mu": dmu.astype(dt, copy=False)}

@@ -140,7 +140,7 @@ def linear_attention_forward(q, k, v, *, causal: bool = False, eps: float = 1e-6
     if not isinstance(normalise, (bool, np.bool_)):
         raise TypeError(f"normalise must be a bool; got {type(normalise).__name__}")
     out, state = linear_core_forward(fq, fk, v, causal=bool(causal), eps=eps, normalise=bool(normalise))
-    cache = {"q": q, "k": k, "v": v, "fq": fq, "fk": fk, "out": out, "state": state, "kmask": kmask,
+    cache = {"q": q, "k": k, "v": v, "fq": fq, "fk": fk, "out": out.copy(), "state": state, "kmask": kmask,
              "causal": bool(causal), "feature_map": feature_map, "eps": eps, "normalise": bool(normalise)}
     return out, cache
 

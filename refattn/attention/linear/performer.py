@@ -222,7 +222,7 @@ def performer_forward(q, k, v, *, projection, causal: bool = False, feature_eps:
     fk, ck = performer_features_forward(k, projection, is_query=False, feature_eps=feature_eps,
                                         normalize_data=bool(normalize_data), key_stabilizer=key_stabilizer)
     out, state = linear_core_forward(fq, fk, v, causal=bool(causal), eps=0.0, normalise=True, den_guard=guard)
-    return out, {"fq": fq, "fk": fk, "cq": cq, "ck": ck, "v": v, "out": out, "state": state,
+    return out, {"fq": fq, "fk": fk, "cq": cq, "ck": ck, "v": v, "out": out.copy(), "state": state,
                  "causal": bool(causal), "stabilizer_grad": bool(stabilizer_grad)}
 
 

@@ -163,7 +163,7 @@ def kernelized_rpe_forward(q, k, v, params, *, projection, causal: bool = False,
     den = np.einsum("...na,...na->...n", fq, u) + eps
     out = num / den[..., None]
     return out, {"fq": fq, "fk": fk, "cq": cq, "ck": ck, "v": v, "G": G, "U": U, "u": u, "den": den,
-                 "out": out, "c": c, "b_shape": b.shape, "stabilizer_grad": bool(stabilizer_grad)}
+                 "out": out.copy(), "c": c, "b_shape": b.shape, "stabilizer_grad": bool(stabilizer_grad)}
 
 
 def kernelized_rpe_backward(dout, cache):

@@ -264,7 +264,8 @@ def flash_attention_forward(q, k, v, *, block_q: int = 32, block_k: int = 64, at
         empty = li == 0
         out[..., i0:i1, :] = acc / np.where(empty, 1.0, li)[..., None]
         lse[..., i0:i1] = np.where(empty, -np.inf, mi + logf(np.where(empty, 1.0, li)))
-    cache = {"tiles": t, "out": out, "lse": lse, "lse_base": lse_base, "block_q": block_q, "block_k": block_k,
+    # the cache keeps its own copy of out: a caller may update the returned array in place
+    cache = {"tiles": t, "out": out.copy(), "lse": lse, "lse_base": lse_base, "block_q": block_q, "block_k": block_k,
              "skipped_tiles": skipped}
     return out, cache
 
@@ -329,7 +330,7 @@ def rabe_staats_forward(q, k, v, *, query_chunk_size: int = 1024, key_chunk_size
         empty = z == 0
         out[..., i0:i1, :] = num / np.where(empty, 1.0, z)[..., None]
         lse[..., i0:i1] = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, z)))
-    cache = {"tiles": t, "out": out, "lse": lse, "qc": qc, "kc": kc, "backward_mode": backward_mode}
+    cache = {"tiles": t, "out": out.copy(), "lse": lse, "qc": qc, "kc": kc, "backward_mode": backward_mode}
     return out, cache
 
 
@@ -439,7 +440,7 @@ def tree_attention_forward(q, k, v, *, num_chunks: int = 4, chunk_sizes=None, at
     (m, ell, o), rounds = tree_reduce(summaries)
     empty = ell == 0
     lse = np.where(empty, -np.inf, m + np.log(np.where(empty, 1.0, ell)))
-    cache = {"tiles": t, "out": o, "lse": lse, "kb": kb, "rounds": rounds}
+    cache = {"tiles": t, "out": o.copy(), "lse": lse, "kb": kb, "rounds": rounds}
     return o, cache
 
 

@@ -106,7 +106,9 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
         "mask": (mode, mb, mf, ms), "block_q": block_q, "block_k": block_k,
         "shapes": (q.shape, k.shape, v.shape),
     }
-    return out_l, cache
+    # the caller gets a copy: the backward reads out4, which a caller's in-place update of the
+    # returned array must not reach
+    return out_l.copy(), cache
 
 
 def reduce_heads(x: np.ndarray, hkv: int, kv_group_map: str) -> np.ndarray:

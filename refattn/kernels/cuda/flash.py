@@ -94,6 +94,10 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
         "kv_group_map": kv_group_map, "kvm": kvm, "mask": maskd, "plan": plan, "tx": tx,
         "shapes": (qp.shape, kp.shape, vp.shape), "on_device": on_dev, "dtype": dt,
     }
+    if on_dev:  # out_l is a view of out4, which the backward reads: hand the caller a copy
+        ret = cuda.device_array(out_l.shape, dtype=out_l.dtype)
+        ret.copy_to_device(out_l)
+        return ret, cache
     return out_l, cache
 
 
