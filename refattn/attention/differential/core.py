@@ -167,14 +167,22 @@ def validate_core(q1, k1, q2, k2, v, lam, attn_mask, is_causal, scale, kv_group_
     q2 = as_float(q2, "q2", min_ndim=3)
     k2 = as_float(k2, "k2", min_ndim=3)
     v = as_float(v, "v", min_ndim=3)
-    lam = as_float(lam, "lam", min_ndim=1, max_ndim=q1.ndim - 1)
+    # ranks first, so that an error names the array that is wrong: the rank most of q1, k1, q2,
+    # k2, v share (q1's on a tie) is the expected one, and the arrays off it are named. Only then
+    # are the arrays compared with one another and lam with q1's rank.
+    qkv = {"q1": q1, "k1": k1, "q2": q2, "k2": k2, "v": v}
+    ranks = [a.ndim for a in qkv.values()]
+    rank = max(sorted(set(ranks)), key=lambda r: (ranks.count(r), r == q1.ndim))
+    odd = [name for name, a in qkv.items() if a.ndim != rank]
+    if odd:
+        got = ", ".join(f"{name} {qkv[name].shape}" for name in odd)
+        raise ValueError(f"{' and '.join(odd)} must have {rank} dimensions (..., H, N, d) like the other "
+                         f"q1, k1, q2, k2, v arrays; got {got}")
     if q2.shape != q1.shape:
         raise ValueError(f"q2 must have q1's shape {q1.shape}; got {q2.shape}")
     if k2.shape != k1.shape:
         raise ValueError(f"k2 must have k1's shape {k1.shape}; got {k2.shape}")
-    if k1.ndim != q1.ndim or v.ndim != q1.ndim:
-        raise ValueError(f"q1, k1 and v must have the same number of dimensions; got shapes "
-                         f"{q1.shape}, {k1.shape}, {v.shape}")
+    lam = as_float(lam, "lam", min_ndim=1, max_ndim=q1.ndim - 1)
     if q1.ndim == 3:
         raise ValueError(f"q1 must be (..., H, N, d) with a head axis; got shape {q1.shape}")
     if k1.shape[:-3] != q1.shape[:-3] or v.shape[:-3] != q1.shape[:-3]:

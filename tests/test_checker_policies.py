@@ -1,0 +1,101 @@
+"""Policies the generated tests enforce, checked on records built to break them (issue 18).
+
+* a forward-only record (``differentiable=False``) gets every forward test and no gradient test;
+* the cache never aliases the returned ``out`` (tests/test_robustness.py sweeps every record;
+  here, the records it caught);
+* a NaN in dout propagates (ONO raised SciPy's ``check_finite`` error);
+* differential-core shape errors name the argument that is wrong.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import test_registry
+import test_robustness
+
+from refattn import registry
+from refattn.registry import Mechanism, Sample
+from refattn.testing import compare_implementation
+from refattn.testing.runner import record_check_names, run_record_checks
+
+
+def _sort_forward(x):
+    """Sorted values along the last axis (a forward-only test record: no backward)."""
+    x = np.asarray(x)
+    if x.dtype.kind != "f":
+        raise TypeError(f"x must be a floating array; got {x.dtype}")
+    dt = np.float32 if x.dtype == np.float16 else x.dtype
+    return np.sort(x.astype(dt), axis=-1), None
+
+
+def _sort_sample(rng, size="tiny"):
+    n = 3 if size == "tiny" else 6
+    return Sample({"x": rng.standard_normal((2, n, 4))})
+
+
+FORWARD_ONLY = Mechanism(
+    slug="sort_forward_only", family="nn", tier="-", title="sort (forward-only)", paper="-",
+    forward=_sort_forward, sample=_sort_sample, differentiable=False, docs="building-blocks.md#softmax",
+    reference=lambda x: np.sort(x, axis=-1), notes="no backward: a test record",
+    checks={"ascending": lambda rng: None},
+)
+
+
+def test_forward_only_record_is_implemented_and_left_out_of_gradient_selections(monkeypatch):
+    assert FORWARD_ONLY.implemented
+    monkeypatch.setitem(registry._RECORDS, FORWARD_ONLY.slug, FORWARD_ONLY)
+    assert FORWARD_ONLY in registry.all(implemented=True)
+    assert FORWARD_ONLY not in registry.all(implemented=True, differentiable=True)
+    assert FORWARD_ONLY in registry.all(differentiable=False)
+
+
+def test_runner_runs_forward_checks_only_for_a_forward_only_record():
+    assert record_check_names(FORWARD_ONLY) == ["reference", "check:ascending"]
+    res = run_record_checks(FORWARD_ONLY)
+    assert [c.check for c in res.results] == ["reference", "check:ascending"]
+    assert res.passed, [c.message for c in res.results]
+
+
+def test_generated_forward_tests_run_on_a_forward_only_record():
+    rec = FORWARD_ONLY
+    test_registry.test_record_is_complete(rec)
+    test_registry.test_dtype_behaviour(rec, np.float32, np.float32)
+    test_robustness.test_layouts_and_read_only_inputs_work(rec)
+    test_robustness.test_inputs_never_modified(rec)
+    test_robustness.test_deterministic(rec)
+    test_robustness.test_properties(rec=rec)
+
+
+def test_compare_refuses_a_vjp_for_a_forward_only_record(monkeypatch):
+    monkeypatch.setitem(registry._RECORDS, FORWARD_ONLY.slug, FORWARD_ONLY)
+    with pytest.raises(ValueError, match="forward-only"):
+        compare_implementation(lambda x: np.sort(x, -1), FORWARD_ONLY.slug, vjp=lambda g, x: {"x": g})
+
+
+@pytest.mark.parametrize("slug", ["softmax", "linear_attention_katharopoulos", "performer_favor_plus",
+                                  "kernelized_attention_rpe_fft", "online_softmax_flash_attention",
+                                  "memory_efficient_attention_rabe_staats", "tree_attention_merge"])
+def test_records_that_kept_out_in_their_cache(slug):
+    test_robustness.test_output_updated_in_place_leaves_gradients_unchanged(registry.get(slug))
+
+
+def test_ono_backward_propagates_a_nan_dout():
+    rec = registry.get("ono_orthogonal_attention")
+    s = rec.sample(np.random.default_rng(0), "tiny")
+    out, cache = rec.forward(**s.inputs, params=s.params, **s.config)
+    dout = np.ones_like(out)
+    dout[0, 0, 0] = np.nan
+    with np.errstate(all="ignore"):
+        grads = rec.backward(dout, cache)
+    assert np.isnan(grads["psi"]).any() and np.isnan(grads["mu"]).any()
+
+
+@pytest.mark.parametrize("name", ["q1", "k1", "q2", "k2", "v"])
+def test_differential_core_names_the_array_that_lost_an_axis(name):
+    rec = registry.get("diff_attention_core")
+    s = rec.sample(np.random.default_rng(0), "tiny")
+    inputs = dict(s.inputs)
+    inputs[name] = inputs[name][0]
+    with pytest.raises(ValueError, match=rf"^{name} must have 4 dimensions"):
+        rec.forward(**inputs, **s.config)
