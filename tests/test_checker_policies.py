@@ -99,3 +99,45 @@ def test_differential_core_names_the_array_that_lost_an_axis(name):
     inputs[name] = inputs[name][0]
     with pytest.raises(ValueError, match=rf"^{name} must have 4 dimensions"):
         rec.forward(**inputs, **s.config)
+
+
+_V1_PARAM = ("q_proj.", "k_proj.", "v_proj.", "out_proj.", "subln.", "lambda_q1", "lambda_k1", "lambda_q2",
+             "lambda_k2")
+
+
+def _v1_split(kw):
+    return {k: kw.pop(k) for k in list(kw) if k.startswith(_V1_PARAM)}, kw
+
+
+def _v1_fn(x, **kw):
+    from refattn.attention.differential.v1 import diff_attention_v1
+
+    params, config = _v1_split(kw)
+    return diff_attention_v1(x, params, **config)
+
+
+def _v1_vjp(dout, x, **kw):
+    from refattn.attention.differential.v1 import diff_attention_v1_backward, diff_attention_v1_forward
+
+    params, config = _v1_split(kw)
+    return diff_attention_v1_backward(dout, diff_attention_v1_forward(x, params, **config)[1])
+
+
+@pytest.mark.parametrize("config,subln_keys", [
+    ({"num_heads": 2, "depth": 3, "subln": "rms", "subln_affine": False, "is_causal": True}, []),
+    ({"num_heads": 2, "depth": 1, "subln": "rms"}, ["subln.weight"]),
+    ({"num_heads": 4, "num_kv_heads": 2, "depth": 0, "subln": "layer"}, ["subln.bias", "subln.weight"]),
+    ({"num_heads": 2, "lambda_init": 0.3, "subln": "none"}, []),
+])
+def test_diff_attention_v1_sample_and_compare_cases_follow_the_callers_config(config, subln_keys):
+    """The paper configuration (RMSNorm without affine) used to fail: the default battery paired
+    the caller's config with sampler params drawn for ``subln="layer"`` ('unknown keys subln.bias')."""
+    rec = registry.get("diff_attention_v1")
+    for size in ("tiny", "small"):
+        for seed in range(4):
+            s = rec.sample(np.random.default_rng(seed), size, config)
+            assert sorted(k for k in s.params if k.startswith("subln")) == subln_keys
+            assert s.config == config
+            rec.forward(**s.inputs, params=s.params, **s.config)
+    report = compare_implementation(_v1_fn, "diff_attention_v1", vjp=_v1_vjp, config=config)
+    assert report.passed, str(report)

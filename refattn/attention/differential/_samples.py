@@ -17,6 +17,7 @@ __all__ = [
     "draw_lambda_vectors",
     "v1_params",
     "sample_v1",
+    "v1_cases",
     "v1_sample_lambda_zero",
     "two_branch_params",
     "rand_qkv",
@@ -52,12 +53,21 @@ def v1_params(rng, C, H, Hkv, d, c_out=None, bias=False, lambda_init=0.5):
     return P
 
 
-def sample_v1(rng, size):
-    """The V1 record's sampler (also DINT's): MHA or GQA, random depth, norm, GQA pairing and RoPE."""
+def sample_v1(rng, size, config=None):
+    """The V1 record's sampler (also DINT's): MHA or GQA, random depth, norm, GQA pairing and RoPE.
+
+    ``config`` (a caller's configuration, e.g. the paper's ``subln="rms"`` with
+    ``subln_affine=False``) fixes what it names and the forward's defaults fix the rest: the heads,
+    the norm and its affine flag, λ_init, the RoPE tables (whose shape fixes N and d). The params
+    then fit that configuration (``subln.weight`` only for an affine norm, ``subln.bias`` only for
+    ``"layer"``), and the returned config is the caller's, plus ``num_heads`` when it names none.
+    """
     if size == "tiny":
         B, n, C, H, d = 2, int(rng.integers(2, 4)), 3, 2, 2
     else:
         B, n, C, H, d = 2, int(rng.integers(4, 7)), 6, 2, 4
+    if config is not None:
+        return _sample_v1_for(rng, B, n, C, H, d, dict(config))
     Hkv = int(rng.choice([1, H]))
     x = rng.standard_normal((B, n, C))
     depth = int(rng.integers(0, 6))
@@ -68,6 +78,39 @@ def sample_v1(rng, size):
     if subln == "layer":
         P["subln.bias"] = 0.1 * rng.standard_normal(2 * d)
     return Sample(inputs={"x": x}, params=P, config=cfg)
+
+
+def _sample_v1_for(rng, B, n, C, H, d, cfg):
+    cfg.setdefault("num_heads", H)
+    H = int(cfg["num_heads"])
+    Hkv = int(cfg.get("num_kv_heads") or H)
+    rel_pos = cfg.get("rel_pos")
+    if rel_pos is not None:  # the tables are (N, d/2): they fix the sizes
+        n, d = int(np.shape(rel_pos[0])[0]), 2 * int(np.shape(rel_pos[0])[1])
+    x = rng.standard_normal((B, n, C))
+    lam_init = cfg.get("lambda_init")
+    if lam_init is None:
+        lam_init = (lambda_init_fn(cfg["depth"], cfg.get("lambda_init_convention", "unilm"))
+                    if cfg.get("depth") is not None else 0.8)
+    P = v1_params(rng, C, H, Hkv, d, lambda_init=float(lam_init))
+    subln, affine = cfg.get("subln", "rms"), cfg.get("subln_affine", True)
+    if subln == "none" or not affine:
+        del P["subln.weight"]
+    elif subln == "layer":
+        P["subln.bias"] = 0.1 * rng.standard_normal(2 * d)
+    return Sample(inputs={"x": x}, params=P, config=cfg)
+
+
+def v1_cases() -> dict:
+    """Compare cases ``tiny`` and ``small`` of the V1 layer: :func:`sample_v1` following the
+    caller's config (the default battery would pair the caller's config with the sampler's params,
+    e.g. ``subln.bias`` drawn for ``"layer"`` under the caller's ``subln="rms"``)."""
+    def case(size):
+        def build(rng, config=None):
+            return sample_v1(rng, size, config)
+        build.__doc__ = f"diff_attention_v1 compare case: sample_v1 at {size!r}, following the caller's config"
+        return build
+    return {"tiny": case("tiny"), "small": case("small")}
 
 
 def v1_sample_lambda_zero(rng):

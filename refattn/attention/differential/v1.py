@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...registry import Mechanism, register
-from ._samples import sample_v1, v1_params, v1_sample_lambda_zero
+from ._samples import sample_v1, v1_cases, v1_params, v1_sample_lambda_zero
 from .core import PAPER_V1
 from .layer import lambda_init_fn, rope_apply, v1_generic_backward, v1_layer_forward
 
@@ -258,5 +258,6 @@ register(
         sample=sample_v1, reference=_v1_reference_loop, docs="differential.md#diff_attention_v1",
         checks={"lambda_zero_is_normed_softmax": _check_v1_lambda_zero, "gqa_pairings": _check_v1_pairings,
                 "causal_no_leakage": _check_v1_causal},
+        cases=v1_cases(),
     ),
 )
