@@ -245,7 +245,11 @@ MHA_SIZES = {
     "gqa": dict(b=2, n=5, m=7, c=8, h=6, d=2),
     "odd": dict(b=3, n=7, m=11, c=9, h=3, d=5),
     "masked_row": dict(b=2, n=5, m=6, c=8, h=2, d=3),
+    # the common decoder layer: causal self-attention with rotary q/k (HF LLaMA-style)
+    "causal_rope": dict(b=2, n=7, m=None, c=8, h=4, d=4),
 }
+# the RoPE of "causal_rope" without a caller's config: HF's rotate-half, Llama 3's theta
+CAUSAL_ROPE = {"base": 500000.0, "interleaved": False}
 
 
 def mha_case(rec: registry.Mechanism, name: str, *, grouped: bool = False):
@@ -287,6 +291,11 @@ def mha_case(rec: registry.Mechanism, name: str, *, grouped: bool = False):
             z["hkv"] = z["h"]
         if grouped and z["hkv"] == z["h"]:
             raise CaseNotApplicable(f"your config pins num_kv_heads == num_heads ({z['h']}): no grouping")
+        if name == "causal_rope" and config is not None and config.get("rope") is None:
+            raise CaseNotApplicable("your config sets no rope")
+        rope = (CAUSAL_ROPE if name == "causal_rope" else s.config.get("rope")) if config is None else config.get("rope")
+        if rope and (rope is True or rope.get("rotary_dim") is None):
+            z["d"] += z["d"] % 2  # RoPE over the whole head needs an even head width
         b, n, m, c, h, hkv, d = (z[k] for k in ("b", "n", "m", "c", "h", "hkv", "d"))
         x = _redraw(rng, s.inputs["x"], (b, n, c))
         inputs = {"x": x}
@@ -306,6 +315,8 @@ def mha_case(rec: registry.Mechanism, name: str, *, grouped: bool = False):
                 cfg.setdefault("num_kv_heads", hkv)
         if name == "masked_row":
             cfg["attn_mask"] = masked_row_mask(rng, b, h, n, n if m is None else m)
+        if name == "causal_rope" and config is None:
+            cfg.update(is_causal=True, rope=dict(CAUSAL_ROPE))
         return Sample(inputs=inputs, params=params, config=cfg)
 
     build.__doc__ = f"{rec.slug} compare case {name!r}: sizes {spec}"

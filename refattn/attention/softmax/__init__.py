@@ -322,6 +322,7 @@ from .memory_efficient import (  # noqa: F401
     tree_reduce,
 )
 from .mha import (  # noqa: F401
+    MHA_ROPE_KEYS,
     MHA_WEIGHTS,
     init_mha_params,
     mha,
@@ -643,6 +644,7 @@ __all__ = [
     "tree_attention_backward",
     "tree_attention_forward",
     "tree_reduce",
+    "MHA_ROPE_KEYS",
     "MHA_WEIGHTS",
     "init_mha_params",
     "mha",

@@ -25,7 +25,8 @@ def random_qkv(rng, b=2, h=2, n=6, m=6, d=3, dv=2):
 
 def sample_mha(rng, size, gqa=False):
     """Sample of the ``multi_head_attention`` record (``gqa=True``: of ``gqa_mqa``): self- or
-    cross-attention, random projections from `refattn.attention.softmax.mha.init_mha_params`."""
+    cross-attention, random projections from `refattn.attention.softmax.mha.init_mha_params`;
+    ``multi_head_attention`` also draws RoPE (``rope=``: base, convention, partial, offset)."""
     from .mha import init_mha_params  # lazy: mha imports this module for its record
 
     bsz = 2
@@ -46,4 +47,11 @@ def sample_mha(rng, size, gqa=False):
         cfg["kv_group_map"] = str(rng.choice(KV_GROUP_MAPS))
     elif not cross and rng.random() < 0.5:
         cfg["is_causal"] = True
+    if not gqa and rng.random() < 0.5:  # drawn last: the draws above are those of samples without it
+        rope = {"base": float(rng.choice([10000.0, 100.0])), "interleaved": bool(rng.random() < 0.5)}
+        if d % 2:
+            rope["rotary_dim"] = d - 1
+        if rng.random() < 0.5:
+            rope["offset"] = int(rng.integers(1, 5))
+        cfg["rope"] = rope
     return Sample(inputs=inputs, params=params, config=cfg)

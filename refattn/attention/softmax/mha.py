@@ -11,6 +11,15 @@ $hd:(h+1)d$, the ``b n (h d)`` layout of PyTorch/HF). Params: ``q_proj (C, H*d)`
 the ``gqa_mqa`` record, `refattn.attention.softmax.gqa`. The default scale is $1/\sqrt{d}$ with
 $d$ the *head* width.
 
+Rotary positions (``rope=``): the composed reference of a decoder layer's attention
+(HF ``LlamaAttention``: project, rotate $Q$ and $K$ per head, then the core),
+$$\tilde Q_h = R_{\Theta}(p)\,Q_h,\quad \tilde K_h = R_{\Theta}(p')\,K_h,\quad
+O_h = \mathrm{sdpa}(\tilde Q_h, \tilde K_{g(h)}, V_{g(h)}),$$
+with `refattn.nn.rope` (its keywords: ``base`` $=\theta$, ``interleaved`` — False is HF/GPT-NeoX
+rotate-half, True GPT-J/RoFormer pairs — ``rotary_dim``, ``offset``, ``positions``; and
+``key_positions`` for the keys, default ``positions``). $V$ is not rotated. Backward: RoPE is
+orthogonal, so $dQ_h = R_\Theta(p)^\top d\tilde Q_h$ (`rope_backward`), likewise $dK_h$.
+
 Backward
 --------
 $dW_O = O^\top dY$, $dO = dY\,W_O^\top$ ($O$ the concatenated heads); the SDPA VJP per head (the
@@ -38,14 +47,45 @@ import numpy as np
 
 from ..._checks import as_dout, as_float, cast_all, check_param_keys, compute_dtype
 from ...nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
+from ...nn.rope import rope_backward, rope_forward
 from ...registry import Mechanism, register
 from ._samples import sample_mha
 from .core import attention_core_backward, attention_core_forward, check_size
 from .sdpa import sdpa
 
-__all__ = ["MHA_WEIGHTS", "mha_forward", "mha_backward", "mha", "init_mha_params"]
+__all__ = ["MHA_WEIGHTS", "MHA_ROPE_KEYS", "mha_forward", "mha_backward", "mha", "init_mha_params"]
 
 MHA_WEIGHTS = ("q_proj", "k_proj", "v_proj", "out_proj")
+MHA_ROPE_KEYS = ("base", "interleaved", "rotary_dim", "offset", "positions", "key_positions")
+"""Keys of ``mha_forward``'s ``rope=`` dict: `refattn.nn.rope.rope_forward`'s keywords, plus
+``key_positions`` (the keys' positions, default ``positions``)."""
+
+
+def _rope_options(rope) -> tuple[dict, dict] | None:
+    """``rope=`` as (query, key) keyword dicts for `rope_forward`; None: no rotation."""
+    if rope is None or rope is False:
+        return None
+    if rope is True:
+        rope = {}
+    if not isinstance(rope, dict):
+        raise TypeError(f"rope must be None, True or a dict with keys from {list(MHA_ROPE_KEYS)}; "
+                        f"got {type(rope).__name__}")
+    unknown = sorted(set(rope) - set(MHA_ROPE_KEYS))
+    if unknown:
+        raise ValueError(f"rope has unknown keys {unknown}; allowed: {list(MHA_ROPE_KEYS)} "
+                         f"(theta is 'base'; rotate-half is interleaved=False)")
+    q_opts = {k: v for k, v in rope.items() if k != "key_positions"}
+    k_opts = dict(q_opts)
+    if rope.get("key_positions") is not None:
+        k_opts["positions"] = rope["key_positions"]
+    return q_opts, k_opts
+
+
+def _rope_heads(xh, opts, name):
+    try:
+        return rope_forward(xh, **opts)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"rope on the {name} heads {xh.shape}: {exc}") from None
 
 
 def _validate_mha_params(params, c, cc, num_heads, num_kv_heads):
@@ -72,7 +112,7 @@ def _validate_mha_params(params, c, cc, num_heads, num_kv_heads):
 
 def mha_forward(x, context=None, params=None, *, num_heads: int, num_kv_heads=None, attn_mask=None,
                 is_causal: bool = False, causal_alignment: str = "top_left", scale=None, softcap=None,
-                kv_group_map: str = "contiguous"):
+                kv_group_map: str = "contiguous", rope=None):
     r"""Multi-head (self or cross) attention with projections, token-major.
 
     $$Q = XW_Q + b_Q,\quad K = CW_K + b_K,\quad V = CW_V + b_V,\quad
@@ -101,6 +141,15 @@ def mha_forward(x, context=None, params=None, *, num_heads: int, num_kv_heads=No
         $H$ and $H_{kv}$ (default $H$).
     attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map
         As :func:`sdpa_forward`; the default scale is $1/\sqrt{d}$ with $d$ the *head* width.
+    rope : None, True or dict, optional
+        Rotary embeddings on the projected query and key heads before the core (HF
+        ``LlamaAttention``: ``apply_rotary_pos_emb`` after ``q_proj``/``k_proj``). A dict of
+        `refattn.nn.rope.rope_forward` keywords: ``base`` ($\theta$, default 10000; HF
+        ``rope_theta``), ``interleaved`` (default False = HF/GPT-NeoX rotate-half; True =
+        GPT-J/RoFormer adjacent pairs), ``rotary_dim``, ``offset`` (KV-cache position offset),
+        ``positions`` (default ``arange(N)``, HF ``position_ids``) and ``key_positions`` (the
+        keys', default ``positions``; for cross-attention with M != N give both). ``True`` uses
+        the defaults. None (default): no rotation.
 
     Backward
     --------
@@ -127,13 +176,18 @@ def mha_forward(x, context=None, params=None, *, num_heads: int, num_kv_heads=No
     qh = split_heads(linear_apply(x, w["q_proj"], b.get("q_proj")), num_heads, d)
     kh = split_heads(linear_apply(src, w["k_proj"], b.get("k_proj")), num_kv_heads, d)
     vh = split_heads(linear_apply(src, w["v_proj"], b.get("v_proj")), num_kv_heads, dv)
+    rope_opts, rope_caches = _rope_options(rope), None
+    if rope_opts is not None:
+        qh, rq = _rope_heads(qh, rope_opts[0], "query")
+        kh, rk = _rope_heads(kh, rope_opts[1], "key")
+        rope_caches = (rq, rk)
     o, core = attention_core_forward(qh, kh, vh, attn_mask=attn_mask, is_causal=is_causal,
                                      causal_alignment=causal_alignment, scale=scale, softcap=softcap,
                                      kv_group_map=kv_group_map)
     oc = merge_heads(o)
     y = linear_apply(oc, w["out_proj"], b.get("out_proj"))
     cache = {"x": x, "src": src, "self": context is None, "w": w, "has_bias": set(b), "core": core, "oc": oc,
-             "y_shape": y.shape}
+             "y_shape": y.shape, "rope": rope_caches}
     return y, cache
 
 
@@ -146,6 +200,8 @@ def mha_backward(dout, cache):
     go = linear_vjp(g, cache["oc"], w["out_proj"], "out_proj" in cache["has_bias"])
     h, _, dv = core["out"].shape[-3:]
     gc = attention_core_backward(split_heads(go["x"], h, dv), core)
+    if cache["rope"] is not None:  # RoPE is orthogonal: rotate the head gradients back
+        gc = dict(gc, q=rope_backward(gc["q"], cache["rope"][0])["x"], k=rope_backward(gc["k"], cache["rope"][1])["x"])
     gq = linear_vjp(merge_heads(gc["q"]), x, w["q_proj"], "q_proj" in cache["has_bias"])
     gk = linear_vjp(merge_heads(gc["k"]), src, w["k_proj"], "k_proj" in cache["has_bias"])
     gv = linear_vjp(merge_heads(gc["v"]), src, w["v_proj"], "v_proj" in cache["has_bias"])
@@ -224,6 +280,28 @@ def _check_mha_value_bias(rng):
     return max(e1, e2)
 
 
+def _check_mha_rope_is_rotated_sdpa(rng):
+    # rope= is exactly: project, rotate q and k per head (refattn.nn.rope), SDPA, merge, project
+    from ...nn.rope import rope
+
+    x = rng.standard_normal((2, 6, 8))
+    p = init_mha_params(rng, 8, 4, 4, num_kv_heads=2)
+    err = 0.0
+    for opts in ({"base": 500000.0}, {"base": 100.0, "interleaved": True, "offset": 3, "rotary_dim": 2}):
+        y = mha(x, params=p, num_heads=4, num_kv_heads=2, is_causal=True, rope=opts)
+        q = rope(split_heads(x @ p["q_proj"] + p["q_proj_bias"], 4, 4), **opts)
+        k = rope(split_heads(x @ p["k_proj"] + p["k_proj_bias"], 2, 4), **opts)
+        v = split_heads(x @ p["v_proj"] + p["v_proj_bias"], 2, 4)
+        o = sdpa(q, k, v, is_causal=True)
+        err = max(err, float(np.abs(y - (merge_heads(o) @ p["out_proj"] + p["out_proj_bias"])).max()))
+    # and the rotation is relative: shifting every position by the same offset changes nothing
+    y0 = mha(x, params=p, num_heads=4, num_kv_heads=2, is_causal=True, rope={"offset": 0})
+    y5 = mha(x, params=p, num_heads=4, num_kv_heads=2, is_causal=True, rope={"offset": 5})
+    err = max(err, float(np.abs(y0 - y5).max()))
+    assert err < 1e-12, err
+    return err
+
+
 register(
     Mechanism(
         slug="multi_head_attention", family="1-softmax", tier="T1",
@@ -232,6 +310,7 @@ register(
         forward=mha_forward, backward=mha_backward, sample=sample_mha,
         docs="softmax-attention.md#multi-head-attention",
         checks={"h1_is_sdpa": _check_mha_h1_is_sdpa, "key_bias_grad_zero": _check_mha_key_bias_grad_zero,
-                "value_bias_closed_form": _check_mha_value_bias},
+                "value_bias_closed_form": _check_mha_value_bias,
+                "rope_is_rotated_sdpa": _check_mha_rope_is_rotated_sdpa},
     ),
 )
