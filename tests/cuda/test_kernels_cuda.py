@@ -240,6 +240,11 @@ def test_flash_deterministic_and_device_arrays():
     gd = kf.flash_attention_backward(cuda.to_device(g), cd)
     for name in g1:
         assert np.array_equal(gd[name].copy_to_host(), g1[name]), name
+    # the returned device array is the caller's: updating it in place leaves the backward unchanged
+    outd.copy_to_device(np.zeros(outd.shape, dtype=outd.dtype))
+    gd = kf.flash_attention_backward(cuda.to_device(g), cd)
+    for name in g1:
+        assert np.array_equal(gd[name].copy_to_host(), g1[name]), f"{name} after out was overwritten"
 
 
 BAD_SDPA = [
