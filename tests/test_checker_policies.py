@@ -35,9 +35,9 @@ def _sort_sample(rng, size="tiny"):
 
 
 FORWARD_ONLY = Mechanism(
-    slug="sort_forward_only", family="nn", tier="-", title="sort (forward-only)", paper="-",
+    slug="sort_forward_only", family="5-building-blocks", tier="primitive", title="sort (forward-only)", paper="-",
     forward=_sort_forward, sample=_sort_sample, differentiable=False, docs="building-blocks.md#softmax",
-    reference=lambda x: np.sort(x, axis=-1), notes="no backward: a test record",
+    reference=lambda x: np.sort(x, axis=-1), notes="no backward: a test record", module=__name__,
     checks={"ascending": lambda rng: None},
 )
 
@@ -65,6 +65,23 @@ def test_generated_forward_tests_run_on_a_forward_only_record():
     test_robustness.test_inputs_never_modified(rec)
     test_robustness.test_deterministic(rec)
     test_robustness.test_properties(rec=rec)
+
+
+def test_cli_shows_and_checks_a_forward_only_record(monkeypatch, tmp_path, capsys):
+    import json
+
+    from refattn import cli
+
+    monkeypatch.setitem(registry._RECORDS, FORWARD_ONLY.slug, FORWARD_ONLY)
+    monkeypatch.setattr(cli, "_STATUS_FILE", tmp_path / "status.json")
+    assert cli.main(["show", FORWARD_ONLY.slug]) == 0
+    shown = capsys.readouterr().out
+    assert "none (forward-only: no backward: a test record)" in shown
+    assert "checks       reference, ascending" in shown
+    assert cli.main(["check", FORWARD_ONLY.slug, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["check"] for r in rows] == ["reference", "check:ascending"]
+    assert cli._fd_cell(FORWARD_ONLY, {}) == "no backward"
 
 
 def test_compare_refuses_a_vjp_for_a_forward_only_record(monkeypatch):
