@@ -7,44 +7,62 @@ $\lambda$ schedule and re-parameterisation, per-head norm, RoPE, the generic V1 
 the two-branch low-rank layer of DiffLoRA and Shared DIFF. The relatives (shaped, momentum, PCT,
 ReflexSplit, MALA, MTA) share the idea of combining attention maps with signed weights.
 
-Modules
--------
-* `core`: The differential attention core $O = (A_1 - \lambda A_2)V$ and the helpers the family
-  shares (``diff_attention_core``).
-* `cross`: Differential cross-attention with masked or external keys: generic / GSRA and FDA
-  (``differential_cross_attention``).
-* `dex`: DEX: a differential operation on the output of pretrained softmax heads
-  (``dex_differential_adaptation``).
-* `diffclip`: DiffCLIP: DiffCLIP's copy of the V1 layer (biases, constant $\lambda_{init}$, no RoPE,
-  no mask) (``diffclip_attention``).
-* `difflora`: DiffLoRA: differential attention on a pretrained model via low-rank adapters on both
-  terms (``difflora``).
-* `dint`: DINT: differential-integral attention, rows normalised to sum to one (``dint_attention``).
-* `gda`: Grouped Differential Attention (GDA): unbalanced signal / noise-control head groups
-  (``grouped_differential_attention``).
-* `layer`: Layer pieces shared by DIFF Transformer V1 and the layers built on it.
-* `lora`: The two-branch low-rank differential layer shared by DiffLoRA and Shared DIFF.
-* `mala`: MALA magnitude-aware linear attention: signed token weights $(1 + 1/z_i)a_{ij} - z_i/N$
-  that sum to one (``mala_linear_attention``).
-* `momentum`: Momentum attention: a high-pass shear $(1+\gamma)q_t - \gamma q_{t-1}$ of queries and
-  keys (``momentum_attention``).
-* `mta`: Multi-Token Attention: key–query convolution over the score map, head mixing, RMS "group
-  norm", gating (``multi_token_attention``).
-* `pct`: PCT offset-attention: $x + \mathrm{ReLU}(\mathrm{BN}((x - x_r)W_t + b_t))$ with a
-  column-renormalised softmax map (``pct_offset_attention``).
-* `reflexsplit`: ReflexSplit's cross-stream differential window attention: $A_T - \lambda A_R$ and
-  $A_R - \lambda A_T$ (``reflexsplit_dual_stream_attention``).
-* `shaped`: Shaped attention: $A = \beta\,\mathrm{softmax}(S) + \alpha I - \gamma C$ (He & Hofmann;
-  Noci et al.) (``shaped_attention``).
-* `shared_diff`: Shared DIFF Transformer: a shared base projection with low-rank updates per branch
-  (``shared_diff_attention``).
-* `v1`: DIFF Transformer V1: the multi-head differential attention layer, exact unilm semantics
-  (``diff_attention_v1``).
-* `v2`: DIFF Transformer V2: per-token, per-head $\lambda = \sigma(xW_\lambda)$, shared K/V within a
-  GQA group (``diff_attention_v2``).
-
 Every public name of these modules is re-exported here, except a function named like its
 module (it would shadow the module); call that one as ``package.module.name``.
+
+Modules
+-------
+core
+    The differential attention core $O = (A_1 - \lambda A_2)V$ and the helpers the family shares
+    (``diff_attention_core``).
+cross
+    Differential cross-attention with masked or external keys: generic / GSRA and FDA
+    (``differential_cross_attention``).
+dex
+    DEX: a differential operation on the output of pretrained softmax heads
+    (``dex_differential_adaptation``).
+diffclip
+    DiffCLIP: DiffCLIP's copy of the V1 layer (biases, constant $\lambda_{init}$, no RoPE, no mask)
+    (``diffclip_attention``).
+difflora
+    DiffLoRA: differential attention on a pretrained model via low-rank adapters on both terms
+    (``difflora``).
+dint
+    DINT: differential-integral attention, rows normalised to sum to one (``dint_attention``).
+gda
+    Grouped Differential Attention (GDA): unbalanced signal / noise-control head groups
+    (``grouped_differential_attention``).
+layer
+    Layer pieces shared by DIFF Transformer V1 and the layers built on it.
+lora
+    The two-branch low-rank differential layer shared by DiffLoRA and Shared DIFF.
+mala
+    MALA magnitude-aware linear attention: signed token weights $(1 + 1/z_i)a_{ij} - z_i/N$ that sum
+    to one (``mala_linear_attention``).
+momentum
+    Momentum attention: a high-pass shear $(1+\gamma)q_t - \gamma q_{t-1}$ of queries and keys
+    (``momentum_attention``).
+mta
+    Multi-Token Attention: key–query convolution over the score map, head mixing, RMS "group norm",
+    gating (``multi_token_attention``).
+pct
+    PCT offset-attention: $x + \mathrm{ReLU}(\mathrm{BN}((x - x_r)W_t + b_t))$ with a
+    column-renormalised softmax map (``pct_offset_attention``).
+reflexsplit
+    ReflexSplit's cross-stream differential window attention: $A_T - \lambda A_R$ and $A_R - \lambda
+    A_T$ (``reflexsplit_dual_stream_attention``).
+shaped
+    Shaped attention: $A = \beta\,\mathrm{softmax}(S) + \alpha I - \gamma C$ (He & Hofmann; Noci et
+    al.) (``shaped_attention``).
+shared_diff
+    Shared DIFF Transformer: a shared base projection with low-rank updates per branch
+    (``shared_diff_attention``).
+v1
+    DIFF Transformer V1: the multi-head differential attention layer, exact unilm semantics
+    (``diff_attention_v1``).
+v2
+    DIFF Transformer V2: per-token, per-head $\lambda = \sigma(xW_\lambda)$, shared K/V within a GQA
+    group (``diff_attention_v2``).
 """
 
 from __future__ import annotations

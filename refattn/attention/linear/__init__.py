@@ -4,58 +4,79 @@ r"""Linear, kernel, sparse, low-rank and set attention (catalogue family 4), one
 $O(N^2)$ form) and the selection helpers the sparse attentions share; every fast form in the
 family is tested against its explicit form.
 
-Modules
--------
-* `core`: Helpers shared by the linear / kernel attention family, under public names: feature maps,
-  the linear-attention core (non-causal form and causal prefix-state scan) and input validation.
-* `drsformer_tksa`: DRSformer TKSA: top-k sparse channel ("transposed") attention with mixed
-  sparsity ratios (``drsformer_topk_channel_attention``).
-* `dynamic_mask`: DMA: trainable dynamic-mask sparse attention (flash-dmattn, now flash-sparse-attn)
-  (``dynamic_mask_attention``).
-* `ecoformer`: EcoFormer: linear attention on binary codes from kernelised hashing of the shared
-  query/key (``ecoformer_hash_attention``).
-* `efficient`: Efficient Attention (Shen et al.): softmax over each query's features and over each
-  key feature's positions, so attention costs $O(Md\,d_v)$ (``efficient_attention_shen``).
-* `fastmax`: Fastmax (FAST): factorisable polynomial-kernel attention, the truncated Taylor series
-  of softmax (``fastmax_polynomial_attention``).
-* `hypformer`: Hypformer: linear focused attention in the Lorentz model of hyperbolic space
-  (``TransConvLayer``) (``hypformer_lorentz_linear_attention``).
-* `informer_probsparse`: Informer: ProbSparse self-attention (with its attention layer) and the
-  self-attention distilling layer (``informer_probsparse_attention``).
-* `infsa`: Infinite Self-Attention (InfSA) and Linear-InfSA: Frobenius-normalised single-hop
-  diffusion and its principal-eigenvector (one power step) linear variant
-  (``linear_infsa_neumann``).
-* `katharopoulos`: Linear attention of Katharopoulos et al (``linear_attention_katharopoulos``).
-* `kl_transformer`: KL-Transformer: linear attention on spectral random features whose distribution
-  is learned (``kl_transformer_learned_spectral_kernel``).
-* `masked_linear`: Structured-mask linear attention: $(M\odot\Phi_Q\Phi_K^\top)V$ with only
-  "multiply by $M$" needed (``masked_linear_attention_structured``).
-* `performer`: Performer FAVOR+: softmax-kernel attention estimated with positive (orthogonal)
-  random features (``performer_favor_plus``).
-* `reformer_lsh`: Reformer LSH self-attention: angular LSH with random rotations, sort by bucket,
-  chunked attention to the own and previous chunk, shared QK with self-masking, several hash rounds
-  (``reformer_lsh_attention``).
-* `routing_transformer`: Routing Transformer: online k-means routing and attention within each
-  cluster (``routing_transformer_kmeans``).
-* `rpe_fft`: Kernelized attention with relative positional encoding via FFT (Luo et al.): Performer
-  features weighted by a Toeplitz matrix $e^{b_{j-i}}$, applied in $O(N\log N)$ by FFT
-  (``kernelized_attention_rpe_fft``).
-* `set_transformer`: Set Transformer blocks: MAB, SAB, ISAB (inducing points) and PMA, with
-  hand-derived backwards (``set_transformer_blocks``).
-* `sinkformer`: Sinkformer: doubly stochastic attention via log-domain Sinkhorn iterations
-  (``sinkformer_attention``).
-* `sparsek`: SPARSEK attention: a scoring network and the differentiable top-$k$ mask operator
-  SPARSEK (``sparsek_attention``).
-* `spectraformer`: Spectraformer: random-feature linear attention as a weight matrix $W$ times a
-  component function $f$ (``spectraformer_random_features``).
-* `topk_attention`: Top-$k$ (k-NN retrieved) softmax attention: the exact reference of IceFormer's
-  retrieval attention (``topk_attention``).
-* `transnormer`: TransNormer: NormAttention (linear attention with a norm instead of the row-sum
-  denominator) and DiagAttention (softmax attention inside non-overlapping blocks), the two
-  attentions of its layers (``transnormer_norm_attention``).
-
 Every public name of these modules is re-exported here, except a function named like its
 module (it would shadow the module); call that one as ``package.module.name``.
+
+Modules
+-------
+core
+    Helpers shared by the linear / kernel attention family, under public names: feature maps, the
+    linear-attention core (non-causal form and causal prefix-state scan) and input validation.
+drsformer_tksa
+    DRSformer TKSA: top-k sparse channel ("transposed") attention with mixed sparsity ratios
+    (``drsformer_topk_channel_attention``).
+dynamic_mask
+    DMA: trainable dynamic-mask sparse attention (flash-dmattn, now flash-sparse-attn)
+    (``dynamic_mask_attention``).
+ecoformer
+    EcoFormer: linear attention on binary codes from kernelised hashing of the shared query/key
+    (``ecoformer_hash_attention``).
+efficient
+    Efficient Attention (Shen et al.): softmax over each query's features and over each key
+    feature's positions, so attention costs $O(Md\,d_v)$ (``efficient_attention_shen``).
+fastmax
+    Fastmax (FAST): factorisable polynomial-kernel attention, the truncated Taylor series of softmax
+    (``fastmax_polynomial_attention``).
+hypformer
+    Hypformer: linear focused attention in the Lorentz model of hyperbolic space
+    (``TransConvLayer``) (``hypformer_lorentz_linear_attention``).
+informer_probsparse
+    Informer: ProbSparse self-attention (with its attention layer) and the self-attention distilling
+    layer (``informer_probsparse_attention``).
+infsa
+    Infinite Self-Attention (InfSA) and Linear-InfSA: Frobenius-normalised single-hop diffusion and
+    its principal-eigenvector (one power step) linear variant (``linear_infsa_neumann``).
+katharopoulos
+    Linear attention of Katharopoulos et al (``linear_attention_katharopoulos``).
+kl_transformer
+    KL-Transformer: linear attention on spectral random features whose distribution is learned
+    (``kl_transformer_learned_spectral_kernel``).
+masked_linear
+    Structured-mask linear attention: $(M\odot\Phi_Q\Phi_K^\top)V$ with only "multiply by $M$"
+    needed (``masked_linear_attention_structured``).
+performer
+    Performer FAVOR+: softmax-kernel attention estimated with positive (orthogonal) random features
+    (``performer_favor_plus``).
+reformer_lsh
+    Reformer LSH self-attention: angular LSH with random rotations, sort by bucket, chunked
+    attention to the own and previous chunk, shared QK with self-masking, several hash rounds
+    (``reformer_lsh_attention``).
+routing_transformer
+    Routing Transformer: online k-means routing and attention within each cluster
+    (``routing_transformer_kmeans``).
+rpe_fft
+    Kernelized attention with relative positional encoding via FFT (Luo et al.): Performer features
+    weighted by a Toeplitz matrix $e^{b_{j-i}}$, applied in $O(N\log N)$ by FFT
+    (``kernelized_attention_rpe_fft``).
+set_transformer
+    Set Transformer blocks: MAB, SAB, ISAB (inducing points) and PMA, with hand-derived backwards
+    (``set_transformer_blocks``).
+sinkformer
+    Sinkformer: doubly stochastic attention via log-domain Sinkhorn iterations
+    (``sinkformer_attention``).
+sparsek
+    SPARSEK attention: a scoring network and the differentiable top-$k$ mask operator SPARSEK
+    (``sparsek_attention``).
+spectraformer
+    Spectraformer: random-feature linear attention as a weight matrix $W$ times a component function
+    $f$ (``spectraformer_random_features``).
+topk_attention
+    Top-$k$ (k-NN retrieved) softmax attention: the exact reference of IceFormer's retrieval
+    attention (``topk_attention``).
+transnormer
+    TransNormer: NormAttention (linear attention with a norm instead of the row-sum denominator) and
+    DiagAttention (softmax attention inside non-overlapping blocks), the two attentions of its
+    layers (``transnormer_norm_attention``).
 """
 
 from __future__ import annotations

@@ -6,71 +6,92 @@ forms, vision window and channel attention, and the Q/K/V variants of the catalo
 holds what the family shares (the attention core, GQA head maps, causal and relative-position
 maps, validation, the explicit references).
 
-Modules
--------
-* `additive_bias`: Additive attention bias: a dense differentiable score bias and/or a bias table
-  gathered through an integer index map (the T5 / Swin relative-bias layout), with the scatter-add
-  gradient (``additive_attention_bias``).
-* `alibi`: ALiBi: Attention with Linear Biases (reference slopes, symmetric option, learnable
-  slopes) (``alibi``).
-* `cait`: CaiT class-attention (the class token attends to itself and the frozen patch tokens) and,
-  as a separate option, CaiT's talking-heads self-attention (``class_attention``).
-* `core`: Helpers shared by the softmax-attention family (and the families built on it), under
-  public names.
-* `diffqkv`: DiffQKV attention (Sigma): differently compressed K and V heads and an augmented query
-  (``diffqkv_asymmetric_heads``).
-* `duoformer`: DuoFormer: scale-wise attention inside each patch, patch-wise attention across
-  patches (``duoformer_scale_wise_attention``).
-* `gqa`: Grouped-query and multi-query attention (GQA / MQA): the multi-head layer with fewer
-  key/value heads than query heads (``gqa_mqa``).
-* `hat`: HAT: the hybrid attention block (window self-attention + channel attention) and the
-  overlapping cross-attention block (one record, ``hat_hybrid_attention``, ``block="hab"`` or
-  ``"ocab"``) (``hat_hybrid_attention``).
-* `irpe`: iRPE: image relative position encodings (bias and contextual modes on queries, keys and
-  values) (``irpe_image_relative_position``).
-* `key_value`: Key-Value (query-free) attention: Borji's KV Transformer, symmetric and positional
-  variants (``key_value_attention``).
-* `masks`: Attention masks: padding, causal (with an offset), sliding-window / band and
-  block-diagonal keep-masks, and SDPA with a mask built from them (the ``attention_masks`` record)
-  (``attention_masks``).
-* `memory_efficient`: Exact memory-efficient forms of softmax attention: FlashAttention-2
-  recurrences, Rabe–Staats chunking with a checkpointed backward, and the associative (tree) merge
-  of chunk summaries (``online_softmax_flash_attention``,
-  ``memory_efficient_attention_rabe_staats``, ``tree_attention_merge``).
-* `mha`: Multi-head (self or cross) attention layer with q/k/v/out projections, token-major
-  (``multi_head_attention``).
-* `multi_head_embedding`: Multi-head embedding attention (MHE): one shared query/key/value
-  projection, heads made different by per-head embeddings, added (MHE-ADD) or multiplied (MHE-MUL)
-  (``multi_head_embedding_attention``).
-* `persistent_memory`: All-attention layer with persistent memory vectors (Sukhbaatar et al.):
-  learned key/value slots appended to every head's keys and values, never masked
-  (``persistent_memory_attention``).
-* `poly_encoder`: Poly-encoder code attention (Humeau et al.): learned codes pool the context, the
-  candidate attends over the pooled codes, and the score is a dot product
-  (``poly_encoder_attention``).
-* `relation_detr`: Relation-DETR: an explicit position-relation bias for the decoder's
-  self-attention (``relation_detr_position_bias``).
-* `relational_attention`: Relational attention and the dual attention layer of the Dual Attention
-  Transformer (DAT): heads that retrieve *relations* tagged with *symbols* next to ordinary
-  (sensory) heads (``relational_attention``).
-* `relative`: Relative position encodings: Shaw relative positions (clipped key/value tables) and
-  T5's bucketed relative bias, under one record (``relative_position_encodings``, ``kind="shaw"`` or
-  ``"t5"``) (``relative_position_encodings``).
-* `reversed_attention`: Reversed ("sending") attention of DependencyViT: each child token
-  distributes its message over its parents, and receivers sum what they are sent
-  (``reversed_attention_dependencyvit``).
-* `sdpa`: Scaled dot-product attention (SDPA): softmax attention with masks, causal alignment, GQA,
-  softcap and LSE (``sdpa``).
-* `skip_layer`: Skip-Layer Attention (SLA): a chosen set of heads in layer $l$ attends with its
-  queries to the keys and values of layer $l - n_l$, the other heads to layer $l$'s own
-  (``skip_layer_attention``).
-* `swin`: (Shifted-)window attention of the Swin Transformer (V1 relative-bias table, V2 scaled
-  cosine + CPB) (``swin_window_attention``).
-* `transposed_channel`: Transposed ("channel") attention: Restormer's MDTA, and the
-  linear-projection form of XCiT / DAT (``transposed_channel_attention``).
-
 Every public name of these modules is re-exported here, except a function named like its
 module (it would shadow the module); call that one as ``package.module.name``.
+
+Modules
+-------
+additive_bias
+    Additive attention bias: a dense differentiable score bias and/or a bias table gathered through
+    an integer index map (the T5 / Swin relative-bias layout), with the scatter-add gradient
+    (``additive_attention_bias``).
+alibi
+    ALiBi: Attention with Linear Biases (reference slopes, symmetric option, learnable slopes)
+    (``alibi``).
+cait
+    CaiT class-attention (the class token attends to itself and the frozen patch tokens) and, as a
+    separate option, CaiT's talking-heads self-attention (``class_attention``).
+core
+    Helpers shared by the softmax-attention family (and the families built on it), under public
+    names.
+diffqkv
+    DiffQKV attention (Sigma): differently compressed K and V heads and an augmented query
+    (``diffqkv_asymmetric_heads``).
+duoformer
+    DuoFormer: scale-wise attention inside each patch, patch-wise attention across patches
+    (``duoformer_scale_wise_attention``).
+gqa
+    Grouped-query and multi-query attention (GQA / MQA): the multi-head layer with fewer key/value
+    heads than query heads (``gqa_mqa``).
+hat
+    HAT: the hybrid attention block (window self-attention + channel attention) and the overlapping
+    cross-attention block (one record, ``hat_hybrid_attention``, ``block="hab"`` or ``"ocab"``)
+    (``hat_hybrid_attention``).
+irpe
+    iRPE: image relative position encodings (bias and contextual modes on queries, keys and values)
+    (``irpe_image_relative_position``).
+key_value
+    Key-Value (query-free) attention: Borji's KV Transformer, symmetric and positional variants
+    (``key_value_attention``).
+masks
+    Attention masks: padding, causal (with an offset), sliding-window / band and block-diagonal
+    keep-masks, and SDPA with a mask built from them (the ``attention_masks`` record)
+    (``attention_masks``).
+memory_efficient
+    Exact memory-efficient forms of softmax attention: FlashAttention-2 recurrences, Rabe–Staats
+    chunking with a checkpointed backward, and the associative (tree) merge of chunk summaries
+    (``online_softmax_flash_attention``, ``memory_efficient_attention_rabe_staats``,
+    ``tree_attention_merge``).
+mha
+    Multi-head (self or cross) attention layer with q/k/v/out projections, token-major
+    (``multi_head_attention``).
+multi_head_embedding
+    Multi-head embedding attention (MHE): one shared query/key/value projection, heads made
+    different by per-head embeddings, added (MHE-ADD) or multiplied (MHE-MUL)
+    (``multi_head_embedding_attention``).
+persistent_memory
+    All-attention layer with persistent memory vectors (Sukhbaatar et al.): learned key/value slots
+    appended to every head's keys and values, never masked (``persistent_memory_attention``).
+poly_encoder
+    Poly-encoder code attention (Humeau et al.): learned codes pool the context, the candidate
+    attends over the pooled codes, and the score is a dot product (``poly_encoder_attention``).
+relation_detr
+    Relation-DETR: an explicit position-relation bias for the decoder's self-attention
+    (``relation_detr_position_bias``).
+relational_attention
+    Relational attention and the dual attention layer of the Dual Attention Transformer (DAT): heads
+    that retrieve *relations* tagged with *symbols* next to ordinary (sensory) heads
+    (``relational_attention``).
+relative
+    Relative position encodings: Shaw relative positions (clipped key/value tables) and T5's
+    bucketed relative bias, under one record (``relative_position_encodings``, ``kind="shaw"`` or
+    ``"t5"``) (``relative_position_encodings``).
+reversed_attention
+    Reversed ("sending") attention of DependencyViT: each child token distributes its message over
+    its parents, and receivers sum what they are sent (``reversed_attention_dependencyvit``).
+sdpa
+    Scaled dot-product attention (SDPA): softmax attention with masks, causal alignment, GQA,
+    softcap and LSE (``sdpa``).
+skip_layer
+    Skip-Layer Attention (SLA): a chosen set of heads in layer $l$ attends with its queries to the
+    keys and values of layer $l - n_l$, the other heads to layer $l$'s own
+    (``skip_layer_attention``).
+swin
+    (Shifted-)window attention of the Swin Transformer (V1 relative-bias table, V2 scaled cosine +
+    CPB) (``swin_window_attention``).
+transposed_channel
+    Transposed ("channel") attention: Restormer's MDTA, and the linear-projection form of XCiT / DAT
+    (``transposed_channel_attention``).
 """
 
 from __future__ import annotations
