@@ -25,6 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("mkdocs.hooks.refattn")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+
+from docs_markup import separate_display_math  # noqa: E402
 
 
 def _public_modules() -> list[str]:
@@ -134,7 +138,7 @@ def _registry_table(page_dir: str) -> str:
 def on_page_markdown(markdown, page, config, files):
     if "<!-- registry:table -->" in markdown:
         markdown = markdown.replace("<!-- registry:table -->", _registry_table(page.file.src_uri))
-    return markdown
+    return separate_display_math(markdown)
 
 
 _HREF = re.compile(r'href="(?!https?:|mailto:|#|/)([^"#?]+\.(?:md|ipynb))(#[^"]*)?"')
