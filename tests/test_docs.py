@@ -132,3 +132,25 @@ def test_every_registry_docs_anchor_exists():
             if anchor not in heads:
                 missing.append(f"{rec.slug}: #{anchor} not in {page}")
     assert not missing, "\n".join(missing)
+
+
+def _home_examples():
+    text = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 3, "the home page shows one example per user path"
+    marks = {2: [pytest.mark.slow]}  # the Numba example compiles the kernel on a cold cache
+    return [pytest.param(b, id=i, marks=marks.get(n, [])) for n, (i, b) in
+            enumerate(zip(("learn", "check", "kernels"), blocks))]
+
+
+@pytest.mark.parametrize("code", _home_examples())
+def test_home_page_examples_run(code, capsys):
+    """The three examples on the home page run as printed, and report success."""
+    exec(compile(code, "docs/index.md", "exec"), {"__name__": "__home__"})
+    out = capsys.readouterr().out
+    assert out.strip(), "each example prints its result"
+    assert "FAIL" not in out, out
+    if "compare_implementation" in code:
+        assert "PASS" in out, out
+    if "max |kernel - reference|" in code:
+        assert float(out.rsplit(":", 1)[1]) < 1e-4, out
