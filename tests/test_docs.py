@@ -154,3 +154,22 @@ def test_home_page_examples_run(code, capsys):
         assert "PASS" in out, out
     if "max |kernel - reference|" in code:
         assert float(out.rsplit(":", 1)[1]) < 1e-4, out
+
+
+@pytest.mark.slow
+def test_maths_rendered_in_browser(site):
+    """Headless Chromium (Debian's package) loads the home page, a mechanism page and a tutorial
+    from a local server: MathJax, served by the site itself, typesets every formula (its
+    ``<mjx-container>`` elements are in the DOM), with no TeX error and no raw TeX left.
+    ``scripts/screenshots.py`` runs the same and saves screenshots."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import screenshots
+
+    if screenshots.chromium() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    results = screenshots.render(site, None)
+    for name, r in results.items():
+        assert r["bytes"] > 1000, f"{name}: chromium returned no page"
+        assert r["errors"] == 0 and r["raw"] == 0, f"{name}: {r}"
+        if r["expected"]:
+            assert r["typeset"] >= 20, f"{name}: MathJax typeset only {r['typeset']} formulas: {r}"
