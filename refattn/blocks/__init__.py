@@ -5,8 +5,9 @@ initialisation schemes ...). A block that wraps attention takes the attention me
 registry slug or a forward/backward pair and chains its backward through it (`core`: the
 sublayer protocol; `routing`: top-k routing, capacity and load-balancing losses).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 
 Modules
 -------
@@ -109,6 +110,7 @@ token_pool
 from __future__ import annotations
 
 from .bcos import (  # noqa: F401
+    bcos,
     bcos_backward,
     bcos_dynamic_weights,
     bcos_forward,
@@ -158,6 +160,7 @@ from .deformable_merging import (  # noqa: F401
 )
 from .dra import (  # noqa: F401
     DRA_PARAMS,
+    dra,
     dra_backward,
     dra_forward,
 )
@@ -186,6 +189,7 @@ from .glu_ffn import (  # noqa: F401
     GLU_VARIANTS,
     LLAMA_MLP_NAMES,
     glu_activation,
+    glu_ffn,
     glu_ffn_backward,
     glu_ffn_forward,
 )
@@ -273,6 +277,7 @@ from .patch_embed import (  # noqa: F401
 )
 from .polycom import (  # noqa: F401
     POLYCOM_KINDS,
+    polycom,
     polycom_backward,
     polycom_forward,
 )
@@ -351,6 +356,7 @@ from .token_pool import (  # noqa: F401
 )
 
 __all__ = [
+    "bcos",
     "bcos_backward",
     "bcos_dynamic_weights",
     "bcos_forward",
@@ -394,6 +400,7 @@ __all__ = [
     "deformable_token_merging_backward",
     "deformable_token_merging_forward",
     "DRA_PARAMS",
+    "dra",
     "dra_backward",
     "dra_forward",
     "DYDIT_ESTIMATORS",
@@ -414,6 +421,7 @@ __all__ = [
     "GLU_VARIANTS",
     "LLAMA_MLP_NAMES",
     "glu_activation",
+    "glu_ffn",
     "glu_ffn_backward",
     "glu_ffn_forward",
     "gated_memory_unit",
@@ -475,6 +483,7 @@ __all__ = [
     "vit_patch_embedding_backward",
     "vit_patch_embedding_forward",
     "POLYCOM_KINDS",
+    "polycom",
     "polycom_backward",
     "polycom_forward",
     "polyphase_anchor",

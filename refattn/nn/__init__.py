@@ -6,8 +6,9 @@ module has validated ``xxx_forward``/``xxx_backward`` pairs and unvalidated help
 (``linear_apply``, ``softmax_lse``, ``normalize_forward`` ...) for use inside other mechanisms
 after they validated their own arguments.
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 
 Modules
 -------
@@ -73,6 +74,7 @@ from .conv import (  # noqa: F401
     PADDING_MODES,
     check_int_tuple,
     col2im,
+    conv,
     conv_apply,
     conv_backward,
     conv_forward,
@@ -92,6 +94,7 @@ from .conv import (  # noqa: F401
 from .linear import (  # noqa: F401
     check_linear_params,
     init_linear_prefixed,
+    linear,
     linear_apply,
     linear_backward,
     linear_forward,
@@ -140,6 +143,7 @@ from .pooling import (  # noqa: F401
 from .rope import (  # noqa: F401
     apply_rope,
     interleave_permutation,
+    rope,
     rope_angles,
     rope_angles_vjp,
     rope_backward,
@@ -166,6 +170,7 @@ from .softmax import (  # noqa: F401
     log_softmax_forward,
     logsumexp_backward,
     logsumexp_forward,
+    softmax,
     softmax_backward,
     softmax_forward,
     softmax_lse,
@@ -224,6 +229,7 @@ __all__ = [
     "PADDING_MODES",
     "check_int_tuple",
     "col2im",
+    "conv",
     "conv_apply",
     "conv_backward",
     "conv_forward",
@@ -241,6 +247,7 @@ __all__ = [
     "pad_nd_vjp",
     "check_linear_params",
     "init_linear_prefixed",
+    "linear",
     "linear_apply",
     "linear_backward",
     "linear_forward",
@@ -283,6 +290,7 @@ __all__ = [
     "pool_output_size",
     "apply_rope",
     "interleave_permutation",
+    "rope",
     "rope_angles",
     "rope_angles_vjp",
     "rope_backward",
@@ -305,6 +313,7 @@ __all__ = [
     "log_softmax_forward",
     "logsumexp_backward",
     "logsumexp_forward",
+    "softmax",
     "softmax_backward",
     "softmax_forward",
     "softmax_lse",

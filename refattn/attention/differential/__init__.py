@@ -7,8 +7,9 @@ $\lambda$ schedule and re-parameterisation, per-head norm, RoPE, the generic V1 
 the two-branch low-rank layer of DiffLoRA and Shared DIFF. The relatives (shaped, momentum, PCT,
 ReflexSplit, MALA, MTA) share the idea of combining attention maps with signed weights.
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 
 Modules
 -------
@@ -108,6 +109,7 @@ from .diffclip import (  # noqa: F401
     diffclip_attention_forward,
 )
 from .difflora import (  # noqa: F401
+    difflora,
     difflora_backward,
     difflora_forward,
 )
@@ -231,6 +233,7 @@ __all__ = [
     "diffclip_attention",
     "diffclip_attention_backward",
     "diffclip_attention_forward",
+    "difflora",
     "difflora_backward",
     "difflora_forward",
     "dint_attention",

@@ -4,8 +4,9 @@ r"""Linear, kernel, sparse, low-rank and set attention (catalogue family 4), one
 $O(N^2)$ form) and the selection helpers the sparse attentions share; every fast form in the
 family is tested against its explicit form.
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 
 Modules
 -------
@@ -95,6 +96,7 @@ from .core import (  # noqa: F401
 )
 from .drsformer_tksa import (  # noqa: F401
     DRSFORMER_RATIOS,
+    drsformer_tksa,
     drsformer_tksa_backward,
     drsformer_tksa_forward,
     drsformer_topk_sizes,
@@ -188,6 +190,7 @@ from .masked_linear import (  # noqa: F401
     tree_exp_matvec,
 )
 from .performer import (  # noqa: F401
+    performer,
     performer_backward,
     performer_features_backward,
     performer_features_forward,
@@ -224,6 +227,7 @@ from .set_transformer import (  # noqa: F401
     BLOCKS,
     mab_backward,
     mab_forward,
+    set_transformer,
     set_transformer_backward,
     set_transformer_forward,
 )
@@ -261,6 +265,7 @@ from .spectraformer import (  # noqa: F401
 )
 from .topk_attention import (  # noqa: F401
     mips_to_nns,
+    topk_attention,
     topk_attention_backward,
     topk_attention_forward,
     topk_selection,
@@ -268,6 +273,7 @@ from .topk_attention import (  # noqa: F401
 from .transnormer import (  # noqa: F401
     diag_attention_backward,
     diag_attention_forward,
+    transnormer,
     transnormer_backward,
     transnormer_forward,
 )
@@ -284,6 +290,7 @@ __all__ = [
     "topk_keep",
     "validate_linear_qkv",
     "DRSFORMER_RATIOS",
+    "drsformer_tksa",
     "drsformer_tksa_backward",
     "drsformer_tksa_forward",
     "drsformer_topk_sizes",
@@ -355,6 +362,7 @@ __all__ = [
     "masked_linear_attention_forward",
     "tree_distances",
     "tree_exp_matvec",
+    "performer",
     "performer_backward",
     "performer_features_backward",
     "performer_features_forward",
@@ -383,6 +391,7 @@ __all__ = [
     "BLOCKS",
     "mab_backward",
     "mab_forward",
+    "set_transformer",
     "set_transformer_backward",
     "set_transformer_forward",
     "sinkformer_attention",
@@ -412,11 +421,13 @@ __all__ = [
     "spectraformer_weight_matrix",
     "walsh_hadamard",
     "mips_to_nns",
+    "topk_attention",
     "topk_attention_backward",
     "topk_attention_forward",
     "topk_selection",
     "diag_attention_backward",
     "diag_attention_forward",
+    "transnormer",
     "transnormer_backward",
     "transnormer_forward",
 ]
