@@ -9,7 +9,7 @@
 * `masked_linear`: structured-mask linear attention, causal / Toeplitz / d-dim RPE by FFT / tree
   masks (``masked_linear_attention_structured``).
 * `performer`: Performer FAVOR+ positive random features (``performer_favor_plus``).
-* `transnormer`: TransNormer NormAttention and DiagAttention (``transnormer_norm_attention``).
+* `transnormer`: TransNormer NormAttention, its full layer and DiagAttention (``transnormer_norm_attention``).
 * `rpe_fft`: kernelized attention with relative positional encoding via FFT
   (``kernelized_attention_rpe_fft``).
 * `set_transformer`: Set Transformer MAB / SAB / ISAB / PMA (``set_transformer_blocks``).
@@ -217,10 +217,15 @@ from .topk_attention import (  # noqa: F401
     topk_selection,
 )
 from .transnormer import (  # noqa: F401
+    TRANSNORMER_FEATURE_MAPS,
+    TRANSNORMER_NORMS,
     diag_attention_backward,
     diag_attention_forward,
     transnormer_backward,
     transnormer_forward,
+    transnormer_layer,
+    transnormer_layer_backward,
+    transnormer_layer_forward,
 )
 
 __all__ = [
@@ -370,4 +375,9 @@ __all__ = [
     "diag_attention_forward",
     "transnormer_backward",
     "transnormer_forward",
+    "transnormer_layer",
+    "transnormer_layer_backward",
+    "transnormer_layer_forward",
+    "TRANSNORMER_FEATURE_MAPS",
+    "TRANSNORMER_NORMS",
 ]

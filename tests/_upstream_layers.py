@@ -1,0 +1,214 @@
+"""PyTorch modules written from official upstream files, for float64 parity tests of refattn layers.
+
+Each builder returns an `UpstreamLayer`: a ``torch.nn.Module`` whose forward restates the cited
+upstream module's computation in plain PyTorch (a transcription of the math of
+``owner/repo path@commit``, not a copy of its code; only what the compared configuration uses),
+and the map from its ``state_dict`` to refattn's params. ``params_from_state_dict`` only
+transposes, slices and reshapes, so it also maps a dict of parameter *gradients* (same keys) to
+refattn's gradient keys. ``call(module, **inputs)`` runs the module on torch tensors given in
+refattn's input layouts (it adapts layouts and mask conventions), and ``config`` holds the refattn
+keywords equivalent to the module's construction (buffers such as a random projection go there).
+
+``refattn.interop.torch.check_module`` is meant to be built on these builders; the tests in
+``tests/test_fidelity_layers.py`` use `compare_layer` below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["UpstreamLayer", "compare_layer", "performer_fast_attention", "transnormer_norm_linear_attention"]
+
+
+@dataclass
+class UpstreamLayer:
+    """A PyTorch module and how it maps onto a refattn forward/backward pair."""
+
+    module: nn.Module
+    params_from_state_dict: Callable[[dict], dict]
+    call: Callable
+    forward: Callable
+    backward: Callable
+    config: dict = field(default_factory=dict)
+    source: str = ""
+
+
+def _np(t):
+    return t.detach().cpu().numpy()
+
+
+def compare_layer(layer: UpstreamLayer, inputs: dict, rng) -> dict:
+    """Run the torch module and the refattn pair on the same float64 inputs and parameters.
+
+    Returns ``{name: max relative error}`` for the output, every input and every trainable
+    parameter (relative to the largest entry of the torch value; frozen torch parameters and
+    buffers are not compared).
+    """
+    mod = layer.module.double()
+    sd = {k: _np(v) for k, v in mod.state_dict().items()}
+    params = layer.params_from_state_dict(sd)
+    args = dict(inputs)
+    if params is not None:
+        args["params"] = params
+    out, cache = layer.forward(**args, **layer.config)
+    g = rng.standard_normal(out.shape)
+    grads = layer.backward(g, cache)
+    t_in = {k: torch.tensor(np.asarray(v), dtype=torch.float64, requires_grad=True) for k, v in inputs.items()}
+    mod.zero_grad()
+    t_out = layer.call(mod, **t_in)
+    (t_out * torch.tensor(g)).sum().backward()
+
+    def rel(a, b):
+        return float(np.abs(np.asarray(a) - np.asarray(b)).max() / max(float(np.abs(b).max()), 1e-300))
+
+    errs = {"out": rel(out, _np(t_out))}
+    for k, t in t_in.items():
+        errs[k] = rel(grads[k], _np(t.grad))
+    # gradients of trainable parameters, NaN for frozen ones and buffers (then skipped)
+    pg = {k: np.full(v.shape, np.nan) for k, v in sd.items()}
+    for name, prm in mod.named_parameters():
+        if prm.requires_grad:
+            pg[name] = _np(prm.grad) if prm.grad is not None else np.zeros(tuple(prm.shape))
+    for k, v in (layer.params_from_state_dict(pg) or {}).items():
+        if not np.isnan(v).any():
+            errs[k] = rel(grads[k], v)
+    missing = set(params or {}) - set(grads)
+    assert not missing, f"refattn returned no gradient for {sorted(missing)}"
+    return errs
+
+
+# ----------------------------------------------------------------------------------------------
+# Performer (lucidrains/performer-pytorch performer_pytorch/performer_pytorch.py
+# @ fc8b78441b1e27eb5d9b01fc738a8772cee07127: softmax_kernel, linear_attention,
+# causal_linear_attention_noncuda, FastAttention)
+
+
+class _PerformerFastAttention(nn.Module):
+    def __init__(self, projection: np.ndarray, causal: bool):
+        super().__init__()
+        self.register_buffer("projection_matrix", torch.tensor(projection))
+        self.causal = causal
+
+    @staticmethod
+    def _features(x, w, is_query, eps=1e-4):
+        # positive softmax-kernel features; the stabilising max is detached (per row for
+        # queries, per (batch, head) over positions and features for keys)
+        a = x.shape[-1] ** -0.25
+        proj = torch.einsum("...nd,md->...nm", a * x, w)
+        sq = (x ** 2).sum(-1, keepdim=True) * (a * a / 2.0)
+        stab = proj.amax(dim=-1, keepdim=True) if is_query else proj.amax(dim=(-1, -2), keepdim=True)
+        return (torch.exp(proj - sq - stab.detach()) + eps) * w.shape[0] ** -0.5
+
+    def forward(self, q, k, v):
+        w = self.projection_matrix
+        fq, fk = self._features(q, w, True), self._features(k, w, False)
+        if not self.causal:
+            den = torch.einsum("...nm,...m->...n", fq, fk.sum(-2))
+            return torch.einsum("...nm,...me->...ne", fq, torch.einsum("...nm,...ne->...me", fk, v)) / den[..., None]
+        ksum = fk.cumsum(-2) + 1e-6  # eps on every entry of the key prefix sum
+        ctx = torch.einsum("...nm,...ne->...nme", fk, v).cumsum(-3)
+        return torch.einsum("...nme,...nm->...ne", ctx, fq) / torch.einsum("...nm,...nm->...n", fq, ksum)[..., None]
+
+
+def performer_fast_attention(rng, *, head_dim: int, nb_features: int, causal: bool) -> UpstreamLayer:
+    """performer-pytorch ``FastAttention`` (softmax kernel) with a fixed projection draw."""
+    from refattn.attention.linear import performer_backward, performer_forward, performer_projection_matrix
+
+    proj = performer_projection_matrix(nb_features, head_dim, seed=int(rng.integers(0, 2**31)))
+    mod = _PerformerFastAttention(proj, causal)
+    config = {"projection": proj, "causal": causal, "feature_eps": 1e-4, "denominator_guard": 0.0,
+              "key_sum_eps": 1e-6 if causal else 0.0, "stabilizer_grad": False, "key_stabilizer": "per_head"}
+    return UpstreamLayer(mod, lambda sd: None, lambda m, q, k, v: m(q, k, v), performer_forward, performer_backward,
+                         config, "lucidrains/performer-pytorch performer_pytorch/performer_pytorch.py@fc8b784")
+
+
+# ----------------------------------------------------------------------------------------------
+# TransNormer (OpenNLPLab/fairseq-evo @ 38fa81f233c4e5b4376fb52d86eaa1a80d42bf6a:
+# fairseq/modules/x_attention/norm_linear_attention.py NormLinearAttention, urpe.py Urpe
+# (core_matrix=1, p_matrix=3), norm/rms_norm.py SimpleRMSNorm; arch transnormer_t1 in
+# fairseq/models/lm_x_attention/norm_transformer_lm.py)
+
+
+class _Urpe(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.theta = nn.Parameter(10000 ** (-2 / d * torch.arange(d // 2, dtype=torch.float64)).reshape(1, 1, -1))
+        v = torch.randn(d, dtype=torch.float64)
+        self.v = nn.Parameter(v / torch.norm(v), requires_grad=False)
+
+    def forward(self, x):
+        x = x - 2 * (x @ self.v)[..., None] * self.v  # Householder reflection
+        ang = (self.theta * torch.arange(x.shape[-2], dtype=x.dtype)[:, None]).repeat_interleave(2, -1)
+        rot = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).reshape(x.shape)
+        return x * torch.cos(ang) + rot * torch.sin(ang)
+
+
+class _NormLinearAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads, *, act, norm, causal, urpe):
+        super().__init__()
+        self.h, self.causal = num_heads, causal
+        for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            setattr(self, name, nn.Linear(embed_dim, embed_dim))
+        self.act = {"elu": F.elu, "gelu": F.gelu, "1+elu": lambda t: 1 + F.elu(t)}[act]
+        self.norm_type = norm
+        if norm == "layernorm":
+            self.layer_norm = nn.LayerNorm(embed_dim)
+        self.urpe = _Urpe(embed_dim // num_heads) if urpe else None
+
+    def forward(self, x):  # x (B, L, E)
+        b, n, e = x.shape
+
+        def heads(t):
+            return t.reshape(b, n, self.h, e // self.h).transpose(1, 2)
+
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        q, k = self.act(q), self.act(k)
+        if self.urpe is not None:
+            q, k = self.urpe(q), self.urpe(k)
+        if self.causal:
+            out = torch.tril(q @ k.transpose(-1, -2)) @ v
+        else:
+            out = q @ (k.transpose(-1, -2) @ v)
+        out = out.transpose(1, 2).reshape(b, n, e)
+        if self.norm_type == "simplermsnorm":
+            out = out / (out.norm(2, dim=-1, keepdim=True) * e ** -0.5 + 1e-8)
+        else:
+            out = self.layer_norm(out)
+        return self.out_proj(out)
+
+
+def transnormer_norm_linear_attention(rng, *, embed_dim: int, num_heads: int, act: str = "elu",
+                                      norm: str = "simplermsnorm", causal: bool = True,
+                                      urpe: bool = True) -> UpstreamLayer:
+    """fairseq-evo ``NormLinearAttention`` (defaults: the ``transnormer_t1`` arch), parameters
+    perturbed from their initialisation by ``rng``."""
+    from refattn.attention.linear import transnormer_layer_backward, transnormer_layer_forward
+
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    mod = _NormLinearAttention(embed_dim, num_heads, act=act, norm=norm, causal=causal, urpe=urpe).double()
+    with torch.no_grad():
+        for prm in mod.parameters():
+            if prm.requires_grad:
+                prm.add_(0.2 * torch.randn_like(prm))
+
+    def to_params(sd):
+        out = {}
+        for key, val in sd.items():
+            if key.endswith("proj.weight"):
+                out[key] = val.T
+            elif key.startswith("urpe."):
+                out[key] = val.reshape(-1)
+            else:
+                out[key] = val
+        return out
+
+    config = {"num_heads": num_heads, "causal": causal, "norm": norm,
+              "feature_map": {"1+elu": "elu_plus_one"}.get(act, act)}
+    return UpstreamLayer(mod, to_params, lambda m, x: m(x), transnormer_layer_forward, transnormer_layer_backward,
+                         config, "OpenNLPLab/fairseq-evo fairseq/modules/x_attention/norm_linear_attention.py@38fa81f")
