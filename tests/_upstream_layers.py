@@ -23,7 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["UpstreamLayer", "compare_layer", "performer_fast_attention", "transnormer_norm_linear_attention"]
+__all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "performer_fast_attention",
+           "transnormer_norm_linear_attention"]
 
 
 @dataclass
@@ -47,8 +48,10 @@ def compare_layer(layer: UpstreamLayer, inputs: dict, rng) -> dict:
     """Run the torch module and the refattn pair on the same float64 inputs and parameters.
 
     Returns ``{name: max relative error}`` for the output, every input and every trainable
-    parameter (relative to the largest entry of the torch value; frozen torch parameters and
-    buffers are not compared).
+    parameter: the max abs difference over the larger of the torch value's max abs and 1e-3 of the
+    largest magnitude compared (a gradient that is zero in exact arithmetic, such as a key bias's,
+    is compared against that floor instead of against its round-off). Frozen torch parameters and
+    buffers are not compared.
     """
     mod = layer.module.double()
     sd = {k: _np(v) for k, v in mod.state_dict().items()}
@@ -64,12 +67,9 @@ def compare_layer(layer: UpstreamLayer, inputs: dict, rng) -> dict:
     t_out = layer.call(mod, **t_in)
     (t_out * torch.tensor(g)).sum().backward()
 
-    def rel(a, b):
-        return float(np.abs(np.asarray(a) - np.asarray(b)).max() / max(float(np.abs(b).max()), 1e-300))
-
-    errs = {"out": rel(out, _np(t_out))}
+    pairs = {"out": (out, _np(t_out))}
     for k, t in t_in.items():
-        errs[k] = rel(grads[k], _np(t.grad))
+        pairs[k] = (grads[k], _np(t.grad))
     # gradients of trainable parameters, NaN for frozen ones and buffers (then skipped)
     pg = {k: np.full(v.shape, np.nan) for k, v in sd.items()}
     for name, prm in mod.named_parameters():
@@ -77,10 +77,71 @@ def compare_layer(layer: UpstreamLayer, inputs: dict, rng) -> dict:
             pg[name] = _np(prm.grad) if prm.grad is not None else np.zeros(tuple(prm.shape))
     for k, v in (layer.params_from_state_dict(pg) or {}).items():
         if not np.isnan(v).any():
-            errs[k] = rel(grads[k], v)
+            pairs[k] = (grads[k], v)
     missing = set(params or {}) - set(grads)
     assert not missing, f"refattn returned no gradient for {sorted(missing)}"
-    return errs
+    floor = 1e-3 * max(float(np.abs(b).max()) for _, b in pairs.values())
+    return {k: float(np.abs(np.asarray(a) - b).max() / max(float(np.abs(b).max()), floor, 1e-300))
+            for k, (a, b) in pairs.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.nn.MultiheadAttention itself (no transcription)
+
+
+def torch_multihead_attention(rng, *, embed_dim: int, num_heads: int, kdim=None, vdim=None, bias: bool = True,
+                              add_bias_kv: bool = False, add_zero_attn: bool = False, attn_mask=None,
+                              key_padding_mask=None) -> UpstreamLayer:
+    """``torch.nn.MultiheadAttention(batch_first=True)`` in float64 with random parameters.
+
+    ``attn_mask`` / ``key_padding_mask`` are given in refattn's convention (boolean True = keep, or
+    additive float; ``attn_mask`` ``(N, M)`` or ``(B, H, N, M)``); ``call`` hands PyTorch its own
+    (boolean True = masked, a per-head mask as ``(B*H, N, M)``). Inputs: ``x`` (query),
+    optional ``context`` (key) and ``value``.
+    """
+    from refattn.attention.softmax import mha_backward, mha_forward
+
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    mod = nn.MultiheadAttention(embed_dim, num_heads, bias=bias, add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn,
+                                kdim=kdim, vdim=vdim, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        for prm in mod.parameters():
+            prm.add_(0.1 * torch.randn_like(prm))  # nonzero biases (PyTorch initialises them to 0)
+    e = embed_dim
+
+    def to_params(sd):
+        if "in_proj_weight" in sd:
+            w = sd["in_proj_weight"]
+            out = {"q_proj": w[:e].T, "k_proj": w[e:2 * e].T, "v_proj": w[2 * e:].T}
+        else:
+            out = {n: sd[f"{n}_weight"].T for n in ("q_proj", "k_proj", "v_proj")}
+        if "in_proj_bias" in sd:
+            b = sd["in_proj_bias"]
+            out.update(q_proj_bias=b[:e], k_proj_bias=b[e:2 * e], v_proj_bias=b[2 * e:])
+        out["out_proj"] = sd["out_proj.weight"].T
+        if "out_proj.bias" in sd:
+            out["out_proj_bias"] = sd["out_proj.bias"]
+        if "bias_k" in sd:
+            out.update(bias_k=sd["bias_k"].reshape(-1), bias_v=sd["bias_v"].reshape(-1))
+        return out
+
+    def torch_mask(mk):
+        if mk is None:
+            return None
+        mk = np.asarray(mk)
+        t = torch.tensor(~mk) if mk.dtype == np.bool_ else torch.tensor(mk, dtype=torch.float64)
+        return t.reshape(-1, *t.shape[-2:]) if t.dim() == 4 else t
+
+    am, kpm = torch_mask(attn_mask), torch_mask(key_padding_mask)
+
+    def call(m, x, context=None, value=None):
+        key = x if context is None else context
+        val = key if value is None else value
+        return m(x, key, val, key_padding_mask=kpm, attn_mask=am, need_weights=False)[0]
+
+    config = {"num_heads": num_heads, "add_zero_attn": add_zero_attn, "attn_mask": attn_mask,
+              "key_padding_mask": key_padding_mask}
+    return UpstreamLayer(mod, to_params, call, mha_forward, mha_backward, config, "torch.nn.MultiheadAttention")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -58,3 +58,82 @@ def test_transnormer_norm_linear_attention(act, norm, causal, urpe):
                                                 causal=causal, urpe=urpe)
     x = rng.standard_normal((2, 6, 12))
     _assert_close(U.compare_layer(layer, {"x": x}, rng))
+
+
+# ------------------------------------------------------------------------------ issue item 12
+
+
+def _mha_masks(rng, kind_attn, kind_kpm, b, h, n, m):
+    """Masks in refattn's convention; column 0 is never masked, so no row is fully masked."""
+    am = kpm = None
+    if kind_attn == "bool":
+        am = rng.random((n, m)) < 0.7
+        am[:, 0] = True
+    elif kind_attn == "float":
+        am = 0.5 * rng.standard_normal((n, m))
+        am[rng.random((n, m)) < 0.2] = -np.inf
+        am[:, 0] = 0.3
+    elif kind_attn == "bool_per_head":
+        am = rng.random((b, h, n, m)) < 0.7
+        am[..., 0] = True
+    if kind_kpm == "bool":
+        kpm = rng.random((b, m)) < 0.7
+        kpm[:, 0] = True
+    elif kind_kpm == "float":
+        kpm = np.where(rng.random((b, m)) < 0.3, -np.inf, 0.4 * rng.standard_normal((b, m)))
+        kpm[:, 0] = 0.0
+    return am, kpm
+
+
+_MASKS = [("none", "none"), ("bool", "none"), ("none", "bool"), ("bool", "bool"), ("float", "float"),
+          ("bool_per_head", "bool"), ("float", "none"), ("none", "float")]
+
+
+def _check_mha(kdim, vdim, add_bias_kv, add_zero_attn, bias, masks, seed=12):
+    rng = np.random.default_rng(seed)
+    b, n, m, e, h = 2, 3, 4, 6, 2
+    am, kpm = _mha_masks(rng, *masks, b, h, n, m)
+    layer = U.torch_multihead_attention(rng, embed_dim=e, num_heads=h, kdim=kdim, vdim=vdim, bias=bias,
+                                        add_bias_kv=add_bias_kv, add_zero_attn=add_zero_attn, attn_mask=am,
+                                        key_padding_mask=kpm)
+    inputs = {"x": rng.standard_normal((b, n, e))}
+    if kdim is not None:
+        inputs.update(context=rng.standard_normal((b, m, kdim)), value=rng.standard_normal((b, m, vdim)))
+    elif masks != ("none", "none") or add_bias_kv:
+        inputs["context"] = rng.standard_normal((b, m, e))  # cross-attention with an equal width
+    else:
+        inputs = {"x": rng.standard_normal((b, m, e))}  # self-attention (N = M)
+    _assert_close(U.compare_layer(layer, inputs, rng))
+
+
+@pytest.mark.parametrize("kdim,vdim", [(None, None), (5, 3)])
+@pytest.mark.parametrize("add_bias_kv", [False, True])
+@pytest.mark.parametrize("add_zero_attn", [False, True])
+@pytest.mark.parametrize("bias", [True, False])
+def test_torch_multihead_attention_options(kdim, vdim, add_bias_kv, add_zero_attn, bias):
+    """Every combination of kdim/vdim (separate key and value inputs), add_bias_kv, add_zero_attn
+    and bias, with boolean attn_mask and key_padding_mask."""
+    _check_mha(kdim, vdim, add_bias_kv, add_zero_attn, bias, ("bool", "bool"))
+    if kdim is None and not (add_bias_kv or add_zero_attn):
+        _check_mha(kdim, vdim, add_bias_kv, add_zero_attn, bias, ("none", "none"))  # self-attention
+
+
+@pytest.mark.filterwarnings("ignore:Support for mismatched key_padding_mask")
+@pytest.mark.parametrize("add_bias_kv,add_zero_attn", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("masks", _MASKS, ids=["-".join(m) for m in _MASKS])
+def test_torch_multihead_attention_masks_with_appended_rows(masks, add_bias_kv, add_zero_attn):
+    """attn_mask (boolean, float, per head) and key_padding_mask (boolean, float) together with the
+    appended bias and zero rows (which every mask leaves attended)."""
+    _check_mha(5, 3, add_bias_kv, add_zero_attn, True, masks, seed=21)
+
+
+def test_torch_multihead_attention_zero_attn_rescues_fully_masked_rows():
+    # a fully masked row is NaN in PyTorch and 0 in refattn; with add_zero_attn both attend only
+    # to the zero row and give the output bias
+    rng = np.random.default_rng(13)
+    b, n, m, e, h = 2, 3, 4, 6, 2
+    kpm = np.ones((b, m), bool)
+    kpm[1] = False  # every key of sequence 1 is padding
+    layer = U.torch_multihead_attention(rng, embed_dim=e, num_heads=h, add_zero_attn=True, key_padding_mask=kpm)
+    errs = U.compare_layer(layer, {"x": rng.standard_normal((b, n, e)), "context": rng.standard_normal((b, m, e))}, rng)
+    _assert_close(errs)
