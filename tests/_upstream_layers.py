@@ -15,6 +15,7 @@ keywords equivalent to the module's construction (buffers such as a random proje
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "performer_fast_attention",
-           "transnormer_norm_linear_attention"]
+           "transnormer_norm_linear_attention", "mta_attention"]
 
 
 @dataclass
@@ -273,3 +274,98 @@ def transnormer_norm_linear_attention(rng, *, embed_dim: int, num_heads: int, ac
               "feature_map": {"1+elu": "elu_plus_one"}.get(act, act)}
     return UpstreamLayer(mod, to_params, lambda m, x: m(x), transnormer_layer_forward, transnormer_layer_backward,
                          config, "OpenNLPLab/fairseq-evo fairseq/modules/x_attention/norm_linear_attention.py@38fa81f")
+
+
+# ----------------------------------------------------------------------------------------------
+# Multi-Token Attention (facebookresearch/RAM @ e6f051fbcfaef4cab69bf2ea1b25f500f94c0c64
+# projects/mta/mta_transformer.py: Attention with use_mta, _mta_convolution, _head_convolution,
+# RMSNorm; facebookresearch/lingua @ 437d680e521873bb5971067148a69587790da853 lingua/transformer.py:
+# precompute_freqs_cis, apply_rotary_emb, repeat_kv). Computed in float64 throughout.
+
+
+def _rope_interleaved(x, theta):  # x (B, N, H, d); pairs (2j, 2j+1) rotated by t * theta^(-2j/d)
+    n, d = x.shape[1], x.shape[-1]
+    freqs = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = torch.arange(n, dtype=torch.float64)[:, None] * freqs  # (N, d/2)
+    cos, sin = torch.cos(ang)[None, :, None], torch.sin(ang)[None, :, None]
+    a, b = x[..., 0::2], x[..., 1::2]
+    return torch.stack([a * cos - b * sin, a * sin + b * cos], -1).flatten(-2)
+
+
+class _MTAAttention(nn.Module):
+    def __init__(self, dim, head_dim, n_heads, n_kv_heads, *, rope_theta, q_kernel, k_kernel, pad_key,
+                 head_kernel_size, gate_1d, layer_norm_rescale, layer_id):
+        super().__init__()
+        self.h, self.hkv, self.d, self.theta, self.pad_key = n_heads, n_kv_heads, head_dim, rope_theta, pad_key
+        self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+        self.mta_kernel = nn.Parameter(torch.randn(n_heads, 1, q_kernel, k_kernel) * 0.4)
+        self.wpsm = nn.Linear(n_heads, n_heads, bias=False)
+        self.mta_kernel_after_sm = nn.Parameter(torch.randn(n_heads, 1, q_kernel, k_kernel) * 0.4)
+        if head_kernel_size:
+            self.head_kernel = nn.Parameter(torch.randn(n_heads // head_kernel_size, head_kernel_size,
+                                                        head_kernel_size))
+        else:
+            self.head_kernel = None
+            self.wposm = nn.Linear(n_heads, n_heads, bias=False)
+        self.subln = nn.Module()
+        self.subln.weight = nn.Parameter(1 + 0.3 * torch.randn(head_dim))
+        self.rescale = 1 - (0.8 - 0.6 * math.exp(-0.3 * layer_id)) if layer_norm_rescale else 1.0
+        self.gate = nn.Linear(head_dim, 1 if gate_1d else head_dim)
+
+    def _conv(self, s, kernel, removed):
+        cq, ck = kernel.shape[-2:]
+        s = s.masked_fill(removed, 0.0)
+        pl, pr = {"left": (ck - 1, 0), "right": (0, ck - 1), "both": ((ck - 1) // 2, (ck - 1) // 2)}[self.pad_key]
+        return F.conv2d(F.pad(s, (pl, pr, cq - 1, 0)), kernel, groups=self.h)
+
+    @staticmethod
+    def _mix(s, lin):  # mixes the head axis 1
+        return lin(s.transpose(1, -1)).transpose(1, -1)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q = _rope_interleaved(self.wq(x).view(b, n, self.h, self.d), self.theta)
+        k = _rope_interleaved(self.wk(x).view(b, n, self.hkv, self.d), self.theta)
+        v = self.wv(x).view(b, n, self.hkv, self.d)
+        rep = self.h // self.hkv
+        k, v = k.repeat_interleave(rep, dim=2), v.repeat_interleave(rep, dim=2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        removed = torch.ones(n, n, dtype=torch.bool).triu(1)
+        s = self._conv(q @ k.transpose(-1, -2) / math.sqrt(self.d), self.mta_kernel, removed)
+        s = self._mix(s, self.wpsm)
+        a = torch.softmax(s.masked_fill(removed, float("-inf")), dim=-1)
+        a = self._conv(a, self.mta_kernel_after_sm, removed).masked_fill(removed, 0.0)
+        if self.head_kernel is not None:
+            g, c = self.head_kernel.shape[:2]
+            a = torch.einsum("bgcnm,gck->bgknm", a.reshape(b, g, c, n, n), self.head_kernel).reshape(b, self.h, n, n)
+        else:
+            a = self._mix(a, self.wposm)
+        o = (a @ v).transpose(1, 2)  # (B, N, H, d)
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + 1e-5) * self.subln.weight * self.rescale
+        o = o * torch.sigmoid(self.gate(o))
+        return self.wo(o.reshape(b, n, self.h * self.d))
+
+
+def mta_attention(rng, *, dim: int, head_dim: int, n_heads: int, n_kv_heads: int, rope_theta: float = 10000.0,
+                  q_kernel: int = 2, k_kernel: int = 3, pad_key: str = "both", head_kernel_size=2,
+                  gate_1d: bool = True, layer_norm_rescale: bool = False, layer_id: int = 0) -> UpstreamLayer:
+    """RAM ``Attention`` with ``use_mta`` and every stage on (pre-/post-softmax kernels, ``wpsm``,
+    ``head_kernel`` or ``wposm``, group norm, gate), random parameters."""
+    from refattn.attention.differential import multi_token_attention_layer_backward, multi_token_attention_layer_forward
+
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    mod = _MTAAttention(dim, head_dim, n_heads, n_kv_heads, rope_theta=rope_theta, q_kernel=q_kernel,
+                        k_kernel=k_kernel, pad_key=pad_key, head_kernel_size=head_kernel_size, gate_1d=gate_1d,
+                        layer_norm_rescale=layer_norm_rescale, layer_id=layer_id).double()
+
+    def to_params(sd):
+        return {key: (val.T if val.ndim == 2 else val) for key, val in sd.items()}
+
+    config = {"num_heads": n_heads, "num_kv_heads": n_kv_heads, "rope_theta": rope_theta, "pad_key": pad_key,
+              "layer_norm_rescale": layer_norm_rescale, "layer_id": layer_id}
+    return UpstreamLayer(mod, to_params, lambda m, x: m(x), multi_token_attention_layer_forward,
+                         multi_token_attention_layer_backward, config,
+                         "facebookresearch/RAM projects/mta/mta_transformer.py@e6f051f")

@@ -137,3 +137,16 @@ def test_torch_multihead_attention_zero_attn_rescues_fully_masked_rows():
     layer = U.torch_multihead_attention(rng, embed_dim=e, num_heads=h, add_zero_attn=True, key_padding_mask=kpm)
     errs = U.compare_layer(layer, {"x": rng.standard_normal((b, n, e)), "context": rng.standard_normal((b, m, e))}, rng)
     _assert_close(errs)
+
+
+# ------------------------------------------------------------------------------ full layers
+
+
+@pytest.mark.parametrize("hkv,pad_key,head_kernel,gate_1d,lnr", [(2, "both", 2, True, True),
+                                                                 (1, "left", None, False, False),
+                                                                 (4, "right", 2, False, True)])
+def test_mta_layer(hkv, pad_key, head_kernel, gate_1d, lnr):
+    rng = np.random.default_rng(20)
+    layer = U.mta_attention(rng, dim=6, head_dim=2, n_heads=4, n_kv_heads=hkv, rope_theta=100.0, pad_key=pad_key,
+                            head_kernel_size=head_kernel, gate_1d=gate_1d, layer_norm_rescale=lnr, layer_id=2)
+    _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 5, 6))}, rng))

@@ -104,7 +104,14 @@ from .layer import (
 from .lora import TWO_BRANCH_RESCALES, lora_apply, lora_backward, two_branch_backward, two_branch_forward
 from .mala import mala_linear_attention, mala_linear_attention_backward, mala_linear_attention_forward, mala_rope_tables
 from .momentum import momentum_attention, momentum_attention_backward, momentum_attention_forward, momentum_shear
-from .mta import multi_token_attention, multi_token_attention_backward, multi_token_attention_forward
+from .mta import (  # noqa: F401
+    multi_token_attention,
+    multi_token_attention_backward,
+    multi_token_attention_forward,
+    multi_token_attention_layer,
+    multi_token_attention_layer_backward,
+    multi_token_attention_layer_forward,
+)
 from .pct import pct_offset_attention, pct_offset_attention_backward, pct_offset_attention_forward
 from .reflexsplit import (
     reflexsplit_dual_stream_attention,
@@ -212,4 +219,7 @@ __all__ = [
     "multi_token_attention_forward",
     "multi_token_attention_backward",
     "multi_token_attention",
+    "multi_token_attention_layer_forward",
+    "multi_token_attention_layer_backward",
+    "multi_token_attention_layer",
 ]
