@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "performer_fast_attention",
-           "transnormer_norm_linear_attention", "mta_attention"]
+           "transnormer_norm_linear_attention", "mta_attention", "mala_attention"]
 
 
 @dataclass
@@ -369,3 +369,62 @@ def mta_attention(rng, *, dim: int, head_dim: int, n_heads: int, n_kv_heads: int
     return UpstreamLayer(mod, to_params, lambda m, x: m(x), multi_token_attention_layer_forward,
                          multi_token_attention_layer_backward, config,
                          "facebookresearch/RAM projects/mta/mta_transformer.py@e6f051f")
+
+
+# ----------------------------------------------------------------------------------------------
+# MALA (qhfan/MALA @ 7114e6391e16a79e52382cbbcaa7f035705f3449 classfication_release/model.py:
+# AddLinearAttention, RoPE, theta_shift, rotate_every_two). RoPE's tables are built per call from
+# the feature-map size, as upstream's stages do.
+
+
+def _mala_rope(hh, ww, head_dim):
+    angle = 1.0 / (10000 ** torch.linspace(0, 1, head_dim // 4, dtype=torch.float64))
+    angle = angle.unsqueeze(-1).repeat(1, 2).flatten()
+    ih, iw = torch.arange(hh, dtype=torch.float64), torch.arange(ww, dtype=torch.float64)
+    tabs = []
+    for fn in (torch.sin, torch.cos):
+        th = fn(ih[:, None] * angle[None]).unsqueeze(1).repeat(1, ww, 1)
+        tw = fn(iw[:, None] * angle[None]).unsqueeze(0).repeat(hh, 1, 1)
+        tabs.append(torch.cat([th, tw], -1).flatten(0, 1))
+    return tabs  # sin, cos ((h w), d)
+
+
+def _theta_shift(x, sin, cos):
+    rot = torch.stack([-x[..., 1::2], x[..., 0::2]], -1).flatten(-2)
+    return x * cos + rot * sin
+
+
+class _MALAAttention(nn.Module):
+    def __init__(self, dim, num_heads):
+        super().__init__()
+        self.dim, self.h, self.d = dim, num_heads, dim // num_heads
+        self.scale = self.d ** -0.5
+        self.qkvo = nn.Conv2d(dim, 4 * dim, 1)
+        self.lepe = nn.Conv2d(dim, dim, 5, 1, 2, groups=dim)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x):
+        b, c, hh, ww = x.shape
+        sin, cos = _mala_rope(hh, ww, self.d)
+        u = self.qkvo(x)
+        o = u[:, 3 * c:]
+        lepe = self.lepe(u[:, 2 * c:3 * c])
+        q, k, v = u[:, :3 * c].reshape(b, 3, self.h, self.d, hh * ww).permute(1, 0, 2, 4, 3)
+        q, k = F.elu(q) + 1, F.elu(k) + 1
+        z = q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) * self.scale
+        q, k = _theta_shift(q, sin, cos), _theta_shift(k, sin, cos)
+        s = (self.scale / (hh * ww)) ** 0.5
+        kv = (k.transpose(-2, -1) * s) @ (v * s)
+        res = q @ kv * (1 + 1 / (z + 1e-6)) - z * v.mean(dim=2, keepdim=True)
+        res = res.permute(0, 1, 3, 2).reshape(b, c, hh, ww)
+        return self.proj((res + lepe) * o)
+
+
+def mala_attention(rng, *, dim: int, num_heads: int) -> UpstreamLayer:
+    """MALA ``AddLinearAttention`` with its RoPE, random parameters (PyTorch's default init)."""
+    from refattn.attention.differential.mala import mala_layer_backward, mala_layer_forward
+
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    mod = _MALAAttention(dim, num_heads).double()
+    return UpstreamLayer(mod, dict, lambda m, x: m(x), mala_layer_forward, mala_layer_backward,
+                         {"num_heads": num_heads}, "qhfan/MALA classfication_release/model.py@7114e63")

@@ -150,3 +150,10 @@ def test_mta_layer(hkv, pad_key, head_kernel, gate_1d, lnr):
     layer = U.mta_attention(rng, dim=6, head_dim=2, n_heads=4, n_kv_heads=hkv, rope_theta=100.0, pad_key=pad_key,
                             head_kernel_size=head_kernel, gate_1d=gate_1d, layer_norm_rescale=lnr, layer_id=2)
     _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 5, 6))}, rng))
+
+
+@pytest.mark.parametrize("hw", [(3, 4), (4, 4)])
+def test_mala_layer(hw):
+    rng = np.random.default_rng(21)
+    layer = U.mala_attention(rng, dim=16, num_heads=2)
+    _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 16, *hw))}, rng))

@@ -102,7 +102,15 @@ from .layer import (
     validate_rel_pos,
 )
 from .lora import TWO_BRANCH_RESCALES, lora_apply, lora_backward, two_branch_backward, two_branch_forward
-from .mala import mala_linear_attention, mala_linear_attention_backward, mala_linear_attention_forward, mala_rope_tables
+from .mala import (  # noqa: F401
+    mala_layer,
+    mala_layer_backward,
+    mala_layer_forward,
+    mala_linear_attention,
+    mala_linear_attention_backward,
+    mala_linear_attention_forward,
+    mala_rope_tables,
+)
 from .momentum import momentum_attention, momentum_attention_backward, momentum_attention_forward, momentum_shear
 from .mta import (  # noqa: F401
     multi_token_attention,
@@ -213,6 +221,9 @@ __all__ = [
     "reflexsplit_dual_stream_attention_backward",
     "reflexsplit_dual_stream_attention",
     "mala_rope_tables",
+    "mala_layer_forward",
+    "mala_layer_backward",
+    "mala_layer",
     "mala_linear_attention_forward",
     "mala_linear_attention_backward",
     "mala_linear_attention",

@@ -62,8 +62,8 @@ from ...nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_
 from ...nn.norms import rms_norm_backward, rms_norm_forward
 from ...nn.softmax import apply_mask, softmax_lse, softmax_vjp
 from ...registry import Mechanism, Sample, register
-from ._samples import explicit_softmax
 from ..softmax import KV_GROUP_MAPS, expand_kv, reduce_kv
+from ._samples import explicit_softmax
 from .core import additive_mask, diff_attention_core, matrix_param, resolve_scale, validate_qkv, vector_param
 from .layer import rope_apply, rope_tables
 
