@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "performer_fast_attention",
-           "transnormer_norm_linear_attention", "mta_attention", "mala_attention"]
+           "transnormer_norm_linear_attention", "mta_attention", "mala_attention", "t5_attention"]
 
 
 @dataclass
@@ -428,3 +428,89 @@ def mala_attention(rng, *, dim: int, num_heads: int) -> UpstreamLayer:
     mod = _MALAAttention(dim, num_heads).double()
     return UpstreamLayer(mod, dict, lambda m, x: m(x), mala_layer_forward, mala_layer_backward,
                          {"num_heads": num_heads}, "qhfan/MALA classfication_release/model.py@7114e63")
+
+
+# ----------------------------------------------------------------------------------------------
+# T5 (huggingface/transformers @ 6b8b757dfcb582379a64f013cdce46c43629f2b0
+# src/transformers/models/t5/modeling_t5.py: T5Attention with _relative_position_bucket and
+# compute_bias; no cache, no head pruning, eval mode). The causal decoder mask is added to the
+# position bias with finfo.min, as T5's models build it.
+
+
+def _t5_bucket(rp, bidirectional, num_buckets, max_distance):
+    out = torch.zeros_like(rp)
+    if bidirectional:
+        num_buckets //= 2
+        out = out + (rp > 0).long() * num_buckets
+        rp = rp.abs()
+    else:
+        rp = -torch.min(rp, torch.zeros_like(rp))
+    max_exact = num_buckets // 2
+    large = max_exact + (torch.log(rp.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).long()
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return out + torch.where(rp < max_exact, rp, large)
+
+
+class _T5Attention(nn.Module):
+    def __init__(self, d_model, d_kv, n_heads, *, is_decoder, has_bias, num_buckets, max_distance, d_kv_in=None):
+        super().__init__()
+        self.h, self.d, self.is_decoder = n_heads, d_kv, is_decoder
+        self.nb, self.md = num_buckets, max_distance
+        inner, kv_in = n_heads * d_kv, d_kv_in or d_model
+        self.q = nn.Linear(d_model, inner, bias=False)
+        self.k = nn.Linear(kv_in, inner, bias=False)
+        self.v = nn.Linear(kv_in, inner, bias=False)
+        self.o = nn.Linear(inner, d_model, bias=False)
+        if has_bias:
+            self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)
+        self.has_bias = has_bias
+
+    def forward(self, x, kv=None, mask=None):
+        b, n = x.shape[:2]
+        kv = x if kv is None else kv
+        q = self.q(x).view(b, -1, self.h, self.d).transpose(1, 2)
+        k = self.k(kv).view(b, -1, self.h, self.d).transpose(1, 2)
+        v = self.v(kv).view(b, -1, self.h, self.d).transpose(1, 2)
+        m = k.shape[-2]
+        scores = q @ k.transpose(3, 2)
+        if self.has_bias:
+            rp = torch.arange(m)[None, :] - torch.arange(n)[:, None]
+            bk = _t5_bucket(rp, not self.is_decoder, self.nb, self.md)
+            pb = self.relative_attention_bias(bk).permute(2, 0, 1).unsqueeze(0)
+        else:
+            pb = torch.zeros((1, self.h, n, m), dtype=scores.dtype)
+        if mask is not None:
+            pb = pb + mask
+        w = torch.softmax(scores + pb, dim=-1)  # upstream casts to float32 here; kept float64 for parity
+        return self.o((w @ v).transpose(1, 2).reshape(b, -1, self.h * self.d))
+
+
+def t5_attention(rng, *, d_model: int, d_kv: int, n_heads: int, is_decoder: bool = False, has_bias: bool = True,
+                 num_buckets: int = 8, max_distance: int = 16, cross_dim=None, causal: bool = False) -> UpstreamLayer:
+    """HF ``T5Attention`` (self-attention, or cross-attention when ``cross_dim`` is given), random parameters."""
+    from refattn.attention.softmax.relative import t5_attention_layer_backward, t5_attention_layer_forward
+
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    mod = _T5Attention(d_model, d_kv, n_heads, is_decoder=is_decoder, has_bias=has_bias, num_buckets=num_buckets,
+                       max_distance=max_distance, d_kv_in=cross_dim).double()
+    with torch.no_grad():  # Mesh-TF-like scales so that the unscaled scores stay O(1)
+        for lin in (mod.q, mod.k, mod.v, mod.o):
+            lin.weight.mul_(0.7)
+
+    def to_params(sd):
+        return {key: (val.T if key != "relative_attention_bias.weight" else val) for key, val in sd.items()}
+
+    def call(m, x, key_value_states=None):
+        n = x.shape[1]
+        mk = key_value_states.shape[1] if key_value_states is not None else n
+        mask = None
+        if causal:
+            mask = torch.zeros(n, mk, dtype=torch.float64).masked_fill(
+                torch.ones(n, mk, dtype=torch.bool).triu(1), torch.finfo(torch.float64).min)
+        return m(x, key_value_states, mask)
+
+    config = {"num_heads": n_heads, "is_decoder": is_decoder, "is_causal": causal, "num_buckets": num_buckets,
+              "max_distance": max_distance}
+    return UpstreamLayer(mod, to_params, call, t5_attention_layer_forward, t5_attention_layer_backward, config,
+                         "huggingface/transformers src/transformers/models/t5/modeling_t5.py@6b8b757")

@@ -157,3 +157,32 @@ def test_mala_layer(hw):
     rng = np.random.default_rng(21)
     layer = U.mala_attention(rng, dim=16, num_heads=2)
     _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 16, *hw))}, rng))
+
+
+@pytest.mark.parametrize("is_decoder,has_bias,causal,cross", [(False, True, False, False),
+                                                              (True, True, True, False),
+                                                              (True, False, False, True),
+                                                              (False, True, False, True)])
+def test_t5_attention_layer(is_decoder, has_bias, causal, cross):
+    rng = np.random.default_rng(22)
+    layer = U.t5_attention(rng, d_model=6, d_kv=3, n_heads=2, is_decoder=is_decoder, has_bias=has_bias,
+                           num_buckets=8, max_distance=16, cross_dim=5 if cross else None, causal=causal)
+    inputs = {"x": rng.standard_normal((2, 11, 6))}
+    if cross:
+        inputs["key_value_states"] = rng.standard_normal((2, 13, 5))
+    _assert_close(U.compare_layer(layer, inputs, rng))
+
+
+def test_t5_record_default_is_unscaled():
+    from refattn.attention.softmax.relative import relative_position_attention_forward
+
+    rng = np.random.default_rng(23)
+    layer = U.t5_attention(rng, d_model=6, d_kv=3, n_heads=2, num_buckets=8, max_distance=16)
+    sd = {k: v.detach().numpy() for k, v in layer.module.double().state_dict().items()}
+    x = rng.standard_normal((1, 5, 6))
+    q, k, v = ((x @ sd[f"{n}.weight"].T).reshape(1, 5, 2, 3).transpose(0, 2, 1, 3) for n in "qkv")
+    o = relative_position_attention_forward(q, k, v, {"relative_attention_bias": sd["relative_attention_bias.weight"]},
+                                            kind="t5", num_buckets=8, max_distance=16)[0]
+    y = o.transpose(0, 2, 1, 3).reshape(1, 5, 6) @ sd["o.weight"].T
+    ref = layer.module(torch.tensor(x)).detach().numpy()
+    assert np.abs(y - ref).max() < 1e-12

@@ -37,8 +37,9 @@ Modules
   recurrences, Rabe–Staats chunking with a checkpointed backward, and the associative (tree) merge
   of chunk summaries (``online_softmax_flash_attention``,
   ``memory_efficient_attention_rabe_staats``, ``tree_attention_merge``).
-* `mha`: Multi-head (self or cross) attention layer with q/k/v/out projections, token-major
-  (``multi_head_attention``).
+* `mha`: Multi-head (self or cross) attention layer with q/k/v/out projections, token-major; the
+  options of ``torch.nn.MultiheadAttention`` (separate key and value inputs, ``add_bias_kv``,
+  ``add_zero_attn``, ``key_padding_mask``) (``multi_head_attention``).
 * `multi_head_embedding`: Multi-head embedding attention (MHE): one shared query/key/value
   projection, heads made different by per-head embeddings, added (MHE-ADD) or multiplied (MHE-MUL)
   (``multi_head_embedding_attention``).
@@ -244,6 +245,9 @@ from .relative import (  # noqa: F401
     shaw_attention_forward,
     t5_attention_backward,
     t5_attention_forward,
+    t5_attention_layer,
+    t5_attention_layer_backward,
+    t5_attention_layer_forward,
     t5_relative_position_bucket,
 )
 from .reversed_attention import (  # noqa: F401
@@ -424,6 +428,9 @@ __all__ = [
     "shaw_attention_forward",
     "t5_attention_backward",
     "t5_attention_forward",
+    "t5_attention_layer",
+    "t5_attention_layer_backward",
+    "t5_attention_layer_forward",
     "t5_relative_position_bucket",
     "init_reversed_attention_params",
     "reversed_attention_backward",
