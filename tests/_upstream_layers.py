@@ -25,7 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "performer_fast_attention",
-           "transnormer_norm_linear_attention", "mta_attention", "mala_attention", "t5_attention"]
+           "transnormer_norm_linear_attention", "mta_attention", "mala_attention", "t5_attention",
+           "alibi_self_attention"]
 
 
 @dataclass
@@ -514,3 +515,61 @@ def t5_attention(rng, *, d_model: int, d_kv: int, n_heads: int, is_decoder: bool
               "max_distance": max_distance}
     return UpstreamLayer(mod, to_params, call, t5_attention_layer_forward, t5_attention_layer_backward, config,
                          "huggingface/transformers src/transformers/models/t5/modeling_t5.py@6b8b757")
+
+
+# ----------------------------------------------------------------------------------------------
+# ALiBi (ofirpress/attention_with_linear_biases @ 4b92f28a005ead2567abe2359f633e73e08f3833:
+# fairseq/models/transformer.py TransformerDecoder get_slopes, self.alibi, buffered_future_mask;
+# fairseq/modules/multihead_attention.py MultiheadAttention with self_attention=True, which
+# dispatches to F.multi_head_attention_forward with separate projection weights). The alibi buffer
+# is built in float64 here (upstream: a float32 torch.Tensor cast to the input dtype).
+
+
+def _alibi_get_slopes(n):
+    def power_of_2(n):
+        start = 2 ** (-2 ** -(math.log2(n) - 3))
+        return [start * start ** i for i in range(n)]
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    c = 2 ** math.floor(math.log2(n))
+    return power_of_2(c) + _alibi_get_slopes(2 * c)[0::2][:n - c]
+
+
+class _FairseqAlibiSelfAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads):
+        super().__init__()
+        self.e, self.h = embed_dim, num_heads
+        self.k_proj = nn.Linear(embed_dim, embed_dim)
+        self.v_proj = nn.Linear(embed_dim, embed_dim)
+        self.q_proj = nn.Linear(embed_dim, embed_dim)
+        self.out_proj = nn.Linear(embed_dim, embed_dim)
+        self.slopes = torch.tensor(_alibi_get_slopes(num_heads), dtype=torch.float64)
+
+    def future_mask(self, bsz, t):
+        alibi = (self.slopes[:, None, None] * torch.arange(t, dtype=torch.float64)[None, None]).repeat(bsz, 1, 1)
+        causal = torch.triu(torch.full((t, t), float("-inf"), dtype=torch.float64), 1)
+        return causal[None] + alibi  # (bsz * H, t, t), batch-major like F.multi_head_attention_forward
+
+    def forward(self, x_tbc):
+        t, bsz, _ = x_tbc.shape
+        return F.multi_head_attention_forward(
+            x_tbc, x_tbc, x_tbc, self.e, self.h, torch.empty([0]),
+            torch.cat((self.q_proj.bias, self.k_proj.bias, self.v_proj.bias)), None, None, False, 0.0,
+            self.out_proj.weight, self.out_proj.bias, False, None, False, self.future_mask(bsz, t),
+            use_separate_proj_weight=True, q_proj_weight=self.q_proj.weight, k_proj_weight=self.k_proj.weight,
+            v_proj_weight=self.v_proj.weight)[0]
+
+
+def alibi_self_attention(rng, *, embed_dim: int, num_heads: int) -> UpstreamLayer:
+    """The official ALiBi decoder self-attention (causal, fixed slopes), random parameters."""
+    from refattn.attention.softmax.alibi import alibi_layer_backward, alibi_layer_forward
+
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    mod = _FairseqAlibiSelfAttention(embed_dim, num_heads).double()
+
+    def to_params(sd):
+        return {key: (val.T if val.ndim == 2 else val) for key, val in sd.items()}
+
+    return UpstreamLayer(mod, to_params, lambda m, x: m(x.transpose(0, 1)).transpose(0, 1), alibi_layer_forward,
+                         alibi_layer_backward, {"num_heads": num_heads},
+                         "ofirpress/attention_with_linear_biases fairseq/models/transformer.py@4b92f28")

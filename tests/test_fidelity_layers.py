@@ -186,3 +186,10 @@ def test_t5_record_default_is_unscaled():
     y = o.transpose(0, 2, 1, 3).reshape(1, 5, 6) @ sd["o.weight"].T
     ref = layer.module(torch.tensor(x)).detach().numpy()
     assert np.abs(y - ref).max() < 1e-12
+
+
+@pytest.mark.parametrize("heads", [4, 6])
+def test_alibi_layer(heads):
+    rng = np.random.default_rng(24)
+    layer = U.alibi_self_attention(rng, embed_dim=12, num_heads=heads)
+    _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 7, 12))}, rng))

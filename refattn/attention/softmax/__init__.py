@@ -86,6 +86,9 @@ from .alibi import (  # noqa: F401
     alibi_attention_backward,
     alibi_attention_forward,
     alibi_bias,
+    alibi_layer,
+    alibi_layer_backward,
+    alibi_layer_forward,
     alibi_slopes,
 )
 from .cait import (  # noqa: F401
@@ -301,6 +304,9 @@ __all__ = [
     "alibi_attention_backward",
     "alibi_attention_forward",
     "alibi_bias",
+    "alibi_layer",
+    "alibi_layer_backward",
+    "alibi_layer_forward",
     "alibi_slopes",
     "class_attention_block",
     "class_attention_block_backward",
