@@ -26,7 +26,7 @@ from torch import nn
 
 __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "performer_fast_attention",
            "transnormer_norm_linear_attention", "mta_attention", "mala_attention", "t5_attention",
-           "alibi_self_attention"]
+           "alibi_self_attention", "efficient_attention_shen"]
 
 
 @dataclass
@@ -573,3 +573,44 @@ def alibi_self_attention(rng, *, embed_dim: int, num_heads: int) -> UpstreamLaye
     return UpstreamLayer(mod, to_params, lambda m, x: m(x.transpose(0, 1)).transpose(0, 1), alibi_layer_forward,
                          alibi_layer_backward, {"num_heads": num_heads},
                          "ofirpress/attention_with_linear_biases fairseq/models/transformer.py@4b92f28")
+
+
+# ----------------------------------------------------------------------------------------------
+# Efficient attention, Shen et al. (cmsflash/efficient-attention @ 46a5f9eaf09470affb0ab30932b7748cc3c871ef
+# efficient_attention.py: EfficientAttention).
+
+
+class _EfficientAttention(nn.Module):
+    def __init__(self, in_channels, key_channels, head_count, value_channels):
+        super().__init__()
+        self.ck, self.cv, self.nh = key_channels, value_channels, head_count
+        self.keys = nn.Conv2d(in_channels, key_channels, 1)
+        self.queries = nn.Conv2d(in_channels, key_channels, 1)
+        self.values = nn.Conv2d(in_channels, value_channels, 1)
+        self.reprojection = nn.Conv2d(value_channels, in_channels, 1)
+
+    def forward(self, x):
+        n, _, h, w = x.shape
+        keys = self.keys(x).reshape(n, self.ck, h * w)
+        queries = self.queries(x).reshape(n, self.ck, h * w)
+        values = self.values(x).reshape(n, self.cv, h * w)
+        hk, hv = self.ck // self.nh, self.cv // self.nh
+        outs = []
+        for i in range(self.nh):
+            key = F.softmax(keys[:, i * hk:(i + 1) * hk], dim=2)
+            query = F.softmax(queries[:, i * hk:(i + 1) * hk], dim=1)
+            context = key @ values[:, i * hv:(i + 1) * hv].transpose(1, 2)
+            outs.append((context.transpose(1, 2) @ query).reshape(n, hv, h, w))
+        return self.reprojection(torch.cat(outs, dim=1)) + x
+
+
+def efficient_attention_shen(rng, *, in_channels: int, key_channels: int, head_count: int,
+                             value_channels: int) -> UpstreamLayer:
+    """Upstream ``EfficientAttention``, PyTorch's default init."""
+    from refattn.attention.linear.efficient import efficient_attention_layer_backward, efficient_attention_layer_forward
+
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    mod = _EfficientAttention(in_channels, key_channels, head_count, value_channels).double()
+    return UpstreamLayer(mod, dict, lambda m, x: m(x), efficient_attention_layer_forward,
+                         efficient_attention_layer_backward, {"head_count": head_count},
+                         "cmsflash/efficient-attention efficient_attention.py@46a5f9e")

@@ -193,3 +193,10 @@ def test_alibi_layer(heads):
     rng = np.random.default_rng(24)
     layer = U.alibi_self_attention(rng, embed_dim=12, num_heads=heads)
     _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 7, 12))}, rng))
+
+
+@pytest.mark.parametrize("ck,cv,heads", [(8, 6, 2), (6, 12, 3)])
+def test_efficient_attention_layer(ck, cv, heads):
+    rng = np.random.default_rng(25)
+    layer = U.efficient_attention_shen(rng, in_channels=5, key_channels=ck, head_count=heads, value_channels=cv)
+    _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 5, 3, 4))}, rng))

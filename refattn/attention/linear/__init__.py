@@ -98,6 +98,9 @@ from .efficient import (  # noqa: F401
     efficient_attention,
     efficient_attention_backward,
     efficient_attention_forward,
+    efficient_attention_layer,
+    efficient_attention_layer_backward,
+    efficient_attention_layer_forward,
 )
 from .fastmax import (  # noqa: F401
     FASTMAX_NORMALIZE,
@@ -286,6 +289,9 @@ __all__ = [
     "efficient_attention",
     "efficient_attention_backward",
     "efficient_attention_forward",
+    "efficient_attention_layer",
+    "efficient_attention_layer_backward",
+    "efficient_attention_layer_forward",
     "FASTMAX_NORMALIZE",
     "fastmax_attention",
     "fastmax_backward",
