@@ -26,7 +26,8 @@ from torch import nn
 
 __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "performer_fast_attention",
            "transnormer_norm_linear_attention", "mta_attention", "mala_attention", "t5_attention",
-           "alibi_self_attention", "efficient_attention_shen"]
+           "alibi_self_attention", "efficient_attention_shen",
+           "sinkformer_attention_layer"]
 
 
 @dataclass
@@ -614,3 +615,72 @@ def efficient_attention_shen(rng, *, in_channels: int, key_channels: int, head_c
     return UpstreamLayer(mod, dict, lambda m, x: m(x), efficient_attention_layer_forward,
                          efficient_attention_layer_backward, {"head_count": head_count},
                          "cmsflash/efficient-attention efficient_attention.py@46a5f9e")
+
+
+# ----------------------------------------------------------------------------------------------
+# Sinkformer (michaelsdr/sinkformers @ 045d933490f396c068cba6d7668bb1707a94c7aa
+# vit-pytorch/vit_pytorch/vit.py Attention, vit-pytorch/vit_pytorch/sinkhorn.py SinkhornDistance).
+# The marginals mu, nu are built in float64 (upstream: float32 tensors, so log(1/N) is rounded
+# to float32 before it meets the float64 scores). The early stop (a row update below 1e-12) is
+# kept; random inputs never reach it in 3 steps.
+
+
+class _SinkhornDistance(nn.Module):
+    def __init__(self, eps, max_iter):
+        super().__init__()
+        self.eps, self.max_iter = eps, max_iter
+
+    def _m(self, c, u, v):
+        return (-c + u.unsqueeze(-1) + v.unsqueeze(-2)) / self.eps
+
+    def forward(self, c_):
+        c = -c_
+        bsz, nx, ny = c.shape
+        mu = torch.full((bsz, nx), 1.0 / nx, dtype=torch.float64)
+        nu = torch.full((bsz, ny), 1.0 / ny, dtype=torch.float64)
+        u, v = torch.zeros_like(mu), torch.zeros_like(nu)
+        for i in range(self.max_iter):
+            if i % 2 == 0:
+                u1 = u
+                u = self.eps * (torch.log(mu) - torch.logsumexp(self._m(c, u, v), dim=-1)) + u
+                err = (u - u1).abs().sum(-1).mean()
+            else:
+                v = self.eps * (torch.log(nu) - torch.logsumexp(self._m(c, u, v).transpose(-2, -1), dim=-1)) + v
+            if err.item() < 1e-12:
+                break
+        return torch.exp(self._m(c, u, v))
+
+
+class _SinkformerAttention(nn.Module):
+    def __init__(self, dim, heads, dim_head, max_iter, eps):
+        super().__init__()
+        inner = dim_head * heads
+        self.heads, self.scale = heads, dim_head ** -0.5
+        self.sink = _SinkhornDistance(eps, max_iter)
+        self.to_qkv = nn.Linear(dim, inner * 3, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(inner, dim)) if not (heads == 1 and dim_head == dim) else nn.Identity()
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.reshape(b, n, self.heads, -1).transpose(1, 2) for t in self.to_qkv(x).chunk(3, dim=-1))
+        dots = q @ k.transpose(-1, -2) * self.scale
+        shape = dots.shape
+        attn = self.sink(dots.reshape(-1, shape[2], shape[3]))
+        attn = (attn * attn.shape[-1]).view(shape)
+        return self.to_out((attn @ v).transpose(1, 2).reshape(b, n, -1))
+
+
+def sinkformer_attention_layer(rng, *, dim: int, heads: int, dim_head: int, max_iter: int = 3,
+                               eps: float = 1.0) -> UpstreamLayer:
+    """Upstream Sinkformer ``Attention`` (PyTorch's default init)."""
+    from refattn.attention.linear.sinkformer import sinkformer_layer_backward, sinkformer_layer_forward
+
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    mod = _SinkformerAttention(dim, heads, dim_head, max_iter, eps).double()
+
+    def to_params(sd):
+        return {key: (val.T if val.ndim == 2 else val) for key, val in sd.items()}
+
+    return UpstreamLayer(mod, to_params, lambda m, x: m(x), sinkformer_layer_forward, sinkformer_layer_backward,
+                         {"heads": heads, "n_iter": max_iter, "eps": eps},
+                         "michaelsdr/sinkformers vit-pytorch/vit_pytorch/vit.py@045d933")

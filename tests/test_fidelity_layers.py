@@ -200,3 +200,12 @@ def test_efficient_attention_layer(ck, cv, heads):
     rng = np.random.default_rng(25)
     layer = U.efficient_attention_shen(rng, in_channels=5, key_channels=ck, head_count=heads, value_channels=cv)
     _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 5, 3, 4))}, rng))
+
+
+@pytest.mark.parametrize("heads,dim_head,max_iter,eps", [(2, 3, 3, 1.0), (3, 2, 4, 0.7), (1, 6, 1, 1.0),
+                                                         (1, 4, 5, 1.3)])
+def test_sinkformer_layer(heads, dim_head, max_iter, eps):
+    rng = np.random.default_rng(26)
+    dim = 6
+    layer = U.sinkformer_attention_layer(rng, dim=dim, heads=heads, dim_head=dim_head, max_iter=max_iter, eps=eps)
+    _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 5, dim))}, rng))

@@ -213,6 +213,9 @@ from .sinkformer import (  # noqa: F401
     sinkformer_attention,
     sinkformer_backward,
     sinkformer_forward,
+    sinkformer_layer,
+    sinkformer_layer_backward,
+    sinkformer_layer_forward,
     sinkhorn_log,
 )
 from .sparsek import (  # noqa: F401
@@ -378,6 +381,9 @@ __all__ = [
     "sinkformer_attention",
     "sinkformer_backward",
     "sinkformer_forward",
+    "sinkformer_layer",
+    "sinkformer_layer_backward",
+    "sinkformer_layer_forward",
     "sinkhorn_log",
     "SPARSEK_GATES",
     "sparsek_attention",
