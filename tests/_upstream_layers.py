@@ -27,7 +27,7 @@ from torch import nn
 __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "performer_fast_attention",
            "transnormer_norm_linear_attention", "mta_attention", "mala_attention", "t5_attention",
            "alibi_self_attention", "efficient_attention_shen",
-           "sinkformer_attention_layer"]
+           "sinkformer_attention_layer", "shaped_gpt2_attention"]
 
 
 @dataclass
@@ -684,3 +684,110 @@ def sinkformer_attention_layer(rng, *, dim: int, heads: int, dim_head: int, max_
     return UpstreamLayer(mod, to_params, lambda m, x: m(x), sinkformer_layer_forward, sinkformer_layer_backward,
                          {"heads": heads, "n_iter": max_iter, "eps": eps},
                          "michaelsdr/sinkformers vit-pytorch/vit_pytorch/vit.py@045d933")
+
+
+# ----------------------------------------------------------------------------------------------
+# Shaped attention (bobby-he/simplified_transformers @ 8d4ea7965f61c61259123a37ff06cdef636845c0
+# simplified_transformers/model_utils.py: myGPT2Attention, MyConv1D, RMSNorm). MyConv1D's
+# non-persistent ``id`` is built on the CPU (upstream: ``.cuda()``) and handed to refattn as config;
+# dot_norm "none" (its "tanh" computes in float32); no cache, no dropout.
+
+
+class _MyConv1D(nn.Module):
+    def __init__(self, nf, nx, resid_gain=None, skip_gain=None, init_type="normal", bias=True):
+        super().__init__()
+        self.nf = nf
+        self.bias = nn.Parameter(torch.zeros(nf), requires_grad=bias)
+        self.skip = skip_gain is not None
+        if not self.skip:
+            self.weight = nn.Parameter(torch.randn(nx, nf) * 0.3)
+        else:
+            self.resid_gain = nn.Parameter(torch.tensor([float(resid_gain)]))
+            self.skip_gain = nn.Parameter(torch.tensor([float(skip_gain)]))
+            self.weight = nn.Parameter(torch.randn(nx, nx) * 0.3)  # upstream zeros; random to test the gradient
+            self.id = torch.eye(nx) if init_type == "id" else torch.randn(nx, nx) / math.sqrt(nx)
+            self.init_type = init_type
+
+    def forward(self, x):
+        out = x.size()[:-1] + (self.nf,)
+        if self.skip:
+            if self.resid_gain == 0 and self.init_type == "id":
+                return torch.add(self.bias, x * self.skip_gain).view(out)
+            w = self.resid_gain * self.weight + self.skip_gain * self.id.to(x.dtype)
+            return torch.addmm(self.bias, x.reshape(-1, x.size(-1)), w).view(out)
+        return torch.addmm(self.bias, x.reshape(-1, x.size(-1)), self.weight).view(out)
+
+
+class _BzRMSNorm(nn.Module):
+    def __init__(self, d, eps):
+        super().__init__()
+        self.eps, self.d = eps, d
+        self.scale = nn.Parameter(1 + 0.3 * torch.randn(d))
+
+    def forward(self, x):
+        return self.scale * (x / (x.norm(2, dim=-1, keepdim=True) * self.d ** -0.5 + self.eps))
+
+
+class _ShapedGPT2Attention(nn.Module):
+    def __init__(self, dim, heads, *, centre_attn, value, proj, qk_norm, eps, max_positions=16):
+        super().__init__()
+        self.c, self.h, self.d, self.centre = dim, heads, dim // heads, centre_attn
+        self.qk_attn = _MyConv1D(2 * dim, dim)
+        with torch.no_grad():
+            self.qk_attn.bias.normal_(0, 0.2)
+        self.v_attn = _MyConv1D(dim, dim, **value) if value is not None else nn.Identity()
+        self.c_proj = _MyConv1D(dim, dim, **proj) if proj is not None else nn.Identity()
+        self.q_norm = _BzRMSNorm(self.d, eps) if qk_norm else nn.Identity()
+        self.k_norm = _BzRMSNorm(self.d, eps) if qk_norm else nn.Identity()
+        for name in ("attn_mat_resid_gain", "attn_mat_skip_gain", "centre_attn_gain"):
+            setattr(self, name, nn.Parameter(1 + 0.3 * torch.randn(1, heads, 1, 1)))
+        mp = max_positions
+        self.uniform_causal_attn_mat = torch.tril(torch.ones(mp, mp, dtype=torch.float64)
+                                                  / torch.arange(1, mp + 1).view(-1, 1)).view(1, 1, mp, mp)
+        self.diag = torch.eye(mp, dtype=torch.float64).view(1, 1, mp, mp)
+        self.causal = torch.tril(torch.ones(mp, mp, dtype=torch.bool)).view(1, 1, mp, mp)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        query, key = self.qk_attn(x).split(self.c, dim=2)
+        value = self.v_attn(x)
+        q, k, v = (t.view(b, n, self.h, self.d).permute(0, 2, 1, 3) for t in (query, key, value))
+        q, k = self.q_norm(q), self.k_norm(k)
+        w = (q @ k.transpose(-1, -2)) / v.size(-1) ** 0.5
+        w = torch.where(self.causal[:, :, :n, :n], w, torch.tensor(torch.finfo(w.dtype).min, dtype=w.dtype))
+        w = self.attn_mat_resid_gain * torch.softmax(w, dim=-1)
+        if self.centre:
+            w = w + self.attn_mat_skip_gain * self.diag[:, :, :n, :n] - self.centre_attn_gain * \
+                self.uniform_causal_attn_mat[:, :, :n, :n]
+        o = (w @ v).permute(0, 2, 1, 3).reshape(b, n, self.c)
+        return self.c_proj(o)
+
+
+def shaped_gpt2_attention(rng, *, dim: int, heads: int, centre_attn: bool = True, value=None, proj=None,
+                          qk_norm: bool = False, eps: float = 1e-5) -> UpstreamLayer:
+    """``myGPT2Attention``; ``value`` / ``proj``: None (nn.Identity) or MyConv1D kwargs
+    (``{}`` a plain weight; ``resid_gain``, ``skip_gain``, ``init_type`` the reparameterised one)."""
+    from refattn.attention.differential.shaped import shaped_attention_layer_backward, shaped_attention_layer_forward
+
+    torch.manual_seed(int(rng.integers(0, 2**31)))
+    mod = _ShapedGPT2Attention(dim, heads, centre_attn=centre_attn, value=value, proj=proj, qk_norm=qk_norm,
+                               eps=eps).double()
+
+    def to_params(sd):
+        out = {}
+        for key, val in sd.items():
+            if key.endswith("_gain") and val.ndim == 4:
+                val = val.reshape(-1)
+            if key in ("v_attn.bias", "c_proj.bias") and not getattr(mod, key.split(".")[0]).bias.requires_grad:
+                continue  # upstream bias=False: a frozen zero vector, left out of refattn's params
+            out[key] = val
+        return out
+
+    config = {"num_heads": heads, "centre_attn": centre_attn, "qk_norm_eps": eps}
+    for name in ("v_attn", "c_proj"):
+        sub = getattr(mod, name)
+        if getattr(sub, "skip", False):
+            config[f"{name}_id"] = sub.id.double().numpy()
+    return UpstreamLayer(mod, to_params, lambda m, x: m(x), shaped_attention_layer_forward,
+                         shaped_attention_layer_backward, config,
+                         "bobby-he/simplified_transformers simplified_transformers/model_utils.py@8d4ea79")

@@ -209,3 +209,19 @@ def test_sinkformer_layer(heads, dim_head, max_iter, eps):
     dim = 6
     layer = U.sinkformer_attention_layer(rng, dim=dim, heads=heads, dim_head=dim_head, max_iter=max_iter, eps=eps)
     _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 5, dim))}, rng))
+
+
+_SHAPED_CASES = {
+    "sas": dict(centre_attn=True),
+    "plain_v_proj": dict(centre_attn=False, value={"bias": False}, proj={"bias": False}),
+    "reparam_id_qknorm": dict(centre_attn=True, value={"resid_gain": 0.7, "skip_gain": 1.2, "init_type": "id"},
+                              proj={"resid_gain": 0.4, "skip_gain": 0.9, "init_type": "normal", "bias": False},
+                              qk_norm=True),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_SHAPED_CASES))
+def test_shaped_attention_layer(case):
+    rng = np.random.default_rng(27)
+    layer = U.shaped_gpt2_attention(rng, dim=6, heads=2, **_SHAPED_CASES[case])
+    _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 5, 6))}, rng))

@@ -169,6 +169,9 @@ from .shaped import (  # noqa: F401
     shaped_attention,
     shaped_attention_backward,
     shaped_attention_forward,
+    shaped_attention_layer,
+    shaped_attention_layer_backward,
+    shaped_attention_layer_forward,
 )
 from .shared_diff import (  # noqa: F401
     shared_diff_attention,
@@ -278,6 +281,9 @@ __all__ = [
     "shaped_attention",
     "shaped_attention_backward",
     "shaped_attention_forward",
+    "shaped_attention_layer",
+    "shaped_attention_layer_backward",
+    "shaped_attention_layer_forward",
     "shared_diff_attention",
     "shared_diff_attention_backward",
     "shared_diff_attention_forward",
