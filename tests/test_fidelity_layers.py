@@ -225,3 +225,38 @@ def test_shaped_attention_layer(case):
     rng = np.random.default_rng(27)
     layer = U.shaped_gpt2_attention(rng, dim=6, heads=2, **_SHAPED_CASES[case])
     _assert_close(U.compare_layer(layer, {"x": rng.standard_normal((2, 5, 6))}, rng))
+
+
+# ------------------------------------------------------------------------------ layer input errors
+
+
+def test_full_layers_reject_untransposed_or_misnamed_weights():
+    from refattn.attention.differential.shaped import shaped_attention_layer_forward
+    from refattn.attention.linear.efficient import efficient_attention_layer_forward
+    from refattn.attention.linear.sinkformer import sinkformer_layer_forward
+    from refattn.attention.softmax.alibi import alibi_layer_forward
+    from refattn.attention.softmax.relative import t5_attention_layer_forward
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 3, 4))
+    sq = {f"{n}.weight": rng.standard_normal((4, 4)) for n in ("q", "k", "v", "o")}
+    with pytest.raises(ValueError, match="relative_attention_bias.weight must have shape"):
+        t5_attention_layer_forward(x, {**sq, "relative_attention_bias.weight": np.zeros((2, 8))}, num_heads=2,
+                                   num_buckets=8)
+    with pytest.raises(ValueError, match="unknown keys"):
+        t5_attention_layer_forward(x, {**sq, "q_proj.weight": sq["q.weight"]}, num_heads=2)
+    with pytest.raises(ValueError, match="q.weight must have shape"):
+        t5_attention_layer_forward(x, {**sq, "q.weight": np.zeros((6, 4))}, num_heads=2)
+    ap = {f"{n}.weight": np.zeros((4, 4)) for n in ("q_proj", "k_proj", "v_proj", "out_proj")}
+    with pytest.raises(ValueError, match="must divide"):
+        alibi_layer_forward(x, ap, num_heads=3)
+    with pytest.raises(ValueError, match="to_qkv.weight must have shape"):
+        sinkformer_layer_forward(x, {"to_qkv.weight": np.zeros((12, 4))}, heads=2)
+    with pytest.raises(ValueError, match="head_count=3 must divide"):
+        efficient_attention_layer_forward(rng.standard_normal((1, 2, 3, 3)),
+                                          {"keys.weight": np.zeros((4, 2, 1, 1)), "values.weight": np.zeros((4, 2, 1, 1))},
+                                          head_count=3)
+    gains = {g: np.ones(2) for g in ("attn_mat_resid_gain", "attn_mat_skip_gain", "centre_attn_gain")}
+    with pytest.raises(ValueError, match="come together"):
+        shaped_attention_layer_forward(x, {"qk_attn.weight": np.zeros((4, 8)), **gains, "v_attn.weight": np.eye(4),
+                                           "v_attn.skip_gain": np.ones(1)}, num_heads=2)
