@@ -75,8 +75,9 @@ Modules
 * `transolver`: Transolver Physics-Attention: slice the points, attend among the slices, deslice
   (``transolver_physics_attention``).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ from .anie import (  # noqa: F401
     init_anie_params,
 )
 from .anisotropic_rbf import (  # noqa: F401
+    anisotropic_rbf,
     anisotropic_rbf_backward,
     anisotropic_rbf_forward,
     tangent_frames,
@@ -157,6 +159,7 @@ from .differential_conv import (  # noqa: F401
 )
 from .disco_conv import (  # noqa: F401
     disco_basis,
+    disco_conv,
     disco_conv_backward,
     disco_conv_forward,
     disco_filter_matrix,
@@ -200,6 +203,7 @@ from .galerkin import (  # noqa: F401
     init_params,
 )
 from .gno_kernel_integral import (  # noqa: F401
+    gno_kernel_integral,
     gno_kernel_integral_backward,
     gno_kernel_integral_forward,
     init_gno_params,
@@ -298,6 +302,7 @@ from .pde_transformer_channel_attention import (  # noqa: F401
 from .pinnsformer import (  # noqa: F401
     init_pinnsformer_params,
     make_time_sequence,
+    pinnsformer,
     pinnsformer_backward,
     pinnsformer_forward,
     pinnsformer_param_shapes,
@@ -307,6 +312,7 @@ from .pinnsformer import (  # noqa: F401
 )
 from .pinto import (  # noqa: F401
     init_pinto_params,
+    pinto,
     pinto_backward,
     pinto_forward,
 )
@@ -314,6 +320,7 @@ from .schwarz_attention import (  # noqa: F401
     coarse_hat_basis,
     overlapping_subdomains,
     partition_of_unity,
+    schwarz_attention,
     schwarz_attention_backward,
     schwarz_attention_forward,
 )
@@ -341,6 +348,7 @@ __all__ = [
     "anie_forward",
     "anie_solve",
     "init_anie_params",
+    "anisotropic_rbf",
     "anisotropic_rbf_backward",
     "anisotropic_rbf_forward",
     "tangent_frames",
@@ -392,6 +400,7 @@ __all__ = [
     "finite_difference_conv_forward",
     "zero_sum_stencil",
     "disco_basis",
+    "disco_conv",
     "disco_conv_backward",
     "disco_conv_forward",
     "disco_filter_matrix",
@@ -425,6 +434,7 @@ __all__ = [
     "galerkin_attention_backward",
     "galerkin_attention_forward",
     "init_params",
+    "gno_kernel_integral",
     "gno_kernel_integral_backward",
     "gno_kernel_integral_forward",
     "init_gno_params",
@@ -495,6 +505,7 @@ __all__ = [
     "pde_channel_attention_forward",
     "init_pinnsformer_params",
     "make_time_sequence",
+    "pinnsformer",
     "pinnsformer_backward",
     "pinnsformer_forward",
     "pinnsformer_param_shapes",
@@ -502,11 +513,13 @@ __all__ = [
     "wave_activation_backward",
     "wave_activation_forward",
     "init_pinto_params",
+    "pinto",
     "pinto_backward",
     "pinto_forward",
     "coarse_hat_basis",
     "overlapping_subdomains",
     "partition_of_unity",
+    "schwarz_attention",
     "schwarz_attention_backward",
     "schwarz_attention_forward",
     "conditional_layer_norm",

@@ -43,8 +43,9 @@ Modules
 * `v2`: DIFF Transformer V2: per-token, per-head $\lambda = \sigma(xW_\lambda)$, shared K/V within a
   GQA group (``diff_attention_v2``).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ from .diffclip import (  # noqa: F401
     diffclip_attention_forward,
 )
 from .difflora import (  # noqa: F401
+    difflora,
     difflora_backward,
     difflora_forward,
 )
@@ -222,6 +224,7 @@ __all__ = [
     "diffclip_attention",
     "diffclip_attention_backward",
     "diffclip_attention_forward",
+    "difflora",
     "difflora_backward",
     "difflora_forward",
     "dint_attention",

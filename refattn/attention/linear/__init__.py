@@ -54,8 +54,9 @@ Modules
   denominator), its full layer as trained (``transnormer_t1``), and DiagAttention (softmax attention
   inside non-overlapping blocks) (``transnormer_norm_attention``).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from .core import (  # noqa: F401
 )
 from .drsformer_tksa import (  # noqa: F401
     DRSFORMER_RATIOS,
+    drsformer_tksa,
     drsformer_tksa_backward,
     drsformer_tksa_forward,
     drsformer_topk_sizes,
@@ -170,6 +172,7 @@ from .masked_linear import (  # noqa: F401
     tree_exp_matvec,
 )
 from .performer import (  # noqa: F401
+    performer,
     performer_backward,
     performer_features_backward,
     performer_features_forward,
@@ -206,6 +209,7 @@ from .set_transformer import (  # noqa: F401
     BLOCKS,
     mab_backward,
     mab_forward,
+    set_transformer,
     set_transformer_backward,
     set_transformer_forward,
 )
@@ -246,6 +250,7 @@ from .spectraformer import (  # noqa: F401
 )
 from .topk_attention import (  # noqa: F401
     mips_to_nns,
+    topk_attention,
     topk_attention_backward,
     topk_attention_forward,
     topk_selection,
@@ -255,6 +260,7 @@ from .transnormer import (  # noqa: F401
     TRANSNORMER_NORMS,
     diag_attention_backward,
     diag_attention_forward,
+    transnormer,
     transnormer_backward,
     transnormer_forward,
     transnormer_layer,
@@ -274,6 +280,7 @@ __all__ = [
     "topk_keep",
     "validate_linear_qkv",
     "DRSFORMER_RATIOS",
+    "drsformer_tksa",
     "drsformer_tksa_backward",
     "drsformer_tksa_forward",
     "drsformer_topk_sizes",
@@ -348,6 +355,7 @@ __all__ = [
     "masked_linear_attention_forward",
     "tree_distances",
     "tree_exp_matvec",
+    "performer",
     "performer_backward",
     "performer_features_backward",
     "performer_features_forward",
@@ -376,6 +384,7 @@ __all__ = [
     "BLOCKS",
     "mab_backward",
     "mab_forward",
+    "set_transformer",
     "set_transformer_backward",
     "set_transformer_forward",
     "sinkformer_attention",
@@ -408,6 +417,7 @@ __all__ = [
     "spectraformer_weight_matrix",
     "walsh_hadamard",
     "mips_to_nns",
+    "topk_attention",
     "topk_attention_backward",
     "topk_attention_forward",
     "topk_selection",
@@ -415,6 +425,7 @@ __all__ = [
     "TRANSNORMER_NORMS",
     "diag_attention_backward",
     "diag_attention_forward",
+    "transnormer",
     "transnormer_backward",
     "transnormer_forward",
     "transnormer_layer",

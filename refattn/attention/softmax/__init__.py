@@ -70,8 +70,9 @@ Modules
 * `transposed_channel`: Transposed ("channel") attention: Restormer's MDTA, and the
   linear-projection form of XCiT / DAT (``transposed_channel_attention``).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 """
 
 from __future__ import annotations
@@ -198,6 +199,7 @@ from .memory_efficient import (  # noqa: F401
 from .mha import (  # noqa: F401
     MHA_WEIGHTS,
     init_mha_params,
+    mha,
     mha_backward,
     mha_forward,
 )
@@ -255,10 +257,12 @@ from .relative import (  # noqa: F401
 )
 from .reversed_attention import (  # noqa: F401
     init_reversed_attention_params,
+    reversed_attention,
     reversed_attention_backward,
     reversed_attention_forward,
 )
 from .sdpa import (  # noqa: F401
+    sdpa,
     sdpa_backward,
     sdpa_forward,
 )
@@ -396,6 +400,7 @@ __all__ = [
     "tree_reduce",
     "MHA_WEIGHTS",
     "init_mha_params",
+    "mha",
     "mha_backward",
     "mha_forward",
     "MHE_MODES",
@@ -439,8 +444,10 @@ __all__ = [
     "t5_attention_layer_forward",
     "t5_relative_position_bucket",
     "init_reversed_attention_params",
+    "reversed_attention",
     "reversed_attention_backward",
     "reversed_attention_forward",
+    "sdpa",
     "sdpa_backward",
     "sdpa_forward",
     "init_skip_layer_params",
