@@ -327,17 +327,20 @@ def _check_mala_weights_sum(rng):
 
 def _check_mala_layer_gradcheck(rng):
     """The full layer (qkvo, LePE, gate, proj around the core): FD gradcheck of x and every
-    parameter. RoPE needs d >= 4, which makes the full Jacobian slow; the core's own records
-    check RoPE (the small sample), and the layer's RoPE path is compared with upstream in
-    tests/test_fidelity_layers.py."""
+    parameter, without RoPE (C = 2, 2 heads) and with MALA's 2-D RoPE (C = 8, 2 heads of d = 4,
+    a 2x2 map; about 2 s)."""
     from ...testing import gradcheck
 
-    c = 2
-    params = {"qkvo.weight": rng.standard_normal((4 * c, c, 1, 1)), "qkvo.bias": 0.2 * rng.standard_normal(4 * c),
-              "lepe.weight": 0.3 * rng.standard_normal((c, 1, 5, 5)), "lepe.bias": 0.1 * rng.standard_normal(c),
-              "proj.weight": rng.standard_normal((c, c, 1, 1)), "proj.bias": 0.1 * rng.standard_normal(c)}
-    s = Sample(inputs={"x": rng.standard_normal((2, c, 2, 3))}, params=params, config={"num_heads": 2, "rope": False})
-    return gradcheck(mala_layer_forward, mala_layer_backward, s).max_rel
+    worst = 0.0
+    for c, rope, hw, bsz in ((2, False, (2, 3), 2), (8, True, (2, 2), 1)):
+        params = {"qkvo.weight": 0.5 * rng.standard_normal((4 * c, c, 1, 1)),
+                  "qkvo.bias": 0.2 * rng.standard_normal(4 * c),
+                  "lepe.weight": 0.3 * rng.standard_normal((c, 1, 5, 5)), "lepe.bias": 0.1 * rng.standard_normal(c),
+                  "proj.weight": 0.5 * rng.standard_normal((c, c, 1, 1)), "proj.bias": 0.1 * rng.standard_normal(c)}
+        s = Sample(inputs={"x": rng.standard_normal((bsz, c, *hw))}, params=params,
+                   config={"num_heads": 2, "rope": rope})
+        worst = max(worst, gradcheck(mala_layer_forward, mala_layer_backward, s).max_rel)
+    return worst
 
 
 register(
