@@ -1,38 +1,8 @@
-r"""Linear, kernel and set attention (catalogue family 4), one module per mechanism.
+r"""Linear, kernel, sparse, low-rank and set attention (catalogue family 4), one module per mechanism.
 
-* `core`: the helpers the family shares (feature maps, the linear-attention core with its causal
-  scan, validation); registers nothing.
-* `katharopoulos`: linear attention, "Transformers are RNNs" (record
-  ``linear_attention_katharopoulos``), with the causal prefix-state scan the kernels mirror.
-* `efficient`: Efficient Attention of Shen et al. (``efficient_attention_shen``).
-* `performer`: Performer FAVOR+ positive random features (``performer_favor_plus``).
-* `transnormer`: TransNormer NormAttention and DiagAttention (``transnormer_norm_attention``).
-* `rpe_fft`: kernelized attention with relative positional encoding via FFT
-  (``kernelized_attention_rpe_fft``).
-* `set_transformer`: Set Transformer MAB / SAB / ISAB / PMA (``set_transformer_blocks``).
-* `sinkformer`: doubly stochastic attention by log-domain Sinkhorn (``sinkformer_attention``).
-* `topk_attention`: top-k (k-NN retrieved) softmax attention, IceFormer's exact reference
-  (``topk_attention``).
-* `drsformer_tksa`: DRSformer top-k sparse channel attention (``drsformer_topk_channel_attention``).
-* `informer_probsparse`: Informer ProbSparse attention layer and distilling layer
-  (``informer_probsparse_attention``).
-* `reformer_lsh`: Reformer LSH self-attention (``reformer_lsh_attention``).
-* `sparsek`: the SPARSEK operator and SPARSEK attention (``sparsek_attention``).
-* `routing_transformer`: Routing Transformer online k-means routing (``routing_transformer_kmeans``).
-* `dynamic_mask`: DMA, value-generated dynamic bias and top-k mask (``dynamic_mask_attention``).
-* `linformer`: Linformer sequence-axis low-rank projections (``linformer_low_rank_attention``).
-* `combiner`: Combiner full attention by structured factorisation (``combiner_attention``).
-* `fourier_dct`: Fourier Transformer DCT sequence truncation (``fourier_transformer_dct``).
-* `udit`: U-DiT downsampled-token (polyphase) attention (``udit_downsampled_token_attention``).
-* `wavspa`: WavSpA attention in wavelet coefficient space (``wavelet_space_attention``).
-* `mra`: MRA-2 multiresolution approximation of attention (``mra_multiresolution_attention``).
-* `vcc`: VCC VIP-token centric compression (``vcc_vip_token_compression``).
-
-Every public name of these modules is re-exported here, so
-``from refattn.attention.linear import causal_linear_attention_forward`` works.
-
-A convenience wrapper named like its module (``performer``, ``transnormer``) is not re-exported, so that the
-module name keeps naming the module: call it as ``refattn.attention.linear.<module>.<name>``.
+`core` holds the linear-attention core (feature maps, the causal scan and its explicit
+$O(N^2)$ form) and the selection helpers the sparse attentions share; every fast form in the
+family is tested against its explicit form.
 
 Modules
 -------
@@ -89,8 +59,8 @@ Modules
 * `topk_attention`: Top-$k$ (k-NN retrieved) softmax attention: the exact reference of IceFormer's
   retrieval attention (``topk_attention``).
 * `transnormer`: TransNormer: NormAttention (linear attention with a norm instead of the row-sum
-  denominator) and DiagAttention (softmax attention inside non-overlapping blocks), the two
-  attentions of its layers (``transnormer_norm_attention``).
+  denominator), its full layer as trained (``transnormer_t1``), and DiagAttention (softmax attention
+  inside non-overlapping blocks) (``transnormer_norm_attention``).
 * `udit`: U-DiT downsampled-token self-attention: attention within the four polyphase sub-maps of a
   feature map (``udit_downsampled_token_attention``).
 * `vcc`: VCC: VIP-token centric compression around one transformer layer
@@ -157,6 +127,9 @@ from .efficient import (  # noqa: F401
     efficient_attention,
     efficient_attention_backward,
     efficient_attention_forward,
+    efficient_attention_layer,
+    efficient_attention_layer_backward,
+    efficient_attention_layer_forward,
 )
 from .fastmax import (  # noqa: F401
     FASTMAX_NORMALIZE,
@@ -295,6 +268,9 @@ from .sinkformer import (  # noqa: F401
     sinkformer_attention,
     sinkformer_backward,
     sinkformer_forward,
+    sinkformer_layer,
+    sinkformer_layer_backward,
+    sinkformer_layer_forward,
     sinkhorn_log,
     sinkhorn_log_vjp,
 )
@@ -332,11 +308,16 @@ from .topk_attention import (  # noqa: F401
     topk_selection,
 )
 from .transnormer import (  # noqa: F401
+    TRANSNORMER_FEATURE_MAPS,
+    TRANSNORMER_NORMS,
     diag_attention_backward,
     diag_attention_forward,
     transnormer,
     transnormer_backward,
     transnormer_forward,
+    transnormer_layer,
+    transnormer_layer_backward,
+    transnormer_layer_forward,
 )
 from .udit import (  # noqa: F401
     UDIT_ATTN_TYPES,
@@ -411,6 +392,9 @@ __all__ = [
     "efficient_attention",
     "efficient_attention_backward",
     "efficient_attention_forward",
+    "efficient_attention_layer",
+    "efficient_attention_layer_backward",
+    "efficient_attention_layer_forward",
     "FASTMAX_NORMALIZE",
     "fastmax_attention",
     "fastmax_backward",
@@ -517,6 +501,9 @@ __all__ = [
     "sinkformer_attention",
     "sinkformer_backward",
     "sinkformer_forward",
+    "sinkformer_layer",
+    "sinkformer_layer_backward",
+    "sinkformer_layer_forward",
     "sinkhorn_log",
     "sinkhorn_log_vjp",
     "SPARSEK_GATES",
@@ -546,11 +533,16 @@ __all__ = [
     "topk_attention_backward",
     "topk_attention_forward",
     "topk_selection",
+    "TRANSNORMER_FEATURE_MAPS",
+    "TRANSNORMER_NORMS",
     "diag_attention_backward",
     "diag_attention_forward",
     "transnormer",
     "transnormer_backward",
     "transnormer_forward",
+    "transnormer_layer",
+    "transnormer_layer_backward",
+    "transnormer_layer_forward",
     "UDIT_ATTN_TYPES",
     "UDIT_POSEMB",
     "udit_attention",

@@ -61,8 +61,9 @@ Modules
   recurrences, Rabe–Staats chunking with a checkpointed backward, and the associative (tree) merge
   of chunk summaries (``online_softmax_flash_attention``,
   ``memory_efficient_attention_rabe_staats``, ``tree_attention_merge``).
-* `mha`: Multi-head (self or cross) attention layer with q/k/v/out projections, token-major
-  (``multi_head_attention``).
+* `mha`: Multi-head (self or cross) attention layer with q/k/v/out projections, token-major; the
+  options of ``torch.nn.MultiheadAttention`` (separate key and value inputs, ``add_bias_kv``,
+  ``add_zero_attn``, ``key_padding_mask``) (``multi_head_attention``).
 * `monotonic_location`: Monotonic location attention (OneStepAttn, MonoAttn, RMonoAttn and their
   content-mixed forms) with the forward/reverse interpolation of the encoder states, recurrent over
   decoder steps, with the backward through time (``monotonic_location_attention``).
@@ -138,6 +139,9 @@ from .alibi import (  # noqa: F401
     alibi_attention_backward,
     alibi_attention_forward,
     alibi_bias,
+    alibi_layer,
+    alibi_layer_backward,
+    alibi_layer_forward,
     alibi_slopes,
 )
 from .bidaf import (  # noqa: F401
@@ -410,6 +414,9 @@ from .relative import (  # noqa: F401
     shaw_attention_forward,
     t5_attention_backward,
     t5_attention_forward,
+    t5_attention_layer,
+    t5_attention_layer_backward,
+    t5_attention_layer_forward,
     t5_relative_position_bucket,
 )
 from .reversed_attention import (  # noqa: F401
@@ -495,6 +502,9 @@ __all__ = [
     "alibi_attention_backward",
     "alibi_attention_forward",
     "alibi_bias",
+    "alibi_layer",
+    "alibi_layer_backward",
+    "alibi_layer_forward",
     "alibi_slopes",
     "bidaf_attention",
     "bidaf_attention_backward",
@@ -711,6 +721,9 @@ __all__ = [
     "shaw_attention_forward",
     "t5_attention_backward",
     "t5_attention_forward",
+    "t5_attention_layer",
+    "t5_attention_layer_backward",
+    "t5_attention_layer_forward",
     "t5_relative_position_bucket",
     "init_reversed_attention_params",
     "reversed_attention",
