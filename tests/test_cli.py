@@ -102,7 +102,7 @@ def test_show_prints_summary_conventions_and_upstream(capsys):
     out = capsys.readouterr().out
     for part in ("Summary", "Conventions", "Upstream", "causal_alignment='top_left'", "kv_group_map='contiguous'",
                  "tensorflow/tensor2tensor", "arXiv 1706.03762", "attention_backward.cu",
-                 "refattn/attention/softmax.py", "docs/softmax-attention.md#sdpa"):
+                 "refattn/attention/softmax/sdpa.py", "docs/softmax-attention.md#sdpa"):
         assert part in out, part
     assert ":func:" not in out and "``" not in out
     unimplemented = registry.all(implemented=False)[0]

@@ -152,6 +152,9 @@ from .lora import (  # noqa: F401
     two_branch_forward,
 )
 from .mala import (  # noqa: F401
+    mala_layer,
+    mala_layer_backward,
+    mala_layer_forward,
     mala_linear_attention,
     mala_linear_attention_backward,
     mala_linear_attention_forward,
@@ -167,6 +170,9 @@ from .mta import (  # noqa: F401
     multi_token_attention,
     multi_token_attention_backward,
     multi_token_attention_forward,
+    multi_token_attention_layer,
+    multi_token_attention_layer_backward,
+    multi_token_attention_layer_forward,
 )
 from .pct import (  # noqa: F401
     pct_offset_attention,
@@ -183,6 +189,9 @@ from .shaped import (  # noqa: F401
     shaped_attention,
     shaped_attention_backward,
     shaped_attention_forward,
+    shaped_attention_layer,
+    shaped_attention_layer_backward,
+    shaped_attention_layer_forward,
 )
 from .shared_diff import (  # noqa: F401
     shared_diff_attention,
@@ -266,6 +275,9 @@ __all__ = [
     "lora_backward",
     "two_branch_backward",
     "two_branch_forward",
+    "mala_layer",
+    "mala_layer_backward",
+    "mala_layer_forward",
     "mala_linear_attention",
     "mala_linear_attention_backward",
     "mala_linear_attention_forward",
@@ -277,6 +289,9 @@ __all__ = [
     "multi_token_attention",
     "multi_token_attention_backward",
     "multi_token_attention_forward",
+    "multi_token_attention_layer",
+    "multi_token_attention_layer_backward",
+    "multi_token_attention_layer_forward",
     "pct_offset_attention",
     "pct_offset_attention_backward",
     "pct_offset_attention_forward",
@@ -287,6 +302,9 @@ __all__ = [
     "shaped_attention",
     "shaped_attention_backward",
     "shaped_attention_forward",
+    "shaped_attention_layer",
+    "shaped_attention_layer_backward",
+    "shaped_attention_layer_forward",
     "shared_diff_attention",
     "shared_diff_attention_backward",
     "shared_diff_attention_forward",
