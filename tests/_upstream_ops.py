@@ -77,3 +77,68 @@ def build_ono_orth(torch, mu, residual=True):
 
     m = OrthCore()
     return m, {"mu": (m.mu, same)}
+
+
+# ------------------------------------------------------------------------------------ OFormer
+
+
+def build_oformer_linear_attention(torch, params, *, heads, dim_head, attn_type="galerkin"):
+    """BaratiLab/OFormer ``airfoil/nn_module/attention_module.py`` @ f1111b3 ``LinearAttention``
+    (no positional embedding, ``use_ln=False``): unpadded, ``InstanceNorm1d(dim_head)`` on a
+    ``(b h) n d`` tensor (each point over its channels); padded, ``masked_instance_norm`` over the
+    real points with the mean and variance detached (eps 1e-5). ``forward(x, padding_mask=None)``
+    with a boolean ``(b, n)`` mask (True = real point). The reciprocal of the point count is taken
+    in float64 here (upstream's ``1./grid_size`` is float32 unless the default dtype is float64)."""
+    nn = torch.nn
+    h, d = heads, dim_head
+    normed = ("k", "v") if attn_type == "galerkin" else ("q", "k")
+
+    def masked_in(t, m):
+        mean = ((t * m).sum(1) / m.sum(1)).detach()
+        var = ((((t - mean[:, None]) * m) ** 2).sum(1) / m.sum(1)).detach()
+        return (t - mean[:, None]) / torch.sqrt(var[:, None] + 1e-5)
+
+    class LinearAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.to_qkv = nn.Parameter(torch.tensor(params["to_qkv.weight"].T.copy()))
+            self.w_out = nn.Parameter(torch.tensor(params["to_out.0.weight"].T.copy()))
+            self.b_out = nn.Parameter(torch.tensor(params["to_out.0.bias"].copy()))
+
+        def forward(self, x, padding_mask=None):
+            b, n, _ = x.shape
+            ops = dict(zip("qkv", (t.reshape(b, n, h, d).transpose(1, 2) for t in (x @ self.to_qkv.T).chunk(3, -1))))
+            if padding_mask is None:
+                for t in normed:
+                    ops[t] = torch.nn.functional.instance_norm(ops[t].reshape(b * h, n, d)).reshape(b, h, n, d)
+                cnt = torch.full((b, 1, 1, 1), float(n), dtype=x.dtype)
+            else:
+                m = padding_mask[:, None, :, None].expand(b, h, n, 1).reshape(b * h, n, 1).to(x.dtype)
+                for t in normed:
+                    ops[t] = masked_in(ops[t].reshape(b * h, n, d), m).reshape(b, h, n, d)
+                keep = padding_mask[:, None, :, None]
+                ops = {t: v.masked_fill(~keep, 0.0) for t, v in ops.items()}
+                cnt = padding_mask.sum(-1).to(x.dtype).view(-1, 1, 1, 1)
+            out = ops["q"] @ (ops["k"].transpose(-1, -2) @ ops["v"]) / cnt
+            return out.transpose(1, 2).reshape(b, n, h * d) @ self.w_out.T + self.b_out
+
+    mod = LinearAttention()
+    return mod, {"to_qkv.weight": (mod.to_qkv, linear_t), "to_out.0.weight": (mod.w_out, linear_t),
+                 "to_out.0.bias": (mod.b_out, same)}
+
+
+# ----------------------------------------------------------------------------- neuraloperator
+
+
+def neuralop_linear_mapping(module, names):
+    """``mapping`` for the ``nn.Linear`` children ``names`` of a real neuraloperator module
+    (weights transposed; biases as they are); ``nn.Identity`` children are skipped."""
+    out = {}
+    for n in names:
+        lin = getattr(module, n)
+        if not hasattr(lin, "weight"):
+            continue
+        out[f"{n}.weight"] = (lin.weight, linear_t)
+        if getattr(lin, "bias", None) is not None:
+            out[f"{n}.bias"] = (lin.bias, same)
+    return out

@@ -40,3 +40,90 @@ def test_ono_matches_upstream_head_and_86e1bfe(residual):
 def test_ono_residual_keyword_rejects_non_bool():
     with pytest.raises(TypeError, match="residual"):
         ono_attention_forward(np.ones((2, 3, 1)), np.ones((2, 3, 1)), {"mu": np.ones(1)}, residual=1)
+
+
+# -------------------------------------------------------------------- OFormer (item 7)
+
+from _upstream_ops import build_oformer_linear_attention  # noqa: E402
+from refattn.operators import oformer  # noqa: E402
+
+
+@pytest.mark.parametrize("attn_type", ["galerkin", "fourier"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_oformer_both_upstream_branches(attn_type, padded):
+    """Unpadded: InstanceNorm over channels (norm_axis="channels"); padded: masked instance norm
+    over the real points with detached statistics (norm_axis="points", masked_norm_grad="detached")."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    params = oformer.oformer_init_params(rng, 4, 2, 4, attn_type=attn_type, init_gain=0.5)
+    mod, mapping = build_oformer_linear_attention(torch, params, heads=2, dim_head=4, attn_type=attn_type)
+    x = rng.standard_normal((2, 7, 4))
+    cfg = {"n_head": 2, "attn_type": attn_type}
+    if padded:
+        mask = np.ones((2, 7), bool)
+        mask[1, -2:] = False
+        cfg.update(padding_mask=mask, norm_axis="points", masked_norm_grad="detached")
+        call = lambda m, t: m(t["x"], torch.tensor(mask))  # noqa: E731
+    else:
+        cfg.update(norm_axis="channels")
+        call = None
+    errs = compare_module(torch, mod, mapping, oformer.oformer_attention_forward, oformer.oformer_attention_backward,
+                          {"x": x}, config=cfg, call=call)
+    _assert_close(errs)
+    if padded:   # the exact derivative is a different gradient (same forward)
+        cfg["masked_norm_grad"] = "exact"
+        errs = compare_module(torch, mod, mapping, oformer.oformer_attention_forward,
+                              oformer.oformer_attention_backward, {"x": x}, config=cfg, call=call)
+        assert errs["out"] < TOL and errs["x"] > 1e-3
+
+
+def test_oformer_masked_norm_grad_choice_is_validated():
+    rng = np.random.default_rng(2)
+    with pytest.raises(ValueError, match="masked_norm_grad"):
+        oformer.oformer_attention(rng.standard_normal((2, 3, 4)), oformer.oformer_init_params(rng, 4, 2, 2),
+                                  n_head=2, masked_norm_grad="frozen")
+
+
+# ------------------------------------------ neuraloperator AttentionKernelIntegral (item 9)
+
+
+@pytest.mark.parametrize("cin,cout,heads,d,project_query,weighted", [
+    (3, 5, 2, 2, True, False),    # out_channels != in_channels: to_out is a Linear
+    (4, 4, 2, 2, True, True),     # heads * d == out_channels: to_out is nn.Identity
+    (4, 3, 2, 2, False, True),    # project_query=False, quadrature weights on the output rows
+])
+def test_attention_kernel_integral_real_module(cin, cout, heads, d, project_query, weighted):
+    """neuraloperator ``neuralop/layers/attention_kernel_integral.py`` (PyPI neuraloperator 2.0.0,
+    same file as GitHub @ 93d3f06): norm over each point's channels, output-row weights."""
+    torch = pytest.importorskip("torch")
+    aki = pytest.importorskip("neuralop.layers.attention_kernel_integral")
+    from _upstream_ops import neuralop_linear_mapping
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(3)
+    m = aki.AttentionKernelIntegral(cin, cout, heads, d, project_query=project_query).double()
+    assert isinstance(m.to_out, torch.nn.Identity) == (heads * d == cout)
+    mapping = neuralop_linear_mapping(m, ["to_q", "to_k", "to_v", "to_out"])
+    x, pos = rng.standard_normal((2, 7, cin)), rng.random((2, 7, 2))
+    w = rng.uniform(0.1, 0.3, (2, 7)) if weighted else None
+    cfg = {"n_head": heads, "norm_axis": "channels", "weights_placement": "output", "weights": w,
+           "out_channels": cout}
+    call = lambda mod, t: mod(t["x"], torch.tensor(pos), weights=None if w is None else torch.tensor(w))  # noqa: E731
+    errs = compare_module(torch, m, mapping, oformer.oformer_attention_forward, oformer.oformer_attention_backward,
+                          {"x": x}, config=cfg, call=call)
+    _assert_close(errs, 1e-8)   # the norm over d = 2 channels amplifies round-off (measured <= 2e-12)
+
+
+def test_attention_kernel_integral_identity_rule_is_enforced():
+    rng = np.random.default_rng(4)
+    p = {t: rng.standard_normal((4, 4)) for t in ("to_q.weight", "to_k.weight", "to_v.weight")}
+    x = rng.standard_normal((2, 5, 4))
+    assert oformer.oformer_attention(x, p, n_head=2, out_channels=4).shape == (2, 5, 4)
+    with pytest.raises(ValueError, match="to_out"):
+        oformer.oformer_attention(x, p, n_head=2, out_channels=3)          # needs a projection
+    with pytest.raises(ValueError, match="unknown keys"):
+        oformer.oformer_attention(x, dict(p, **{"to_out.weight": np.ones((4, 4)), "to_out.bias": np.ones(4)}),
+                                  n_head=2, out_channels=4)                   # Identity when H*d == out
+    with pytest.raises(ValueError, match="project_query"):
+        oformer.oformer_attention(rng.standard_normal((2, 5, 3)), {k: v[:3] for k, v in p.items() if k != "to_q.weight"},
+                                  n_head=2)
