@@ -127,3 +127,45 @@ def test_attention_kernel_integral_identity_rule_is_enforced():
     with pytest.raises(ValueError, match="project_query"):
         oformer.oformer_attention(rng.standard_normal((2, 5, 3)), {k: v[:3] for k, v in p.items() if k != "to_q.weight"},
                                   n_head=2)
+
+
+# ------------------------------------------------ Galerkin-transformer cross-attention (item 4)
+
+from _upstream_ops import build_simple_attention  # noqa: E402
+from refattn.operators import galerkin as gk  # noqa: E402
+
+
+@pytest.mark.parametrize("attention_type,norm_type", [("galerkin", "layer"), ("galerkin", "instance"),
+                                                      ("fourier", "layer")])
+@pytest.mark.parametrize("n_q,with_pos", [(5, False), (9, True)])
+def test_simple_attention_cross_matches_upstream(attention_type, norm_type, n_q, with_pos):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    params = gk.init_params(rng, 6, 2, pos_dim=2 if with_pos else 0, attention_type=attention_type,
+                            norm_type=norm_type, xavier_init=1.0, diagonal_weight=0.3)
+    params = {k: v + 0.2 * rng.standard_normal(v.shape) for k, v in params.items()}
+    mod, mapping = build_simple_attention(torch, params, n_head=2, attention_type=attention_type, norm_type=norm_type)
+    inputs = {"x": rng.standard_normal((2, 9, 6)), "query": rng.standard_normal((2, n_q, 6))}
+    if with_pos:
+        inputs["pos"] = rng.random((2, 9, 2))
+    fwd, bwd = {"galerkin": (gk.galerkin_attention_forward, gk.galerkin_attention_backward),
+                "fourier": (gk.fourier_type_attention_forward, gk.fourier_type_attention_backward)}[attention_type]
+    call = lambda m, t: m(t["query"], t["x"], t.get("pos"))  # noqa: E731
+    errs = compare_module(torch, mod, mapping, fwd, bwd, inputs, config={"n_head": 2, "norm_type": norm_type},
+                          call=call)
+    _assert_close(errs)
+
+
+def test_galerkin_cross_divides_by_query_length_unless_asked():
+    rng = np.random.default_rng(6)
+    p = gk.init_params(rng, 4, 2, xavier_init=1.0, diagonal_weight=0.3)
+    x, q = rng.standard_normal((2, 6, 4)), rng.standard_normal((2, 3, 4))
+    a = gk.galerkin_attention(x, p, query=q, n_head=2)
+    b = gk.galerkin_attention(x, p, query=q, n_head=2, galerkin_length="key")
+    np.testing.assert_allclose(a * 3, b * 6, rtol=1e-12)     # 1/N_q versus 1/N
+    same_len = gk.galerkin_attention(x, p, query=x, n_head=2)
+    np.testing.assert_allclose(same_len, gk.galerkin_attention(x, p, n_head=2), rtol=1e-13)
+    with pytest.raises(ValueError, match="query"):
+        gk.galerkin_attention(x, p, query=rng.standard_normal((2, 3, 5)), n_head=2)
+    with pytest.raises(ValueError, match="galerkin_length"):
+        gk.galerkin_attention(x, p, query=q, n_head=2, galerkin_length="both")
