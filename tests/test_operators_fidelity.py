@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from _upstream_ops import build_ono_orth, compare_module
+from _upstream_ops import build_ono_orth, compare_module, rel_err
 from refattn.operators.ono import ono_attention_backward, ono_attention_forward
 
 TOL = 1e-9
@@ -169,3 +169,53 @@ def test_galerkin_cross_divides_by_query_length_unless_asked():
         gk.galerkin_attention(x, p, query=rng.standard_normal((2, 3, 5)), n_head=2)
     with pytest.raises(ValueError, match="galerkin_length"):
         gk.galerkin_attention(x, p, query=q, n_head=2, galerkin_length="both")
+
+
+# ------------------------------------------------- neuraloperator CODALayer defaults (item 8)
+
+from refattn.operators.coda_no import codomain_attention_backward, codomain_attention_forward  # noqa: E402
+
+
+@pytest.mark.parametrize("n_heads,temperature", [(1, 1.0), (2, 0.7)])
+def test_coda_layer_defaults_real_module(n_heads, temperature):
+    """neuraloperator ``neuralop/layers/coda_layer.py`` (PyPI 2.0.0 = GitHub @ 93d3f06) ``CODALayer``
+    defaults: per_channel_attention with scale 0.5, so K and Q live on a half-resolution grid and V
+    on the full one. ``compute_attention`` against refattn on the captured K/Q/V, with gradients."""
+    torch = pytest.importorskip("torch")
+    coda = pytest.importorskip("neuralop.layers.coda_layer")
+    torch.manual_seed(1)
+    layer = coda.CODALayer(n_modes=(4, 4), n_heads=n_heads, temperature=temperature).double()
+    b, t = 2, 3
+    acts = {}
+
+    def hook(name):
+        def f(mod, inp, out):
+            out.retain_grad()
+            acts[name] = out
+        return f
+
+    for nm in ("Key", "Query", "Value"):
+        getattr(layer, nm).register_forward_hook(hook(nm))
+    att = layer.compute_attention(torch.randn(b * t, 1, 8, 8, dtype=torch.float64), b)
+    g = torch.randn_like(att)
+    (att * g).sum().backward()
+
+    def to_ref(x):   # (b t, heads d, *grid) -> (b, heads, t, d, *grid)
+        x = x.detach().numpy()
+        return np.moveaxis(x.reshape(b, t, n_heads, x.shape[1] // n_heads, *x.shape[2:]), 2, 1)
+
+    q, k, v = to_ref(acts["Query"]), to_ref(acts["Key"]), to_ref(acts["Value"])
+    assert q.shape[4:] == (4, 4) and v.shape[4:] == (8, 8)
+    out, cache = codomain_attention_forward(q, k, v, temperature=temperature)
+    grads = codomain_attention_backward(to_ref(g), cache)
+    errs = {"out": rel_err(out, to_ref(att))}
+    errs.update({n: rel_err(grads[n], to_ref(acts[m].grad)) for n, m in (("q", "Query"), ("k", "Key"), ("v", "Value"))})
+    _assert_close(errs)
+
+
+def test_codomain_attention_v_grid_may_differ_but_not_its_rank():
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((1, 1, 3, 1, 2, 2))
+    assert codomain_attention_forward(q, q, rng.standard_normal((1, 1, 3, 2, 4, 4)))[0].shape == (1, 1, 3, 2, 4, 4)
+    with pytest.raises(ValueError, match="grid"):
+        codomain_attention_forward(q, q, rng.standard_normal((1, 1, 3, 2, 16)))
