@@ -202,3 +202,22 @@ def build_simple_attention(torch, params, *, n_head, attention_type="galerkin", 
 
     mod = SimpleAttention()
     return mod, {k: (mod.w(k), same) for k in params}
+
+
+# ------------------------------------------------------------------------------ IFactFormer-m
+
+
+def build_fablock3d_m_core(torch, scaling=1.0):
+    """huiyu-2002/IFactFormer-m ``libs/factorization_module.py`` @ 3f110da ``FABlock3D_m.forward``
+    between the kernels and ``to_out``: $K_a = s\\,q_ak_a^\\top$ (``LowRankKernel`` without
+    RoPE/softmax/residual), three axis contractions of the same ``u_phi`` and
+    ``torch.cat(..., dim=5)``. ``forward(v, q_x, k_x, q_y, k_y, q_z, k_z)`` with ``v (b h i l r c)``."""
+    class Core(torch.nn.Module):
+        def forward(self, v, q_x, k_x, q_y, k_y, q_z, k_z):
+            kx, ky, kz = (scaling * torch.einsum("bhid,bhjd->bhij", q, k) for q, k in ((q_x, k_x), (q_y, k_y), (q_z, k_z)))
+            ux = torch.einsum("bhij,bhjmsc->bhimsc", kx, v)
+            uy = torch.einsum("bhlm,bhimsc->bhilsc", ky, v)
+            uz = torch.einsum("bhrs,bhilsc->bhilrc", kz, v)
+            return torch.cat([ux, uy, uz], dim=5)
+
+    return Core(), {}

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from _upstream_ops import build_ono_orth, compare_module, rel_err
+
 from refattn.operators.ono import ono_attention_backward, ono_attention_forward
 
 TOL = 1e-9
@@ -45,6 +45,7 @@ def test_ono_residual_keyword_rejects_non_bool():
 # -------------------------------------------------------------------- OFormer (item 7)
 
 from _upstream_ops import build_oformer_linear_attention  # noqa: E402
+
 from refattn.operators import oformer  # noqa: E402
 
 
@@ -132,6 +133,7 @@ def test_attention_kernel_integral_identity_rule_is_enforced():
 # ------------------------------------------------ Galerkin-transformer cross-attention (item 4)
 
 from _upstream_ops import build_simple_attention  # noqa: E402
+
 from refattn.operators import galerkin as gk  # noqa: E402
 
 
@@ -219,3 +221,42 @@ def test_codomain_attention_v_grid_may_differ_but_not_its_rank():
     assert codomain_attention_forward(q, q, rng.standard_normal((1, 1, 3, 2, 4, 4)))[0].shape == (1, 1, 3, 2, 4, 4)
     with pytest.raises(ValueError, match="grid"):
         codomain_attention_forward(q, q, rng.standard_normal((1, 1, 3, 2, 16)))
+
+
+# -------------------------------------------------------- IFactFormer-m FABlock3D_m (item 10)
+
+from _upstream_ops import build_fablock3d_m_core  # noqa: E402
+
+from refattn.operators.ifactformer import ifactformer_m_axial_backward, ifactformer_m_axial_forward  # noqa: E402
+
+
+def test_ifactformer_m_official_3d_block_core():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(8)
+    grid, h, c, d = (4, 3, 5), 2, 2, 3
+    inputs = {"v": rng.standard_normal((2, h, *grid, c))}
+    for a, n in zip("xyz", grid):
+        inputs[f"q_{a}"] = rng.standard_normal((2, h, n, d))
+        inputs[f"k_{a}"] = rng.standard_normal((2, h, n, d))
+    mod, _ = build_fablock3d_m_core(torch, scaling=0.7)
+
+    def fwd(v, q_x, k_x, q_y, k_y, q_z, k_z, params):
+        return ifactformer_m_axial_forward(v, [q_x, q_y, q_z], [k_x, k_y, k_z], scalings=(0.7,) * 3)
+
+    def bwd(g, cache):
+        gr = ifactformer_m_axial_backward(g, cache)
+        return {"v": gr["v"], **{f"{t}_{a}": gr[f"{t}s"][i] for i, a in enumerate("xyz") for t in "qk"}}
+
+    _assert_close(compare_module(torch, mod, {}, fwd, bwd, inputs))
+
+
+def test_ifactformer_m_axial_validation():
+    rng = np.random.default_rng(9)
+    v = rng.standard_normal((1, 1, 3, 2, 2, 1))
+    q = [rng.standard_normal((1, 1, n, 2)) for n in (3, 2, 2)]
+    with pytest.raises(ValueError, match="3 entries"):
+        ifactformer_m_axial_forward(v, q[:2], q[:2])
+    with pytest.raises(ValueError, match=r"qs\[1\]"):
+        ifactformer_m_axial_forward(v, [q[0], q[0], q[2]], q)
+    with pytest.raises(ValueError, match="scalings"):
+        ifactformer_m_axial_forward(v, q, q, scalings=(1.0,))

@@ -169,6 +169,9 @@ from .ifactformer import (  # noqa: F401
     ifactformer_m_attention,
     ifactformer_m_attention_backward,
     ifactformer_m_attention_forward,
+    ifactformer_m_axial,
+    ifactformer_m_axial_backward,
+    ifactformer_m_axial_forward,
 )
 from .ipot import (  # noqa: F401
     ipot_inducing_point_operator,
@@ -386,6 +389,9 @@ __all__ = [
     "ifactformer_m_attention",
     "ifactformer_m_attention_backward",
     "ifactformer_m_attention_forward",
+    "ifactformer_m_axial",
+    "ifactformer_m_axial_backward",
+    "ifactformer_m_axial_forward",
     "ipot_inducing_point_operator",
     "ipot_inducing_point_operator_backward",
     "ipot_inducing_point_operator_forward",
