@@ -1,9 +1,79 @@
-"""Family 5: transformer building blocks beyond the primitives in `refattn.nn`.
+r"""Family 5: transformer building blocks beyond the primitives in `refattn.nn`.
 
-One module per block (feed-forward variants, residual schemes, gating, token mixers,
+One module per block (feed-forward variants, residual schemes, gating and routing, token mixers,
 initialisation schemes ...). A block that wraps attention takes the attention mechanism as a
-registry slug or a forward/backward pair and chains its backward through it: the protocol is in
-`refattn.blocks.core` (`Sublayer`, `resolve_sublayer`, `split_block_params`).
+registry slug or a forward/backward pair and chains its backward through it (`core`: the
+sublayer protocol; `routing`: top-k routing, capacity and load-balancing losses).
+
+Modules
+-------
+* `bcos`: B-cos transform: a unit-norm linear map rescaled by the input-weight cosine to the power
+  B-1 (``bcos_transform``).
+* `core`: Shared helpers of family 5: the sublayer protocol, prefixed norms and MLPs, a pre-norm
+  block.
+* `deformable_merging`: LIT deformable token merging: a deformable convolution with kernel = stride
+  = patch, then BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling
+  points (``lit_deformable_token_merging``).
+* `dra`: Dynamic Range Activator (DRA): a learnable periodic-plus-saturating activation
+  (``dynamic_range_activator``).
+* `dydit`: DyDiT block: timestep-wise dynamic width (TDW) and spatial-wise dynamic tokens (SDT) in a
+  DiT block (``dydit_dynamic_width_token``).
+* `dyt`: Dynamic Tanh (DyT): an element-wise, statistics-free replacement for LayerNorm
+  (``dyt_dynamic_tanh``).
+* `equiformer_norm`: EquiformerV2 separable layer norm over spherical-harmonic degrees, and its
+  attention re-normalisation (``equiformerv2_separable_layernorm``).
+* `glu_ffn`: GLU-family feed-forward layers: GLU, Bilinear, ReGLU, GEGLU, SwiGLU (Shazeer 2020)
+  (``glu_swiglu_ffn``).
+* `gmu`: Gated Memory Unit (GMU): SambaY's cross-decoder layer that gates a shared SSM memory
+  readout (``gated_memory_unit``).
+* `headmask`: HeadMask: multi-head attention with training-time head masks (random or
+  importance-based) (``headmask``).
+* `layerscale`: LayerScale: a pre-norm block whose two residual branches are scaled per channel
+  (CaiT) (``layerscale``).
+* `looped`: Looped (weight-tied) transformer with input injection; AlgoFormer's pre/loop/post
+  structure (``looped_transformer``).
+* `ltm`: LTM-Transformer learnable token merging — registered as **not implemented** (T3).
+* `macaron`: Macaron block: half-step FFN, attention, half-step FFN (Strang-Marchuk splitting)
+  (``macaron_block``).
+* `magneto`: Magneto: the Sub-LayerNorm transformer layer and its DeepNet-derived initialisation
+  (``magneto_subln_init``).
+* `mindskip`: MindSkip (Router-Tuning): attention with dynamic depth — a router decides whether to
+  run it (``mindskip_attention_dynamic_depth``).
+* `moe`: Top-k mixture-of-experts feed-forward layer with load-balancing and router z-losses
+  (``moe_topk_gating``).
+* `moh`: MoH: multi-head attention as a mixture of heads (shared heads + top-K routed heads)
+  (``mixture_of_head_attention``).
+* `mohd`: MoHD, mixture of hidden dimensions — registered as **not implemented** (T3).
+* `ngpt`: nGPT block: a normalised Transformer whose hidden states move on the unit hypersphere
+  (``ngpt_normalized_block``).
+* `parallel`: Parallel attention + MLP block: both sublayers read the same normalised input
+  (``parallel_attention_mlp_block``).
+* `patch_embed`: ViT patch embedding: patchify + linear projection (a conv with kernel = stride =
+  patch), class token and learned absolute positions (``vit_patch_embedding``).
+* `polycom`: PolyCom activations: PolyReLU and PolyNorm (polynomial composition activations)
+  (``polynorm_polycom``).
+* `polyphase`: Adaptive polyphase anchoring: a shift-equivariant (or invariant) ViT patch embedding
+  (``polyphase_anchoring``).
+* `poolformer`: PoolFormer block: average pooling as the token mixer of a MetaFormer
+  (``poolformer_pooling_mixer``).
+* `repmixer`: FastViT RepMixer: a depthwise-conv token mixer trained with parallel branches and
+  structurally re-parameterised into one depthwise conv for inference (``fastvit_repmixer``).
+* `reversible`: Reversible residual layers (RevNet / Reformer) and multi-split reversible networks
+  (``reversible_residual_block``).
+* `routing`: Routing helpers shared by the routed blocks: top-k selection, capacity, gates, balance
+  losses.
+* `simplified`: Simplified Transformer block (He & Hofmann): parallel, skipless,
+  value/projection-free (``simplified_block_he_hofmann``).
+* `stn`: Spatial transformer: a localisation network regresses an affine map, ``affine_grid`` turns
+  it into a sampling grid and ``grid_sample`` reads the input there (bilinear)
+  (``spatial_transformer_bilinear_sampler``).
+* `tnt`: Transformer-in-Transformer (TNT) block: an inner block over the words of each patch, merged
+  into the outer block over the patches (``tnt_block``).
+* `token_pool`: Token Pooling: downsample a token set by clustering, keeping the cluster centres
+  (``token_pooling``).
+
+Every public name of these modules is re-exported here, except a function named like its
+module (it would shadow the module); call that one as ``package.module.name``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,37 @@
-"""Shared primitives with forward and hand-derived backward: softmax, norms, activations, linear, RoPE,
-and the spatial ones — convolution (``conv``), pooling, grid sampling (``sampling``) and Swin windows /
-unfold / fold (``windows``).
+r"""Shared primitives with forward and hand-derived backward.
 
-Every attention and operator module builds on these instead of re-deriving them inline. Each module
-has validated ``xxx_forward``/``xxx_backward`` pairs and unvalidated helpers (``linear_apply``,
-``softmax_lse``, ``normalize_forward`` ...) for use inside other mechanisms after they validated
-their own arguments.
+Softmax, linear, norms, activations, RoPE, convolution, pooling, grid sampling and Swin windows.
+Every attention and operator module builds on these instead of re-deriving them inline. Each
+module has validated ``xxx_forward``/``xxx_backward`` pairs and unvalidated helpers
+(``linear_apply``, ``softmax_lse``, ``normalize_forward`` ...) for use inside other mechanisms
+after they validated their own arguments.
 
-A function named like its module (``softmax``, ``linear``, ``rope``) is not re-exported here, so
-that ``refattn.nn.softmax`` stays the module; reach it as ``refattn.nn.softmax.softmax``.
+Modules
+-------
+* `activations`: Pointwise activations with hand-derived derivatives: GELU, SiLU, sigmoid, ELU+1,
+  SwiGLU, ReLU (``elu_plus_one``, ``gelu``, ``sigmoid``, ``silu``, ``swiglu``).
+* `conv`: N-d convolution and transposed convolution (PyTorch ``F.conv{1,2,3}d`` /
+  ``F.conv_transpose{1,2,3}d``), with the padding, im2col and col2im helpers the other spatial
+  primitives (pooling, unfold/fold) share (``conv``, ``conv_transpose``).
+* `linear`: Affine (fully connected) layer $y = xW + b$ over the last axis, with a hand-derived
+  backward (``linear``).
+* `norms`: Layer, RMS, group and instance normalisation, sharing one normalisation core
+  (``layer_norm``, ``rms_norm``, ``group_norm``, ``instance_norm``).
+* `pooling`: N-d average, max and adaptive average pooling (PyTorch ``F.avg_pool{1,2,3}d``,
+  ``F.max_pool{1,2,3}d``, ``F.adaptive_avg_pool{1,2,3}d``), with hand-derived backward passes
+  (``adaptive_avg_pool``, ``avg_pool``, ``max_pool``).
+* `rope`: Rotary position embedding (RoPE), both channel layouts, partial rotary, hand-derived
+  backward (``rope``).
+* `sampling`: Differentiable sampling: ``grid_sample`` (2-D bilinear / 3-D trilinear, nearest) and
+  ``affine_grid``, in exact PyTorch ``F.grid_sample`` / ``F.affine_grid`` semantics, with gradients
+  w.r.t (``affine_grid``, ``grid_sample``).
+* `softmax`: Stable softmax, masked softmax, log-softmax and logsumexp, with hand-derived backwards
+  (``log_softmax``, ``logsumexp``, ``softmax``).
+* `windows`: Swin-style window helpers and ``F.unfold`` / ``F.fold`` (``fold``, ``unfold``,
+  ``window_partition``, ``window_reverse``).
+
+Every public name of these modules is re-exported here, except a function named like its
+module (it would shadow the module); call that one as ``package.module.name``.
 """
 
 from __future__ import annotations

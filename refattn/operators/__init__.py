@@ -1,19 +1,82 @@
-"""Operator-learning attention and neural-operator layers (catalogue family 3), one module per mechanism.
+r"""Operator-learning attention and neural-operator layers (catalogue family 3), one module per mechanism.
 
-Attention on discretised functions (``docs/operator-attention.md``): ``galerkin`` (Galerkin- and
-Fourier-type attention, one derivation), ``oformer``, ``gnot`` (heterogeneous normalized
-attention), ``gnot_moe`` (geometric-gating mixture of experts), ``transolver`` (Physics-Attention),
-``linear_no``, ``gale`` (GeoTransolver), ``ipot``. Neural-operator layers
-(``docs/neural-operators.md``): ``fno``, ``afno`` (AFNO/DPOT mixer), ``factformer``,
-``ifactformer``, ``ono``, ``continuum``, ``coda_no``, ``scot`` (Poseidon). ``common`` holds the
-helpers several of them share (real-FFT adjoints, the Physics-Attention slice front, axial kernels,
-initialisers); ``_samples`` the samplers and checks several registry records share. Kernel
-integrals and scans (``docs/operators/``): ``mamba`` (the selective scan), ``mamba_neural_operator``,
-``gno_kernel_integral``, ``pinto``, ``anie``, ``anisotropic_rbf``, ``schwarz_attention``,
-``pde_transformer_channel_attention``.
+Attention on discretised functions (Galerkin/Fourier, OFormer, GNOT, Transolver, IPOT ...),
+spectral, convolutional, wavelet and kernel-integral layers (FNO, AFNO, CNO, GNO, DISCO, MWT
+...) and scans. `common` holds what several share (real-FFT adjoints, the Physics-Attention slice
+front, axial kernels, initialisers).
 
-Every public function of those modules is importable from here, e.g.
-``from refattn.operators import fno_spectral_conv_forward``.
+Modules
+-------
+* `afno`: AFNO token mixer and DPOT's variant: a block-diagonal complex 2-layer MLP per Fourier mode
+  (``afno_dpot_fourier_mixer``).
+* `anie`: ANIE: attentional neural integral equations, solved by (smoothed) fixed-point iteration
+  (``anie_attentional_integral_equation``).
+* `anisotropic_rbf`: Anisotropic RBF field decoder: a continuous field, queried anywhere, from
+  oriented Gaussian centres (``anisotropic_rbf_field_decoder``).
+* `cno`: Convolutional Neural Operator (CNO): the CNO block and residual block with the anti-aliased
+  (filtered) leaky-ReLU activation and its up/down-sampling (``cno_convolutional_operator``).
+* `coda_no`: CoDA-NO codomain attention: softmax attention among physical variables (function-valued
+  tokens) (``coda_no_codomain_attention``).
+* `common`: Helpers shared by the operator-learning modules (no mechanism and no registry record
+  here).
+* `continuum`: Continuum (function-space) attention discretised with quadrature weights
+  (``continuum_attention_quadrature``).
+* `differential_conv`: Finite-difference (localized differential) convolution of the local neural
+  operator (``finite_difference_conv``).
+* `disco_conv`: Discrete-continuous (DISCO) convolutions — the localized integral kernel of the
+  local neural operator — and the local kernels of ``LocalNOBlocks`` (DISCO + finite-difference) as
+  one layer (``local_differential_disco_kernels``).
+* `factformer`: FactFormer's axial factorised kernel integral (and the full ``FABlock2D`` around it)
+  (``factformer_factorized_attention``).
+* `fno`: FNO spectral convolution: a per-mode complex channel mix between a real FFT and its inverse
+  (``fno_spectral_conv``).
+* `gale`: GeoTransolver GALE: Transolver slices, slice self-attention mixed with cross-attention to
+  a context (``geotransolver_gale``).
+* `galerkin`: Galerkin-type and Fourier-type attention (Cao, NeurIPS 2021): one layer, two
+  associations (``galerkin_attention``, ``fourier_type_attention``).
+* `gno_kernel_integral`: Graph neural operator (GNO) kernel integral over radius neighbourhoods
+  (``gno_kernel_integral_layer``).
+* `gnot`: GNOT heterogeneous normalized (linear) attention (HNA) (``gnot_hna_attention``).
+* `gnot_moe`: GNOT geometric gating: a mixture-of-experts FFN gated by the point coordinates
+  (``gnot_geometric_gating_moe``).
+* `ho_fno`: HO-FNO: the higher-order (n-linear) spectral convolution and the HO-FNO block
+  (``ho_fno_higher_order_spectral_conv``).
+* `ifactformer`: IFactFormer-m's parallel axial attention: two axis integrals of the same values,
+  concatenated (``ifactformer_m_parallel_attention``).
+* `ipot`: IPOT: Inducing Point Operator Transformer (encode -> process latents -> decode anywhere)
+  (``ipot_inducing_point_operator``).
+* `linear_no`: LinearNO: Transolver's Physics-Attention recast as canonical linear attention
+  (``linear_no_attention``).
+* `mamba`: Mamba's selective state-space scan (S6): a recurrent reference, a chunked parallel form
+  and the backward through time (``selective_scan``).
+* `mamba_neural_operator`: Mamba Neural Operator (MNO): the multi-order selective-scan mixer
+  ``SS2D`` that replaces attention in the Galerkin Transformer / GNOT / OFormer encoder layers
+  (``mamba_selective_scan_operator``).
+* `mgno`: MgNO: a neural-operator layer whose linear operator is one multigrid V-cycle of
+  convolutions (``mgno_multigrid_operator``).
+* `multiwavelet`: Multiwavelet neural operator (MWT): Legendre/Chebyshev multiwavelet filters, the
+  multiwavelet transform and the 1-D ``MWT_CZ1d`` layer (``multiwavelet_operator``).
+* `oformer`: OFormer linear attention: Galerkin/Fourier-type attention with quadrature weights,
+  masks and RoPE (``oformer_attention``).
+* `ono`: ONO orthogonal attention: Cholesky-whitened eigenfunction features and a Mercer-type kernel
+  (``ono_orthogonal_attention``).
+* `pde_transformer_channel_attention`: PDE-Transformer (separate channels): channel-wise
+  self-attention between the tokens of the physical channels, with adaptive-LayerNorm conditioning
+  (``pde_transformer_channel_attention``).
+* `pinnsformer`: PINNsFormer: pseudo-sequences of collocation points, the Wavelet activation and the
+  encoder-decoder PINN transformer built from them (``pinnsformer_wavelet_pseudosequence``,
+  ``wavelet_activation``).
+* `pinto`: PINTO: physics-informed transformer neural operator with cross-attention kernel-integral
+  units (``pinto_cross_attention_kernel_integral``).
+* `schwarz_attention`: Two-level overlapping Schwarz (domain-decomposition) attention
+  (``schwarz_domain_decomposition_attention``).
+* `scot`: Poseidon / scOT block: time-conditioned LayerNorm around SwinV2 (shifted-)window attention
+  (``scot_poseidon_block``).
+* `transolver`: Transolver Physics-Attention: slice the points, attend among the slices, deslice
+  (``transolver_physics_attention``).
+
+Every public name of these modules is re-exported here, except a function named like its
+module (it would shadow the module); call that one as ``package.module.name``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,61 @@
-"""Linear, kernel and set attention (catalogue family 4), one module per mechanism.
+r"""Linear, kernel, sparse, low-rank and set attention (catalogue family 4), one module per mechanism.
 
-* `core`: the helpers the family shares (feature maps, the linear-attention core with its causal
-  scan, validation); registers nothing.
-* `katharopoulos`: linear attention, "Transformers are RNNs" (record
-  ``linear_attention_katharopoulos``), with the causal prefix-state scan the kernels mirror.
-* `ecoformer`: EcoFormer kernelised-hashing binary linear attention (``ecoformer_hash_attention``).
-* `efficient`: Efficient Attention of Shen et al. (``efficient_attention_shen``).
-* `masked_linear`: structured-mask linear attention, causal / Toeplitz / d-dim RPE by FFT / tree
-  masks (``masked_linear_attention_structured``).
-* `performer`: Performer FAVOR+ positive random features (``performer_favor_plus``).
-* `transnormer`: TransNormer NormAttention and DiagAttention (``transnormer_norm_attention``).
-* `rpe_fft`: kernelized attention with relative positional encoding via FFT
+`core` holds the linear-attention core (feature maps, the causal scan and its explicit
+$O(N^2)$ form) and the selection helpers the sparse attentions share; every fast form in the
+family is tested against its explicit form.
+
+Modules
+-------
+* `core`: Helpers shared by the linear / kernel attention family, under public names: feature maps,
+  the linear-attention core (non-causal form and causal prefix-state scan) and input validation.
+* `drsformer_tksa`: DRSformer TKSA: top-k sparse channel ("transposed") attention with mixed
+  sparsity ratios (``drsformer_topk_channel_attention``).
+* `dynamic_mask`: DMA: trainable dynamic-mask sparse attention (flash-dmattn, now flash-sparse-attn)
+  (``dynamic_mask_attention``).
+* `ecoformer`: EcoFormer: linear attention on binary codes from kernelised hashing of the shared
+  query/key (``ecoformer_hash_attention``).
+* `efficient`: Efficient Attention (Shen et al.): softmax over each query's features and over each
+  key feature's positions, so attention costs $O(Md\,d_v)$ (``efficient_attention_shen``).
+* `fastmax`: Fastmax (FAST): factorisable polynomial-kernel attention, the truncated Taylor series
+  of softmax (``fastmax_polynomial_attention``).
+* `hypformer`: Hypformer: linear focused attention in the Lorentz model of hyperbolic space
+  (``TransConvLayer``) (``hypformer_lorentz_linear_attention``).
+* `informer_probsparse`: Informer: ProbSparse self-attention (with its attention layer) and the
+  self-attention distilling layer (``informer_probsparse_attention``).
+* `infsa`: Infinite Self-Attention (InfSA) and Linear-InfSA: Frobenius-normalised single-hop
+  diffusion and its principal-eigenvector (one power step) linear variant
+  (``linear_infsa_neumann``).
+* `katharopoulos`: Linear attention of Katharopoulos et al (``linear_attention_katharopoulos``).
+* `kl_transformer`: KL-Transformer: linear attention on spectral random features whose distribution
+  is learned (``kl_transformer_learned_spectral_kernel``).
+* `masked_linear`: Structured-mask linear attention: $(M\odot\Phi_Q\Phi_K^\top)V$ with only
+  "multiply by $M$" needed (``masked_linear_attention_structured``).
+* `performer`: Performer FAVOR+: softmax-kernel attention estimated with positive (orthogonal)
+  random features (``performer_favor_plus``).
+* `reformer_lsh`: Reformer LSH self-attention: angular LSH with random rotations, sort by bucket,
+  chunked attention to the own and previous chunk, shared QK with self-masking, several hash rounds
+  (``reformer_lsh_attention``).
+* `routing_transformer`: Routing Transformer: online k-means routing and attention within each
+  cluster (``routing_transformer_kmeans``).
+* `rpe_fft`: Kernelized attention with relative positional encoding via FFT (Luo et al.): Performer
+  features weighted by a Toeplitz matrix $e^{b_{j-i}}$, applied in $O(N\log N)$ by FFT
   (``kernelized_attention_rpe_fft``).
-* `set_transformer`: Set Transformer MAB / SAB / ISAB / PMA (``set_transformer_blocks``).
-* `sinkformer`: doubly stochastic attention by log-domain Sinkhorn (``sinkformer_attention``).
-* `fastmax`: Fastmax / FAST factorisable polynomial-kernel attention (``fastmax_polynomial_attention``).
-* `hypformer`: Hypformer linear focused attention in the Lorentz model
-  (``hypformer_lorentz_linear_attention``).
-* `infsa`: Infinite Self-Attention and Linear-InfSA (``linear_infsa_neumann``).
-* `kl_transformer`: learned spectral-kernel random features, GMM / FastFood / generator
-  (``kl_transformer_learned_spectral_kernel``).
-* `spectraformer`: weight matrix x component function random features
-  (``spectraformer_random_features``), with the FastFood / Hadamard helpers.
+* `set_transformer`: Set Transformer blocks: MAB, SAB, ISAB (inducing points) and PMA, with
+  hand-derived backwards (``set_transformer_blocks``).
+* `sinkformer`: Sinkformer: doubly stochastic attention via log-domain Sinkhorn iterations
+  (``sinkformer_attention``).
+* `sparsek`: SPARSEK attention: a scoring network and the differentiable top-$k$ mask operator
+  SPARSEK (``sparsek_attention``).
+* `spectraformer`: Spectraformer: random-feature linear attention as a weight matrix $W$ times a
+  component function $f$ (``spectraformer_random_features``).
+* `topk_attention`: Top-$k$ (k-NN retrieved) softmax attention: the exact reference of IceFormer's
+  retrieval attention (``topk_attention``).
+* `transnormer`: TransNormer: NormAttention (linear attention with a norm instead of the row-sum
+  denominator) and DiagAttention (softmax attention inside non-overlapping blocks), the two
+  attentions of its layers (``transnormer_norm_attention``).
 
-Every public name of these modules is re-exported here, so
-``from refattn.attention.linear import causal_linear_attention_forward`` works.
-
-A convenience wrapper named like its module (``performer``, ``transnormer``) is not re-exported, so that the
-module name keeps naming the module: call it as ``refattn.attention.linear.<module>.<name>``.
+Every public name of these modules is re-exported here, except a function named like its
+module (it would shadow the module); call that one as ``package.module.name``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,59 @@
+"""Regenerate a family package's __init__: docstring module list + re-exports from the modules' __all__.
+
+The docstring keeps its header (everything before a line 'Modules' followed by '-------'); the
+module list below it is generated from each module's docstring summary and registered slugs.
+usage (from the repository root): python scripts/gen_family_init.py refattn/attention/softmax [refattn/blocks ...]"""
+import ast
+import importlib
+import pkgutil
+import sys
+import textwrap
+from pathlib import Path
+
+FOOTER = ("Every public name of these modules is re-exported here, except a function named like its\n"
+          "module (it would shadow the module); call that one as ``package.module.name``.")
+
+def summary(mod):
+    para = " ".join((mod.__doc__ or "").strip().split("\n\n")[0].split())
+    for end in (". ", ".\n"):
+        if end in para:
+            para = para.split(end)[0]
+    return para.rstrip(".")
+
+for pkgdir in sys.argv[1:]:
+    pkgdir = Path(pkgdir)
+    init = pkgdir / "__init__.py"
+    src = init.read_text()
+    doc = ast.get_docstring(ast.parse(src), clean=False) or ""
+    header = doc.split("\nModules\n-------\n")[0].rstrip()
+    pkgname = ".".join(pkgdir.parts)
+    infos = list(pkgutil.iter_modules([str(pkgdir)]))
+    mods = sorted(i.name for i in infos if not i.name.startswith("_") and not i.ispkg)
+    subs = {i.name for i in infos}
+    from refattn import registry
+    recs = registry.all()
+    bullets = []
+    lines = []
+    allnames, seen = [], {}
+    for m in mods:
+        mod = importlib.import_module(f"{pkgname}.{m}")
+        slugs = [r.slug for r in recs if r.module == f"{pkgname}.{m}"]
+        text = f"* `{m}`: {summary(mod)}" + (f" ({', '.join(f'``{s}``' for s in slugs)})" if slugs else "") + "."
+        bullets.append(textwrap.fill(text, 100, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False))
+        names = [n for n in getattr(mod, "__all__", []) if n not in subs]
+        for n in names:
+            if n in seen:
+                raise SystemExit(f"{pkgname}: {n} exported by both {seen[n]} and {m}")
+            seen[n] = m
+        if not names:
+            continue
+        lines.append(f"from .{m} import (  # noqa: F401")
+        lines += [f"    {n}," for n in sorted(names)]
+        lines.append(")")
+        allnames += sorted(names)
+    newdoc = header + "\n\nModules\n-------\n" + "\n".join(bullets) + "\n\n" + FOOTER + "\n"
+    out = ['r"""' + newdoc.replace('"""', "'''") + '"""', "", "from __future__ import annotations", ""]
+    out += lines
+    out += ["", "__all__ = ["] + [f'    "{n}",' for n in allnames] + ["]"]
+    init.write_text("\n".join(out) + "\n")
+    print(pkgname, len(allnames), "names,", len(mods), "modules")
