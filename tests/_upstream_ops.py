@@ -221,3 +221,52 @@ def build_fablock3d_m_core(torch, scaling=1.0):
             return torch.cat([ux, uy, uz], dim=5)
 
     return Core(), {}
+
+
+# ------------------------------------------------------------------ neuraloperator SpectralConv
+
+
+def build_neuralop_spectral_conv(torch, params, *, fft_norm="forward", inverse_shift="ifftshift"):
+    """neuraloperator ``neuralop/layers/spectral_convolution.py`` @ 93d3f06 ``SpectralConv.forward``,
+    dense weight, real data, ``enforce_hermitian_symmetry=True``, channel-first
+    ``(B, C, n_1, ..., n_d)``: rfftn, fftshift over all but the last axis, the weight on the block
+    centred at ``n//2`` (``[:k]`` on the last axis), inverse shift, ``ifftn`` over all but the last
+    axis, imaginary parts of the DC (and even-n Nyquist) column zeroed, ``irfft``, ``+ bias``.
+    ``inverse_shift="fftshift"`` is the PyPI 2.0.0 release. ``out_fft`` is complex128 here
+    (upstream allocates complex64 even for float64 inputs)."""
+    w0 = torch.tensor(params["weight_real"]) + 1j * torch.tensor(params["weight_imag"])
+
+    class SpectralConv(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(w0.clone())
+            self.bias = torch.nn.Parameter(torch.tensor(params["bias"])) if "bias" in params else None
+
+        def forward(self, x):
+            d = x.ndim - 2
+            dims = list(range(-d, 0))
+            sizes = list(x.shape[2:])
+            xf = torch.fft.rfftn(x, norm=fft_norm, dim=dims)
+            if d > 1:
+                xf = torch.fft.fftshift(xf, dim=dims[:-1])
+            out = torch.zeros(x.shape[0], self.weight.shape[1], *xf.shape[2:], dtype=torch.complex128)
+            sl = [slice(None), slice(None)]
+            for n, k in zip(xf.shape[2:-1], self.weight.shape[2:-1]):
+                sl.append(slice(n // 2 - k // 2, n // 2 + k // 2 + k % 2))
+            sl.append(slice(None, self.weight.shape[-1]))
+            out[tuple(sl)] = torch.einsum("bi...,io...->bo...", xf[tuple(sl)], self.weight)
+            if d > 1:
+                out = getattr(torch.fft, inverse_shift)(out, dim=dims[:-1])
+                out = torch.fft.ifftn(out, s=sizes[:-1], dim=dims[:-1], norm=fft_norm)
+            out[..., 0].imag.zero_()
+            if sizes[-1] % 2 == 0:
+                out[..., -1].imag.zero_()
+            y = torch.fft.irfft(out, n=sizes[-1], dim=-1, norm=fft_norm)
+            return y + self.bias if self.bias is not None else y
+
+    mod = SpectralConv()
+    mapping = {"weight_real": (mod.weight, lambda t: t.detach().real.numpy().copy()),
+               "weight_imag": (mod.weight, lambda t: t.detach().imag.numpy().copy())}
+    if "bias" in params:
+        mapping["bias"] = (mod.bias, same)
+    return mod, mapping

@@ -260,3 +260,69 @@ def test_ifactformer_m_axial_validation():
         ifactformer_m_axial_forward(v, [q[0], q[0], q[2]], q)
     with pytest.raises(ValueError, match="scalings"):
         ifactformer_m_axial_forward(v, q, q, scalings=(1.0,))
+
+
+# ------------------------------------------------- neuraloperator SpectralConv (item 9)
+
+from _upstream_ops import build_neuralop_spectral_conv  # noqa: E402
+
+from refattn.operators import fno  # noqa: E402
+
+
+def _channel_first(fwd, bwd):
+    """refattn's channel-last spectral conv seen through upstream's channel-first layout."""
+    def f(x, params, **cfg):
+        out, cache = fwd(np.moveaxis(x, 1, -1), params, **cfg)
+        return np.moveaxis(out, -1, 1), cache
+
+    def b(g, cache):
+        grads = bwd(np.moveaxis(g, 1, -1), cache)
+        return {**grads, "x": np.moveaxis(grads["x"], -1, 1)}
+    return f, b
+
+
+@pytest.mark.parametrize("grid,n_modes,bias,norm,shift", [
+    ((8,), (6,), True, "forward", "ifftshift"),            # 1-D
+    ((7, 6), (5, 4), True, "forward", "ifftshift"),        # odd n_modes[0] on an odd axis
+    ((6, 7), (3, 5), False, "backward", "ifftshift"),
+    ((5, 6, 7), (3, 4, 6), True, "ortho", "ifftshift"),    # 3-D FNO
+    ((5, 6, 7), (3, 4, 6), True, "forward", "fftshift"),   # PyPI 2.0.0's second fftshift
+])
+def test_neuralop_spectral_conv_centred_layout(grid, n_modes, bias, norm, shift):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(11)
+    p = fno.init_fno_centred_params(rng, 3, 2, n_modes, bias=bias)
+    mod, mapping = build_neuralop_spectral_conv(torch, p, fft_norm=norm, inverse_shift=shift)
+    f, b = _channel_first(fno.fno_spectral_conv_centred_forward, fno.fno_spectral_conv_centred_backward)
+    errs = compare_module(torch, mod, mapping, f, b, {"x": rng.standard_normal((2, 3, *grid))},
+                          config={"fft_norm": norm, "inverse_shift": shift})
+    _assert_close(errs)
+
+
+def test_neuralop_spectral_conv_real_module():
+    """The installed neuraloperator release (PyPI 2.0.0: ``inverse_shift="fftshift"``; identical to
+    HEAD on even grids). Upstream computes ``out_fft`` in complex64, so the bound is float32's."""
+    torch = pytest.importorskip("torch")
+    sc = pytest.importorskip("neuralop.layers.spectral_convolution")
+    torch.manual_seed(0)
+    rng = np.random.default_rng(12)
+    m = sc.SpectralConv(3, 2, (4, 6), bias=True)   # module.to(float64) would drop the complex weight's imag
+    w = m.weight.tensor if hasattr(m.weight, "tensor") else m.weight
+    w.data = w.data.to(torch.complex128)
+    m.bias.data = m.bias.data.double()
+    p = {"weight_real": w.detach().real.numpy(), "weight_imag": w.detach().imag.numpy(),
+         "bias": m.bias.detach().numpy()}
+    x = rng.standard_normal((2, 3, 6, 8))
+    out = m(torch.tensor(x)).detach().numpy()
+    ref = np.moveaxis(fno.fno_spectral_conv_centred(np.moveaxis(x, 1, -1), p, inverse_shift="fftshift"), -1, 1)
+    assert rel_err(ref, out) < 1e-5
+
+
+def test_centred_spectral_conv_validation():
+    p = fno.init_fno_centred_params(np.random.default_rng(0), 2, 2, (5, 8))
+    with pytest.raises(ValueError, match="modes along spatial axis 1"):
+        fno.fno_spectral_conv_centred_forward(np.ones((1, 6, 6, 2)), p)
+    with pytest.raises(ValueError, match="bias"):
+        fno.fno_spectral_conv_centred_forward(np.ones((1, 6, 8, 2)), {**p, "bias": np.ones(3)})
+    with pytest.raises(ValueError, match="inverse_shift"):
+        fno.fno_spectral_conv_centred_forward(np.ones((1, 6, 8, 2)), p, inverse_shift="roll")

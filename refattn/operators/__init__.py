@@ -180,8 +180,12 @@ from .factformer import (  # noqa: F401
 from .fno import (  # noqa: F401
     fno_spectral_conv,
     fno_spectral_conv_backward,
+    fno_spectral_conv_centred,
+    fno_spectral_conv_centred_backward,
+    fno_spectral_conv_centred_forward,
     fno_spectral_conv_explicit,
     fno_spectral_conv_forward,
+    init_fno_centred_params,
     init_fno_params,
 )
 from .gale import (  # noqa: F401
@@ -414,8 +418,12 @@ __all__ = [
     "init_factformer_block_params",
     "fno_spectral_conv",
     "fno_spectral_conv_backward",
+    "fno_spectral_conv_centred",
+    "fno_spectral_conv_centred_backward",
+    "fno_spectral_conv_centred_forward",
     "fno_spectral_conv_explicit",
     "fno_spectral_conv_forward",
+    "init_fno_centred_params",
     "init_fno_params",
     "gale_init_params",
     "geotransolver_gale",
