@@ -270,3 +270,73 @@ def build_neuralop_spectral_conv(torch, params, *, fft_norm="forward", inverse_s
     if "bias" in params:
         mapping["bias"] = (mod.bias, same)
     return mod, mapping
+
+
+# ------------------------------------------------------------------------------ Transolver
+
+
+def build_transolver_physics_attention(torch, params, *, heads, mesh_shape=None, tau_clamp=None):
+    """thuml/Transolver ``PDE-Solving-StandardBenchmark/model/Physics_Attention.py`` @ 75e0f67:
+    ``Physics_Attention_Irregular_Mesh`` (``mesh_shape=None``) or
+    ``Physics_Attention_Structured_Mesh_2D``/``_3D`` (``in_project_x``/``in_project_fx`` are
+    ``Conv{2,3}d(dim, inner, k, 1, k // 2)`` on ``x.reshape(B, H, W[, D], C)``; temperature clamped
+    to ``(0.1, 5)``). ``to_out`` is a Linear of any width. Dropout 0."""
+    nn = torch.nn
+    t = {k: torch.tensor(v) for k, v in params.items()}
+    inner, dim = (t["in_project_x.weight"].shape[:2] if mesh_shape else t["in_project_x.weight"].shape[::-1])
+    dim_head = inner // heads
+
+    class PhysicsAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.temperature = nn.Parameter(t["temperature"].reshape(1, heads, 1, 1).clone())
+            for name in ("in_project_x", "in_project_fx"):
+                if mesh_shape:
+                    conv = (nn.Conv2d if len(mesh_shape) == 2 else nn.Conv3d)(dim, inner, t[f"{name}.weight"].shape[-1],
+                                                                             1, t[f"{name}.weight"].shape[-1] // 2)
+                    conv.weight.data, conv.bias.data = t[f"{name}.weight"].clone(), t[f"{name}.bias"].clone()
+                    setattr(self, name, conv.double())
+                else:
+                    setattr(self, name, self._lin(t, name))
+            self.in_project_slice = self._lin(t, "in_project_slice")
+            for n in ("to_q", "to_k", "to_v"):
+                setattr(self, n, self._lin(t, n))
+            self.to_out = nn.Sequential(self._lin(t, "to_out.0"))
+
+        @staticmethod
+        def _lin(t, name):
+            w = t[f"{name}.weight"]
+            lin = nn.Linear(w.shape[0], w.shape[1], bias=f"{name}.bias" in t).double()
+            lin.weight.data = w.T.clone()
+            if f"{name}.bias" in t:
+                lin.bias.data = t[f"{name}.bias"].clone()
+            return lin
+
+        def _proj(self, layer, x):
+            b, n, c = x.shape
+            if not mesh_shape:
+                y = layer(x)
+            else:
+                xc = x.reshape(b, *mesh_shape, c).movedim(-1, 1)
+                y = layer(xc).movedim(1, -1).reshape(b, n, inner)
+            return y.reshape(b, n, heads, dim_head).permute(0, 2, 1, 3)
+
+        def forward(self, x):
+            fx_mid, x_mid = self._proj(self.in_project_fx, x), self._proj(self.in_project_x, x)
+            temp = self.temperature if tau_clamp is None else torch.clamp(self.temperature, *tau_clamp)
+            sw = torch.softmax(self.in_project_slice(x_mid) / temp, dim=-1)
+            tok = torch.einsum("bhnc,bhng->bhgc", fx_mid, sw) / (sw.sum(2) + 1e-5)[..., None]
+            q, k, v = self.to_q(tok), self.to_k(tok), self.to_v(tok)
+            z = torch.softmax(q @ k.transpose(-1, -2) * dim_head ** -0.5, dim=-1) @ v
+            y = torch.einsum("bhgc,bhng->bhnc", z, sw)
+            return self.to_out(y.permute(0, 2, 1, 3).reshape(x.shape[0], x.shape[1], inner))
+
+    mod = PhysicsAttention()
+    mapping = {"temperature": (mod.temperature, lambda g: g.detach().numpy().reshape(-1).copy())}
+    for name, m in mod.named_modules():
+        if isinstance(m, nn.Linear) or hasattr(m, "kernel_size"):
+            key = name.replace("to_out.0", "to_out.0")
+            mapping[f"{key}.weight"] = (m.weight, linear_t if isinstance(m, nn.Linear) else same)
+            if m.bias is not None:
+                mapping[f"{key}.bias"] = (m.bias, same)
+    return mod, mapping

@@ -326,3 +326,40 @@ def test_centred_spectral_conv_validation():
         fno.fno_spectral_conv_centred_forward(np.ones((1, 6, 8, 2)), {**p, "bias": np.ones(3)})
     with pytest.raises(ValueError, match="inverse_shift"):
         fno.fno_spectral_conv_centred_forward(np.ones((1, 6, 8, 2)), p, inverse_shift="roll")
+
+
+# ------------------------------------- Transolver structured meshes and to_out width (item 1)
+
+from _upstream_ops import build_transolver_physics_attention  # noqa: E402
+
+from refattn.operators import transolver as tso  # noqa: E402
+
+
+@pytest.mark.parametrize("mesh,out_dim", [((4, 3), None), ((3, 2, 3), None), ((4, 3), 7), (None, 6)])
+def test_transolver_structured_mesh_and_out_width(mesh, out_dim):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(13)
+    p = tso.transolver_init_params(rng, 5, 2, 3, 4, out_dim=out_dim, mesh_ndim=None if mesh is None else len(mesh))
+    p["temperature"] = np.array([0.7, 1.3])
+    clamp = (0.1, 5) if mesh else None
+    mod, mapping = build_transolver_physics_attention(torch, p, heads=2, mesh_shape=mesh, tau_clamp=clamp)
+    n = int(np.prod(mesh)) if mesh else 9
+    errs = compare_module(torch, mod, mapping, tso.transolver_physics_attention_forward,
+                          tso.transolver_physics_attention_backward, {"x": rng.standard_normal((2, n, 5))},
+                          config={"n_head": 2, "mesh_shape": mesh, "tau_clamp": clamp},
+                          call=lambda m, t: m(t["x"]))
+    _assert_close(errs)
+
+
+def test_transolver_mesh_validation():
+    rng = np.random.default_rng(14)
+    p = tso.transolver_init_params(rng, 3, 2, 2, 3, mesh_ndim=2)
+    x = rng.standard_normal((2, 12, 3))
+    with pytest.raises(ValueError, match="holds 6 points"):
+        tso.transolver_physics_attention_forward(x, p, n_head=2, mesh_shape=(2, 3))
+    with pytest.raises(ValueError, match="conv weight"):
+        tso.transolver_physics_attention_forward(x, p, n_head=2, mesh_shape=(2, 3, 2))
+    with pytest.raises(ValueError, match="odd"):
+        tso.transolver_physics_attention_forward(
+            x, {**p, **{f"in_project_{t}.weight": np.ones((4, 3, 2, 2)) for t in ("x", "fx")}}, n_head=2,
+            mesh_shape=(3, 4))
