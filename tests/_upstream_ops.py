@@ -340,3 +340,75 @@ def build_transolver_physics_attention(torch, params, *, heads, mesh_shape=None,
             if m.bias is not None:
                 mapping[f"{key}.bias"] = (m.bias, same)
     return mod, mapping
+
+
+# ------------------------------------------------------------------ FactFormer @ c9801d1
+
+
+def low_rank_kernel_torch(torch, u_x, p, *, heads, u_y=None, pos_x=None, pos_y=None, rotary=True,
+                          normalize=False, softmax=False, residual=True, scaling=1.0, min_freq=1 / 64):
+    """BaratiLab/FactFormer ``libs/attention.py`` @ c9801d1 ``LowRankKernel.forward`` (``pos_dim=1``,
+    ``positional_embedding`` ``'rotary'`` or ``'none'``), with ``p`` torch tensors ``(in, out)``.
+    ``RotaryEmbedding`` frequencies in float64 (upstream computes them in float32)."""
+    src_y = u_x if u_y is None else u_y
+    n = src_y.shape[1]
+
+    def heads_(t):
+        b, m, hd = t.shape
+        return t.reshape(b, m, heads, hd // heads).permute(0, 2, 1, 3)
+
+    q, k = heads_(u_x @ p["to_q.weight"]), heads_(src_y @ p["to_k.weight"])
+    if normalize:
+        q = (q - q.mean(dim=-2, keepdim=True)) / (q.std(dim=-2, keepdim=True) + 1e-5)
+        k = (k - k.mean(dim=-2, keepdim=True)) / (k.std(dim=-2, keepdim=True) + 1e-5)
+    if rotary:
+        d = q.shape[-1]
+        inv = 1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+
+        def rope(t, pos):
+            f = torch.einsum("i,j->ij", pos[..., 0] / min_freq, inv)
+            f = torch.cat((f, f), -1)
+            t1, t2 = t[..., : d // 2], t[..., d // 2:]
+            return t * f.cos() + torch.cat((-t2, t1), -1) * f.sin()
+
+        q, k = rope(q, pos_x), rope(k, pos_x if pos_y is None else pos_y)
+    kern = torch.einsum("bhid,bhjd->bhij", q, k) * scaling
+    if softmax:
+        kern = torch.softmax(kern, dim=-1)
+    if residual:
+        kern = kern + p["gamma"] * torch.eye(n, dtype=torch.float64) / n
+    return kern
+
+
+def fablock2d_c9801d1_torch(torch, u, p, pos_x, pos_y, *, heads, dim_head, scaling):
+    """``libs/factorization_module.py`` @ c9801d1 ``FABlock2D.forward`` (``use_rope=True``,
+    ``kernel_multiplier <= 4``: both axis kernels scaled by ``scaling_factor``), ``to_out`` =
+    ``libs/basics.py`` ``GroupNorm(heads, domain_wise=True, affine=False)`` (unbiased var, eps 1e-8,
+    output ``(B, nx*ny, C)``) → Linear → GELU → Linear."""
+    F = torch.nn.functional
+
+    def ln(x, pre):
+        return F.layer_norm(x, (x.shape[-1],), p[pre + "weight"], p[pre + "bias"], 1e-5)
+
+    def pool(x, pre):
+        x = (x @ p[pre + "to_in.weight"]).mean(dim=tuple(range(2, x.ndim - 1)))
+        x = ln(x, pre + "out_ffn.norm.")
+        x = x @ p[pre + "out_ffn.fn.net.0.weight"] + p[pre + "out_ffn.fn.net.0.bias"]
+        c = x.shape[-1]
+        x = F.gelu(x[..., : c // 2]) * x[..., c // 2:]
+        return x @ p[pre + "out_ffn.fn.net.3.weight"] + p[pre + "out_ffn.fn.net.3.bias"]
+
+    def kern(ua, pos, ax):
+        sub = {"to_q.weight": p[f"low_rank_kernel_{ax}.to_q.weight"], "to_k.weight": p[f"low_rank_kernel_{ax}.to_k.weight"]}
+        return low_rank_kernel_torch(torch, ua, sub, heads=heads, pos_x=pos, residual=False, scaling=scaling)
+
+    u = ln(u, "in_norm.")
+    v, u = u @ p["to_v.weight"], u @ p["to_in.weight"]
+    kx, ky = kern(pool(u, "to_x.0."), pos_x, "x"), kern(pool(u.permute(0, 2, 1, 3), "to_y.1."), pos_y, "y")
+    b, nx, ny, _ = v.shape
+    phi = v.reshape(b, nx, ny, heads, dim_head).permute(0, 3, 1, 2, 4)
+    phi = torch.einsum("bhlm,bhimc->bhilc", ky, torch.einsum("bhij,bhjmc->bhimc", kx, phi))
+    x = phi.permute(0, 1, 2, 3, 4).reshape(b, heads, -1)               # b g (i l c)
+    x = (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-8).sqrt()
+    x = x.reshape(b, heads, nx * ny, dim_head).permute(0, 2, 1, 3).reshape(b, nx * ny, heads * dim_head)
+    return F.gelu(x @ p["to_out.1.weight"]) @ p["to_out.3.weight"]

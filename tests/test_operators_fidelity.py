@@ -363,3 +363,73 @@ def test_transolver_mesh_validation():
         tso.transolver_physics_attention_forward(
             x, {**p, **{f"in_project_{t}.weight": np.ones((4, 3, 2, 2)) for t in ("x", "fx")}}, n_head=2,
             mesh_shape=(3, 4))
+
+
+# ------------------------------------------------ FactFormer at c9801d1 (item 3)
+
+from _upstream_ops import fablock2d_c9801d1_torch, low_rank_kernel_torch  # noqa: E402
+
+from refattn.operators import factformer as ff  # noqa: E402
+
+
+def _torch_grads(torch, fn, arrays, g):
+    tens = {k: torch.tensor(v, requires_grad=True) for k, v in arrays.items()}
+    out = fn(tens)
+    out.backward(torch.tensor(g))
+    return out.detach().numpy(), {k: t.grad.numpy() for k, t in tens.items()}
+
+
+def test_fablock2d_c9801d1_groupnorm_flat_output_and_position_grads():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(15)
+    p = ff.init_factformer_block_params(rng, 6, 2, 5, 2, 7)
+    p = {k: v + 0.2 * rng.standard_normal(v.shape) for k, v in p.items()}
+    u = rng.standard_normal((2, 5, 4, 6))
+    pos_x, pos_y = np.linspace(0, 1, 5)[:, None] + 0.01 * rng.random((5, 1)), np.linspace(0, 1, 4)[:, None]
+    out, cache = ff.factformer_block_forward(u, p, pos_x=pos_x, pos_y=pos_y, heads=2, dim_head=2,
+                                             scaling_x=0.7, scaling_y=0.7)
+    assert out.shape == (2, 20, 7)
+    g = rng.standard_normal(out.shape)
+    grads = ff.factformer_block_backward(g, cache)
+    ref, tg = _torch_grads(torch, lambda t: fablock2d_c9801d1_torch(
+        torch, t["u"], t, t["pos_x"], t["pos_y"], heads=2, dim_head=2, scaling=0.7),
+        {"u": u, "pos_x": pos_x, "pos_y": pos_y, **p}, g)
+    errs = {"out": rel_err(out, ref), **{k: rel_err(grads[k], tg[k]) for k in tg}}
+    _assert_close(errs)
+
+
+@pytest.mark.parametrize("cross,normalize,softmax,rotary", [
+    (False, False, False, True), (False, True, True, True), (True, True, False, True), (False, False, True, False)])
+def test_low_rank_kernel_matches_upstream(cross, normalize, softmax, rotary):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(16)
+    p = {"to_q.weight": rng.standard_normal((4, 12)) * 0.4, "to_k.weight": rng.standard_normal((4, 12)) * 0.4}
+    arrays = {"u_x": rng.standard_normal((2, 5, 4)), "pos_x": np.sort(rng.random(5))[:, None]}
+    if cross:
+        arrays.update(u_y=rng.standard_normal((2, 3, 4)), pos_y=np.sort(rng.random(3))[:, None])
+    else:
+        p["gamma"] = np.asarray(0.4)
+    if not rotary:
+        del arrays["pos_x"]
+    cfg = dict(heads=2, normalize=normalize, softmax=softmax, residual=not cross, scaling=0.8,
+               positional_embedding="rotary" if rotary else "none")
+    k, cache = ff.low_rank_kernel_forward(arrays["u_x"], p, u_y=arrays.get("u_y"), pos_x=arrays.get("pos_x"),
+                                          pos_y=arrays.get("pos_y"), **cfg)
+    g = rng.standard_normal(k.shape)
+    grads = ff.low_rank_kernel_backward(g, cache)
+    ref, tg = _torch_grads(torch, lambda t: low_rank_kernel_torch(
+        torch, t["u_x"], t, heads=2, u_y=t.get("u_y"), pos_x=t.get("pos_x"), pos_y=t.get("pos_y"), rotary=rotary,
+        normalize=normalize, softmax=softmax, residual=not cross, scaling=0.8), {**arrays, **p}, g)
+    errs = {"K": rel_err(k, ref), **{n: rel_err(grads[n], tg[n]) for n in tg}}
+    _assert_close(errs)
+
+
+def test_low_rank_kernel_validation():
+    p = {"to_q.weight": np.ones((4, 8)), "to_k.weight": np.ones((4, 8)), "gamma": np.asarray(1.0)}
+    with pytest.raises(ValueError, match="pos_x"):
+        ff.low_rank_kernel_forward(np.ones((1, 3, 4)), p, heads=2)
+    with pytest.raises(ValueError, match="n_x == n_y"):
+        ff.low_rank_kernel_forward(np.ones((1, 3, 4)), p, heads=2, u_y=np.ones((1, 2, 4)), positional_embedding="none")
+    with pytest.raises(ValueError, match="output_layout"):
+        ff.factformer_block_forward(np.ones((1, 2, 2, 4)), {}, pos_x=np.zeros(2), pos_y=np.zeros(2), heads=1,
+                                    dim_head=2, output_layout="channels_first")

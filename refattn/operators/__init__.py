@@ -176,6 +176,9 @@ from .factformer import (  # noqa: F401
     factformer_block_forward,
     factformer_block_param_shapes,
     init_factformer_block_params,
+    low_rank_kernel,
+    low_rank_kernel_backward,
+    low_rank_kernel_forward,
 )
 from .fno import (  # noqa: F401
     fno_spectral_conv,
@@ -416,6 +419,9 @@ __all__ = [
     "factformer_block_forward",
     "factformer_block_param_shapes",
     "init_factformer_block_params",
+    "low_rank_kernel",
+    "low_rank_kernel_backward",
+    "low_rank_kernel_forward",
     "fno_spectral_conv",
     "fno_spectral_conv_backward",
     "fno_spectral_conv_centred",
