@@ -412,3 +412,50 @@ def fablock2d_c9801d1_torch(torch, u, p, pos_x, pos_y, *, heads, dim_head, scali
     x = (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-8).sqrt()
     x = x.reshape(b, heads, nx * ny, dim_head).permute(0, 2, 1, 3).reshape(b, nx * ny, heads * dim_head)
     return F.gelu(x @ p["to_out.1.weight"]) @ p["to_out.3.weight"]
+
+
+# ------------------------------------------------------------------------------ IPOT model
+
+
+def ipot_model_torch(torch, x, q, tp, *, in_channel, num_bands, max_resolution, num_layers, heads):
+    """7tl7qns7ch/IPOT @ 18c1778 ``models/epd.py`` ``EncoderProcessorDecoder`` with
+    ``IPOTBasicPreprocessor``/``IPOTDecoder`` (``pos2fourier``: ``generate_fourier_features`` in
+    ``models/ipot/position_encoding.py``, bands ``linspace(1, res/2, K)`` in float64 here), the
+    encoder cross-attention, ``num_layers`` shared processor layers and the decoder, on ``tp``
+    keyed by the full state-dict names (linear weights ``(in, out)``)."""
+    F = torch.nn.functional
+
+    def fourier(pos):
+        fb = torch.stack([torch.linspace(1.0, r / 2, k, dtype=torch.float64) for r, k in zip(max_resolution, num_bands)])
+        f = (pos[..., :, None] * fb).reshape(*pos.shape[:-1], -1)
+        return torch.cat([pos, torch.sin(torch.pi * f), torch.cos(torch.pi * f)], -1)
+
+    def ln(t, key):
+        return F.layer_norm(t, t.shape[-1:], tp[f"{key}.weight"], tp[f"{key}.bias"], 1e-5)
+
+    def attn(prefix, a, c):
+        inner = tp[f"{prefix}.to_q.weight"].shape[1]
+        qq = a @ tp[f"{prefix}.to_q.weight"]
+        k, v = (c @ tp[f"{prefix}.to_kv.weight"]).split(inner, -1)
+        b = a.shape[0]
+        qq, k, v = (t.reshape(b, t.shape[1], heads, inner // heads).transpose(1, 2) for t in (qq, k, v))
+        o = F.scaled_dot_product_attention(qq, k, v).transpose(1, 2).reshape(b, a.shape[1], inner)
+        return o @ tp[f"{prefix}.to_out.weight"] + tp[f"{prefix}.to_out.bias"]
+
+    def ff(prefix, t):
+        u, g = (t @ tp[f"{prefix}.net.0.weight"] + tp[f"{prefix}.net.0.bias"]).chunk(2, -1)
+        return (u * F.gelu(g)) @ tp[f"{prefix}.net.3.weight"] + tp[f"{prefix}.net.3.bias"]
+
+    b = x.shape[0]
+    flat = x.reshape(b, -1, x.shape[-1])
+    inp = torch.cat([flat[..., :in_channel], fourier(flat[..., in_channel:])], -1)
+    z = tp["encoder.latents"].expand(b, -1, -1)
+    z = attn("encoder.encoder_cross_attn.fn", ln(z, "encoder.encoder_cross_attn.norm"),
+             ln(inp, "encoder.encoder_cross_attn.norm_context")) + z
+    for _ in range(num_layers):
+        z = attn("processor.processor_self_attn.fn", ln(z, "processor.processor_self_attn.norm"), z) + z
+        z = ff("processor.processor_ff.fn", ln(z, "processor.processor_ff.norm")) + z
+    qe = fourier(q.reshape(-1, q.shape[-1])).expand(b, -1, -1)
+    o = attn("decoder.decoder_cross_attn.fn", ln(qe, "decoder.decoder_cross_attn.norm"),
+             ln(z, "decoder.decoder_cross_attn.norm_context"))
+    return (ff("decoder.decoder_ff.fn", ln(o, "decoder.decoder_ff.norm")) + o) * 0.1

@@ -433,3 +433,56 @@ def test_low_rank_kernel_validation():
     with pytest.raises(ValueError, match="output_layout"):
         ff.factformer_block_forward(np.ones((1, 2, 2, 4)), {}, pos_x=np.zeros(2), pos_y=np.zeros(2), heads=1,
                                     dim_head=2, output_layout="channels_first")
+
+
+# ------------------------------------------------ IPOT whole model with pos2fourier (item 2)
+
+from _upstream_ops import ipot_model_torch  # noqa: E402
+
+from refattn.operators import ipot  # noqa: E402
+
+
+def test_ipot_whole_model_full_state_dict_names_and_position_grads():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(17)
+    nb, mr = [3, 3], [8, 6]
+    core = ipot._perturbed(rng, ipot.ipot_init_params(rng, 2 + 14, 14, 3, num_latents=5, latent_channel=8,
+                                                      ff_mult=2))
+    params = {("encoder." if k.startswith(("latents", "encoder")) else "processor." if k.startswith("processor")
+               else "decoder.") + k: v for k, v in core.items()}
+    # model.state_dict() also lists the shared processor under processor.layers.{l}.* and the unused encoder_ff
+    full = dict(params)
+    for layer in range(2):
+        for i, mod in enumerate(("processor_self_attn", "processor_ff")):
+            full.update({k.replace(f"processor.{mod}.", f"processor.layers.{layer}.{i}."): v
+                         for k, v in params.items() if k.startswith(f"processor.{mod}.")})
+    full["encoder.encoder_ff.norm.weight"] = np.ones(8)
+    x = np.concatenate([rng.standard_normal((2, 4, 3, 2)), rng.random((2, 4, 3, 2))], -1)
+    q = rng.random((7, 2))
+    out, cache = ipot.ipot_model_forward(x, q, full, in_channel=2, num_bands=nb, max_resolution=mr, num_layers=2,
+                                         encoder_heads=2, processor_heads=2, decoder_heads=2)
+    g = rng.standard_normal(out.shape)
+    grads = ipot.ipot_model_backward(g, cache)
+    assert not any(k.startswith("processor.layers.") for k in grads)
+    assert np.all(grads["encoder.encoder_ff.norm.weight"] == 0)
+    ref, tg = _torch_grads(torch, lambda t: ipot_model_torch(
+        torch, t["x"], t["q"], t, in_channel=2, num_bands=nb, max_resolution=mr, num_layers=2, heads=2),
+        {"x": x, "q": q, **params}, g)
+    errs = {"out": rel_err(out, ref), "inputs": rel_err(grads["inputs"], tg["x"]),
+            "decoder_query": rel_err(grads["decoder_query"], tg["q"]),
+            **{k: rel_err(grads[k], tg[k]) for k in params}}
+    _assert_close(errs)
+
+
+def test_ipot_model_rejects_short_names_and_mismatched_aliases():
+    rng = np.random.default_rng(18)
+    core = ipot.ipot_init_params(rng, 1 + 6, 6, 1, num_latents=2, latent_channel=2, ff_mult=1)
+    x, q = rng.random((2, 3, 3)), rng.random((2, 2))
+    cfg = dict(in_channel=1, num_bands=1, max_resolution=4, encoder_heads=1, processor_heads=1, decoder_heads=1)
+    with pytest.raises(ValueError, match="full state-dict names"):
+        ipot.ipot_model_forward(x, q, core, **cfg)
+    full = {("encoder." if k.startswith(("latents", "encoder")) else "processor." if k.startswith("processor")
+             else "decoder.") + k: v for k, v in core.items()}
+    bad = dict(full, **{"processor.layers.0.0.norm.weight": full["processor.processor_self_attn.norm.weight"] + 1})
+    with pytest.raises(ValueError, match="alias"):
+        ipot.ipot_model_forward(x, q, bad, **cfg)

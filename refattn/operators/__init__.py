@@ -248,6 +248,10 @@ from .ipot import (  # noqa: F401
     ipot_inducing_point_operator_backward,
     ipot_inducing_point_operator_forward,
     ipot_init_params,
+    ipot_model_backward,
+    ipot_model_forward,
+    pos2fourier_backward,
+    pos2fourier_forward,
 )
 from .linear_no import (  # noqa: F401
     linear_no_attention,
@@ -473,6 +477,10 @@ __all__ = [
     "ipot_inducing_point_operator_backward",
     "ipot_inducing_point_operator_forward",
     "ipot_init_params",
+    "ipot_model_backward",
+    "ipot_model_forward",
+    "pos2fourier_backward",
+    "pos2fourier_forward",
     "linear_no_attention",
     "linear_no_attention_backward",
     "linear_no_attention_forward",
