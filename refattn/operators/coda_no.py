@@ -1,8 +1,8 @@
 r"""CoDA-NO codomain attention: softmax attention among physical variables (function-valued tokens).
 
 Paper: Rahman et al., "Pretraining Codomain Attention Neural Operators for Solving Multiphysics
-PDEs", NeurIPS 2024. Upstream: ashiq24/CoDA-NO ``layers/codano_block_nd.py``
-(``CodanoBlockND.compute_attention``; ``_forward_equivariant``); neuraloperator/neuraloperator
+PDEs", NeurIPS 2024. Upstream: ashiq24/CoDA-NO ``layers/codano_block_nd.py`` @ 12a4acf (unchanged
+since d313bee) (``CodanoBlockND.compute_attention``; ``_forward_equivariant``); neuraloperator/neuraloperator
 ``neuralop/layers/coda_layer.py`` @ 93d3f0633e048c915004cd782cb339acf06e1157 (``CODALayer``,
 also in PyPI ``neuraloperator`` 2.0.0).
 
