@@ -2,9 +2,10 @@ r"""OFormer linear attention: Galerkin/Fourier-type attention with quadrature we
 
 Paper: Li, Meidani, Barati Farimani, "Transformer for Partial Differential Equations' Operator
 Learning", TMLR 2023, arXiv 2205.13671. Upstream: BaratiLab/OFormer
-``airfoil/nn_module/attention_module.py`` (``LinearAttention`` — encoder self-attention,
-``CrossLinearAttention`` — decoder cross-attention); maintained variant neuraloperator
-``neuralop/layers/attention_kernel_integral.py`` (``AttentionKernelIntegral``).
+``airfoil/nn_module/attention_module.py`` @ f1111b3c634893329e14e47e8903e421dd726a0c
+(``LinearAttention`` — encoder self-attention, ``CrossLinearAttention`` — decoder
+cross-attention); maintained variant neuraloperator ``neuralop/layers/attention_kernel_integral.py``
+@ 93d3f0633e048c915004cd782cb339acf06e1157 (``AttentionKernelIntegral``).
 
 Forward
 -------
