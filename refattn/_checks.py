@@ -29,6 +29,7 @@ __all__ = [
     "check_int",
     "check_param_keys",
     "check_params",
+    "weight_shape_hint",
     "cast_all",
 ]
 
@@ -220,33 +221,85 @@ def _for(where) -> str:
     return f" for {where}" if where else ""
 
 
+def _incomplete_layers(params, extra, expected) -> dict[str, str]:
+    """Keys that are probably missing although the caller's spec does not list them.
+
+    A key ``prefix.suffix`` the spec does not know, whose layer ``prefix`` lacks a sibling the
+    spec's layers always have (``keys.0.bias`` without ``keys.0.weight`` where every expected
+    layer has ``weight`` and ``bias``), points at the sibling: a forward that chooses its layout
+    from the keys present (self vs cross attention) then expects a different key set, and
+    "unknown keys" alone would hide the one key that is missing. Returns {missing key: layer}."""
+    layers: dict[str, set] = {}
+    for key in expected:
+        prefix, dot, suffix = key.rpartition(".")
+        if dot:
+            layers.setdefault(prefix, set()).add(suffix)
+    groups = {frozenset(v) for v in layers.values() if len(v) > 1}
+    present: dict[str, set] = {}
+    for key in params:
+        prefix, dot, suffix = key.rpartition(".")
+        if dot:
+            present.setdefault(prefix, set()).add(suffix)
+    out = {}
+    for key in extra:
+        prefix, dot, _ = key.rpartition(".")
+        if not dot or prefix in layers:
+            continue
+        for group in groups:
+            if present[prefix] < group:
+                out.update({f"{prefix}.{s}": prefix for s in sorted(group - present[prefix])})
+    return out
+
+
 def check_param_keys(params, required, optional=(), *, name: str = "params", where: str | None = None,
                      shapes: dict | None = None) -> None:
     """Validate the key set of a flat parameter dict (values are not looked at).
 
     * ``TypeError`` unless ``params`` is a dict;
-    * ``ValueError`` listing the unknown keys (neither in ``required`` nor in ``optional``), then
-      ``ValueError`` listing the missing ``required`` keys.
+    * ``ValueError`` naming every missing ``required`` key (with its expected shape when
+      ``shapes`` has it) and every unknown key (neither required nor optional), with the closest
+      expected name for each unknown one. A missing key is always reported as missing, also when
+      unknown keys come with it (a misspelt key is both), and also when the caller's spec was
+      chosen from the keys present: an unknown key whose layer lacks a sibling every expected
+      layer has (``keys.0.bias`` without ``keys.0.weight``) names that sibling as missing.
 
-    ``name`` names the dict and ``where`` (optional) the mechanism in messages; ``shapes``
-    (key -> expected shape) adds the expected shapes of missing keys to the message. A key whose
-    value is ``None`` counts as present here (:func:`check_params` decides what ``None`` means).
+    ``name`` names the dict and ``where`` (optional) the mechanism in messages. A key whose value
+    is ``None`` counts as present here (:func:`check_params` decides what ``None`` means).
     """
     required, optional = tuple(required), tuple(optional)
     if not isinstance(params, dict):
         opt = f" and optional {list(optional)}" if optional else ""
         raise TypeError(f"{name}{_for(where)} must be a dict of arrays with keys {list(required)}{opt}; "
                         f"got {type(params).__name__}")
-    extra = sorted(set(params) - set(required) - set(optional))
-    if extra:
-        raise ValueError(f"{name} has unknown keys {extra}{_for(where)}; expected {sorted(required)}"
-                         + (f" and optional {sorted(optional)}" if optional else ""))
+    expected = (*required, *optional)
+    extra = sorted(set(params) - set(expected))
     missing = [k for k in required if k not in params]
+    if not extra and not missing:
+        return
+    parts = []
+    partial = _incomplete_layers(params, extra, expected)
+    if partial:
+        layers = sorted(set(partial.values()))
+        have = {p: sorted(k.rpartition(".")[2] for k in params if k.rpartition(".")[0] == p) for p in layers}
+        parts.append(f"{name} is missing keys {sorted(partial)}{_for(where)} ("
+                     + ", ".join(f"layer {p!r} has only {have[p]}" for p in layers) + ")")
     if missing:
         hint = ""
         if shapes:
-            hint = " (expected shapes: " + ", ".join(f"{k} {tuple(shapes[k])}" for k in missing) + ")"
-        raise ValueError(f"{name} is missing keys {missing}{_for(where)}{hint}")
+            hint = " (expected shapes: " + ", ".join(f"{k} {tuple(shapes[k])}" for k in missing if k in shapes) + ")"
+        parts.append(f"{name} is missing keys {missing}{_for(where)}{hint}" if not parts
+                     else f"against the expected keys it also lacks {missing}{hint}")
+    if extra:
+        import difflib
+
+        # spelling guesses only where no layer is incomplete (then the layout, not a name, is off)
+        guess = {} if partial else {k: difflib.get_close_matches(k, missing or expected, n=1, cutoff=0.75)
+                                    for k in extra}
+        typo = "; ".join(f"{k!r} -> {c[0]!r}?" for k, c in guess.items() if c)
+        what = f"unknown keys {extra}" + (f" (did you mean {typo})" if typo else "")
+        parts.append(f"it has {what}" if parts else f"{name} has {what}{_for(where)}")
+    opt = f" and optional {sorted(optional)}" if optional else ""
+    raise ValueError("; ".join(parts) + f"; expected {sorted(required)}{opt}")
 
 
 def check_params(params, spec: dict, *, name: str = "params", optional=(), where: str | None = None) -> dict:
@@ -257,8 +310,9 @@ def check_params(params, spec: dict, *, name: str = "params", optional=(), where
     * ``TypeError`` when ``params`` is not a dict, a value is not a floating array (naming the
       key), or a required key is ``None``;
     * ``ValueError`` for unknown keys, missing required keys (see :func:`check_param_keys`) and
-      wrong shapes: ``"<key> must have shape <expected>; got <given>"`` (with a reminder that
-      PyTorch's ``nn.Linear.weight`` is the transpose, for 2-D ``*.weight`` keys).
+      wrong shapes: ``"<key> must have shape <expected>; got <given>"`` (for a 2-D ``*.weight``,
+      with the reason :func:`weight_shape_hint` finds: PyTorch's transposed layout, or a changed
+      input width).
 
     Returns ``{key: float array}`` in ``spec`` order, each in its own dtype (float16 promoted to
     float32; see :func:`as_float`); cast them together with :func:`cast_all`.
@@ -272,11 +326,27 @@ def check_params(params, spec: dict, *, name: str = "params", optional=(), where
             continue
         arr = as_float(params[key], key)
         if arr.shape != tuple(shape):
-            hint = (" (PyTorch's nn.Linear.weight is (out, in): pass its transpose)"
-                    if key.endswith(".weight") and len(shape) == 2 else "")
-            raise ValueError(f"{key} must have shape {tuple(shape)}; got {arr.shape}{hint}")
+            raise ValueError(f"{key} must have shape {tuple(shape)}; got {arr.shape}{weight_shape_hint(key, arr.shape, shape)}")
         out[key] = arr
     return out
+
+
+def weight_shape_hint(key: str, got: tuple, expected: tuple) -> str:
+    """Why a 2-D ``*.weight`` of shape ``got`` is not the ``(in, out)`` one ``expected``: PyTorch's
+    ``(out, in)`` layout when the expected input width sits on axis 1 (transposing fixes it); a
+    different input width when axis 0 differs and axis 1 does not explain it; nothing otherwise."""
+    got, expected = tuple(got), tuple(expected)
+    if not (key.endswith("weight") and len(got) == 2 and len(expected) == 2):
+        return ""
+    transpose = "PyTorch's nn.Linear.weight is (out, in): pass its transpose"
+    if got[0] == expected[0]:
+        return ""
+    width = f"axis 0 is the input width: this weight takes {got[0]} features where {expected[0]} arrive"
+    if got == expected[::-1] or (got[1] == expected[0] and got[1] != expected[1]):
+        return f" ({transpose})"
+    if got[1] == expected[0]:  # (c, a) for (a, a): a changed input, or a transposed (a, c) weight
+        return f" ({width}; did the last axis of an input change? If this is {transpose})"
+    return f" ({width}; did the last axis of an input change?)"
 
 
 def cast_all(dt, d: dict) -> dict:

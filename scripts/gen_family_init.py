@@ -10,8 +10,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-FOOTER = ("Every public name of these modules is re-exported here, except a function named like its\n"
-          "module (it would shadow the module); call that one as ``package.module.name``.")
+FOOTER = ("Every public name of these modules is re-exported here. A function named like its own module\n"
+          "(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the\n"
+          "module's other names from the module itself (``from package.sdpa import sdpa_forward``).")
 
 def summary(mod):
     para = " ".join((mod.__doc__ or "").strip().split("\n\n")[0].split())
@@ -40,7 +41,9 @@ for pkgdir in sys.argv[1:]:
         slugs = [r.slug for r in recs if r.module == f"{pkgname}.{m}"]
         text = f"* `{m}`: {summary(mod)}" + (f" ({', '.join(f'``{s}``' for s in slugs)})" if slugs else "") + "."
         bullets.append(textwrap.fill(text, 100, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False))
-        names = [n for n in getattr(mod, "__all__", []) if n not in subs]
+        # A name equal to a submodule's is exported only from that submodule (the function the
+        # module is named after); from any other module it would hide that module.
+        names = [n for n in getattr(mod, "__all__", []) if n not in subs or n == m]
         for n in names:
             if n in seen:
                 raise SystemExit(f"{pkgname}: {n} exported by both {seen[n]} and {m}")

@@ -8,6 +8,7 @@ autograd gradients, the identities of the catalogue and the convention keywords.
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import numpy as np
@@ -18,12 +19,15 @@ from refattn.attention import differential as D
 from refattn.attention.differential import _samples as S
 from refattn.attention.differential import dex as DEX
 from refattn.attention.differential import diffclip as CLIP
-from refattn.attention.differential import difflora as LORA
 from refattn.attention.differential import gda as GDA
 from refattn.attention.differential import shared_diff as SHARED
 from refattn.attention.differential import v2 as V2
 from refattn.testing import run_record_checks
 from refattn.testing.runner import record_check_names
+
+# Modules whose name is also their main function's: the package attribute is the function
+# (``from refattn.blocks import bcos`` gives the function), so take the module itself.
+LORA = importlib.import_module("refattn.attention.differential.difflora")
 
 SLUGS = ["diff_attention_core", "diff_attention_v1", "diff_attention_v2", "diffclip_attention",
          "grouped_differential_attention", "dint_attention", "dex_differential_adaptation", "difflora",

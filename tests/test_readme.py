@@ -18,7 +18,9 @@ def _bash_blocks() -> list[str]:
     return re.findall(r"```bash\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
 
 
-@pytest.mark.parametrize("i", range(len(_python_blocks())))
+# a block that calls a Numba kernel compiles it: that one runs with the slow tests (tests/conftest.py)
+@pytest.mark.parametrize("i", [pytest.param(i, marks=pytest.mark.numba) if 'backend="numba"' in b else i
+                               for i, b in enumerate(_python_blocks())])
 def test_readme_python_block_runs(i):
     code = _python_blocks()[i]
     if "torch" in code:
@@ -39,3 +41,16 @@ def test_ci_runs_the_readme_test_command():
     tail = test_cmd.split('pip install -e ".[dev]" && ', 1)[1]
     for part in tail.split(" && "):
         assert part in ci, f".ci/run does not run {part!r} from the README"
+    # and so must the README's second (slow) step
+    for block in _bash_blocks():
+        for line in block.splitlines():
+            if line.startswith("python -m pytest"):
+                assert line.strip() in ci, f".ci/run does not run {line.strip()!r} from the README"
+
+
+def test_readme_test_command_leaves_out_slow_tests_and_states_the_time():
+    text = README.read_text(encoding="utf-8")
+    test_cmd = next(b for b in _bash_blocks() if "pytest" in b)
+    assert '-m "not slow"' in test_cmd and "-n auto" in test_cmd
+    assert any('python -m pytest -n auto -m slow' in b for b in _bash_blocks())
+    assert "minutes on 2 cores" in text

@@ -117,3 +117,14 @@ def test_dtype_behaviour(rec, dtype, expected):
     scale = max(float(np.max(np.abs(ref))), 1.0)
     tol = 5e-2 if dtype == np.float16 else 1e-3
     assert np.max(np.abs(out.astype(np.float64) - ref)) <= tol * scale, f"{rec.slug}: {dtype.__name__} drifts"
+
+
+def test_add_cases_attaches_named_compare_cases_without_overriding():
+    rec = registry.get("sdpa")
+    assert "masked_row" in rec.cases and callable(rec.cases["masked_row"])
+    with pytest.raises(ValueError, match="already has compare cases"):
+        registry.add_cases("sdpa", {"masked_row": rec.cases["masked_row"]})
+    unimplemented = next(r.slug for r in registry.all(implemented=False))
+    with pytest.raises(ValueError, match="not an implemented record"):
+        registry.add_cases(unimplemented, {"x": rec.cases["odd"]})
+    assert registry.Mechanism(slug="s", family="1-softmax", tier="T1", title="t").cases == {}

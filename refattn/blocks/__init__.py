@@ -72,13 +72,15 @@ Modules
 * `token_pool`: Token Pooling: downsample a token set by clustering, keeping the cluster centres
   (``token_pooling``).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 """
 
 from __future__ import annotations
 
 from .bcos import (  # noqa: F401
+    bcos,
     bcos_backward,
     bcos_dynamic_weights,
     bcos_forward,
@@ -128,6 +130,7 @@ from .deformable_merging import (  # noqa: F401
 )
 from .dra import (  # noqa: F401
     DRA_PARAMS,
+    dra,
     dra_backward,
     dra_forward,
 )
@@ -156,6 +159,7 @@ from .glu_ffn import (  # noqa: F401
     GLU_VARIANTS,
     LLAMA_MLP_NAMES,
     glu_activation,
+    glu_ffn,
     glu_ffn_backward,
     glu_ffn_forward,
 )
@@ -243,6 +247,7 @@ from .patch_embed import (  # noqa: F401
 )
 from .polycom import (  # noqa: F401
     POLYCOM_KINDS,
+    polycom,
     polycom_backward,
     polycom_forward,
 )
@@ -321,6 +326,7 @@ from .token_pool import (  # noqa: F401
 )
 
 __all__ = [
+    "bcos",
     "bcos_backward",
     "bcos_dynamic_weights",
     "bcos_forward",
@@ -364,6 +370,7 @@ __all__ = [
     "deformable_token_merging_backward",
     "deformable_token_merging_forward",
     "DRA_PARAMS",
+    "dra",
     "dra_backward",
     "dra_forward",
     "DYDIT_ESTIMATORS",
@@ -384,6 +391,7 @@ __all__ = [
     "GLU_VARIANTS",
     "LLAMA_MLP_NAMES",
     "glu_activation",
+    "glu_ffn",
     "glu_ffn_backward",
     "glu_ffn_forward",
     "gated_memory_unit",
@@ -445,6 +453,7 @@ __all__ = [
     "vit_patch_embedding_backward",
     "vit_patch_embedding_forward",
     "POLYCOM_KINDS",
+    "polycom",
     "polycom_backward",
     "polycom_forward",
     "polyphase_anchor",

@@ -30,8 +30,9 @@ Modules
 * `windows`: Swin-style window helpers and ``F.unfold`` / ``F.fold`` (``fold``, ``unfold``,
   ``window_partition``, ``window_reverse``).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from .conv import (  # noqa: F401
     PADDING_MODES,
     check_int_tuple,
     col2im,
+    conv,
     conv_apply,
     conv_backward,
     conv_forward,
@@ -83,6 +85,7 @@ from .conv import (  # noqa: F401
 from .linear import (  # noqa: F401
     check_linear_params,
     init_linear_prefixed,
+    linear,
     linear_apply,
     linear_backward,
     linear_forward,
@@ -131,6 +134,7 @@ from .pooling import (  # noqa: F401
 from .rope import (  # noqa: F401
     apply_rope,
     interleave_permutation,
+    rope,
     rope_angles,
     rope_angles_vjp,
     rope_backward,
@@ -157,6 +161,7 @@ from .softmax import (  # noqa: F401
     log_softmax_forward,
     logsumexp_backward,
     logsumexp_forward,
+    softmax,
     softmax_backward,
     softmax_forward,
     softmax_lse,
@@ -215,6 +220,7 @@ __all__ = [
     "PADDING_MODES",
     "check_int_tuple",
     "col2im",
+    "conv",
     "conv_apply",
     "conv_backward",
     "conv_forward",
@@ -232,6 +238,7 @@ __all__ = [
     "pad_nd_vjp",
     "check_linear_params",
     "init_linear_prefixed",
+    "linear",
     "linear_apply",
     "linear_backward",
     "linear_forward",
@@ -274,6 +281,7 @@ __all__ = [
     "pool_output_size",
     "apply_rope",
     "interleave_permutation",
+    "rope",
     "rope_angles",
     "rope_angles_vjp",
     "rope_backward",
@@ -296,6 +304,7 @@ __all__ = [
     "log_softmax_forward",
     "logsumexp_backward",
     "logsumexp_forward",
+    "softmax",
     "softmax_backward",
     "softmax_forward",
     "softmax_lse",

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, compute_dtype
+from .._checks import as_dout, as_float, check_param_keys, compute_dtype
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["linear_forward", "linear_backward", "linear", "linear_apply", "linear_vjp", "check_linear_params",
@@ -120,15 +120,12 @@ def check_linear_params(params, x_features: int, name: str = "params", *, prefix
     if not isinstance(params, dict):
         raise TypeError(f"{name} must be a dict with 'weight' (in, out) and optional 'bias' (out,); "
                         f"got {type(params).__name__}")
-    extra = sorted(set(params) - {"weight", "bias"})
-    if extra:
-        raise ValueError(f"{name} has unknown keys {extra}; expected 'weight' and optional 'bias'")
-    if "weight" not in params:
-        raise ValueError(f"{name} must contain 'weight' of shape (in, out)")
+    check_param_keys(params, ("weight",), ("bias",), name=name)
     w = as_float(params["weight"], f"{prefix}weight", ndim=2)
     if w.shape[0] != x_features:
-        raise ValueError(f"{prefix}weight must have shape (in={x_features}, out); got {w.shape} "
-                         f"(PyTorch's nn.Linear.weight is (out, in): pass its transpose)")
+        hint = ("PyTorch's nn.Linear.weight is (out, in): pass its transpose" if w.shape[1] == x_features
+                else f"x has {x_features} features on its last axis, this weight takes {w.shape[0]}")
+        raise ValueError(f"{prefix}weight must have shape (in={x_features}, out); got {w.shape} ({hint})")
     b = params.get("bias")
     if b is not None:
         b = as_float(b, f"{prefix}bias", ndim=1)

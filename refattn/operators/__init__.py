@@ -13,6 +13,11 @@ Modules
   (``anie_attentional_integral_equation``).
 * `anisotropic_rbf`: Anisotropic RBF field decoder: a continuous field, queried anywhere, from
   oriented Gaussian centres (``anisotropic_rbf_field_decoder``).
+* `aot_pot`: AOT-POT multi-stream residual mixing: adaptive aggregation, redistribution and
+  Sinkhorn-projected stream mixing (``aot_pot_multistream_sinkhorn``).
+* `cape`: CAPE: channel attention guided by PDE-parameter embeddings (the parameter-embedding block
+  of a neural PDE solver) (``cape_parameter_channel_attention``).
+* `cato`: CATO charted axial attention — registered as **not implemented** (T3).
 * `cno`: Convolutional Neural Operator (CNO): the CNO block and residual block with the anti-aliased
   (filtered) leaky-ReLU activation and its up/down-sampling (``cno_convolutional_operator``).
 * `coda_no`: CoDA-NO codomain attention: softmax attention among physical variables (function-valued
@@ -34,6 +39,8 @@ Modules
   a context (``geotransolver_gale``).
 * `galerkin`: Galerkin-type and Fourier-type attention (Cao, NeurIPS 2021): one layer, two
   associations (``galerkin_attention``, ``fourier_type_attention``).
+* `gaot_magno`: GAOT MAGNO: multiscale attentional graph neural operator encoder/decoder with
+  geometry embedding (``gaot_magno``).
 * `gno_kernel_integral`: Graph neural operator (GNO) kernel integral over radius neighbourhoods
   (``gno_kernel_integral_layer``).
 * `gnot`: GNOT heterogeneous normalized (linear) attention (HNA) (``gnot_hna_attention``).
@@ -52,8 +59,14 @@ Modules
 * `mamba_neural_operator`: Mamba Neural Operator (MNO): the multi-order selective-scan mixer
   ``SS2D`` that replaces attention in the Galerkin Transformer / GNOT / OFormer encoder layers
   (``mamba_selective_scan_operator``).
+* `mano`: MANO multipole attention: windowed attention on a hierarchy of coarsened grids, summed
+  back up (``mano_multipole_attention``).
 * `mgno`: MgNO: a neural-operator layer whose linear operator is one multigrid V-cycle of
   convolutions (``mgno_multigrid_operator``).
+* `mino`: MINO encoder: a graph-neural-operator kernel integral onto latent points, then Perceiver
+  cross-attention (``mino_gno_cross_attention``).
+* `mono_cotap`: MoNo CoTAP: cross-scale optimal-transport assignment and projection between points
+  and latent tokens (``mono_cotap_ot_projection``).
 * `multiwavelet`: Multiwavelet neural operator (MWT): Legendre/Chebyshev multiwavelet filters, the
   multiwavelet transform and the 1-D ``MWT_CZ1d`` layer (``multiwavelet_operator``).
 * `oformer`: OFormer linear attention: Galerkin/Fourier-type attention with quadrature weights,
@@ -63,6 +76,8 @@ Modules
 * `pde_transformer_channel_attention`: PDE-Transformer (separate channels): channel-wise
   self-attention between the tokens of the physical channels, with adaptive-LayerNorm conditioning
   (``pde_transformer_channel_attention``).
+* `physgto_attention`: PhysGTO projection-inspired attention: learned tokens project the mesh,
+  attend, and re-project back (``physgto_projection_attention``).
 * `pinnsformer`: PINNsFormer: pseudo-sequences of collocation points, the Wavelet activation and the
   encoder-decoder PINN transformer built from them (``pinnsformer_wavelet_pseudosequence``,
   ``wavelet_activation``).
@@ -75,8 +90,9 @@ Modules
 * `transolver`: Transolver Physics-Attention: slice the points, attend among the slices, deslice
   (``transolver_physics_attention``).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 """
 
 from __future__ import annotations
@@ -94,9 +110,22 @@ from .anie import (  # noqa: F401
     init_anie_params,
 )
 from .anisotropic_rbf import (  # noqa: F401
+    anisotropic_rbf,
     anisotropic_rbf_backward,
     anisotropic_rbf_forward,
     tangent_frames,
+)
+from .aot_pot import (  # noqa: F401
+    aot_pot_stream_mixing,
+    aot_pot_stream_mixing_backward,
+    aot_pot_stream_mixing_forward,
+    init_aot_pot_params,
+)
+from .cape import (  # noqa: F401
+    cape_block,
+    cape_block_backward,
+    cape_block_forward,
+    init_cape_params,
 )
 from .cno import (  # noqa: F401
     cno_activation_operators,
@@ -132,6 +161,7 @@ from .common import (  # noqa: F401
     physics_front_init,
     physics_front_spec,
     rfftn_adjoint,
+    sinkhorn_implicit_vjp,
     slice_dims,
     slice_tokens_backward,
     slice_tokens_forward,
@@ -157,6 +187,7 @@ from .differential_conv import (  # noqa: F401
 )
 from .disco_conv import (  # noqa: F401
     disco_basis,
+    disco_conv,
     disco_conv_backward,
     disco_conv_forward,
     disco_filter_matrix,
@@ -206,7 +237,16 @@ from .galerkin import (  # noqa: F401
     galerkin_attention_forward,
     init_params,
 )
+from .gaot_magno import (  # noqa: F401
+    init_magno_params,
+    magno,
+    magno_backward,
+    magno_forward,
+    magno_geometry_features,
+    node_pos_encode,
+)
 from .gno_kernel_integral import (  # noqa: F401
+    gno_kernel_integral,
     gno_kernel_integral_backward,
     gno_kernel_integral_forward,
     init_gno_params,
@@ -273,6 +313,13 @@ from .mamba_neural_operator import (  # noqa: F401
     mno_ss2d_forward,
     scan_order_permutations,
 )
+from .mano import (  # noqa: F401
+    init_mano_params,
+    mano_attention,
+    mano_attention_backward,
+    mano_attention_forward,
+    mano_levels,
+)
 from .mgno import (  # noqa: F401
     init_mgno_params,
     mgno_layer,
@@ -280,6 +327,24 @@ from .mgno import (  # noqa: F401
     mgno_layer_forward,
     mgno_param_shapes,
     mgno_vcycle,
+)
+from .mino import (  # noqa: F401
+    init_mino_encoder_params,
+    init_perceiver_block_params,
+    mino_encoder,
+    mino_encoder_backward,
+    mino_encoder_forward,
+    mino_perceiver_block_backward,
+    mino_perceiver_block_forward,
+    mino_sincos_embedding,
+    perceiver_block_spec,
+)
+from .mono_cotap import (  # noqa: F401
+    cotap,
+    cotap_backward,
+    cotap_forward,
+    cotap_project,
+    init_cotap_params,
 )
 from .multiwavelet import (  # noqa: F401
     init_mwt_cz1d_params,
@@ -309,9 +374,17 @@ from .pde_transformer_channel_attention import (  # noqa: F401
     pde_channel_attention_backward,
     pde_channel_attention_forward,
 )
+from .physgto_attention import (  # noqa: F401
+    PHYSGTO_VARIANTS,
+    init_physgto_attention_params,
+    physgto_attention,
+    physgto_attention_backward,
+    physgto_attention_forward,
+)
 from .pinnsformer import (  # noqa: F401
     init_pinnsformer_params,
     make_time_sequence,
+    pinnsformer,
     pinnsformer_backward,
     pinnsformer_forward,
     pinnsformer_param_shapes,
@@ -321,6 +394,7 @@ from .pinnsformer import (  # noqa: F401
 )
 from .pinto import (  # noqa: F401
     init_pinto_params,
+    pinto,
     pinto_backward,
     pinto_forward,
 )
@@ -328,6 +402,7 @@ from .schwarz_attention import (  # noqa: F401
     coarse_hat_basis,
     overlapping_subdomains,
     partition_of_unity,
+    schwarz_attention,
     schwarz_attention_backward,
     schwarz_attention_forward,
 )
@@ -355,9 +430,18 @@ __all__ = [
     "anie_forward",
     "anie_solve",
     "init_anie_params",
+    "anisotropic_rbf",
     "anisotropic_rbf_backward",
     "anisotropic_rbf_forward",
     "tangent_frames",
+    "aot_pot_stream_mixing",
+    "aot_pot_stream_mixing_backward",
+    "aot_pot_stream_mixing_forward",
+    "init_aot_pot_params",
+    "cape_block",
+    "cape_block_backward",
+    "cape_block_forward",
+    "init_cape_params",
     "cno_activation_operators",
     "cno_block",
     "cno_block_backward",
@@ -387,6 +471,7 @@ __all__ = [
     "physics_front_init",
     "physics_front_spec",
     "rfftn_adjoint",
+    "sinkhorn_implicit_vjp",
     "slice_dims",
     "slice_tokens_backward",
     "slice_tokens_forward",
@@ -406,6 +491,7 @@ __all__ = [
     "finite_difference_conv_forward",
     "zero_sum_stencil",
     "disco_basis",
+    "disco_conv",
     "disco_conv_backward",
     "disco_conv_forward",
     "disco_filter_matrix",
@@ -446,6 +532,13 @@ __all__ = [
     "galerkin_attention_backward",
     "galerkin_attention_forward",
     "init_params",
+    "init_magno_params",
+    "magno",
+    "magno_backward",
+    "magno_forward",
+    "magno_geometry_features",
+    "node_pos_encode",
+    "gno_kernel_integral",
     "gno_kernel_integral_backward",
     "gno_kernel_integral_forward",
     "init_gno_params",
@@ -495,12 +588,31 @@ __all__ = [
     "mno_ss2d_backward",
     "mno_ss2d_forward",
     "scan_order_permutations",
+    "init_mano_params",
+    "mano_attention",
+    "mano_attention_backward",
+    "mano_attention_forward",
+    "mano_levels",
     "init_mgno_params",
     "mgno_layer",
     "mgno_layer_backward",
     "mgno_layer_forward",
     "mgno_param_shapes",
     "mgno_vcycle",
+    "init_mino_encoder_params",
+    "init_perceiver_block_params",
+    "mino_encoder",
+    "mino_encoder_backward",
+    "mino_encoder_forward",
+    "mino_perceiver_block_backward",
+    "mino_perceiver_block_forward",
+    "mino_sincos_embedding",
+    "perceiver_block_spec",
+    "cotap",
+    "cotap_backward",
+    "cotap_forward",
+    "cotap_project",
+    "init_cotap_params",
     "init_mwt_cz1d_params",
     "multiwavelet_filters",
     "mwt_cz1d",
@@ -521,8 +633,14 @@ __all__ = [
     "pde_channel_attention",
     "pde_channel_attention_backward",
     "pde_channel_attention_forward",
+    "PHYSGTO_VARIANTS",
+    "init_physgto_attention_params",
+    "physgto_attention",
+    "physgto_attention_backward",
+    "physgto_attention_forward",
     "init_pinnsformer_params",
     "make_time_sequence",
+    "pinnsformer",
     "pinnsformer_backward",
     "pinnsformer_forward",
     "pinnsformer_param_shapes",
@@ -530,11 +648,13 @@ __all__ = [
     "wave_activation_backward",
     "wave_activation_forward",
     "init_pinto_params",
+    "pinto",
     "pinto_backward",
     "pinto_forward",
     "coarse_hat_basis",
     "overlapping_subdomains",
     "partition_of_unity",
+    "schwarz_attention",
     "schwarz_attention_backward",
     "schwarz_attention_forward",
     "conditional_layer_norm",

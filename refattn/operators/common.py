@@ -15,6 +15,10 @@ one module only stays private in that module.
   of ``refattn.operators.transolver``).
 * **Axial kernels** — validation, $K_x, K_y$ and their gradients for FactFormer
   (``refattn.operators.factformer``) and IFactFormer-m (``refattn.operators.ifactformer``).
+* **Implicit Sinkhorn VJP** — :func:`sinkhorn_implicit_vjp`, the gradient of an entropic-OT plan
+  at its fixed point, for MoNo's CoTAP (``refattn.operators.mono_cotap``) and AOT-POT's stream
+  mixing (``refattn.operators.aot_pot``); the unrolled VJP is
+  ``refattn.attention.linear.sinkformer.sinkhorn_log_vjp``.
 
 Real-FFT adjoints (the shared core of the FNO and AFNO backwards)
 -----------------------------------------------------------------
@@ -85,6 +89,7 @@ __all__ = [
     "validate_axial_operands",
     "axial_kernels",
     "axial_kernel_grads",
+    "sinkhorn_implicit_vjp",
 ]
 
 
@@ -365,3 +370,40 @@ def axial_kernel_grads(a, dkx, dky, sx, sy):
     (same for $y$)."""
     return {"q_x": sx * (dkx @ a["k_x"]), "k_x": sx * (np.swapaxes(dkx, -1, -2) @ a["q_x"]),
             "q_y": sy * (dky @ a["k_y"]), "k_y": sy * (np.swapaxes(dky, -1, -2) @ a["q_y"])}
+
+
+# --------------------------------------------------------------------------------------------
+# Implicit differentiation of a Sinkhorn plan (MoNo CoTAP, AOT-POT)
+
+
+def sinkhorn_implicit_vjp(P: np.ndarray, dP: np.ndarray) -> np.ndarray:
+    r"""Gradient w.r.t. the log-kernel $L$ of a Sinkhorn plan at its fixed point.
+
+    $P_{ij} = e^{L_{ij}+u_i+v_j}$ with the row sums $r = P\mathbf 1$ and column sums
+    $c = P^\top\mathbf 1$ held fixed, so $dP = P\odot(dL + du\oplus dv)$ with vanishing row and
+    column sums. Since $\sum_{ij}(\alpha_i+\beta_j)\,dP_{ij} = 0$ for any $\alpha,\beta$, choosing
+    them so that the coefficients of $du, dv$ vanish,
+
+    $$r_i\alpha_i + (P\beta)_i = -\textstyle\sum_j P_{ij}\bar G_{ij},\qquad
+    (P^\top\alpha)_j + c_j\beta_j = -\sum_i P_{ij}\bar G_{ij},$$
+
+    gives $\partial\mathcal L/\partial L = P\odot(\bar G + \alpha\oplus\beta)$ ($\bar G = $ ``dP``).
+    Eliminating $\alpha$ leaves $(\operatorname{diag}c - P^\top\operatorname{diag}(1/r)P)\beta =
+    \ldots$, singular along $\mathbf 1$ (the $\alpha\oplus\beta$ gauge) and consistent; it is solved
+    with $\beta_{M-1} = 0$. ``P, dP (..., N, M)``. Exact only at convergence: for a finite number
+    of iterations the unrolled VJP (``sinkhorn_log_vjp``) is the gradient of what was computed.
+    """
+    r = P.sum(axis=-1)
+    pg = P * dP
+    gr, gc = pg.sum(axis=-1), pg.sum(axis=-2)
+    m = P.shape[-1]
+    beta = np.zeros(P.shape[:-2] + (m,), dtype=P.dtype)
+    if m > 1:
+        pt = swap_last(P)
+        schur = -(pt / r[..., None, :]) @ P
+        idx = np.arange(m)
+        schur[..., idx, idx] += P.sum(axis=-2)
+        rhs = -gc + (pt @ (gr / r)[..., None])[..., 0]
+        beta[..., :-1] = np.linalg.solve(schur[..., :-1, :-1], rhs[..., :-1, None])[..., 0]
+    alpha = -(gr + (P @ beta[..., None])[..., 0]) / r
+    return P * (dP + alpha[..., :, None] + beta[..., None, :])

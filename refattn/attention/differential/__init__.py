@@ -43,8 +43,9 @@ Modules
 * `v2`: DIFF Transformer V2: per-token, per-head $\lambda = \sigma(xW_\lambda)$, shared K/V within a
   GQA group (``diff_attention_v2``).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ from .diffclip import (  # noqa: F401
     diffclip_attention_forward,
 )
 from .difflora import (  # noqa: F401
+    difflora,
     difflora_backward,
     difflora_forward,
 )
@@ -132,6 +134,9 @@ from .lora import (  # noqa: F401
     two_branch_forward,
 )
 from .mala import (  # noqa: F401
+    mala_layer,
+    mala_layer_backward,
+    mala_layer_forward,
     mala_linear_attention,
     mala_linear_attention_backward,
     mala_linear_attention_forward,
@@ -147,6 +152,9 @@ from .mta import (  # noqa: F401
     multi_token_attention,
     multi_token_attention_backward,
     multi_token_attention_forward,
+    multi_token_attention_layer,
+    multi_token_attention_layer_backward,
+    multi_token_attention_layer_forward,
 )
 from .pct import (  # noqa: F401
     pct_offset_attention,
@@ -163,6 +171,9 @@ from .shaped import (  # noqa: F401
     shaped_attention,
     shaped_attention_backward,
     shaped_attention_forward,
+    shaped_attention_layer,
+    shaped_attention_layer_backward,
+    shaped_attention_layer_forward,
 )
 from .shared_diff import (  # noqa: F401
     shared_diff_attention,
@@ -213,6 +224,7 @@ __all__ = [
     "diffclip_attention",
     "diffclip_attention_backward",
     "diffclip_attention_forward",
+    "difflora",
     "difflora_backward",
     "difflora_forward",
     "dint_attention",
@@ -245,6 +257,9 @@ __all__ = [
     "lora_backward",
     "two_branch_backward",
     "two_branch_forward",
+    "mala_layer",
+    "mala_layer_backward",
+    "mala_layer_forward",
     "mala_linear_attention",
     "mala_linear_attention_backward",
     "mala_linear_attention_forward",
@@ -256,6 +271,9 @@ __all__ = [
     "multi_token_attention",
     "multi_token_attention_backward",
     "multi_token_attention_forward",
+    "multi_token_attention_layer",
+    "multi_token_attention_layer_backward",
+    "multi_token_attention_layer_forward",
     "pct_offset_attention",
     "pct_offset_attention_backward",
     "pct_offset_attention_forward",
@@ -266,6 +284,9 @@ __all__ = [
     "shaped_attention",
     "shaped_attention_backward",
     "shaped_attention_forward",
+    "shaped_attention_layer",
+    "shaped_attention_layer_backward",
+    "shaped_attention_layer_forward",
     "shared_diff_attention",
     "shared_diff_attention_backward",
     "shared_diff_attention_forward",

@@ -6,6 +6,8 @@ family is tested against its explicit form.
 
 Modules
 -------
+* `combiner`: Combiner: full (causal) attention through a structured factorisation of the attention
+  distribution (``combiner_attention``).
 * `core`: Helpers shared by the linear / kernel attention family, under public names: feature maps,
   the linear-attention core (non-causal form and causal prefix-state scan) and input validation.
 * `drsformer_tksa`: DRSformer TKSA: top-k sparse channel ("transposed") attention with mixed
@@ -18,6 +20,8 @@ Modules
   key feature's positions, so attention costs $O(Md\,d_v)$ (``efficient_attention_shen``).
 * `fastmax`: Fastmax (FAST): factorisable polynomial-kernel attention, the truncated Taylor series
   of softmax (``fastmax_polynomial_attention``).
+* `fourier_dct`: Fourier Transformer: DCT-based sequence truncation before softmax attention
+  (``fourier_transformer_dct``).
 * `hypformer`: Hypformer: linear focused attention in the Lorentz model of hyperbolic space
   (``TransConvLayer``) (``hypformer_lorentz_linear_attention``).
 * `informer_probsparse`: Informer: ProbSparse self-attention (with its attention layer) and the
@@ -28,8 +32,12 @@ Modules
 * `katharopoulos`: Linear attention of Katharopoulos et al (``linear_attention_katharopoulos``).
 * `kl_transformer`: KL-Transformer: linear attention on spectral random features whose distribution
   is learned (``kl_transformer_learned_spectral_kernel``).
+* `linformer`: Linformer: self-attention with sequence-axis low-rank projections of the keys and
+  values (``linformer_low_rank_attention``).
 * `masked_linear`: Structured-mask linear attention: $(M\odot\Phi_Q\Phi_K^\top)V$ with only
   "multiply by $M$" needed (``masked_linear_attention_structured``).
+* `mra`: MRA-2: multiresolution (two-level) approximation of softmax self-attention
+  (``mra_multiresolution_attention``).
 * `performer`: Performer FAVOR+: softmax-kernel attention estimated with positive (orthogonal)
   random features (``performer_favor_plus``).
 * `reformer_lsh`: Reformer LSH self-attention: angular LSH with random rotations, sort by bucket,
@@ -51,20 +59,40 @@ Modules
 * `topk_attention`: Top-$k$ (k-NN retrieved) softmax attention: the exact reference of IceFormer's
   retrieval attention (``topk_attention``).
 * `transnormer`: TransNormer: NormAttention (linear attention with a norm instead of the row-sum
-  denominator) and DiagAttention (softmax attention inside non-overlapping blocks), the two
-  attentions of its layers (``transnormer_norm_attention``).
+  denominator), its full layer as trained (``transnormer_t1``), and DiagAttention (softmax attention
+  inside non-overlapping blocks) (``transnormer_norm_attention``).
+* `udit`: U-DiT downsampled-token self-attention: attention within the four polyphase sub-maps of a
+  feature map (``udit_downsampled_token_attention``).
+* `vcc`: VCC: VIP-token centric compression around one transformer layer
+  (``vcc_vip_token_compression``).
+* `wavspa`: WavSpA: attention in a (learnable) wavelet coefficient space
+  (``wavelet_space_attention``).
 
-Every public name of these modules is re-exported here, except a function named like its
-module (it would shadow the module); call that one as ``package.module.name``.
+Every public name of these modules is re-exported here. A function named like its own module
+(``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
+module's other names from the module itself (``from package.sdpa import sdpa_forward``).
 """
 
 from __future__ import annotations
 
+from .combiner import (  # noqa: F401
+    COMBINER_POOLING,
+    COMBINER_VARIANTS,
+    combiner_attention,
+    combiner_attention_backward,
+    combiner_attention_forward,
+    combiner_core_backward,
+    combiner_core_forward,
+    combiner_dense_matrix,
+    combiner_region_summaries,
+)
 from .core import (  # noqa: F401
     FEATURE_MAPS,
     feature_map_backward,
     feature_map_forward,
     gather_rows,
+    l2_normalize,
+    l2_normalize_vjp,
     linear_core_backward,
     linear_core_forward,
     mT,
@@ -74,6 +102,7 @@ from .core import (  # noqa: F401
 )
 from .drsformer_tksa import (  # noqa: F401
     DRSFORMER_RATIOS,
+    drsformer_tksa,
     drsformer_tksa_backward,
     drsformer_tksa_forward,
     drsformer_topk_sizes,
@@ -98,6 +127,9 @@ from .efficient import (  # noqa: F401
     efficient_attention,
     efficient_attention_backward,
     efficient_attention_forward,
+    efficient_attention_layer,
+    efficient_attention_layer_backward,
+    efficient_attention_layer_forward,
 )
 from .fastmax import (  # noqa: F401
     FASTMAX_NORMALIZE,
@@ -107,6 +139,15 @@ from .fastmax import (  # noqa: F401
     fastmax_forward,
     fastmax_normalize_backward,
     fastmax_normalize_forward,
+)
+from .fourier_dct import (  # noqa: F401
+    dct_ortho,
+    dct_truncate,
+    dct_truncate_vjp,
+    fourier_dct_attention,
+    fourier_dct_attention_backward,
+    fourier_dct_attention_forward,
+    idct_ortho,
 )
 from .hypformer import (  # noqa: F401
     focus_map_backward,
@@ -155,6 +196,13 @@ from .kl_transformer import (  # noqa: F401
     kl_transformer_backward,
     kl_transformer_forward,
 )
+from .linformer import (  # noqa: F401
+    LINFORMER_SHARING,
+    init_linformer_params,
+    linformer_attention,
+    linformer_attention_backward,
+    linformer_attention_forward,
+)
 from .masked_linear import (  # noqa: F401
     MASK_KINDS,
     grid_toeplitz_correlation_fft,
@@ -166,7 +214,16 @@ from .masked_linear import (  # noqa: F401
     tree_distances,
     tree_exp_matvec,
 )
+from .mra import (  # noqa: F401
+    MRA_MODES,
+    mra_attention,
+    mra_attention_backward,
+    mra_attention_forward,
+    mra_block_scores,
+    mra_block_selection,
+)
 from .performer import (  # noqa: F401
+    performer,
     performer_backward,
     performer_features_backward,
     performer_features_forward,
@@ -203,6 +260,7 @@ from .set_transformer import (  # noqa: F401
     BLOCKS,
     mab_backward,
     mab_forward,
+    set_transformer,
     set_transformer_backward,
     set_transformer_forward,
 )
@@ -210,7 +268,11 @@ from .sinkformer import (  # noqa: F401
     sinkformer_attention,
     sinkformer_backward,
     sinkformer_forward,
+    sinkformer_layer,
+    sinkformer_layer_backward,
+    sinkformer_layer_forward,
     sinkhorn_log,
+    sinkhorn_log_vjp,
 )
 from .sparsek import (  # noqa: F401
     SPARSEK_GATES,
@@ -240,22 +302,70 @@ from .spectraformer import (  # noqa: F401
 )
 from .topk_attention import (  # noqa: F401
     mips_to_nns,
+    topk_attention,
     topk_attention_backward,
     topk_attention_forward,
     topk_selection,
 )
 from .transnormer import (  # noqa: F401
+    TRANSNORMER_FEATURE_MAPS,
+    TRANSNORMER_NORMS,
     diag_attention_backward,
     diag_attention_forward,
+    transnormer,
     transnormer_backward,
     transnormer_forward,
+    transnormer_layer,
+    transnormer_layer_backward,
+    transnormer_layer_forward,
+)
+from .udit import (  # noqa: F401
+    UDIT_ATTN_TYPES,
+    UDIT_POSEMB,
+    udit_attention,
+    udit_attention_backward,
+    udit_attention_forward,
+    udit_polyphase_merge,
+    udit_polyphase_split,
+    udit_rope2d_angles,
+)
+from .vcc import (  # noqa: F401
+    VCC_SCORE_GRADIENTS,
+    vcc_block_relevance,
+    vcc_layer,
+    vcc_layer_backward,
+    vcc_layer_forward,
+    vcc_sort_tokens,
+)
+from .wavspa import (  # noqa: F401
+    WAVELET_BOUNDARIES,
+    daubechies_filter,
+    wavedec,
+    wavedec_vjp,
+    wavelet_qmf,
+    waverec,
+    waverec_vjp,
+    wavspa_attention,
+    wavspa_attention_backward,
+    wavspa_attention_forward,
 )
 
 __all__ = [
+    "COMBINER_POOLING",
+    "COMBINER_VARIANTS",
+    "combiner_attention",
+    "combiner_attention_backward",
+    "combiner_attention_forward",
+    "combiner_core_backward",
+    "combiner_core_forward",
+    "combiner_dense_matrix",
+    "combiner_region_summaries",
     "FEATURE_MAPS",
     "feature_map_backward",
     "feature_map_forward",
     "gather_rows",
+    "l2_normalize",
+    "l2_normalize_vjp",
     "linear_core_backward",
     "linear_core_forward",
     "mT",
@@ -263,6 +373,7 @@ __all__ = [
     "topk_keep",
     "validate_linear_qkv",
     "DRSFORMER_RATIOS",
+    "drsformer_tksa",
     "drsformer_tksa_backward",
     "drsformer_tksa_forward",
     "drsformer_topk_sizes",
@@ -281,6 +392,9 @@ __all__ = [
     "efficient_attention",
     "efficient_attention_backward",
     "efficient_attention_forward",
+    "efficient_attention_layer",
+    "efficient_attention_layer_backward",
+    "efficient_attention_layer_forward",
     "FASTMAX_NORMALIZE",
     "fastmax_attention",
     "fastmax_backward",
@@ -288,6 +402,13 @@ __all__ = [
     "fastmax_forward",
     "fastmax_normalize_backward",
     "fastmax_normalize_forward",
+    "dct_ortho",
+    "dct_truncate",
+    "dct_truncate_vjp",
+    "fourier_dct_attention",
+    "fourier_dct_attention_backward",
+    "fourier_dct_attention_forward",
+    "idct_ortho",
     "focus_map_backward",
     "focus_map_forward",
     "hypformer_attention",
@@ -325,6 +446,11 @@ __all__ = [
     "kl_transformer_attention",
     "kl_transformer_backward",
     "kl_transformer_forward",
+    "LINFORMER_SHARING",
+    "init_linformer_params",
+    "linformer_attention",
+    "linformer_attention_backward",
+    "linformer_attention_forward",
     "MASK_KINDS",
     "grid_toeplitz_correlation_fft",
     "grid_toeplitz_dense",
@@ -334,6 +460,13 @@ __all__ = [
     "masked_linear_attention_forward",
     "tree_distances",
     "tree_exp_matvec",
+    "MRA_MODES",
+    "mra_attention",
+    "mra_attention_backward",
+    "mra_attention_forward",
+    "mra_block_scores",
+    "mra_block_selection",
+    "performer",
     "performer_backward",
     "performer_features_backward",
     "performer_features_forward",
@@ -362,12 +495,17 @@ __all__ = [
     "BLOCKS",
     "mab_backward",
     "mab_forward",
+    "set_transformer",
     "set_transformer_backward",
     "set_transformer_forward",
     "sinkformer_attention",
     "sinkformer_backward",
     "sinkformer_forward",
+    "sinkformer_layer",
+    "sinkformer_layer_backward",
+    "sinkformer_layer_forward",
     "sinkhorn_log",
+    "sinkhorn_log_vjp",
     "SPARSEK_GATES",
     "sparsek_attention",
     "sparsek_attention_backward",
@@ -391,11 +529,42 @@ __all__ = [
     "spectraformer_weight_matrix",
     "walsh_hadamard",
     "mips_to_nns",
+    "topk_attention",
     "topk_attention_backward",
     "topk_attention_forward",
     "topk_selection",
+    "TRANSNORMER_FEATURE_MAPS",
+    "TRANSNORMER_NORMS",
     "diag_attention_backward",
     "diag_attention_forward",
+    "transnormer",
     "transnormer_backward",
     "transnormer_forward",
+    "transnormer_layer",
+    "transnormer_layer_backward",
+    "transnormer_layer_forward",
+    "UDIT_ATTN_TYPES",
+    "UDIT_POSEMB",
+    "udit_attention",
+    "udit_attention_backward",
+    "udit_attention_forward",
+    "udit_polyphase_merge",
+    "udit_polyphase_split",
+    "udit_rope2d_angles",
+    "VCC_SCORE_GRADIENTS",
+    "vcc_block_relevance",
+    "vcc_layer",
+    "vcc_layer_backward",
+    "vcc_layer_forward",
+    "vcc_sort_tokens",
+    "WAVELET_BOUNDARIES",
+    "daubechies_filter",
+    "wavedec",
+    "wavedec_vjp",
+    "wavelet_qmf",
+    "waverec",
+    "waverec_vjp",
+    "wavspa_attention",
+    "wavspa_attention_backward",
+    "wavspa_attention_forward",
 ]
