@@ -277,7 +277,12 @@ def mha_case(rec: registry.Mechanism, name: str, *, grouped: bool = False):
         else:
             z = dict(spec)
         z["hkv"] = None
-        cfg = dict(s.config) if config is None else dict(config)
+        if config is not None:
+            cfg = dict(config)
+        elif name == "causal_rope":  # the plain decoder layer: none of the sampler's torch-MHA options
+            cfg = {"is_causal": True, "rope": dict(CAUSAL_ROPE)}
+        else:  # the sampler's options, less its masks: they are sized for the sampler's N and M
+            cfg = {k: v for k, v in s.config.items() if k not in ("key_padding_mask", "attn_mask")}
         if config is not None and "num_heads" in config:
             z["h"] = int(config["num_heads"])
         if config is not None and config.get("num_kv_heads") is not None:
@@ -315,8 +320,6 @@ def mha_case(rec: registry.Mechanism, name: str, *, grouped: bool = False):
                 cfg.setdefault("num_kv_heads", hkv)
         if name == "masked_row":
             cfg["attn_mask"] = masked_row_mask(rng, b, h, n, n if m is None else m)
-        if name == "causal_rope" and config is None:
-            cfg.update(is_causal=True, rope=dict(CAUSAL_ROPE))
         return Sample(inputs=inputs, params=params, config=cfg)
 
     build.__doc__ = f"{rec.slug} compare case {name!r}: sizes {spec}"
