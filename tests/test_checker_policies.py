@@ -158,3 +158,15 @@ def test_diff_attention_v1_sample_and_compare_cases_follow_the_callers_config(co
             rec.forward(**s.inputs, params=s.params, **s.config)
     report = compare_implementation(_v1_fn, "diff_attention_v1", vjp=_v1_vjp, config=config)
     assert report.passed, str(report)
+
+
+def test_dint_compare_cases_follow_the_callers_config():
+    from refattn.attention.differential.dint import dint_attention
+
+    def fn(x, **kw):
+        params, config = _v1_split(kw)
+        return dint_attention(x, params, **config)
+
+    config = {"num_heads": 2, "depth": 2, "subln": "rms", "subln_affine": False, "integral": "all"}
+    report = compare_implementation(fn, "dint_attention", config=config)
+    assert report.passed, str(report)

@@ -115,11 +115,22 @@ def dint_attention(x, params, **config) -> np.ndarray:
 # =============================================================================================
 
 
-def _sample_dint(rng, size):
-    s = sample_v1(rng, size)
-    s.config["integral"] = str(rng.choice(["auto", "all"]))
-    s.config["integral_source"] = str(rng.choice(["A1", "A2"]))
+def _sample_dint(rng, size, config=None):
+    # with a caller's config, the V1 params follow it (subln, heads, ...) and it stays as given
+    s = sample_v1(rng, size, config)
+    if config is None:
+        s.config["integral"] = str(rng.choice(["auto", "all"]))
+        s.config["integral_source"] = str(rng.choice(["A1", "A2"]))
     return s
+
+
+def _dint_cases() -> dict:
+    def case(size):
+        def build(rng, config=None):
+            return _sample_dint(rng, size, config)
+        build.__doc__ = f"dint_attention compare case: the V1 sampler at {size!r}, following the caller's config"
+        return build
+    return {"tiny": case("tiny"), "small": case("small")}
 
 
 def _check_dint_rows_sum_to_one(rng):
@@ -166,5 +177,6 @@ register(
         docs="differential.md#dint_attention",
         checks={"rows_sum_to_one": _check_dint_rows_sum_to_one, "lambda_zero_is_v1": _check_dint_lambda_zero_is_v1,
                 "causal_no_leakage": _check_dint_causal},
+        cases=_dint_cases(),
     ),
 )
