@@ -170,3 +170,20 @@ def test_dint_compare_cases_follow_the_callers_config():
     config = {"num_heads": 2, "depth": 2, "subln": "rms", "subln_affine": False, "integral": "all"}
     report = compare_implementation(fn, "dint_attention", config=config)
     assert report.passed, str(report)
+
+
+@pytest.mark.numba
+def test_numba_causal_linear_kernel_returns_a_copy_of_its_buffer():
+    """The scan kernel's backward reads its output buffer: the caller's array must be another."""
+    from refattn.kernels.cpu.linear import causal_linear_attention_backward, causal_linear_attention_forward
+
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((2, 2, 2, 5, 3))
+    v = rng.standard_normal((2, 2, 5, 4))
+    g = rng.standard_normal((2, 2, 5, 4))
+    out, cache = causal_linear_attention_forward(q, k, v)
+    expected = causal_linear_attention_backward(g, cache)
+    out *= -3.0
+    got = causal_linear_attention_backward(g, cache)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)

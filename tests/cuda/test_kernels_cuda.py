@@ -518,6 +518,11 @@ def test_diff_and_linear_device_arrays():
     gd = kl.causal_linear_attention_backward(cuda.to_device(g), cd)
     for name in gh:
         assert np.array_equal(gd[name].copy_to_host(), gh[name]), name
+    # both returned device arrays are the caller's: overwriting them leaves the backward unchanged
+    outd.copy_to_device(np.zeros(outd.shape, dtype=outd.dtype))
+    gd = kl.causal_linear_attention_backward(cuda.to_device(g), cd)
+    for name in gh:
+        assert np.array_equal(gd[name].copy_to_host(), gh[name]), f"{name} after out was overwritten"
 
 
 # ------------------------------------------------------------------------------------ GPU check script

@@ -247,7 +247,8 @@ def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: 
     cache = {"backend": BACKEND, "kind": "causal_linear", "q": q, "k": k, "v3": v3, "fq3": fq3, "fk3": fk3,
              "out3": out, "den": den, "feature_map": feature_map, "eps": eps,
              "shapes": (q.shape, k.shape, v.shape)}
-    return out.reshape(q.shape[:-1] + (dv,)), cache
+    # the caller gets a copy: the backward reads out3, which an in-place update must not reach
+    return out.reshape(q.shape[:-1] + (dv,)).copy(), cache
 
 
 def causal_linear_attention_backward(dout, cache):

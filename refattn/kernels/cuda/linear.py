@@ -91,6 +91,10 @@ def causal_linear_attention_forward(q, k, v, *, eps: float = 1e-6, feature_map: 
     cache = {"backend": BACKEND, "kind": "causal_linear", "q3": q3, "k3": k3, "v3": v3, "out3": out,
              "den": den, "feature_map": feature_map, "eps": eps, "tile": tile,
              "shapes": (qp.shape, kp.shape, vp.shape), "on_device": on_dev, "dtype": dt}
+    if on_dev:  # out_l is a view of out3, which the backward reads: hand the caller a copy
+        ret = cuda.device_array(out_l.shape, dtype=out_l.dtype)
+        ret.copy_to_device(out_l)
+        return ret, cache
     return out_l, cache
 
 
