@@ -27,6 +27,8 @@ Modules
   of ``k_proj``) (``coca_collinear_attention``).
 * `core`: Helpers shared by the softmax-attention family (and the families built on it), under
   public names.
+* `crate`: CRATE white-box transformer block: MSSA (tied query = key = value) followed by one ISTA
+  step (``crate_mssa_ista``).
 * `diffqkv`: DiffQKV attention (Sigma): differently compressed K and V heads and an augmented query
   (``diffqkv_asymmetric_heads``).
 * `duoformer`: DuoFormer: scale-wise attention inside each patch, patch-wise attention across
@@ -191,6 +193,12 @@ from .core import (  # noqa: F401
     sum_to_shape,
     validate_attention_config,
     validate_qkv_config,
+)
+from .crate import (  # noqa: F401
+    crate_block,
+    crate_block_backward,
+    crate_block_forward,
+    init_crate_params,
 )
 from .diffqkv import (  # noqa: F401
     DIFFQKV_ACTIVATIONS,
@@ -538,6 +546,10 @@ __all__ = [
     "sum_to_shape",
     "validate_attention_config",
     "validate_qkv_config",
+    "crate_block",
+    "crate_block_backward",
+    "crate_block_forward",
+    "init_crate_params",
     "DIFFQKV_ACTIVATIONS",
     "diffqkv_attention",
     "diffqkv_attention_backward",
