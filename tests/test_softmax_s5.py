@@ -48,3 +48,73 @@ def test_crate_bad_arguments():
         crate.crate_block_forward(z, {**q, "attn.fn.qkv.weight": np.ones((6, 4))}, num_heads=2)
     with pytest.raises(ValueError, match="step_size"):
         crate.crate_block_forward(z, p, num_heads=2, step_size=-1.0)
+
+
+# ---------------------------------------------------------------------------------------------- TOVA
+
+tova = importlib.import_module("refattn.attention.softmax.tova")
+
+
+def _brute_eviction_order(q, k, cache_size):
+    # token by token: grow the cache, then delete the argmin of the head-mean softmax weights
+    h, n, d = q.shape
+    g = h // k.shape[0]
+    cache, evicted = [], []
+    for t in range(n):
+        cache.append(t)
+        if len(cache) > cache_size:
+            a = np.zeros(len(cache))
+            for hh in range(h):
+                sc = np.array([q[hh, t] @ k[hh // g, j] / np.sqrt(d) for j in cache])
+                w = np.exp(sc - sc.max())
+                a += w / w.sum() / h
+            evicted.append(cache.pop(int(np.argmin(a))))
+        else:
+            evicted.append(None)
+    return evicted
+
+
+@pytest.mark.parametrize("hkv", [1, 3])
+def test_tova_eviction_order_matches_brute_force(hkv):
+    rng = np.random.default_rng(10 + hkv)
+    q, k = rng.standard_normal((3, 3, 11, 4)), rng.standard_normal((3, hkv, 11, 4))
+    _, hist = tova.tova_keep_mask(q, k, cache_size=4)
+    for b in range(3):
+        order = _brute_eviction_order(q[b], k[b], 4)
+        for t in range(11):
+            prev = set(hist[b][t - 1]) | {t} if t else {0}
+            gone = prev - set(hist[b][t])
+            assert gone == ({order[t]} if order[t] is not None else set()), (b, t)
+
+
+def test_tova_prefill_block_keeps_top_k_of_last_prompt_query():
+    rng = np.random.default_rng(3)
+    q, k = rng.standard_normal((2, 2, 8, 3)), rng.standard_normal((2, 2, 8, 3))
+    _, hist = tova.tova_keep_mask(q, k, cache_size=3, prefill=6)
+    for b in range(2):
+        s = np.einsum("hd,hjd->hj", q[b, :, 5], k[b, :, :6]) / np.sqrt(3)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        a = (w / w.sum(-1, keepdims=True)).mean(0)
+        assert list(hist[b][5]) == sorted(np.argsort(-a)[:3].tolist())
+
+
+def test_tova_gradient_is_masked_attention_with_fixed_mask():
+    from refattn.attention.softmax.core import attention_core_backward, attention_core_forward
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 2, 7, 3)) for _ in range(3))
+    y, c = tova.tova_attention_forward(q, k, v, cache_size=3)
+    y2, c2 = attention_core_forward(q, k, v, attn_mask=c["keep"][:, None])
+    G = rng.standard_normal(y.shape)
+    g, g2 = tova.tova_attention_backward(G, c), attention_core_backward(G, c2)
+    assert np.allclose(y, y2, atol=1e-14) and all(np.allclose(g[n], g2[n], atol=1e-14) for n in "qkv")
+    assert not c["keep"][:, 6, :3].all()          # something was evicted
+
+
+def test_tova_bad_arguments():
+    q = np.zeros((2, 2, 5, 3))
+    with pytest.raises(ValueError, match="cache_size"):
+        tova.tova_attention_forward(q, q, q, cache_size=0)
+    with pytest.raises(ValueError, match="prefill"):
+        tova.tova_attention_forward(q, q, q, cache_size=2, prefill=6)
+    with pytest.raises(ValueError, match="one batch axis"):
+        tova.tova_attention_forward(q[0], q[0], q[0], cache_size=2)

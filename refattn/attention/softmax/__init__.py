@@ -107,6 +107,8 @@ Modules
   cosine + CPB) (``swin_window_attention``).
 * `thg`: THG, Transformer with Hyperbolic Geometry (hyperbolic Q/K projections) — registered as
   **not implemented** (T3).
+* `tova`: TOVA (Token Omission Via Attention): KV-cache eviction by the current query's
+  head-averaged attention (``tova_kv_eviction``).
 * `transposed_channel`: Transposed ("channel") attention: Restormer's MDTA, and the
   linear-projection form of XCiT / DAT (``transposed_channel_attention``).
 * `urpe`: URPE: universal RPE-based attention — softmax attention with a relative bias,
@@ -465,6 +467,12 @@ from .swin import (  # noqa: F401
     swin_window_attention_forward,
     swin_window_attention_vjp,
 )
+from .tova import (  # noqa: F401
+    tova_attention,
+    tova_attention_backward,
+    tova_attention_forward,
+    tova_keep_mask,
+)
 from .transposed_channel import (  # noqa: F401
     CHANNEL_PROJECTIONS,
     channel_attention_apply,
@@ -759,6 +767,10 @@ __all__ = [
     "swin_window_attention_backward",
     "swin_window_attention_forward",
     "swin_window_attention_vjp",
+    "tova_attention",
+    "tova_attention_backward",
+    "tova_attention_forward",
+    "tova_keep_mask",
     "CHANNEL_PROJECTIONS",
     "channel_attention_apply",
     "channel_attention_param_spec",
