@@ -118,3 +118,36 @@ def test_tova_bad_arguments():
         tova.tova_attention_forward(q, q, q, cache_size=2, prefill=6)
     with pytest.raises(ValueError, match="one batch axis"):
         tova.tova_attention_forward(q[0], q[0], q[0], cache_size=2)
+
+
+# ---------------------------------------------------------------------------------------------- PLGA
+
+plga = importlib.import_module("refattn.attention.softmax.plga")
+
+
+def test_plga_metric_causal_matches_prefix_loop_and_gradient_has_no_future():
+    # metric_causal: the Jacobian of output t w.r.t. any input after t is zero (backward included)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 4, 6))
+    p = plga.init_plga_params(rng, 6, 2, 3)
+    y, c = plga.plga_attention_forward(x, x, x, p, num_heads=2, metric_causal=True, is_causal=True)
+    assert np.allclose(y, plga._reference(x, x, x, p, num_heads=2, metric_causal=True, is_causal=True), atol=1e-13)
+    G = np.zeros_like(y)
+    G[:, 1] = rng.standard_normal((2, y.shape[-1]))
+    g = plga.plga_attention_backward(G, c)
+    for name in ("query", "key", "value"):
+        assert np.abs(g[name][:, 2:]).max() == 0.0 and np.abs(g[name][:, :2]).max() > 1e-6
+
+
+def test_plga_bad_arguments():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 4, 6))
+    p = plga.init_plga_params(rng, 6, 2, 3)
+    with pytest.raises(ValueError, match="wq.kernel"):
+        plga.plga_attention_forward(x, x, x, p, num_heads=4)
+    with pytest.raises(ValueError, match="metric_causal"):
+        plga.plga_attention_forward(x, x[:, :3], x[:, :3], p, num_heads=2, metric_causal=True)
+    with pytest.raises(ValueError, match="adj_power0"):
+        plga.plga_attention_forward(x, x, x, {**p, "plga_layer.adj_power0": np.ones((2, 2, 2))}, num_heads=2)
+    with pytest.raises(ValueError, match="denseA1"):
+        plga.plga_attention_forward(x, x, x, {**p, "layernormA1.gamma": np.ones(3)}, num_heads=2)

@@ -79,6 +79,8 @@ Modules
 * `persistent_memory`: All-attention layer with persistent memory vectors (Sukhbaatar et al.):
   learned key/value slots appended to every head's keys and values, never masked
   (``persistent_memory_attention``).
+* `plga`: Power-Law Graph Attention (PLGA): a learned metric tensor raised to learned element-wise
+  powers (``plga_power_law_attention``).
 * `poly_encoder`: Poly-encoder code attention (Humeau et al.): learned codes pool the context, the
   candidate attends over the pooled codes, and the score is a dot product
   (``poly_encoder_attention``).
@@ -374,6 +376,12 @@ from .persistent_memory import (  # noqa: F401
     persistent_memory_attention,
     persistent_memory_attention_backward,
     persistent_memory_attention_forward,
+)
+from .plga import (  # noqa: F401
+    init_plga_params,
+    plga_attention,
+    plga_attention_backward,
+    plga_attention_forward,
 )
 from .poly_encoder import (  # noqa: F401
     POLY_ATTENTION_TYPES,
@@ -695,6 +703,10 @@ __all__ = [
     "persistent_memory_attention",
     "persistent_memory_attention_backward",
     "persistent_memory_attention_forward",
+    "init_plga_params",
+    "plga_attention",
+    "plga_attention_backward",
+    "plga_attention_forward",
     "POLY_ATTENTION_TYPES",
     "poly_encoder_attention",
     "poly_encoder_attention_backward",
