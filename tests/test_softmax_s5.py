@@ -151,3 +151,45 @@ def test_plga_bad_arguments():
         plga.plga_attention_forward(x, x, x, {**p, "plga_layer.adj_power0": np.ones((2, 2, 2))}, num_heads=2)
     with pytest.raises(ValueError, match="denseA1"):
         plga.plga_attention_forward(x, x, x, {**p, "layernormA1.gamma": np.ones(3)}, num_heads=2)
+
+
+# ------------------------------------------------------------------------------- value suppression
+
+vps = importlib.import_module("refattn.attention.softmax.value_suppression")
+
+
+def test_value_suppression_clamped_norm_branch_gradient():
+    # a value with ||v||^2 < 1e-6 uses the clamp: forward and backward agree with finite differences
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 4))
+    p = vps.init_value_suppression_params(rng, 4, 1, 2, bias=True)
+    # make token 1's value (almost) zero through the value bias: v = x W_v + b_v
+    wv = p["c_attn.weight"][:, 4:6]
+    p["c_attn.bias"][4:6] = -(x[0, 1] @ wv) + 1e-4
+    y, c = vps.value_parallel_suppression_forward(x, p, num_heads=1, use_rope=False)
+    assert not c["active"][0, 0, 1, 0]
+    G = rng.standard_normal(y.shape)
+    g = vps.value_parallel_suppression_backward(G, c)["c_proj.weight"]
+    eps, num = 1e-6, np.zeros_like(g)
+    for idx in np.ndindex(g.shape):
+        pp = {k: v.copy() for k, v in p.items()}
+        pp["c_proj.weight"][idx] += eps
+        up = np.sum(G * vps.value_parallel_suppression(x, pp, num_heads=1, use_rope=False))
+        pp["c_proj.weight"][idx] -= 2 * eps
+        num[idx] = (up - np.sum(G * vps.value_parallel_suppression(x, pp, num_heads=1, use_rope=False))) / (2 * eps)
+    assert np.allclose(g, num, atol=1e-7)
+
+
+def test_value_suppression_bad_arguments():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 3, 4))
+    p = vps.init_value_suppression_params(rng, 4, 2, 2)
+    with pytest.raises(ValueError, match="op"):
+        vps.value_parallel_suppression_forward(x, p, num_heads=2, op="drop_parallel")
+    with pytest.raises(ValueError, match="c_attn.weight"):
+        vps.value_parallel_suppression_forward(x, p, num_heads=3)
+    with pytest.raises(TypeError, match="alpha"):
+        vps.value_parallel_suppression_forward(x, p, num_heads=2, alpha="1")
+    q = vps.init_value_suppression_params(rng, 4, 1, 3)
+    with pytest.raises(ValueError, match="even head width"):
+        vps.value_parallel_suppression_forward(x, q, num_heads=1)

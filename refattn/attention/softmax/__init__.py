@@ -115,6 +115,8 @@ Modules
   linear-projection form of XCiT / DAT (``transposed_channel_attention``).
 * `urpe`: URPE: universal RPE-based attention — softmax attention with a relative bias,
   Hadamard-modulated by a learnable Toeplitz matrix (``urpe_toeplitz_modulated_attention``).
+* `value_suppression`: Value-space parallel-component suppression (XSA family): edit each head's
+  attention output along its own value (``value_parallel_suppression``).
 
 Every public name of these modules is re-exported here. A function named like its own module
 (``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
@@ -501,6 +503,14 @@ from .urpe import (  # noqa: F401
     urpe_param_spec,
     urpe_relative_bucket,
 )
+from .value_suppression import (  # noqa: F401
+    PARALLEL_OPS,
+    init_value_suppression_params,
+    parallel_edit_coefficients,
+    value_parallel_suppression,
+    value_parallel_suppression_backward,
+    value_parallel_suppression_forward,
+)
 
 __all__ = [
     "additive_scores",
@@ -799,4 +809,10 @@ __all__ = [
     "urpe_num_rows",
     "urpe_param_spec",
     "urpe_relative_bucket",
+    "PARALLEL_OPS",
+    "init_value_suppression_params",
+    "parallel_edit_coefficients",
+    "value_parallel_suppression",
+    "value_parallel_suppression_backward",
+    "value_parallel_suppression_forward",
 ]
