@@ -193,3 +193,37 @@ def test_value_suppression_bad_arguments():
     q = vps.init_value_suppression_params(rng, 4, 1, 3)
     with pytest.raises(ValueError, match="even head width"):
         vps.value_parallel_suppression_forward(x, q, num_heads=1)
+
+
+# ---------------------------------------------------------------------------------------------- NAtS
+
+nats = importlib.import_module("refattn.attention.softmax.nats_mask")
+
+
+def test_nats_local_token_leaves_cache_after_next_global():
+    # types  G L S L G L : the Local token 1 is seen by queries 1..4 (next Global at 4), not 5;
+    # the Sliding token 2 with w=1 by queries 2..3; Global tokens 0 and 4 by every later query
+    t = np.array([[[0, 1, 2, 1, 0, 1]]])
+    keep = nats.nats_keep_mask(t, local_seq_max_length=1)[0, 0]
+    assert keep[1:5, 1].all() and not keep[5, 1]
+    assert keep[2:4, 2].all() and not keep[4:, 2].any()
+    assert keep[:, 0].all() and keep[4:, 4].all()
+    assert keep[5, 5] and not np.triu(keep, 1).any()
+
+
+def test_nats_type_rule():
+    lg = np.zeros((1, 3, 1, 3))
+    lg[0, :, 0] = [[0.0, 0.05, -1.0], [0.0, 0.2, -1.0], [0.0, 0.0, 0.3]]
+    # token 0: Local by 0.05 without the bonus, Global with it (and forced); token 1: 0.2 beats the
+    # 0.1 bonus -> Local; token 2 -> Sliding
+    assert nats.nats_token_types(lg).tolist() == [[[0, 1, 2]]]
+    assert nats.nats_token_types(lg, force_first_global=False).tolist() == [[[0, 1, 2]]]
+    assert nats.nats_token_types(lg, global_token_enhanced_value=0.0, force_first_global=False).tolist() == [[[1, 1, 2]]]
+
+
+def test_nats_bad_arguments():
+    q = np.zeros((2, 2, 4, 3))
+    with pytest.raises(ValueError, match="token_types must have shape"):
+        nats.nats_attention_forward(q, q, q, token_types=np.zeros((2, 1, 4), dtype=int))
+    with pytest.raises(ValueError, match="token_types must be integers"):
+        nats.nats_attention_forward(q, q, q, token_types=np.full((2, 2, 4), 3))

@@ -74,6 +74,8 @@ Modules
 * `multi_head_embedding`: Multi-head embedding attention (MHE): one shared query/key/value
   projection, heads made different by per-head embeddings, added (MHE-ADD) or multiplied (MHE-MUL)
   (``multi_head_embedding_attention``).
+* `nats_mask`: Neural Attention Search (NAtS): causal attention under the mask defined by per-token
+  types (``neural_attention_search_mask``).
 * `neural_attention`: Neural Attention: the dot-product score replaced by a small feed-forward
   network on each (query, key) pair, in a multi-head self-attention layer
   (``neural_attention_mlp_scores``).
@@ -360,6 +362,17 @@ from .multi_head_embedding import (  # noqa: F401
     mhe_attention,
     mhe_attention_backward,
     mhe_attention_forward,
+)
+from .nats_mask import (  # noqa: F401
+    NATS_GLOBAL,
+    NATS_LOCAL,
+    NATS_SLIDING,
+    nats_attention,
+    nats_attention_backward,
+    nats_attention_forward,
+    nats_keep_mask,
+    nats_next_global,
+    nats_token_types,
 )
 from .neural_attention import (  # noqa: F401
     init_neural_attention_params,
@@ -701,6 +714,15 @@ __all__ = [
     "mhe_attention",
     "mhe_attention_backward",
     "mhe_attention_forward",
+    "NATS_GLOBAL",
+    "NATS_LOCAL",
+    "NATS_SLIDING",
+    "nats_attention",
+    "nats_attention_backward",
+    "nats_attention_forward",
+    "nats_keep_mask",
+    "nats_next_global",
+    "nats_token_types",
     "init_neural_attention_params",
     "neural_attention",
     "neural_attention_backward",
