@@ -39,6 +39,9 @@ coca
 core
     Helpers shared by the softmax-attention family (and the families built on it), under public
     names.
+crate
+    CRATE white-box transformer block: MSSA (tied query = key = value) followed by one ISTA step
+    (``crate_mssa_ista``).
 diffqkv
     DiffQKV attention (Sigma): differently compressed K and V heads and an augmented query
     (``diffqkv_asymmetric_heads``).
@@ -98,6 +101,9 @@ multi_head_embedding
     Multi-head embedding attention (MHE): one shared query/key/value projection, heads made
     different by per-head embeddings, added (MHE-ADD) or multiplied (MHE-MUL)
     (``multi_head_embedding_attention``).
+nats_mask
+    Neural Attention Search (NAtS): causal attention under the mask defined by per-token types
+    (``neural_attention_search_mask``).
 neural_attention
     Neural Attention: the dot-product score replaced by a small feed-forward network on each (query,
     key) pair, in a multi-head self-attention layer (``neural_attention_mlp_scores``).
@@ -107,6 +113,9 @@ orthogonal_pe
 persistent_memory
     All-attention layer with persistent memory vectors (Sukhbaatar et al.): learned key/value slots
     appended to every head's keys and values, never masked (``persistent_memory_attention``).
+plga
+    Power-Law Graph Attention (PLGA): a learned metric tensor raised to learned element-wise powers
+    (``plga_power_law_attention``).
 poly_encoder
     Poly-encoder code attention (Humeau et al.): learned codes pool the context, the candidate
     attends over the pooled codes, and the score is a dot product (``poly_encoder_attention``).
@@ -143,12 +152,18 @@ swin
 thg
     THG, Transformer with Hyperbolic Geometry (hyperbolic Q/K projections) — registered as **not
     implemented** (T3).
+tova
+    TOVA (Token Omission Via Attention): KV-cache eviction by the current query's head-averaged
+    attention (``tova_kv_eviction``).
 transposed_channel
     Transposed ("channel") attention: Restormer's MDTA, and the linear-projection form of XCiT / DAT
     (``transposed_channel_attention``).
 urpe
     URPE: universal RPE-based attention — softmax attention with a relative bias, Hadamard-modulated
     by a learnable Toeplitz matrix (``urpe_toeplitz_modulated_attention``).
+value_suppression
+    Value-space parallel-component suppression (XSA family): edit each head's attention output along
+    its own value (``value_parallel_suppression``).
 """
 
 from __future__ import annotations
@@ -230,6 +245,12 @@ from .core import (  # noqa: F401
     sum_to_shape,
     validate_attention_config,
     validate_qkv_config,
+)
+from .crate import (  # noqa: F401
+    crate_block,
+    crate_block_backward,
+    crate_block_forward,
+    init_crate_params,
 )
 from .diffqkv import (  # noqa: F401
     DIFFQKV_ACTIVATIONS,
@@ -384,6 +405,17 @@ from .multi_head_embedding import (  # noqa: F401
     mhe_attention_backward,
     mhe_attention_forward,
 )
+from .nats_mask import (  # noqa: F401
+    NATS_GLOBAL,
+    NATS_LOCAL,
+    NATS_SLIDING,
+    nats_attention,
+    nats_attention_backward,
+    nats_attention_forward,
+    nats_keep_mask,
+    nats_next_global,
+    nats_token_types,
+)
 from .neural_attention import (  # noqa: F401
     init_neural_attention_params,
     neural_attention,
@@ -404,6 +436,12 @@ from .persistent_memory import (  # noqa: F401
     persistent_memory_attention,
     persistent_memory_attention_backward,
     persistent_memory_attention_forward,
+)
+from .plga import (  # noqa: F401
+    init_plga_params,
+    plga_attention,
+    plga_attention_backward,
+    plga_attention_forward,
 )
 from .poly_encoder import (  # noqa: F401
     POLY_ATTENTION_TYPES,
@@ -500,6 +538,12 @@ from .swin import (  # noqa: F401
     swin_window_attention_forward,
     swin_window_attention_vjp,
 )
+from .tova import (  # noqa: F401
+    tova_attention,
+    tova_attention_backward,
+    tova_attention_forward,
+    tova_keep_mask,
+)
 from .transposed_channel import (  # noqa: F401
     CHANNEL_PROJECTIONS,
     channel_attention_apply,
@@ -520,6 +564,14 @@ from .urpe import (  # noqa: F401
     urpe_param_spec,
     urpe_relative_bucket,
 )
+from .value_suppression import (  # noqa: F401
+    PARALLEL_OPS,
+    init_value_suppression_params,
+    parallel_edit_coefficients,
+    value_parallel_suppression,
+    value_parallel_suppression_backward,
+    value_parallel_suppression_forward,
+)
 
 __all__ = [
     "additive_scores", "additive_scores_vjp", "doubly_stochastic_penalty_backward", "doubly_stochastic_penalty_forward",
@@ -536,58 +588,64 @@ __all__ = [
     "coca_position_angles", "coca_scores", "init_coca_params", "CAUSAL_ALIGNMENTS", "KV_GROUP_MAPS",
     "attention_core_backward", "attention_core_forward", "causal_keep", "check_size", "expand_kv", "naive_attention",
     "reduce_kv", "relative_positions", "sdpa_reference", "sum_to_shape", "validate_attention_config",
-    "validate_qkv_config", "DIFFQKV_ACTIVATIONS", "diffqkv_attention", "diffqkv_attention_backward",
-    "diffqkv_attention_forward", "init_diffqkv_params", "DUOFORMER_STAGES", "duoformer_attention",
-    "duoformer_attention_backward", "duoformer_attention_forward", "duoformer_param_spec", "init_duoformer_params",
-    "HAT_BLOCKS", "hab_backward", "hab_forward", "hab_param_spec", "hat_block", "hat_block_backward",
-    "hat_block_forward", "init_hat_params", "oca_relative_position_index", "oca_window_sizes", "ocab_backward",
-    "ocab_forward", "ocab_param_spec", "hoa", "hoa_backward", "hoa_forward", "hoa_param_spec", "init_hoa_params",
-    "HOA_VQA_MODALITIES", "hoa_vqa", "hoa_vqa_backward", "hoa_vqa_forward", "hoa_vqa_param_spec", "init_hoa_vqa_params",
-    "IRPE_METHODS", "IRPE_MODES", "IRPE_TARGETS", "init_irpe_params", "irpe_attention", "irpe_attention_backward",
-    "irpe_attention_forward", "irpe_bucket_ids", "irpe_coefficients", "irpe_num_buckets", "irpe_param_spec",
-    "irpe_piecewise_index", "init_key_value_params", "key_value_attention", "key_value_attention_backward",
-    "key_value_attention_forward", "positional_encoding_2d", "LATENT_ATTN_TYPES", "LATENT_MODES",
-    "init_latent_alignment_params", "latent_alignment", "latent_alignment_backward", "latent_alignment_forward",
-    "latent_alignment_param_spec", "GMM_VERSIONS", "LOCATION_KINDS", "dca_attention_backward", "dca_attention_forward",
-    "dca_param_spec", "dca_prior_filter", "gmm_attention_backward", "gmm_attention_forward", "gmm_param_spec",
-    "init_dca_params", "init_gmm_params", "location_relative_attention", "location_relative_attention_backward",
-    "location_relative_attention_forward", "MAGLAP_ACTIVATIONS", "MAGLAP_PHASE_CONVENTIONS", "init_maglap_pe_params",
-    "maglap_pe", "maglap_pe_backward", "maglap_pe_forward", "maglap_pe_param_spec", "maglap_stack",
-    "magnetic_laplacian_eigenpairs", "magnetic_laplacian_matrix", "MASK_KINDS", "band_mask", "block_diagonal_mask",
-    "build_mask", "causal_mask", "masked_attention_backward", "masked_attention_forward", "padding_mask",
-    "sliding_window_mask", "to_additive", "LOG2E", "attention_energy", "chunk_summary", "flash_attention",
-    "flash_attention_backward", "flash_attention_forward", "merge_summaries", "rabe_staats_backward",
-    "rabe_staats_forward", "tree_attention_backward", "tree_attention_forward", "tree_reduce", "MHA_ROPE_KEYS",
-    "MHA_WEIGHTS", "init_mha_params", "mha", "mha_backward", "mha_forward", "STEP_ACTIVATIONS",
-    "init_monotonic_location_params", "monotonic_location_attention", "monotonic_location_backward",
-    "monotonic_location_forward", "monotonic_location_param_spec", "reverse_within_length", "MHE_MODES",
-    "init_mhe_params", "mhe_attention", "mhe_attention_backward", "mhe_attention_forward",
+    "validate_qkv_config", "crate_block", "crate_block_backward", "crate_block_forward", "init_crate_params",
+    "DIFFQKV_ACTIVATIONS", "diffqkv_attention", "diffqkv_attention_backward", "diffqkv_attention_forward",
+    "init_diffqkv_params", "DUOFORMER_STAGES", "duoformer_attention", "duoformer_attention_backward",
+    "duoformer_attention_forward", "duoformer_param_spec", "init_duoformer_params", "HAT_BLOCKS", "hab_backward",
+    "hab_forward", "hab_param_spec", "hat_block", "hat_block_backward", "hat_block_forward", "init_hat_params",
+    "oca_relative_position_index", "oca_window_sizes", "ocab_backward", "ocab_forward", "ocab_param_spec", "hoa",
+    "hoa_backward", "hoa_forward", "hoa_param_spec", "init_hoa_params", "HOA_VQA_MODALITIES", "hoa_vqa",
+    "hoa_vqa_backward", "hoa_vqa_forward", "hoa_vqa_param_spec", "init_hoa_vqa_params", "IRPE_METHODS", "IRPE_MODES",
+    "IRPE_TARGETS", "init_irpe_params", "irpe_attention", "irpe_attention_backward", "irpe_attention_forward",
+    "irpe_bucket_ids", "irpe_coefficients", "irpe_num_buckets", "irpe_param_spec", "irpe_piecewise_index",
+    "init_key_value_params", "key_value_attention", "key_value_attention_backward", "key_value_attention_forward",
+    "positional_encoding_2d", "LATENT_ATTN_TYPES", "LATENT_MODES", "init_latent_alignment_params", "latent_alignment",
+    "latent_alignment_backward", "latent_alignment_forward", "latent_alignment_param_spec", "GMM_VERSIONS",
+    "LOCATION_KINDS", "dca_attention_backward", "dca_attention_forward", "dca_param_spec", "dca_prior_filter",
+    "gmm_attention_backward", "gmm_attention_forward", "gmm_param_spec", "init_dca_params", "init_gmm_params",
+    "location_relative_attention", "location_relative_attention_backward", "location_relative_attention_forward",
+    "MAGLAP_ACTIVATIONS", "MAGLAP_PHASE_CONVENTIONS", "init_maglap_pe_params", "maglap_pe", "maglap_pe_backward",
+    "maglap_pe_forward", "maglap_pe_param_spec", "maglap_stack", "magnetic_laplacian_eigenpairs",
+    "magnetic_laplacian_matrix", "MASK_KINDS", "band_mask", "block_diagonal_mask", "build_mask", "causal_mask",
+    "masked_attention_backward", "masked_attention_forward", "padding_mask", "sliding_window_mask", "to_additive",
+    "LOG2E", "attention_energy", "chunk_summary", "flash_attention", "flash_attention_backward",
+    "flash_attention_forward", "merge_summaries", "rabe_staats_backward", "rabe_staats_forward",
+    "tree_attention_backward", "tree_attention_forward", "tree_reduce", "MHA_ROPE_KEYS", "MHA_WEIGHTS",
+    "init_mha_params", "mha", "mha_backward", "mha_forward", "STEP_ACTIVATIONS", "init_monotonic_location_params",
+    "monotonic_location_attention", "monotonic_location_backward", "monotonic_location_forward",
+    "monotonic_location_param_spec", "reverse_within_length", "MHE_MODES", "init_mhe_params", "mhe_attention",
+    "mhe_attention_backward", "mhe_attention_forward", "NATS_GLOBAL", "NATS_LOCAL", "NATS_SLIDING", "nats_attention",
+    "nats_attention_backward", "nats_attention_forward", "nats_keep_mask", "nats_next_global", "nats_token_types",
     "init_neural_attention_params", "neural_attention", "neural_attention_backward", "neural_attention_forward",
     "neural_attention_param_spec", "neural_attention_qkv_columns", "LEGENDRE_NORMALIZATIONS", "legendre_basis",
     "legendre_pe", "legendre_pe_backward", "legendre_pe_forward", "init_persistent_memory_params",
     "persistent_memory_attention", "persistent_memory_attention_backward", "persistent_memory_attention_forward",
-    "POLY_ATTENTION_TYPES", "poly_encoder_attention", "poly_encoder_attention_backward",
-    "poly_encoder_attention_forward", "coupled_addition_position_ids", "coupling_start_bounds",
-    "init_position_coupling_params", "pad_position_ids", "position_coupling_embed", "position_coupling_embed_backward",
-    "position_coupling_embed_forward", "position_coupling_param_spec", "sample_coupling_start", "box_relation_encoding",
-    "init_relation_detr_params", "position_relation_bias", "relation_detr_attention",
-    "relation_detr_attention_backward", "relation_detr_attention_forward", "relation_detr_param_spec",
-    "relation_sine_frequencies", "SYMBOL_RETRIEVERS", "dual_attention", "dual_attention_backward",
-    "dual_attention_forward", "relational_attention_backward", "relational_attention_forward",
-    "symbol_retrieval_backward", "symbol_retrieval_forward", "RPE_KINDS", "relative_position_attention_backward",
-    "relative_position_attention_forward", "shaw_attention_backward", "shaw_attention_forward", "t5_attention_backward",
-    "t5_attention_forward", "t5_attention_layer", "t5_attention_layer_backward", "t5_attention_layer_forward",
-    "t5_relative_position_bucket", "init_reversed_attention_params", "reversed_attention",
-    "reversed_attention_backward", "reversed_attention_forward", "RPE_KEY_QUERY_TYPES", "gather_rows_at",
-    "init_rpe_key_query_params", "relative_distance_index", "rpe_key_query", "rpe_key_query_backward",
-    "rpe_key_query_forward", "rpe_key_query_param_spec", "scatter_rows_at", "sdpa", "sdpa_backward", "sdpa_forward",
-    "init_skip_layer_params", "skip_layer_attention_backward", "skip_layer_attention_forward", "skip_layer_stack",
-    "skip_layer_stack_backward", "skip_layer_stack_forward", "SWIN_PARAM_NAMES", "SWIN_VERSIONS", "SWIN_WINDOW_RULES",
-    "init_swin_params", "swin_canonical_weights", "swin_named_grads", "swin_param_spec", "swin_window_and_shift",
-    "swin_window_attention", "swin_window_attention_apply", "swin_window_attention_backward",
-    "swin_window_attention_forward", "swin_window_attention_vjp", "CHANNEL_PROJECTIONS", "channel_attention_apply",
-    "channel_attention_param_spec", "channel_attention_vjp", "init_channel_attention_params",
-    "transposed_channel_attention", "transposed_channel_attention_backward", "transposed_channel_attention_forward",
-    "init_urpe_params", "urpe_attention", "urpe_attention_backward", "urpe_attention_forward", "urpe_bucket_ids",
-    "urpe_num_rows", "urpe_param_spec", "urpe_relative_bucket",
+    "init_plga_params", "plga_attention", "plga_attention_backward", "plga_attention_forward", "POLY_ATTENTION_TYPES",
+    "poly_encoder_attention", "poly_encoder_attention_backward", "poly_encoder_attention_forward",
+    "coupled_addition_position_ids", "coupling_start_bounds", "init_position_coupling_params", "pad_position_ids",
+    "position_coupling_embed", "position_coupling_embed_backward", "position_coupling_embed_forward",
+    "position_coupling_param_spec", "sample_coupling_start", "box_relation_encoding", "init_relation_detr_params",
+    "position_relation_bias", "relation_detr_attention", "relation_detr_attention_backward",
+    "relation_detr_attention_forward", "relation_detr_param_spec", "relation_sine_frequencies", "SYMBOL_RETRIEVERS",
+    "dual_attention", "dual_attention_backward", "dual_attention_forward", "relational_attention_backward",
+    "relational_attention_forward", "symbol_retrieval_backward", "symbol_retrieval_forward", "RPE_KINDS",
+    "relative_position_attention_backward", "relative_position_attention_forward", "shaw_attention_backward",
+    "shaw_attention_forward", "t5_attention_backward", "t5_attention_forward", "t5_attention_layer",
+    "t5_attention_layer_backward", "t5_attention_layer_forward", "t5_relative_position_bucket",
+    "init_reversed_attention_params", "reversed_attention", "reversed_attention_backward", "reversed_attention_forward",
+    "RPE_KEY_QUERY_TYPES", "gather_rows_at", "init_rpe_key_query_params", "relative_distance_index", "rpe_key_query",
+    "rpe_key_query_backward", "rpe_key_query_forward", "rpe_key_query_param_spec", "scatter_rows_at", "sdpa",
+    "sdpa_backward", "sdpa_forward", "init_skip_layer_params", "skip_layer_attention_backward",
+    "skip_layer_attention_forward", "skip_layer_stack", "skip_layer_stack_backward", "skip_layer_stack_forward",
+    "SWIN_PARAM_NAMES", "SWIN_VERSIONS", "SWIN_WINDOW_RULES", "init_swin_params", "swin_canonical_weights",
+    "swin_named_grads", "swin_param_spec", "swin_window_and_shift", "swin_window_attention",
+    "swin_window_attention_apply", "swin_window_attention_backward", "swin_window_attention_forward",
+    "swin_window_attention_vjp", "tova_attention", "tova_attention_backward", "tova_attention_forward",
+    "tova_keep_mask", "CHANNEL_PROJECTIONS", "channel_attention_apply", "channel_attention_param_spec",
+    "channel_attention_vjp", "init_channel_attention_params", "transposed_channel_attention",
+    "transposed_channel_attention_backward", "transposed_channel_attention_forward", "init_urpe_params",
+    "urpe_attention", "urpe_attention_backward", "urpe_attention_forward", "urpe_bucket_ids", "urpe_num_rows",
+    "urpe_param_spec", "urpe_relative_bucket", "PARALLEL_OPS", "init_value_suppression_params",
+    "parallel_edit_coefficients", "value_parallel_suppression", "value_parallel_suppression_backward",
+    "value_parallel_suppression_forward",
 ]
