@@ -68,6 +68,9 @@ Modules
   "multiply by $M$" needed (``masked_linear_attention_structured``).
 * `mra`: MRA-2: multiresolution (two-level) approximation of softmax self-attention
   (``mra_multiresolution_attention``).
+* `ms_deform_attn`: Multi-scale deformable attention (Deformable DETR; RT-DETRv2 per-level points
+  and discrete sampling; the DFA3D depth-weighted form), with gradients w.r.t
+  (``multiscale_deformable_attention``).
 * `performer`: Performer FAVOR+: softmax-kernel attention estimated with positive (orthogonal)
   random features (``performer_favor_plus``).
 * `reformer_lsh`: Reformer LSH self-attention: angular LSH with random rotations, sort by bucket,
@@ -248,6 +251,18 @@ from .mra import (  # noqa: F401
     mra_attention_forward,
     mra_block_scores,
     mra_block_selection,
+)
+from .ms_deform_attn import (  # noqa: F401
+    DISCRETE_CLAMPS,
+    MSDA_METHODS,
+    dfa3d_core_backward,
+    dfa3d_core_forward,
+    ms_deform_attn,
+    ms_deform_attn_backward,
+    ms_deform_attn_core_backward,
+    ms_deform_attn_core_forward,
+    ms_deform_attn_forward,
+    msda_point_levels,
 )
 from .performer import (  # noqa: F401
     performer,
@@ -482,6 +497,16 @@ __all__ = [
     "mra_attention_forward",
     "mra_block_scores",
     "mra_block_selection",
+    "DISCRETE_CLAMPS",
+    "MSDA_METHODS",
+    "dfa3d_core_backward",
+    "dfa3d_core_forward",
+    "ms_deform_attn",
+    "ms_deform_attn_backward",
+    "ms_deform_attn_core_backward",
+    "ms_deform_attn_core_forward",
+    "ms_deform_attn_forward",
+    "msda_point_levels",
     "performer",
     "performer_backward",
     "performer_features_backward",
