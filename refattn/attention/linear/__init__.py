@@ -51,6 +51,9 @@ kl_transformer
 linformer
     Linformer: self-attention with sequence-axis low-rank projections of the keys and values
     (``linformer_low_rank_attention``).
+local_window
+    Local-window attention schedules: CLEAR's circular image windows (with its optional pooled-key
+    branch) and MASFormer's band (sliding-window) layers (``local_window_attention_variants``).
 masked_linear
     Structured-mask linear attention: $(M\odot\Phi_Q\Phi_K^\top)V$ with only "multiply by $M$"
     needed (``masked_linear_attention_structured``).
@@ -232,6 +235,16 @@ from .linformer import (  # noqa: F401
     linformer_attention,
     linformer_attention_backward,
     linformer_attention_forward,
+)
+from .local_window import (  # noqa: F401
+    band_attention_backward,
+    band_attention_forward,
+    band_keep_mask,
+    clear_attention,
+    clear_attention_backward,
+    clear_attention_forward,
+    clear_keep_mask,
+    clear_proportional_scale,
 )
 from .masked_linear import (  # noqa: F401
     MASK_KINDS,
@@ -417,7 +430,9 @@ __all__ = [
     "linear_attention_forward", "KL_FEATURES", "kl_features_backward", "kl_features_forward",
     "kl_spectral_samples_backward", "kl_spectral_samples_forward", "kl_transformer_attention",
     "kl_transformer_backward", "kl_transformer_forward", "LINFORMER_SHARING", "init_linformer_params",
-    "linformer_attention", "linformer_attention_backward", "linformer_attention_forward", "MASK_KINDS",
+    "linformer_attention", "linformer_attention_backward", "linformer_attention_forward", "band_attention_backward",
+    "band_attention_forward", "band_keep_mask", "clear_attention", "clear_attention_backward",
+    "clear_attention_forward", "clear_keep_mask", "clear_proportional_scale", "MASK_KINDS",
     "grid_toeplitz_correlation_fft", "grid_toeplitz_dense", "grid_toeplitz_matvec_fft", "masked_linear_attention",
     "masked_linear_attention_backward", "masked_linear_attention_forward", "tree_distances", "tree_exp_matvec",
     "MRA_MODES", "mra_attention", "mra_attention_backward", "mra_attention_forward", "mra_block_scores",
