@@ -21,6 +21,7 @@ import pytest
 
 from refattn.attention.linear._samples import fd_max_rel
 from refattn.nn.sampling import PADDING_MODES
+from refattn.registry import Sample
 
 msda = importlib.import_module("refattn.attention.linear.ms_deform_attn")
 
@@ -125,3 +126,62 @@ def test_msda_argument_errors():
                                     params=smp.params, **smp.config)
     with pytest.raises(ValueError, match="n_heads"):
         msda.ms_deform_attn_forward(**smp.inputs, params=smp.params, **dict(smp.config, n_heads=3))
+
+
+# --------------------------------------------------------------------------------------------
+# local_window_attention_variants (CLEAR circular windows, MASFormer band layers)
+
+lw = importlib.import_module("refattn.attention.linear.local_window")
+
+
+def test_clear_without_pooling_fd_and_mask():
+    rng = np.random.default_rng(5)
+    h, w, t = 2, 3, 2
+    inputs = {x: rng.standard_normal((2, 1, t + h * w, 2)) for x in ("q", "k", "v")}
+    smp = Sample(inputs=inputs, config={"height": h, "width": w, "text_length": t, "radius": 1.2})
+    assert fd_max_rel(lw.clear_attention_forward, lw.clear_attention_backward, smp) < 1e-6
+    out = lw.clear_attention(**inputs, **smp.config)
+    ref = lw._reference(**inputs, **smp.config)
+    assert np.max(np.abs(out - ref)) < 1e-12
+
+
+def test_clear_image_query_ignores_far_image_keys():
+    rng = np.random.default_rng(6)
+    h, w, t = 3, 5, 1
+    q, k, v = (rng.standard_normal((2, 1, t + h * w, 3)) for _ in range(3))
+    a = lw.clear_attention(q, k, v, height=h, width=w, text_length=t, radius=1.5)
+    v2 = v.copy()
+    v2[:, :, t + 4] += 10.0          # pixel (0, 4): farther than 1.5 from pixel (2, 0) = token t + 10
+    b = lw.clear_attention(q, k, v2, height=h, width=w, text_length=t, radius=1.5)
+    assert np.max(np.abs(a[:, :, t + 10] - b[:, :, t + 10])) < 1e-12
+    assert np.max(np.abs(a[:, :, 0] - b[:, :, 0])) > 1e-3      # the text query sees every token
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_band_attention_fd(causal):
+    rng = np.random.default_rng(8)
+    smp = Sample(inputs={x: rng.standard_normal((2, 1, 5, 2)) for x in ("q", "k", "v")},
+                      config={"window": 2, "causal": causal})
+    assert fd_max_rel(lw.band_attention_forward, lw.band_attention_backward, smp) < 1e-6
+    keep = lw.band_keep_mask(5, 2, causal)
+    assert keep.sum() == (9 if causal else 13)
+
+
+def test_clear_proportional_scale():
+    assert abs(lw.clear_proportional_scale(4608, 64) - np.sqrt(np.log(46080) / np.log(4608) / 64)) < 1e-15
+
+
+def test_local_window_argument_errors():
+    q = np.zeros((2, 1, 7, 2))
+    with pytest.raises(ValueError, match="text_length"):
+        lw.clear_attention(q, q, q, height=2, width=2, radius=1.0, text_length=1)
+    with pytest.raises(ValueError, match="down_factor"):
+        lw.clear_attention(q, q, q, {"spatial_weight": np.ones((2, 2))}, height=2, width=3, radius=1.0,
+                           text_length=1, down_factor=2)
+    with pytest.raises(ValueError, match="spatial_weight"):
+        lw.clear_attention(np.zeros((2, 1, 9, 2)), np.zeros((2, 1, 9, 2)), np.zeros((2, 1, 9, 2)), {},
+                           height=2, width=4, radius=1.0, text_length=1, down_factor=2)
+    with pytest.raises(ValueError, match="radius"):
+        lw.clear_keep_mask(2, 2, 0, -1.0)
+    with pytest.raises(ValueError, match="window"):
+        lw.band_keep_mask(4, 0)
