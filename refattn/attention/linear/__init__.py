@@ -51,12 +51,19 @@ kl_transformer
 linformer
     Linformer: self-attention with sequence-axis low-rank projections of the keys and values
     (``linformer_low_rank_attention``).
+local_window
+    Local-window attention schedules: CLEAR's circular image windows (with its optional pooled-key
+    branch) and MASFormer's band (sliding-window) layers (``local_window_attention_variants``).
 masked_linear
     Structured-mask linear attention: $(M\odot\Phi_Q\Phi_K^\top)V$ with only "multiply by $M$"
     needed (``masked_linear_attention_structured``).
 mra
     MRA-2: multiresolution (two-level) approximation of softmax self-attention
     (``mra_multiresolution_attention``).
+ms_deform_attn
+    Multi-scale deformable attention (Deformable DETR; RT-DETRv2 per-level points and discrete
+    sampling; the DFA3D depth-weighted form), with gradients w.r.t
+    (``multiscale_deformable_attention``).
 performer
     Performer FAVOR+: softmax-kernel attention estimated with positive (orthogonal) random features
     (``performer_favor_plus``).
@@ -229,6 +236,16 @@ from .linformer import (  # noqa: F401
     linformer_attention_backward,
     linformer_attention_forward,
 )
+from .local_window import (  # noqa: F401
+    band_attention_backward,
+    band_attention_forward,
+    band_keep_mask,
+    clear_attention,
+    clear_attention_backward,
+    clear_attention_forward,
+    clear_keep_mask,
+    clear_proportional_scale,
+)
 from .masked_linear import (  # noqa: F401
     MASK_KINDS,
     grid_toeplitz_correlation_fft,
@@ -247,6 +264,18 @@ from .mra import (  # noqa: F401
     mra_attention_forward,
     mra_block_scores,
     mra_block_selection,
+)
+from .ms_deform_attn import (  # noqa: F401
+    DISCRETE_CLAMPS,
+    MSDA_METHODS,
+    dfa3d_core_backward,
+    dfa3d_core_forward,
+    ms_deform_attn,
+    ms_deform_attn_backward,
+    ms_deform_attn_core_backward,
+    ms_deform_attn_core_forward,
+    ms_deform_attn_forward,
+    msda_point_levels,
 )
 from .performer import (  # noqa: F401
     performer,
@@ -401,11 +430,15 @@ __all__ = [
     "linear_attention_forward", "KL_FEATURES", "kl_features_backward", "kl_features_forward",
     "kl_spectral_samples_backward", "kl_spectral_samples_forward", "kl_transformer_attention",
     "kl_transformer_backward", "kl_transformer_forward", "LINFORMER_SHARING", "init_linformer_params",
-    "linformer_attention", "linformer_attention_backward", "linformer_attention_forward", "MASK_KINDS",
+    "linformer_attention", "linformer_attention_backward", "linformer_attention_forward", "band_attention_backward",
+    "band_attention_forward", "band_keep_mask", "clear_attention", "clear_attention_backward",
+    "clear_attention_forward", "clear_keep_mask", "clear_proportional_scale", "MASK_KINDS",
     "grid_toeplitz_correlation_fft", "grid_toeplitz_dense", "grid_toeplitz_matvec_fft", "masked_linear_attention",
     "masked_linear_attention_backward", "masked_linear_attention_forward", "tree_distances", "tree_exp_matvec",
     "MRA_MODES", "mra_attention", "mra_attention_backward", "mra_attention_forward", "mra_block_scores",
-    "mra_block_selection", "performer", "performer_backward", "performer_features_backward",
+    "mra_block_selection", "DISCRETE_CLAMPS", "MSDA_METHODS", "dfa3d_core_backward", "dfa3d_core_forward",
+    "ms_deform_attn", "ms_deform_attn_backward", "ms_deform_attn_core_backward", "ms_deform_attn_core_forward",
+    "ms_deform_attn_forward", "msda_point_levels", "performer", "performer_backward", "performer_features_backward",
     "performer_features_forward", "performer_forward", "performer_projection_matrix", "validate_performer_config",
     "lsh_attention_core_backward", "lsh_attention_core_forward", "lsh_hash", "lsh_random_rotations",
     "reformer_lsh_attention", "reformer_lsh_attention_backward", "reformer_lsh_attention_forward", "CAUSAL_RULES",
