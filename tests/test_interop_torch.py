@@ -387,7 +387,7 @@ def test_square_matrix_transpose_trap_is_caught():
             for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
                 lin = getattr(self, name)
                 saved[name] = lin.weight
-                lin.weight = nn.Parameter(lin.weight.T)  # noqa: the trap, on purpose
+                lin.weight = nn.Parameter(lin.weight.T)  # the trap, on purpose
             try:
                 return super().forward(x, rel_pos, attn_mask)
             finally:
@@ -447,3 +447,15 @@ def test_import_refattn_does_not_import_torch():
     code = ("import sys, refattn, refattn.interop, refattn.interop.torch as t; "
             "t.supported_slugs(); assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_docs_page_examples_run():
+    """docs/port-an-official-module.md: every python block runs (one namespace per block)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "port-an-official-module.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 3
+    for block in blocks:
+        exec(compile(block, "port-an-official-module.md", "exec"), {"__name__": "__docs__"})
