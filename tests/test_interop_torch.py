@@ -11,6 +11,9 @@ upstream), kept compact:
 * Transolver — thuml/Transolver ``PDE-Solving-StandardBenchmark/model/Physics_Attention.py``@1f53c15
   (``Physics_Attention_Irregular_Mesh``);
 * GNOT — HaoZhongkai/GNOT ``models/cgpt.py``@5df0390 (``LinearCrossAttention``);
+* LinearNO — HiPRL/LinearNO ``Standard_PDE_Benchmark/model/LinearAttnNeuralOperator.py``@3f2b80d
+  (``LinearNO``, ``LinearNO_temp``);
+* Set Transformer — juho-lee/set_transformer ``modules.py`` (``MAB``, ``SAB``, ``ISAB``, ``PMA``);
 * FNO — zongyi-li/fourier_neural_operator ``fourier_2d.py``@4ed7737 (``SpectralConv2d``);
 * AFNO — NVlabs/AFNO-transformer ``afno/afno2d.py``@c3271a2 (``AFNO2D``).
 
@@ -238,6 +241,81 @@ class LinearCrossAttention(nn.Module):  # GNOT, attn_type 'l1', one input functi
         return self.proj(out.transpose(1, 2).reshape(B, T1, C))
 
 
+class LinearNO(nn.Module):
+    def __init__(self, dim, heads=2, dim_head=4, key_ratio=3, temp=False):
+        super().__init__()
+        self.heads, self.dim_head, self.temp = heads, dim_head, temp
+        self.in_project_x = nn.Linear(dim, heads * dim_head)
+        self.to_q = nn.Linear(dim_head, key_ratio, bias=False)
+        self.to_k = nn.Linear(dim_head, key_ratio, bias=False)
+        self.to_v = nn.Linear(dim_head, dim_head, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(0.0))
+        if temp:
+            self.temperature_q = nn.Parameter(0.5 + 0.2 * torch.rand([1, heads, 1, 1]))
+            self.temperature_k = nn.Parameter(0.5 + 0.2 * torch.rand([1, heads, 1, 1]))
+
+    def forward(self, x):
+        B, N, _ = x.shape
+        xm = self.in_project_x(x).reshape(B, N, self.heads, self.dim_head).permute(0, 2, 1, 3)
+        lq, lk = self.to_q(xm), self.to_k(xm)
+        if self.temp:
+            lq, lk = lq / self.temperature_q.clamp(0.01, 1), lk / self.temperature_k.clamp(0.01, 1)
+        q, k = lq.softmax(dim=-1), lk.softmax(dim=-2)
+        out = q @ (k.transpose(-1, -2) @ self.to_v(xm))
+        return self.to_out(out.permute(0, 2, 1, 3).reshape(B, N, -1))
+
+
+class MAB(nn.Module):
+    def __init__(self, dim_Q, dim_K, dim_V, num_heads, ln=False):
+        super().__init__()
+        self.dim_V, self.num_heads = dim_V, num_heads
+        self.fc_q, self.fc_k, self.fc_v = nn.Linear(dim_Q, dim_V), nn.Linear(dim_K, dim_V), nn.Linear(dim_K, dim_V)
+        if ln:
+            self.ln0, self.ln1 = nn.LayerNorm(dim_V), nn.LayerNorm(dim_V)
+        self.fc_o = nn.Linear(dim_V, dim_V)
+
+    def forward(self, Q, K):
+        Q = self.fc_q(Q)
+        K, V = self.fc_k(K), self.fc_v(K)
+        split = self.dim_V // self.num_heads
+        Q_, K_, V_ = (torch.cat(t.split(split, 2), 0) for t in (Q, K, V))
+        A = torch.softmax(Q_.bmm(K_.transpose(1, 2)) / math.sqrt(self.dim_V), 2)
+        O = torch.cat((Q_ + A.bmm(V_)).split(Q.size(0), 0), 2)
+        O = O if getattr(self, "ln0", None) is None else self.ln0(O)
+        O = O + F.relu(self.fc_o(O))
+        return O if getattr(self, "ln1", None) is None else self.ln1(O)
+
+
+class SAB(nn.Module):
+    def __init__(self, dim_in, dim_out, num_heads, ln=False):
+        super().__init__()
+        self.mab = MAB(dim_in, dim_in, dim_out, num_heads, ln=ln)
+
+    def forward(self, X):
+        return self.mab(X, X)
+
+
+class ISAB(nn.Module):
+    def __init__(self, dim_in, dim_out, num_heads, num_inds, ln=False):
+        super().__init__()
+        self.I = nn.Parameter(torch.randn(1, num_inds, dim_out))
+        self.mab0 = MAB(dim_out, dim_in, dim_out, num_heads, ln=ln)
+        self.mab1 = MAB(dim_in, dim_out, dim_out, num_heads, ln=ln)
+
+    def forward(self, X):
+        return self.mab1(X, self.mab0(self.I.repeat(X.size(0), 1, 1), X))
+
+
+class PMA(nn.Module):
+    def __init__(self, dim, num_heads, num_seeds, ln=False):
+        super().__init__()
+        self.S = nn.Parameter(torch.randn(1, num_seeds, dim))
+        self.mab = MAB(dim, dim, dim, num_heads, ln=ln)
+
+    def forward(self, X):
+        return self.mab(self.S.repeat(X.size(0), 1, 1), X)
+
+
 class SpectralConv2d(nn.Module):
     def __init__(self, in_channels, out_channels, modes1, modes2):
         super().__init__()
@@ -346,6 +424,24 @@ def test_gnot():
     _assert_pass(check_module(LinearCrossAttention(8, 2), "gnot_hna_attention"))
 
 
+@pytest.mark.parametrize("temp", [False, True])
+def test_linear_no(temp):
+    torch.manual_seed(13)
+    _assert_pass(check_module(LinearNO(6, temp=temp), "linear_no_attention", config={"use_temperature": temp}))
+
+
+@pytest.mark.parametrize("block,make", [
+    ("sab", lambda: SAB(5, 6, 2, ln=True)),
+    ("isab", lambda: ISAB(5, 6, 3, num_inds=4, ln=False)),
+    ("pma", lambda: PMA(6, 2, num_seeds=3, ln=True)),
+])
+def test_set_transformer(block, make):
+    torch.manual_seed(14)
+    m = make()
+    cfg = {"block": block, "num_heads": (m.mab0 if block == "isab" else m.mab).num_heads, "ln": block != "isab"}
+    _assert_pass(check_module(m, "set_transformer_blocks", config=cfg))
+
+
 def test_fno_spectral_conv_complex_weights():
     torch.manual_seed(9)
     m = SpectralConv2d(3, 4, 2, 3)
@@ -433,11 +529,14 @@ def test_unknown_and_unmapped_slugs():
     (lambda: Physics_Attention_Irregular_Mesh(6), "transolver_physics_attention"),
     (lambda: SpectralConv2d(2, 3, 2, 2), "fno_spectral_conv"),
     (lambda: LinearCrossAttention(8, 2), "gnot_hna_attention"),
+    (lambda: LinearNO(6, temp=True), "linear_no_attention"),
+    (lambda: SAB(5, 6, 2, ln=True), "set_transformer_blocks"),
 ])
 def test_grads_to_state_dict_inverts_the_map(make, slug):
     m = make()
     sd = m.state_dict()
-    back = grads_to_state_dict(slug, params_from_state_dict(slug, sd), prefix="layer.")
+    cfg = {"block": "sab"} if slug == "set_transformer_blocks" else {}
+    back = grads_to_state_dict(slug, params_from_state_dict(slug, sd, **cfg), prefix="layer.", **cfg)
     assert sorted(back) == sorted("layer." + k for k in sd)
     for k, v in sd.items():
         np.testing.assert_array_equal(back["layer." + k], v.numpy())

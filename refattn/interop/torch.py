@@ -117,6 +117,29 @@ class _Named:
 
 
 @dataclass(frozen=True)
+class _Strip:
+    """Upstream ``prefix + name`` to refattn ``name`` for names matching ``pattern`` (transposed or not)."""
+
+    prefix: str
+    pattern: str
+    transpose: bool
+
+    def load(self, view: _View, out: dict) -> None:
+        for name in sorted(view.items):
+            ref = name[len(self.prefix):]
+            if name not in view.used and name.startswith(self.prefix) and re.fullmatch(self.pattern, ref):
+                a = view.get(name)
+                out[ref] = a.T if self.transpose else a
+
+    def save(self, grads: dict, out: dict, used: set) -> None:
+        for name in list(grads):
+            if name not in used and re.fullmatch(self.pattern, name):
+                used.add(name)
+                g = _np(grads[name])
+                out[self.prefix + name] = g.T if self.transpose else g
+
+
+@dataclass(frozen=True)
 class _Split:
     """A fused projection ``up`` split into ``len(refs)`` equal row blocks (transposed if a weight)."""
 
@@ -216,8 +239,11 @@ class _Reshape:
 
     name: str
     up_shape: Callable
+    optional: bool = False
 
     def load(self, view, out):
+        if self.optional and not view.has(self.name):
+            return
         out[self.name] = view.get(self.name).reshape(-1)
 
     def save(self, grads, out, used):
@@ -397,6 +423,30 @@ def _gnot_call(module, inp, cfg):
     return module(inp["x"])
 
 
+_LINEAR_NO_RULES = [
+    _Named(r"in_project_x\.weight|to_[qkv]\.weight|to_out\.0\.weight", True),
+    _Named(r"in_project_x\.bias|to_out\.0\.bias", False),
+    _Reshape("temperature_q", lambda n: (1, n, 1, 1), optional=True),
+    _Reshape("temperature_k", lambda n: (1, n, 1, 1), optional=True),
+]
+
+
+# ---- Set Transformer: SAB keeps MAB's names unprefixed in refattn (upstream SAB holds it as .mab)
+
+
+def _set_rules(config):
+    if config.get("block", "sab") == "sab":
+        return [_Strip("mab.", r"fc_[qkvo]\.weight", True),
+                _Strip("mab.", r"fc_[qkvo]\.bias|ln[01]\.(weight|bias)", False)]
+    return [_Named(r"mab[01]?\.fc_[qkvo]\.weight", True),
+            _Named(r"mab[01]?\.(fc_[qkvo]\.bias|ln[01]\.(weight|bias))|S|I", False)]
+
+
+def _set_build(rng, p, cfg, z):
+    key = next(k for k in ("fc_k.weight", "mab.fc_k.weight", "mab0.fc_k.weight") if k in p)
+    return {"x": _gauss(rng, z["b"], z["n"], p[key].shape[0])}, {}
+
+
 # ---- FNO spectral conv, AFNO
 
 
@@ -463,6 +513,13 @@ _spec(
                  _Named(r"(query|key|value|proj|keys\.\d+|values\.\d+)\.bias", False)],
           required=("query.weight", "proj.weight"),
           call=_gnot_call, build=_gnot_build, attrs={"n_head": "n_head"}),
+    _Spec("linear_no_attention", "HiPRL/LinearNO Standard_PDE_Benchmark/model/LinearAttnNeuralOperator.py@3f2b80d "
+          "(LinearNO, LinearNO_temp)",
+          rules=_LINEAR_NO_RULES,
+          required=("in_project_x.weight", "to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight"),
+          call=_call_x, build=_x_build("in_project_x.weight"), attrs={"n_head": "heads"}),
+    _Spec("set_transformer_blocks", "juho-lee/set_transformer modules.py (SAB, ISAB, PMA; block= says which)",
+          rules=_set_rules, call=_call_x, build=_set_build),
     _Spec("fno_spectral_conv", "zongyi-li/fourier_neural_operator fourier_1d.py / fourier_2d.py@4ed7737 "
           "(SpectralConv1d, SpectralConv2d)",
           rules=[_Complex("weights1"), _Complex("weights2", optional=True)], required=("weights1",),
@@ -509,10 +566,10 @@ def _check_config(spec: _Spec, config: dict) -> None:
                         f"{sorted(allowed)}")
 
 
-def _load_rules(spec: _Spec, keys) -> list:
+def _load_rules(spec: _Spec, keys, config) -> list:
     if spec.slug == "multi_head_attention":
         return _MHA_FUSED if _mha_fused(keys) else _MHA_SEPARATE
-    return spec.rules
+    return spec.rules(config) if callable(spec.rules) else spec.rules
 
 
 def params_from_state_dict(slug: str, state_dict: Mapping, *, prefix: str = "", strict: bool = True,
@@ -558,7 +615,7 @@ def params_from_state_dict(slug: str, state_dict: Mapping, *, prefix: str = "", 
     for name in spec.required:
         view.require(name)  # a missing required key is named here, before anything else
     out: dict = {}
-    for rule in _load_rules(spec, view.items):
+    for rule in _load_rules(spec, view.items, config):
         rule.load(view, out)
     left = sorted(set(view.items) - view.used)
     if strict and left:
@@ -582,7 +639,10 @@ def grads_to_state_dict(slug: str, grads: Mapping, *, prefix: str = "", **config
     if not isinstance(grads, Mapping):
         raise TypeError(f"grads must be a dict of gradients; got {type(grads).__name__}")
     _check_config(spec, config)
-    rules = spec.save_pick(grads) if spec.save_pick is not None else spec.rules
+    if spec.save_pick is not None:
+        rules = spec.save_pick(grads)
+    else:
+        rules = spec.rules(config) if callable(spec.rules) else spec.rules
     out: dict = {}
     used: set = set()
     for rule in rules:
@@ -709,7 +769,7 @@ def _module_run(torch, m, rec, spec, call, smp: Sample, seed, tdt, np_dt, rtol, 
               for (n, p), g in zip(named_params.items(), gs[len(diff_inputs):])}
         # buffers carry no gradient; the table only reads the keys it maps
         sd.update({n: torch.zeros_like(b) for n, b in m.named_buffers() if n not in sd})
-        res.update(params_from_state_dict(spec.slug, sd, strict=False))
+        res.update(params_from_state_dict(spec.slug, sd, strict=False, **run_cfg))
         return res
 
     return compare_implementation(fn, rec, vjp=vjp, sample=smp, seed=seed, dtype=np_dt,
