@@ -437,9 +437,8 @@ def test_linear_no(temp):
 ])
 def test_set_transformer(block, make):
     torch.manual_seed(14)
-    m = make()
-    cfg = {"block": block, "num_heads": (m.mab0 if block == "isab" else m.mab).num_heads, "ln": block != "isab"}
-    _assert_pass(check_module(m, "set_transformer_blocks", config=cfg))
+    # block, ln and num_heads are read from the module (its keys and its MAB's num_heads)
+    _assert_pass(check_module(make(), "set_transformer_blocks"))
 
 
 def test_fno_spectral_conv_complex_weights():
@@ -510,6 +509,18 @@ def test_prefix_strict_and_missing_key_messages():
                                                  prefix="1.", strict=False)
     with pytest.raises(ValueError, match="no key starts with prefix"):
         params_from_state_dict("diff_attention_v1", sd, prefix="2.")
+
+
+def test_check_module_names_missing_config():
+    class Bare(nn.Module):  # a DIFF V1 module without a num_heads attribute
+        def __init__(self):
+            super().__init__()
+            self.inner = MultiheadDiffAttn(8, 1, 2)
+
+    with pytest.raises(ValueError, match="num_heads.*attributes"):
+        check_module(Bare(), "diff_attention_v1")
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        check_module(object(), "diff_attention_v1")
 
 
 def test_unknown_and_unmapped_slugs():

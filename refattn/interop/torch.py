@@ -280,6 +280,8 @@ class _Spec:
     """refattn config keyword -> module attribute read by check_module (your config wins)"""
     unsupported: dict = field(default_factory=dict)
     """upstream key -> why refattn cannot take it"""
+    infer: Callable = None
+    """infer(state_dict keys) -> config the weights imply (check_module; your config wins)"""
     save_pick: Callable = None
     """save_pick(grads) -> the rules to use for the inverse map (when the load rules depend on keys)"""
 
@@ -382,7 +384,7 @@ _LAMBDAS = _Named(r"lambda_[qk][12]", transpose=False)
 def _galerkin_build(rng, p, cfg, z):
     c = p["linears.0.weight"].shape[0]
     inp = {"x": _gauss(rng, z["b"], z["n"], c)}
-    if "fc.weight" in p and cfg.get("pos", "auto") is not None:
+    if "fc.weight" in p:  # upstream builds fc only for coordinates (pos_dim > 0)
         h = int(cfg["n_head"])
         npos = (p["fc.weight"].shape[0] - c) // h
         inp["pos"] = rng.uniform(0, 1, (z["b"], z["n"], npos))
@@ -440,6 +442,11 @@ def _set_rules(config):
                 _Strip("mab.", r"fc_[qkvo]\.bias|ln[01]\.(weight|bias)", False)]
     return [_Named(r"mab[01]?\.fc_[qkvo]\.weight", True),
             _Named(r"mab[01]?\.(fc_[qkvo]\.bias|ln[01]\.(weight|bias))|S|I", False)]
+
+
+def _set_infer(keys):
+    block = "isab" if "I" in keys else "pma" if "S" in keys else "sab"
+    return {"block": block, "ln": any(".ln0." in k for k in keys)}
 
 
 def _set_build(rng, p, cfg, z):
@@ -519,7 +526,8 @@ _spec(
           required=("in_project_x.weight", "to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight"),
           call=_call_x, build=_x_build("in_project_x.weight"), attrs={"n_head": "heads"}),
     _Spec("set_transformer_blocks", "juho-lee/set_transformer modules.py (SAB, ISAB, PMA; block= says which)",
-          rules=_set_rules, call=_call_x, build=_set_build),
+          rules=_set_rules, call=_call_x, build=_set_build, infer=_set_infer,
+          attrs={"num_heads": ("mab.num_heads", "mab0.num_heads")}),
     _Spec("fno_spectral_conv", "zongyi-li/fourier_neural_operator fourier_1d.py / fourier_2d.py@4ed7737 "
           "(SpectralConv1d, SpectralConv2d)",
           rules=[_Complex("weights1"), _Complex("weights2", optional=True)], required=("weights1",),
@@ -656,6 +664,12 @@ def _torch_dtype(torch, dtype):
     return {np.dtype(np.float64): torch.float64, np.dtype(np.float32): torch.float32}[np.dtype(dtype)]
 
 
+def _attr_path(obj, path: str):
+    for name in path.split("."):
+        obj = getattr(obj, name, None)
+    return obj
+
+
 def _to_torch(torch, a, tdt):
     t = torch.from_numpy(np.ascontiguousarray(a))
     return t.to(tdt) if t.is_floating_point() else t
@@ -715,9 +729,20 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
             if t.is_complex() or t.is_floating_point():
                 t.data = t.data.to(cdt if t.is_complex() else tdt)
     cfg = dict(config or {})
-    for kw, attr in spec.attrs.items():
-        if kw not in cfg and hasattr(m, attr) and isinstance(getattr(m, attr), (int, float)):
-            cfg[kw] = getattr(m, attr)
+    for kw, paths in spec.attrs.items():
+        for path in (paths,) if isinstance(paths, str) else paths:
+            val = _attr_path(m, path)
+            if kw not in cfg and isinstance(val, (int, float)) and not isinstance(val, bool):
+                cfg[kw] = val
+    if spec.infer is not None:
+        for kw, val in spec.infer(m.state_dict().keys()).items():
+            cfg.setdefault(kw, val)
+    sig = inspect.signature(rec.forward).parameters
+    needed = [n for n, q in sig.items() if q.kind is q.KEYWORD_ONLY and q.default is q.empty and n not in cfg]
+    if needed:
+        hint = {kw: attr for kw, attr in spec.attrs.items() if kw in needed}
+        raise ValueError(f"check_module[{spec.slug}]: config must give {needed}"
+                         + (f" (read from the module's attributes {hint} when it has them)" if hint else ""))
     base_cfg = {k: v for k, v in cfg.items() if k != "rel_pos"}
     params = params_from_state_dict(spec.slug, m.state_dict(), **base_cfg)
     params = {k: v.astype(np.float64) for k, v in params.items()}
