@@ -365,7 +365,7 @@ class AFNO2D(nn.Module):
 def test_nn_multihead_attention_self_and_cross():
     torch.manual_seed(0)
     for kw in (dict(batch_first=True), dict(batch_first=False), dict(batch_first=True, bias=False)):
-        _assert_pass(check_module(nn.MultiheadAttention(8, 2, **kw), "multi_head_attention"))
+        _assert_pass(check_module(nn.MultiheadAttention(8, 2, **kw), "multi_head_attention", seeds=[0]))
 
 
 def test_nn_multihead_attention_kdim_vdim_separate_weights():
@@ -385,7 +385,8 @@ def test_nn_multihead_attention_add_bias_kv_is_named_as_unsupported():
 def test_diff_v1(hkv, flash):
     torch.manual_seed(2)
     m = MultiheadDiffAttn(16, depth=3, num_heads=4, num_kv_heads=hkv, flash=flash)
-    _assert_pass(check_module(m, "diff_attention_v1", config={"gqa_pairing": "flash" if flash else "naive"}))
+    _assert_pass(check_module(m, "diff_attention_v1", config={"gqa_pairing": "flash" if flash else "naive"},
+                              seeds=[0]))
 
 
 def test_diff_v1_naive_pairing_is_not_flash_pairing():
