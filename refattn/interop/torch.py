@@ -65,9 +65,7 @@ __all__ = ["params_from_state_dict", "grads_to_state_dict", "check_module", "sup
 # Rules: one upstream name (or name family) <-> one refattn params key
 
 
-def _np(x) -> np.ndarray:
-    a = to_numpy(x)
-    return np.asarray(a)
+_np = to_numpy  # torch tensors (any device) or NumPy arrays to NumPy
 
 
 class _View:
@@ -91,7 +89,7 @@ class _View:
     def get(self, name: str) -> np.ndarray:
         self.require(name)
         self.used.add(name)
-        return _np(self.items[name])
+        return np.array(_np(self.items[name]))  # a copy: the params never alias the module's weights
 
 
 @dataclass(frozen=True)
@@ -294,10 +292,6 @@ def _spec(*specs: _Spec) -> None:
         _SPECS[s.slug] = s
 
 
-def _gauss(rng, *shape):
-    return rng.standard_normal(shape)
-
-
 # ---- torch.nn.MultiheadAttention
 
 
@@ -323,9 +317,9 @@ def _mha_call(module, inp, cfg):
 
 def _mha_build(rng, p, cfg, z):
     c, ck = p["q_proj"].shape[0], p["k_proj"].shape[0]
-    inp = {"x": _gauss(rng, z["b"], z["n"], c)}
+    inp = {"x": rng.standard_normal((z["b"], z["n"], c))}
     if ck != c or z.get("cross"):
-        inp["context"] = _gauss(rng, z["b"], z["m"], ck)
+        inp["context"] = rng.standard_normal((z["b"], z["m"], ck))
     return inp, {}
 
 
@@ -359,12 +353,12 @@ def _torch_rel_pos(cfg):
 def _diff_build(rng, p, cfg, z):
     c = p["q_proj.weight"].shape[0]
     d = p["q_proj.weight"].shape[1] // (2 * int(cfg["num_heads"]))
-    return {"x": _gauss(rng, z["b"], z["n"], c)}, _rope_for(cfg, z["n"], d)
+    return {"x": rng.standard_normal((z["b"], z["n"], c))}, _rope_for(cfg, z["n"], d)
 
 
 def _x_build(key):
     def build(rng, p, cfg, z):
-        return {"x": _gauss(rng, z["b"], z["n"], p[key].shape[0])}, {}
+        return {"x": rng.standard_normal((z["b"], z["n"], p[key].shape[0]))}, {}
     return build
 
 
@@ -383,7 +377,7 @@ _LAMBDAS = _Named(r"lambda_[qk][12]", transpose=False)
 
 def _galerkin_build(rng, p, cfg, z):
     c = p["linears.0.weight"].shape[0]
-    inp = {"x": _gauss(rng, z["b"], z["n"], c)}
+    inp = {"x": rng.standard_normal((z["b"], z["n"], c))}
     if "fc.weight" in p:  # upstream builds fc only for coordinates (pos_dim > 0)
         h = int(cfg["n_head"])
         npos = (p["fc.weight"].shape[0] - c) // h
@@ -413,9 +407,9 @@ _TRANSOLVER_RULES = [
 
 def _gnot_build(rng, p, cfg, z):
     c = p["query.weight"].shape[0]
-    inp = {"x": _gauss(rng, z["b"], z["n"], c)}
+    inp = {"x": rng.standard_normal((z["b"], z["n"], c))}
     if "keys.0.weight" in p:
-        inp["y"] = _gauss(rng, z["b"], z["m"], p["keys.0.weight"].shape[0])
+        inp["y"] = rng.standard_normal((z["b"], z["m"], p["keys.0.weight"].shape[0]))
     return inp, {}
 
 
@@ -451,7 +445,7 @@ def _set_infer(keys):
 
 def _set_build(rng, p, cfg, z):
     key = next(k for k in ("fc_k.weight", "mab.fc_k.weight", "mab0.fc_k.weight") if k in p)
-    return {"x": _gauss(rng, z["b"], z["n"], p[key].shape[0])}, {}
+    return {"x": rng.standard_normal((z["b"], z["n"], p[key].shape[0]))}, {}
 
 
 # ---- FNO spectral conv, AFNO
@@ -462,7 +456,7 @@ def _fno_build(rng, p, cfg, z):
     m = w.shape[2:]
     # a grid with room for both corners on the full axis (2 m1 <= n1) and m2 <= n2 // 2 + 1
     grid = [2 * m[0] + z["n"] % 3] + [2 * mi + z["n"] % 2 for mi in m[1:]]
-    return {"x": _gauss(rng, z["b"], *grid, w.shape[0])}, {}
+    return {"x": rng.standard_normal((z["b"], *grid, w.shape[0]))}, {}
 
 
 def _fno_call(module, inp, cfg):
@@ -475,7 +469,7 @@ def _fno_call(module, inp, cfg):
 def _afno_build(rng, p, cfg, z):
     c = p["w1"].shape[1] * p["w1"].shape[2]
     h = 4 + z["n"] % 3
-    return {"x": _gauss(rng, z["b"], h, h + 1, c)}, {}
+    return {"x": rng.standard_normal((z["b"], h, h + 1, c))}, {}
 
 
 _spec(
