@@ -368,6 +368,13 @@ def test_nn_multihead_attention_self_and_cross():
         _assert_pass(check_module(nn.MultiheadAttention(8, 2, **kw), "multi_head_attention", seeds=[0]))
 
 
+def test_float32_module_is_judged_by_the_float32_rule():
+    torch.manual_seed(15)
+    report = _assert_pass(check_module(nn.MultiheadAttention(8, 2, batch_first=True), "multi_head_attention",
+                                       dtype=torch.float32, cases=["small", "cross"], seeds=[0]))
+    assert list(report.rules) == ["float32"]
+
+
 def test_nn_multihead_attention_kdim_vdim_separate_weights():
     torch.manual_seed(1)
     m = nn.MultiheadAttention(8, 4, kdim=5, vdim=5, batch_first=True)
