@@ -8,8 +8,19 @@ $a_{ij}$ can become negative — a relative of differential attention computed i
 Backward: through $\nu_i = \theta(\phi(q_i))^\top M$, $z_i$ and $\bar v$ to the RoPE adjoint and
 $\phi'$ (derivation in `mala_linear_attention_forward`).
 
+The full layer (`mala_layer_forward`) is upstream's ``AddLinearAttention`` on an image
+``x (B, C, H, W)``: a 1x1 convolution ``qkvo`` to $[Q\,K\,V\,O]$, the core with MALA's 2-D RoPE,
+plus LePE (a depthwise 5x5 convolution of $V$), gated by $O$, then the 1x1 ``proj``:
+$Y = \mathrm{proj}\big((\mathrm{MALA}(Q, K, V) + \mathrm{LePE}(V))\odot O\big)$.
+
 Paper: Q. Fan et al., "Rectifying Magnitude Neglect in Linear Attention", ICCV 2025 (MALA).
-Upstream: qhfan/MALA ``classfication_release/model.py`` (``AddLinearAttention.forward``, ``RoPE``).
+Upstream: qhfan/MALA @ 7114e6391e16a79e52382cbbcaa7f035705f3449 ``classfication_release/model.py``
+(``AddLinearAttention``, ``RoPE``, ``theta_shift``, ``rotate_every_two``).
+
+Agreement with upstream: ``AddLinearAttention`` and ``RoPE`` from that file (unchanged; timm and
+fvcore imports stubbed) run in float64 on CPU (C = 16, 2 heads, 3x4 and 4x4 images): output and
+the gradients of ``x`` and every parameter (``qkvo``, ``lepe``, ``proj`` weights and biases)
+agree within $2\times10^{-15}$ relative (`tests/test_fidelity_layers.py`).
 
 Layouts: PyTorch SDPA for attention cores (``q (B, H, N, d)``), token-major ``x (B, N, C)`` for
 layers; weights ``(in, out)`` (PyTorch: ``linear.weight.T``; a 1x1 ``Conv1d``/``Conv2d`` weight
@@ -22,8 +33,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, check_int, check_positive
+from ..._checks import as_dout, as_float, cast_all, check_int, check_params, check_positive, compute_dtype
 from ...nn.activations import elu_plus_one, elu_plus_one_grad
+from ...nn.conv import conv_apply, conv_vjp
 from ...registry import Mechanism, Sample, register
 from ._samples import rand_qkv
 from .core import resolve_scale, validate_qkv
@@ -33,6 +45,9 @@ __all__ = [
     "mala_linear_attention_forward",
     "mala_linear_attention_backward",
     "mala_linear_attention",
+    "mala_layer_forward",
+    "mala_layer_backward",
+    "mala_layer",
 ]
 
 
@@ -162,6 +177,109 @@ def mala_linear_attention(q, k, v, **config):
     return mala_linear_attention_forward(q, k, v, **config)[0]
 
 
+# --------------------------------------------------------------------------------------------
+# The full layer (upstream AddLinearAttention)
+
+
+def mala_layer_forward(x, params, *, num_heads: int, rope: bool = True, scale=None, eps=1e-6):
+    r"""MALA layer: upstream ``AddLinearAttention`` (qhfan/MALA ``classfication_release/model.py``).
+
+    On an image $x$ ``(B, C, H, W)`` with $C = n_h d$:
+
+    $$[Q\,K\,V\,O] = \mathrm{qkvo}(x)\ (\text{1x1 conv}),\quad
+    Y = \mathrm{proj}\big((\mathrm{MALA}(Q, K, V) + \mathrm{lepe}(V))\odot O\big),$$
+
+    heads split from the channels as ``'b (m n d) h w -> m b n (h w) d'`` (tokens in row-major
+    ``(h w)`` order), MALA the core :func:`mala_linear_attention_forward` with the tables of
+    :func:`mala_rope_tables` ``(H, W, d)`` (upstream ``RoPE``, built per stage from the feature
+    map size), ``lepe`` the depthwise 5x5 convolution (padding 2) of $V$'s channels and
+    ``proj`` a 1x1 convolution; the result is merged back as ``'b n (h w) d -> b (n d) h w'``.
+
+    Parameters
+    ----------
+    x : array (B, C, H, W)
+    params : dict
+        Conv weights in PyTorch's layout (`refattn.nn.conv`), upstream names:
+        ``qkvo.weight (4C, C, 1, 1)``, ``qkvo.bias (4C,)``, ``lepe.weight (C, 1, 5, 5)``,
+        ``lepe.bias (C,)``, ``proj.weight (C, C, 1, 1)``, ``proj.bias (C,)`` (biases optional;
+        upstream has them).
+    num_heads : int
+        $n_h$; $d = C/n_h$ must be a multiple of 4 for the 2-D RoPE.
+    rope : bool
+        Upstream: True. False runs the core without RoPE.
+    scale, eps
+        As :func:`mala_linear_attention_forward` (upstream $d^{-1/2}$, ``1e-6``).
+
+    Backward
+    --------
+    $dZ$ from the ``proj`` VJP; $d(\mathrm{res}) = d(\mathrm{lepe}) = dZ\odot O$, $dO = dZ\odot(\mathrm{res} +
+    \mathrm{lepe})$; the core's VJP gives $dQ, dK, dV$; the LePE convolution's VJP adds into $dV$;
+    the ``qkvo`` VJP of $[dQ\,dK\,dV\,dO]$ gives $dx$ (convolution VJPs: `refattn.nn.conv`).
+    """
+    x = as_float(x, "x", ndim=4)
+    nh = check_int(num_heads, "num_heads", minimum=1)
+    b, c, hh, ww = x.shape
+    if c % nh:
+        raise ValueError(f"num_heads={nh} must divide the channels C={c} of x (B, C, H, W)")
+    d = c // nh
+    if not isinstance(rope, (bool, np.bool_)):
+        raise TypeError(f"rope must be a bool; got {type(rope).__name__}")
+    spec = {"qkvo.weight": (4 * c, c, 1, 1), "qkvo.bias": (4 * c,), "lepe.weight": (c, 1, 5, 5), "lepe.bias": (c,),
+            "proj.weight": (c, c, 1, 1), "proj.bias": (c,)}
+    p = check_params(params, spec, optional=("qkvo.bias", "lepe.bias", "proj.bias"), where="mala_layer")
+    dt = compute_dtype(x, *p.values())
+    x, p = x.astype(dt, copy=False), cast_all(dt, p)
+    sin = cos = None
+    if rope:
+        if d % 4:
+            raise ValueError(f"MALA's 2-D RoPE needs a head width d = C/num_heads divisible by 4; got d={d}")
+        sin, cos = mala_rope_tables(hh, ww, d, dtype=dt)
+    u = conv_apply(x, p["qkvo.weight"], p.get("qkvo.bias"))
+    vmap = u[:, 2 * c:3 * c]
+    lepe = conv_apply(vmap, p["lepe.weight"], p.get("lepe.bias"), padding=2, groups=c)
+    heads = u[:, :3 * c].reshape(b, 3, nh, d, hh * ww).transpose(1, 0, 2, 4, 3)  # (3, B, n, HW, d)
+    res, core = mala_linear_attention_forward(heads[0], heads[1], heads[2], sin=sin, cos=cos, scale=scale, eps=eps)
+    res_map = res.transpose(0, 1, 3, 2).reshape(b, c, hh, ww)
+    gate = u[:, 3 * c:]
+    z = (res_map + lepe) * gate
+    y = conv_apply(z, p["proj.weight"], p.get("proj.bias"))
+    cache = {"x": x, "p": p, "u": u, "pre": res_map + lepe, "z": z, "core": core, "nh": nh, "shape": y.shape}
+    return y, cache
+
+
+def mala_layer_backward(dout, cache):
+    """Gradients of :func:`mala_layer_forward` for ``x`` and every params key (see its docstring)."""
+    x, p, u = cache["x"], cache["p"], cache["u"]
+    g = as_dout(dout, cache["shape"], x.dtype)
+    b, c, hh, ww = x.shape
+    nh = cache["nh"]
+    d = c // nh
+    grads = {}
+    gp = conv_vjp(g, cache["z"], p["proj.weight"], has_bias="proj.bias" in p)
+    dz = gp["x"]
+    dpre = dz * u[:, 3 * c:]
+    du = np.empty_like(u)
+    du[:, 3 * c:] = dz * cache["pre"]
+    gl = conv_vjp(dpre, u[:, 2 * c:3 * c], p["lepe.weight"], padding=2, groups=c, has_bias="lepe.bias" in p)
+    dres = dpre.reshape(b, nh, d, hh * ww).transpose(0, 1, 3, 2)
+    gc = mala_linear_attention_backward(dres, cache["core"])
+    for i, key in enumerate("qkv"):
+        du[:, i * c:(i + 1) * c] = gc[key].transpose(0, 1, 3, 2).reshape(b, c, hh, ww)
+    du[:, 2 * c:3 * c] += gl["x"]
+    gq = conv_vjp(du, x, p["qkvo.weight"], has_bias="qkvo.bias" in p)
+    for name, gg in (("qkvo", gq), ("lepe", gl), ("proj", gp)):
+        grads[f"{name}.weight"] = gg["weight"]
+        if f"{name}.bias" in p:
+            grads[f"{name}.bias"] = gg["bias"]
+    grads["x"] = gq["x"]
+    return grads
+
+
+def mala_layer(x, params, **config):
+    """Convenience wrapper: the output of :func:`mala_layer_forward`."""
+    return mala_layer_forward(x, params, **config)[0]
+
+
 # =============================================================================================
 # Registry record: sampler, explicit reference and identity checks (verification, not the math)
 # =============================================================================================
@@ -207,12 +325,30 @@ def _check_mala_weights_sum(rng):
     return err
 
 
+def _check_mala_layer_gradcheck(rng):
+    """The full layer (qkvo, LePE, gate, proj around the core): FD gradcheck of x and every
+    parameter, without RoPE (C = 2, 2 heads) and with MALA's 2-D RoPE (C = 8, 2 heads of d = 4,
+    a 2x2 map; about 2 s)."""
+    from ...testing import gradcheck
+
+    worst = 0.0
+    for c, rope, hw, bsz in ((2, False, (2, 3), 2), (8, True, (2, 2), 1)):
+        params = {"qkvo.weight": 0.5 * rng.standard_normal((4 * c, c, 1, 1)),
+                  "qkvo.bias": 0.2 * rng.standard_normal(4 * c),
+                  "lepe.weight": 0.3 * rng.standard_normal((c, 1, 5, 5)), "lepe.bias": 0.1 * rng.standard_normal(c),
+                  "proj.weight": 0.5 * rng.standard_normal((c, c, 1, 1)), "proj.bias": 0.1 * rng.standard_normal(c)}
+        s = Sample(inputs={"x": rng.standard_normal((bsz, c, *hw))}, params=params,
+                   config={"num_heads": 2, "rope": rope})
+        worst = max(worst, gradcheck(mala_layer_forward, mala_layer_backward, s).max_rel)
+    return worst
+
+
 register(
     Mechanism(
         slug="mala_linear_attention", family="2-differential", tier="T1",
         title="MALA magnitude-aware linear attention (signed weights summing to 1)",
         paper=_PAPER_MALA, forward=mala_linear_attention_forward, backward=mala_linear_attention_backward,
         sample=_sample_mala, reference=_reference_mala, docs="differential-relatives.md#mala-linear-attention",
-        checks={"weights_sum_to_one": _check_mala_weights_sum},
+        checks={"weights_sum_to_one": _check_mala_weights_sum, "layer_gradcheck": _check_mala_layer_gradcheck},
     ),
 )

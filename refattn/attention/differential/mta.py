@@ -9,9 +9,29 @@ $K = \begin{pmatrix}1 & \cdot\\ -\lambda & \cdot\end{pmatrix}$ gives $A'_1 = A_1
 Backward: every stage's VJP in reverse order; the convolutions' adjoints are transposed
 convolutions of the padded correlation (derivation in `multi_token_attention_forward`).
 
+The full layer (`multi_token_attention_layer_forward`) is upstream's ``Attention`` with
+``use_mta``: bias-free projections ``wq``/``wk``/``wv``, interleaved RoPE on queries and keys
+(lingua ``apply_rotary_emb``), the core with unrepeated GQA keys/values, heads merged, ``wo``.
+
+GQA: the core takes ``k``, ``v`` with $H_{kv}$ heads ($H_{kv}$ divides $H$) and repeats them as
+lingua's ``repeat_kv`` does (query head $h$ reads kv head $\lfloor h/r\rfloor$); the backward
+returns their gradients on the $H_{kv}$ heads, each the sum over the $r$ query heads that read it.
+
 Paper: O. Golovneva, T. Wang, J. Weston, S. Sukhbaatar, "Multi-Token Attention", 2025, arXiv
-2504.00927. Upstream: facebookresearch/RAM ``projects/mta/mta_transformer.py``
-(``Attention.forward``, ``_mta_convolution``, ``_head_convolution``, ``RMSNorm``).
+2504.00927. Upstream: facebookresearch/RAM @ e6f051fbcfaef4cab69bf2ea1b25f500f94c0c64
+``projects/mta/mta_transformer.py`` (``Attention.forward``, ``_mta_convolution``,
+``_head_convolution``, ``RMSNorm``), with facebookresearch/lingua ``lingua/transformer.py``
+(``apply_rotary_emb``, ``precompute_freqs_cis``, ``repeat_kv``) @ 437d680e521873bb5971067148a69587790da853.
+
+Agreement with upstream: ``Attention`` (``use_mta``) from ``mta_transformer.py`` with the lingua
+RoPE/``repeat_kv`` functions run in float64 on CPU, with these edits to run it there: CUDA-only
+tensors (``RMSNorm.layer_id``, the ``rsqrt`` scale) on the CPU, the float32 casts (softmax,
+``RMSNorm``, RoPE tables: bf16-training choices) raised to float64, and a ``clone`` of the softmax
+output, which the post-softmax convolution zeroes in place (upstream's cast makes that copy when
+the model is not float32). With every MTA stage on (pre-softmax kernel, ``wpsm``, post-softmax
+kernel, ``head_kernel`` or ``wposm``, group norm with and without ``layer_norm_rescale``, 1-D
+and full gates), ``pad_key`` both/left/right, GQA ($H = 4$, $H_{kv} = 2$) and MHA: output and the
+gradients of ``x`` and every parameter agree within $7.6\times10^{-15}$ relative.
 
 Layouts: PyTorch SDPA for attention cores (``q (B, H, N, d)``), token-major ``x (B, N, C)`` for
 layers; weights ``(in, out)`` (PyTorch: ``linear.weight.T``; a 1x1 ``Conv1d``/``Conv2d`` weight
@@ -26,18 +46,34 @@ import math
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, check_choice, check_int, check_param_keys, check_positive
+from ..._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_int,
+    check_param_keys,
+    check_params,
+    check_positive,
+    compute_dtype,
+)
 from ...nn.activations import sigmoid, sigmoid_grad
+from ...nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp, merge_heads, split_heads
 from ...nn.norms import rms_norm_backward, rms_norm_forward
 from ...nn.softmax import apply_mask, softmax_lse, softmax_vjp
 from ...registry import Mechanism, Sample, register
+from ..softmax import KV_GROUP_MAPS, expand_kv, reduce_kv
 from ._samples import explicit_softmax
 from .core import additive_mask, diff_attention_core, matrix_param, resolve_scale, validate_qkv, vector_param
+from .layer import rope_apply, rope_tables
 
 __all__ = [
     "multi_token_attention_forward",
     "multi_token_attention_backward",
     "multi_token_attention",
+    "multi_token_attention_layer_forward",
+    "multi_token_attention_layer_backward",
+    "multi_token_attention_layer",
 ]
 
 
@@ -114,7 +150,8 @@ def _head_conv_bwd(dy, x, kern):
 
 
 def multi_token_attention_forward(q, k, v, params=None, *, attn_mask=None, is_causal=True, scale=None,
-                                  pad_key="both", layer_norm_rescale=False, layer_id=0, subln_eps=1e-5):
+                                  pad_key="both", layer_norm_rescale=False, layer_id=0, subln_eps=1e-5,
+                                  kv_group_map="contiguous"):
     r"""Multi-Token Attention core (Golovneva, Wang, Weston, Sukhbaatar 2025), per layer.
 
     $S_h = s\,Q_hK_h^\top$; every stage below is switched on by the presence of its parameter:
@@ -140,10 +177,15 @@ def multi_token_attention_forward(q, k, v, params=None, *, attn_mask=None, is_ca
     DIFF attention is a special case: $c_h = 2$ with $K = \begin{pmatrix}1 & \cdot\\ -\lambda & \cdot\end{pmatrix}$
     gives $A'_1 = A_1 - \lambda A_2$.
 
+    ``k``, ``v`` may have $H_{kv}$ heads ($H_{kv}$ divides $H$): they are repeated to the $H$
+    query heads (``kv_group_map="contiguous"``: head $h$ reads kv head $\lfloor h/r\rfloor$,
+    lingua ``repeat_kv``; ``"strided"``: $h \bmod H_{kv}$) and their gradients come back on the
+    $H_{kv}$ heads, summed over the query heads that read them.
+
     Upstream: facebookresearch/RAM ``projects/mta/mta_transformer.py`` (``Attention.forward``,
     ``_mta_convolution``, ``_head_convolution``, ``RMSNorm``). Conventions there: causal LM mask
     (top-left, ``triu(-inf, 1)``; ``is_causal=True``), ``pad_key="both"``, softmax in float32,
-    ``scale`` $=d^{-1/2}$, K/V already repeated for GQA (pass repeated ``k``, ``v``), parameter
+    ``scale`` $=d^{-1/2}$, K/V repeated for GQA by ``repeat_kv`` (contiguous), parameter
     layouts as upstream (``mta_kernel`` is the ``Conv2d`` weight ``(H, 1, c_q, c_k)``,
     ``head_kernel`` ``(H/c_h, c_h, c_h)`` used as ``A^T @ K``); the ``nn.Linear`` weights are
     ``(in, out)``: ``wpsm = wpsm.weight.T``, ``wposm = wposm.weight.T``, ``gate.weight =
@@ -162,8 +204,16 @@ def multi_token_attention_forward(q, k, v, params=None, *, attn_mask=None, is_ca
     $d\theta_{a,b} = \sum_{i,j}dy_{i,j}\tilde x_{i+a-(c_q-1),j+b-p_l}$. Softmax VJP, then
     $dQ = s\,dS K$, $dK = s\,dS^\top Q$.
     """
-    q, k, v, dt = validate_qkv(q, k, v)
+    q, k, v, dt = validate_qkv(q, k, v, same_heads=False)
     h, m, d = q.shape[-3], k.shape[-2], q.shape[-1]
+    hkv = k.shape[-3]
+    if v.shape[-3] != hkv or h % hkv:
+        raise ValueError(f"k and v must have the same number of kv heads (axis -3) dividing q's H={h}; got "
+                         f"q {q.shape}, k {k.shape}, v {v.shape}")
+    check_choice(kv_group_map, "kv_group_map", KV_GROUP_MAPS)
+    group = h // hkv
+    k_in_shape, v_in_shape = k.shape, v.shape
+    k, v = expand_kv(k, group, kv_group_map), expand_kv(v, group, kv_group_map)
     dv_ = v.shape[-1]
     params = {} if params is None else params
     check_param_keys(params, (), _MTA_KEYS)
@@ -207,7 +257,8 @@ def multi_token_attention_forward(q, k, v, params=None, *, attn_mask=None, is_ca
     mask = additive_mask(attn_mask, is_causal, q.shape[:-1] + (m,))
     removed = None if mask is None else np.broadcast_to(np.isneginf(mask), q.shape[:-1] + (m,))
 
-    c = {"q": q, "k": k, "v": v, "P": P, "scale": sc, "pad_key": pad_key, "removed": removed}
+    c = {"q": q, "k": k, "v": v, "P": P, "scale": sc, "pad_key": pad_key, "removed": removed,
+         "gqa": (group, kv_group_map, k_in_shape, v_in_shape)}
     s = sc * (q @ np.swapaxes(k, -1, -2))
     if "mta_kernel" in P:
         s0 = s if removed is None else np.where(removed, 0.0, s)
@@ -274,15 +325,132 @@ def multi_token_attention_backward(dout, cache):
         if rem is not None:
             ds = np.where(rem, 0.0, ds)
     sc = cache["scale"]
+    group, gmap = cache["gqa"][:2]
     grads["q"] = sc * (ds @ k)
-    grads["k"] = sc * (np.swapaxes(ds, -1, -2) @ q)
-    grads["v"] = dv
+    grads["k"] = reduce_kv(sc * (np.swapaxes(ds, -1, -2) @ q), group, gmap)
+    grads["v"] = reduce_kv(dv, group, gmap)
     return grads
 
 
 def multi_token_attention(q, k, v, params=None, **config):
     """Convenience wrapper: the output of :func:`multi_token_attention_forward`."""
     return multi_token_attention_forward(q, k, v, params, **config)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# The full layer (upstream Attention with use_mta)
+
+
+_MTA_LAYER_RENAME = {"wpsm.weight": "wpsm", "wposm.weight": "wposm"}
+
+
+def multi_token_attention_layer_forward(x, params, *, num_heads: int, num_kv_heads: int | None = None,
+                                        rope_theta: float | None = 10000.0, attn_mask=None, is_causal=True,
+                                        scale=None, pad_key="both", layer_norm_rescale=False, layer_id=0,
+                                        subln_eps=1e-5):
+    r"""Multi-Token Attention layer: upstream ``Attention`` (``use_mta``) of facebookresearch/RAM
+    ``projects/mta/mta_transformer.py``.
+
+    $$Q = \mathrm{rope}(XW_q),\quad K = \mathrm{rope}(XW_k),\quad V = XW_v,\qquad
+    Y = [\mathrm{MTA}(Q_h, K_{g(h)}, V_{g(h)})]_h\,W_o,$$
+
+    MTA being :func:`multi_token_attention_forward` (every stage switched on by its parameter),
+    $H_{kv}$ kv heads repeated contiguously (lingua ``repeat_kv``), RoPE interleaved on feature
+    pairs $(2j, 2j+1)$ with $\theta_j = \text{rope\_theta}^{-2j/d}$ at positions $0..N-1$ (lingua
+    ``precompute_freqs_cis`` / ``apply_rotary_emb``).
+
+    Parameters
+    ----------
+    x : array (B.., N, C)
+    params : dict
+        Upstream ``state_dict`` names, ``nn.Linear`` weights ``(in, out)`` (PyTorch ``weight.T``):
+        ``wq.weight (C, H*d)``, ``wk.weight (C, Hkv*d)``, ``wv.weight (C, Hkv*d)``,
+        ``wo.weight (H*d, C_out)`` (bias-free upstream; optional ``.bias`` accepted), and the MTA
+        stages under their upstream names: ``mta_kernel (H, 1, c_q, c_k)``, ``wpsm.weight (H, H)``,
+        ``mta_kernel_after_sm``, ``head_kernel (H/c_h, c_h, c_h)`` or ``wposm.weight (H, H)``,
+        ``subln.weight (d,)``, ``gate.weight (d, 1 or d)`` and ``gate.bias``.
+    num_heads, num_kv_heads : int
+        $H$ and $H_{kv}$ (default $H$); $d$ is inferred from ``wq.weight``.
+    rope_theta : float or None
+        RoPE base (lingua default 10000; the MTA configs use 100000); ``None``: no RoPE.
+    attn_mask, is_causal, scale, pad_key, layer_norm_rescale, layer_id, subln_eps
+        As :func:`multi_token_attention_forward` (upstream: causal, ``pad_key="both"``).
+
+    Returns
+    -------
+    out, cache
+        ``out (B.., N, C_out)``; :func:`multi_token_attention_layer_backward` returns ``"x"`` and
+        every params key.
+    """
+    x = as_float(x, "x", min_ndim=2)
+    h = check_int(num_heads, "num_heads", minimum=1)
+    hkv = h if num_kv_heads is None else check_int(num_kv_heads, "num_kv_heads", minimum=1)
+    if h % hkv:
+        raise ValueError(f"num_heads ({h}) must be a multiple of num_kv_heads ({hkv})")
+    if not isinstance(params, dict) or "wq.weight" not in params:
+        raise ValueError("params must be a dict containing 'wq.weight' of shape (C, num_heads * head_dim)")
+    qw = np.shape(params["wq.weight"])
+    c = x.shape[-1]
+    if len(qw) != 2 or qw[0] != c or qw[1] % h:
+        raise ValueError(f"wq.weight must have shape (C={c}, num_heads * head_dim) with num_heads={h}; got {qw}")
+    d = qw[1] // h
+    ow = np.shape(params.get("wo.weight", ()))
+    c_out = ow[1] if len(ow) == 2 else c
+    spec = {**linear_prefixed_spec("wq", c, h * d), **linear_prefixed_spec("wk", c, hkv * d),
+            **linear_prefixed_spec("wv", c, hkv * d), **linear_prefixed_spec("wo", h * d, c_out)}
+    core_keys = [key for key in params if key not in spec]
+    p = check_params({key: params[key] for key in spec if key in params}, spec,
+                     optional=("wq.bias", "wk.bias", "wv.bias", "wo.bias"), where="multi_token_attention_layer")
+    core_params = {_MTA_LAYER_RENAME.get(key, key): params[key] for key in core_keys}
+    for key in ("wpsm", "wposm"):
+        if key in params:
+            raise ValueError(f"params of the layer name the head mix '{key}.weight' (upstream state_dict); got '{key}'")
+    dt = compute_dtype(x, *p.values())
+    x, p = x.astype(dt, copy=False), cast_all(dt, p)
+    n = x.shape[-2]
+    cos = sin = None
+    if rope_theta is not None:
+        theta = check_positive(rope_theta, "rope_theta")
+        if d % 2:
+            raise ValueError(f"RoPE rotates feature pairs: the head width d must be even; got d={d}")
+        cos, sin = (t.astype(dt) for t in rope_tables(n, d, base=theta))
+    q = rope_apply(split_heads(linear_prefixed(p, "wq", x), h, d), cos, sin, True)
+    k = rope_apply(split_heads(linear_prefixed(p, "wk", x), hkv, d), cos, sin, True)
+    v = split_heads(linear_prefixed(p, "wv", x), hkv, d)
+    o, core = multi_token_attention_forward(q, k, v, core_params, attn_mask=attn_mask, is_causal=is_causal,
+                                            scale=scale, pad_key=pad_key, layer_norm_rescale=layer_norm_rescale,
+                                            layer_id=layer_id, subln_eps=subln_eps)
+    merged = merge_heads(o)
+    y = linear_prefixed(p, "wo", merged)
+    return y, {"x": x, "p": p, "core": core, "merged": merged, "rope": (cos, sin), "heads": (h, hkv, d),
+               "shape": y.shape}
+
+
+def multi_token_attention_layer_backward(dout, cache):
+    r"""Gradients of :func:`multi_token_attention_layer_forward` for ``x`` and every params key:
+    $dW_o = Z^\top G$, the core's backward (kv gradients already summed over the repeated heads),
+    the RoPE VJP (rotation by $-\theta$) on $dQ$, $dK$, then $dX = \sum_p dP\,W_p^\top$."""
+    x, p = cache["x"], cache["p"]
+    g = as_dout(dout, cache["shape"], x.dtype)
+    h, hkv, d = cache["heads"]
+    cos, sin = cache["rope"]
+    grads: dict = {}
+    dm = linear_prefixed_vjp(grads, p, "wo", g, cache["merged"])
+    gc = multi_token_attention_backward(split_heads(dm, h, d), cache["core"])
+    dq = rope_apply(gc.pop("q"), cos, sin, True, conjugate=True)
+    dk = rope_apply(gc.pop("k"), cos, sin, True, conjugate=True)
+    dx = linear_prefixed_vjp(grads, p, "wq", merge_heads(dq), x)
+    dx = dx + linear_prefixed_vjp(grads, p, "wk", merge_heads(dk), x)
+    dx = dx + linear_prefixed_vjp(grads, p, "wv", merge_heads(gc.pop("v")), x)
+    inverse = {v_: k_ for k_, v_ in _MTA_LAYER_RENAME.items()}
+    grads.update({inverse.get(key, key): val for key, val in gc.items()})
+    grads["x"] = dx
+    return grads
+
+
+def multi_token_attention_layer(x, params, **config):
+    """Convenience wrapper: the output of :func:`multi_token_attention_layer_forward`."""
+    return multi_token_attention_layer_forward(x, params, **config)[0]
 
 
 # =============================================================================================
@@ -298,10 +466,11 @@ def _sample_mta(rng, size):
         b, h, n, d = 2, 4, int(rng.integers(6, 9)), 3
         ker = (3, 3)
     pad = "both" if size == "tiny" else "left"
-    q, k = (rng.standard_normal((b, h, n, d)) for _ in range(2))
+    hkv = int(rng.choice([h // 2, h]))  # GQA: unrepeated keys and values
+    q, k = rng.standard_normal((b, h, n, d)), rng.standard_normal((b, hkv, n, d))
     # larger values keep A'V away from 0, where the RMS "group norm" is sharply curved and
     # central differences lose digits (curvature, not a kink)
-    v = 3.0 * rng.standard_normal((b, h, n, d))
+    v = 3.0 * rng.standard_normal((b, hkv, n, d))
     params = {"mta_kernel": 0.5 * rng.standard_normal((h, 1) + ker),
               "wpsm": np.eye(h) + 0.3 * rng.standard_normal((h, h)),
               "mta_kernel_after_sm": _identity_mta_params(h, *ker, pad_key=pad)["mta_kernel"]
@@ -319,10 +488,13 @@ def _sample_mta(rng, size):
 
 
 def _reference_mta(q, k, v, params=None, *, attn_mask=None, is_causal=True, scale=None, pad_key="both",
-                   layer_norm_rescale=False, layer_id=0, subln_eps=1e-5):
+                   layer_norm_rescale=False, layer_id=0, subln_eps=1e-5, kv_group_map="contiguous"):
     # Element-wise index arithmetic for the convolutions (independent of the padded-slice path).
     assert attn_mask is None and is_causal
     params = params or {}
+    rep = q.shape[1] // k.shape[1]
+    idx = [hh // rep if kv_group_map == "contiguous" else hh % k.shape[1] for hh in range(q.shape[1])]
+    k, v = k[:, idx], v[:, idx]
     b_, h, n, d = q.shape
     m = k.shape[-2]
     sc = d**-0.5 if scale is None else scale
@@ -430,6 +602,62 @@ def _check_mta_conv_adjoint(rng):
     return max(err, err_k)
 
 
+def _check_mta_gqa_reduces_gradients(rng):
+    # unrepeated K/V (H_kv = 2 of H = 4) equal the explicitly repeated call; their gradients are
+    # the sums of the repeated heads' gradients (both head maps)
+    s = _sample_mta(rng, "small")
+    q = s.inputs["q"]
+    k, v = (rng.standard_normal(q.shape[:1] + (2,) + q.shape[2:]) for _ in range(2))
+    err = 0.0
+    for gmap in ("contiguous", "strided"):
+        idx = np.arange(4) // 2 if gmap == "contiguous" else np.arange(4) % 2
+        out, c = multi_token_attention_forward(q, k, v, s.params, kv_group_map=gmap, **s.config)
+        out2, c2 = multi_token_attention_forward(q, k[:, idx], v[:, idx], s.params, **s.config)
+        g = rng.standard_normal(out.shape)
+        g1, g2 = multi_token_attention_backward(g, c), multi_token_attention_backward(g, c2)
+        for name, src in (("k", k), ("v", v)):
+            red = np.zeros_like(src)
+            np.add.at(red, (slice(None), idx), g2[name])
+            assert g1[name].shape == src.shape, f"{name} gradient shape {g1[name].shape} != {src.shape}"
+            err = max(err, float(np.abs(g1[name] - red).max()))
+        err = max(err, float(np.abs(out - out2).max()), float(np.abs(g1["q"] - g2["q"]).max()))
+    assert err < 1e-12, f"GQA call differs from the repeated call: {err}"
+    return err
+
+
+def _layer_params(rng, c, h, hkv, d, *, gate_1d=True, head_kernel=True):
+    p = {"wq.weight": rng.standard_normal((c, h * d)) / np.sqrt(c),
+         "wk.weight": rng.standard_normal((c, hkv * d)) / np.sqrt(c),
+         "wv.weight": 2.0 * rng.standard_normal((c, hkv * d)) / np.sqrt(c),
+         "wo.weight": rng.standard_normal((h * d, c)) / np.sqrt(h * d),
+         "mta_kernel": 0.5 * rng.standard_normal((h, 1, 2, 3)),
+         "wpsm.weight": np.eye(h) + 0.3 * rng.standard_normal((h, h)),
+         "mta_kernel_after_sm": _identity_mta_params(h, 2, 3)["mta_kernel"] + 0.2 * rng.standard_normal((h, 1, 2, 3)),
+         "subln.weight": 1.0 + 0.2 * rng.standard_normal(d),
+         "gate.weight": rng.standard_normal((d, 1 if gate_1d else d)),
+         "gate.bias": 0.1 * rng.standard_normal(1 if gate_1d else d)}
+    if head_kernel:
+        p["head_kernel"] = np.eye(2)[None].repeat(h // 2, 0) + 0.3 * rng.standard_normal((h // 2, 2, 2))
+    else:
+        p["wposm.weight"] = np.eye(h) + 0.2 * rng.standard_normal((h, h))
+    return p
+
+
+def _check_mta_layer_gradcheck(rng):
+    """The full layer (wq/wk/wv/wo, RoPE, GQA, every MTA stage): FD gradcheck of x and every
+    parameter."""
+    from ...testing import gradcheck
+
+    x = 2.0 * rng.standard_normal((2, 3, 4))
+    p = _layer_params(rng, 4, 2, 1, 2)
+    # the convolution stages have their own FD check (the record's sample); keep the layer's to its
+    # own chain: projections, RoPE, the GQA reduction, the renamed head mix, norm and gate
+    for key in ("mta_kernel", "mta_kernel_after_sm", "head_kernel"):
+        p.pop(key)
+    s = Sample(inputs={"x": x}, params=p, config={"num_heads": 2, "num_kv_heads": 1, "rope_theta": 10.0})
+    return gradcheck(multi_token_attention_layer_forward, multi_token_attention_layer_backward, s).max_rel
+
+
 register(
     Mechanism(
         slug="multi_token_attention", family="2-differential", tier="T1",
@@ -438,6 +666,7 @@ register(
         sample=_sample_mta, reference=_reference_mta, docs="differential-relatives.md#multi-token-attention",
         checks={"identity_kernels_are_sdpa": _check_mta_identity_is_sdpa,
                 "diff_special_case": _check_mta_diff_special_case, "causal_leakage": _check_mta_causal,
-                "conv_adjoint": _check_mta_conv_adjoint},
+                "conv_adjoint": _check_mta_conv_adjoint, "gqa_unrepeated_kv": _check_mta_gqa_reduces_gradients,
+                "layer_gradcheck": _check_mta_layer_gradcheck},
     ),
 )

@@ -134,19 +134,23 @@ def mT(a):
 # Feature-space core
 
 
-def linear_core_forward(fq, fk, v, *, causal: bool, eps: float, normalise: bool, den_guard: float = 0.0):
+def linear_core_forward(fq, fk, v, *, causal: bool, eps: float, normalise: bool, den_guard: float = 0.0,
+                        key_sum_eps: float = 0.0):
     r"""Linear attention on features (unvalidated): ``fq (..., N, m)``, ``fk (..., M, m)``, ``v (..., M, dv)``.
 
     ``causal`` runs the prefix-state scan ($M = N$); ``normalise=False`` drops the denominator
     (TransNormer); ``eps`` is added to it; ``den_guard > 0`` applies google-research performer's
-    guard $R + 2s\,[|R| \le s]$. A denominator that is exactly 0 (no key at all) gives output 0.
+    guard $R + 2s\,[|R| \le s]$; ``key_sum_eps`` $=\delta$ is added to every entry of the key
+    sum (performer-pytorch ``causal_linear_attention_noncuda``: $\mathrm{den}_i = \phi_i\cdot(z_i +
+    \delta\mathbf 1)$, so $\partial\,\mathrm{den}_i/\partial\phi_i = z_i + \delta\mathbf 1$ and the
+    keys' gradient is unchanged). A denominator that is exactly 0 (no key at all) gives output 0.
     Returns ``(out, state)``; ``state`` feeds `linear_core_backward`.
     """
     if not causal:
         S = mT(fk) @ v  # (..., d, dv)
         num = fq @ S
         if normalise:
-            z = np.sum(fk, axis=-2)  # (..., d)
+            z = np.sum(fk, axis=-2) + key_sum_eps  # (..., d)
             den = np.einsum("...nd,...d->...n", fq, z) + eps
             if den_guard > 0:  # google-research performer: R + 2 s (|R| <= s); locally constant
                 den = np.where(np.abs(den) <= den_guard, den + 2.0 * den_guard, den)  # keeps the dtype
@@ -154,7 +158,7 @@ def linear_core_forward(fq, fk, v, *, causal: bool, eps: float, normalise: bool,
             out = num / den[..., None]
         else:
             den, out = None, num
-        return out, {"S": S, "den": den}
+        return out, {"S": S, "den": den, "key_sum_eps": key_sum_eps}
     n = fq.shape[-2]
     S = np.zeros(fq.shape[:-2] + (fq.shape[-1], v.shape[-1]), dtype=fq.dtype)
     z = np.zeros(fq.shape[:-2] + (fq.shape[-1],), dtype=fq.dtype)
@@ -165,7 +169,7 @@ def linear_core_forward(fq, fk, v, *, causal: bool, eps: float, normalise: bool,
         num = np.einsum("...d,...de->...e", fq[..., i, :], S)
         if normalise:
             z = z + fk[..., i, :]
-            di = np.einsum("...d,...d->...", fq[..., i, :], z) + eps
+            di = np.einsum("...d,...d->...", fq[..., i, :], z + key_sum_eps) + eps
             if den_guard > 0:
                 di = np.where(np.abs(di) <= den_guard, di + 2.0 * den_guard, di)
             di = np.where(di == 0, 1.0, di)
@@ -173,7 +177,7 @@ def linear_core_forward(fq, fk, v, *, causal: bool, eps: float, normalise: bool,
             out[..., i, :] = num / di[..., None]
         else:
             out[..., i, :] = num
-    return out, {"den": den}
+    return out, {"den": den, "key_sum_eps": key_sum_eps}
 
 
 def linear_core_backward(g, fq, fk, v, out, state, *, causal: bool, normalise: bool):
@@ -193,7 +197,7 @@ def linear_core_backward(g, fq, fk, v, out, state, *, causal: bool, normalise: b
         dfk = v @ mT(dS)
         if normalise:
             z = np.sum(fk, axis=-2)
-            dfq = dfq + c[..., None] * z[..., None, :]
+            dfq = dfq + c[..., None] * (z + state.get("key_sum_eps", 0.0))[..., None, :]
             dz = np.einsum("...n,...nd->...d", c, fq)
             dfk = dfk + dz[..., None, :]
         dv = fk @ dS
@@ -210,7 +214,7 @@ def linear_core_backward(g, fq, fk, v, out, state, *, causal: bool, normalise: b
         dq_i = np.einsum("...de,...e->...d", S, u[..., i, :])
         if normalise:
             z = z + fk[..., i, :]
-            dq_i = dq_i + c[..., i, None] * z
+            dq_i = dq_i + c[..., i, None] * (z + state.get("key_sum_eps", 0.0))
         dfq[..., i, :] = dq_i
     # reverse scan: R_j = sum_{i>=j} phi(q_i) u_i^T, r_j = sum_{i>=j} c_i phi(q_i)
     R = np.zeros_like(S)

@@ -28,7 +28,9 @@ the last term being the (sub)gradient of the max stabiliser (``stabilizer_grad``
 Conventions
 -----------
 ``feature_eps`` (JAX ``numerical_stabilizer`` 1e-6; performer-pytorch 1e-4),
-``denominator_guard`` (JAX ``R + 2 s [|R| <= s]``; performer-pytorch none), ``key_stabilizer``
+``denominator_guard`` (JAX ``R + 2 s [|R| <= s]``; performer-pytorch none), ``key_sum_eps``
+(performer-pytorch causal: $\mathrm{den}_i = \phi(q_i)\cdot(\sum_{j\le i}\phi(k_j) + 10^{-6})$, the
+eps added to every entry of the key prefix sum; JAX and the non-causal performer-pytorch: none), ``key_stabilizer``
 (``"per_head"`` as JAX; ``"global"`` as older performer-pytorch), ``stabilizer_grad`` (JAX
 differentiates through the max; performer-pytorch detaches it) and the sign-corrected (Haar) QR
 blocks of `performer_projection_matrix` (a deliberate deviation from upstream; see its docstring).
@@ -175,7 +177,7 @@ def validate_performer_config(projection, d, dtype, feature_eps, denominator_gua
 
 
 def performer_forward(q, k, v, *, projection, causal: bool = False, feature_eps: float = 1e-6,
-                      denominator_guard: float = 1e-6, normalize_data: bool = True,
+                      denominator_guard: float = 1e-6, key_sum_eps: float = 0.0, normalize_data: bool = True,
                       key_stabilizer: str = "per_head", stabilizer_grad: bool = True):
     r"""Performer FAVOR+ softmax-kernel attention (Choromanski et al., ICLR 2021, arXiv 2009.14794).
 
@@ -198,6 +200,15 @@ def performer_forward(q, k, v, *, projection, causal: bool = False, feature_eps:
     denominator_guard : float
         JAX: ``R + 2*s*(|R| <= s)`` with ``s = numerical_stabilizer`` (1e-6); performer-pytorch:
         none (0). Piecewise constant, so it has no gradient.
+    key_sum_eps : float
+        $\delta$ added to every entry of the key sum in the denominator,
+        $\mathrm{den}_i = \phi(q_i)\cdot(\sum_j\phi(k_j) + \delta\mathbf 1)$ (prefix sums when causal).
+        lucidrains/performer-pytorch ``performer_pytorch/performer_pytorch.py``
+        (``causal_linear_attention_noncuda`` and ``causal_linear_attention``, ``eps=1e-6``) uses
+        $\delta = 10^{-6}$ when causal and none otherwise (``linear_attention``); JAX: 0 (default).
+        To reproduce performer-pytorch's ``FastAttention``: ``feature_eps=1e-4,
+        denominator_guard=0, key_sum_eps=1e-6 if causal else 0, stabilizer_grad=False``
+        (``key_stabilizer="per_head"``, its ``amax`` over ``dim=(-1, -2)``).
     normalize_data : bool
         Pre-scale by $d^{-1/4}$ (the $1/\sqrt d$ softmax temperature).
     key_stabilizer : {"per_head", "global"}
@@ -217,11 +228,13 @@ def performer_forward(q, k, v, *, projection, causal: bool = False, feature_eps:
     projection, feature_eps, guard = validate_performer_config(
         projection, q.shape[-1], q.dtype, feature_eps, denominator_guard, key_stabilizer, causal,
         normalize_data, stabilizer_grad)
+    key_sum_eps = check_positive(key_sum_eps, "key_sum_eps", allow_zero=True)
     fq, cq = performer_features_forward(q, projection, is_query=True, feature_eps=feature_eps,
                                         normalize_data=bool(normalize_data), key_stabilizer=key_stabilizer)
     fk, ck = performer_features_forward(k, projection, is_query=False, feature_eps=feature_eps,
                                         normalize_data=bool(normalize_data), key_stabilizer=key_stabilizer)
-    out, state = linear_core_forward(fq, fk, v, causal=bool(causal), eps=0.0, normalise=True, den_guard=guard)
+    out, state = linear_core_forward(fq, fk, v, causal=bool(causal), eps=0.0, normalise=True, den_guard=guard,
+                                     key_sum_eps=key_sum_eps)
     return out, {"fq": fq, "fk": fk, "cq": cq, "ck": ck, "v": v, "out": out, "state": state,
                  "causal": bool(causal), "stabilizer_grad": bool(stabilizer_grad)}
 
@@ -249,7 +262,7 @@ def performer(q, k, v, **config) -> np.ndarray:
 
 
 def _performer_reference(q, k, v, *, projection, causal=False, feature_eps=1e-6, denominator_guard=1e-6,
-                         normalize_data=True, key_stabilizer="per_head", stabilizer_grad=True):
+                         key_sum_eps=0.0, normalize_data=True, key_stabilizer="per_head", stabilizer_grad=True):
     q, k, v = validate_linear_qkv(q, k, v, same_length=causal)
     fq, _ = performer_features_forward(q, projection, is_query=True, feature_eps=feature_eps,
                                        normalize_data=normalize_data, key_stabilizer=key_stabilizer)
@@ -258,7 +271,7 @@ def _performer_reference(q, k, v, *, projection, causal=False, feature_eps=1e-6,
     A = fq @ mT(fk)
     if causal:
         A = np.tril(A)
-    den = A.sum(-1, keepdims=True)
+    den = A.sum(-1, keepdims=True) + key_sum_eps * fq.sum(-1, keepdims=True)
     den = den + 2 * denominator_guard * (np.abs(den) <= denominator_guard)
     return (A @ v) / den
 
@@ -268,7 +281,8 @@ def _sample_performer(rng, size):
     m = 6 if size == "tiny" else 16
     proj = performer_projection_matrix(m, q.shape[-1], seed=int(rng.integers(0, 2**31)))
     return Sample(inputs={"q": q * 0.7, "k": k * 0.7, "v": v},
-                  config={"projection": proj, "causal": bool(rng.integers(0, 2))})
+                  config={"projection": proj, "causal": bool(rng.integers(0, 2)),
+                          "key_sum_eps": float(rng.choice([0.0, 0.2]))})
 
 
 
@@ -325,11 +339,12 @@ def _check_performer_stabilizers_cancel(rng):
 
 def _check_performer_fd_variants(rng):
     errs = []
-    for causal, stab in ((False, "global"), (True, "per_head"), (False, "per_head")):
+    for causal, stab, kse in ((False, "global", 0.0), (True, "per_head", 0.2), (False, "per_head", 0.2)):
         q, k, v = random_qkv(rng, "tiny")
         proj = performer_projection_matrix(5, q.shape[-1], seed=3)
         s = Sample(inputs={"q": q, "k": k, "v": v},
-                   config={"projection": proj, "causal": causal, "key_stabilizer": stab, "feature_eps": 1e-3})
+                   config={"projection": proj, "causal": causal, "key_stabilizer": stab, "feature_eps": 1e-3,
+                           "key_sum_eps": kse})
         errs.append(fd_max_rel(performer_forward, performer_backward, s))
     return max(errs)
 

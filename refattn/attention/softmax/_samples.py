@@ -44,6 +44,22 @@ def sample_mha(rng, size, gqa=False):
     cfg = {"num_heads": h, "num_kv_heads": hkv}
     if gqa:
         cfg["kv_group_map"] = str(rng.choice(KV_GROUP_MAPS))
-    elif not cross and rng.random() < 0.5:
+        return Sample(inputs=inputs, params=params, config=cfg)
+    if not cross and rng.random() < 0.5:
         cfg["is_causal"] = True
+    # the options of torch.nn.MultiheadAttention: a separate value input (vdim), add_bias_kv,
+    # add_zero_attn, key_padding_mask (at least one kept key per sequence)
+    if cross and rng.random() < 0.5:
+        cv = c + 2
+        inputs["value"] = rng.standard_normal((bsz, m, cv))
+        params["v_proj"] = rng.uniform(-0.5, 0.5, (cv, params["v_proj"].shape[1]))
+    if rng.random() < 0.5:
+        params["bias_k"] = 0.5 * rng.standard_normal(params["k_proj"].shape[1])
+        params["bias_v"] = 0.5 * rng.standard_normal(params["v_proj"].shape[1])
+    if rng.random() < 0.5:
+        cfg["add_zero_attn"] = True
+    if rng.random() < 0.5:
+        kpm = rng.random((bsz, m if cross else n)) < 0.7
+        kpm[:, 0] = True
+        cfg["key_padding_mask"] = kpm
     return Sample(inputs=inputs, params=params, config=cfg)
