@@ -241,6 +241,26 @@ class LinearCrossAttention(nn.Module):  # GNOT, attn_type 'l1', one input functi
         return self.proj(out.transpose(1, 2).reshape(B, T1, C))
 
 
+class Physics_Attention_Structured_Mesh_2D(Physics_Attention_Irregular_Mesh):
+    def __init__(self, dim, heads=2, dim_head=4, slice_num=5, H=3, W=4, kernel=3):
+        super().__init__(dim, heads, dim_head, slice_num)
+        self.H, self.W = H, W
+        self.in_project_x = nn.Conv2d(dim, dim_head * heads, kernel, 1, kernel // 2)
+        self.in_project_fx = nn.Conv2d(dim, dim_head * heads, kernel, 1, kernel // 2)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        x = x.reshape(B, self.H, self.W, C).permute(0, 3, 1, 2)
+        heads = lambda t: t.permute(0, 2, 3, 1).reshape(B, N, self.heads, self.dim_head).permute(0, 2, 1, 3)  # noqa: E731
+        fx, xm = heads(self.in_project_fx(x)), heads(self.in_project_x(x))
+        w = F.softmax(self.in_project_slice(xm) / self.temperature, dim=-1)
+        token = torch.einsum("bhnc,bhng->bhgc", fx, w) / (w.sum(2) + 1e-5)[..., None]
+        q, k, v = self.to_q(token), self.to_k(token), self.to_v(token)
+        out = F.softmax(q @ k.transpose(-1, -2) * self.scale, dim=-1) @ v
+        out = torch.einsum("bhgc,bhng->bhnc", out, w).permute(0, 2, 1, 3).reshape(B, N, -1)
+        return self.to_out(out)
+
+
 class LinearNO(nn.Module):
     def __init__(self, dim, heads=2, dim_head=4, key_ratio=3, temp=False):
         super().__init__()
@@ -382,10 +402,18 @@ def test_nn_multihead_attention_kdim_vdim_separate_weights():
     _assert_pass(check_module(m, "multi_head_attention", cases=["small", "cross"]))
 
 
-def test_nn_multihead_attention_add_bias_kv_is_named_as_unsupported():
-    m = nn.MultiheadAttention(8, 2, add_bias_kv=True, batch_first=True)
-    with pytest.raises(ValueError, match="bias_k.*add_bias_kv"):
-        params_from_state_dict("multi_head_attention", m.state_dict())
+@pytest.mark.parametrize("kw", [dict(add_bias_kv=True), dict(add_zero_attn=True),
+                                dict(kdim=5, vdim=3, add_bias_kv=True, add_zero_attn=True)])
+def test_nn_multihead_attention_full_options(kw):
+    torch.manual_seed(16)
+    m = nn.MultiheadAttention(8, 2, batch_first=True, **kw)
+    if m.bias_k is not None:
+        nn.init.normal_(m.bias_k)
+        nn.init.normal_(m.bias_v)
+    p = params_from_state_dict("multi_head_attention", m.state_dict())
+    if "add_bias_kv" in kw:
+        assert p["bias_k"].shape == (8,)
+    _assert_pass(check_module(m, "multi_head_attention", seeds=[0]))
 
 
 @pytest.mark.parametrize("hkv,flash", [(4, False), (2, False), (2, True), (1, True)])
@@ -425,6 +453,14 @@ def test_transolver():
     torch.manual_seed(7)
     _assert_pass(check_module(Physics_Attention_Irregular_Mesh(6, heads=2, dim_head=4, slice_num=5),
                               "transolver_physics_attention"))
+
+
+def test_transolver_structured_mesh_conv_kernels_keep_torch_layout():
+    torch.manual_seed(17)
+    m = Physics_Attention_Structured_Mesh_2D(5, heads=2, dim_head=4, H=3, W=4)
+    p = params_from_state_dict("transolver_physics_attention", m.state_dict(), mesh_shape=(3, 4))
+    assert p["in_project_x.weight"].shape == (8, 5, 3, 3)
+    _assert_pass(check_module(m, "transolver_physics_attention", config={"mesh_shape": (3, 4)}))
 
 
 def test_gnot():

@@ -41,6 +41,9 @@ gradient of every input and every parameter with
 
 torch is imported inside the functions that need it (``check_module``); ``params_from_state_dict``
 and ``grads_to_state_dict`` accept torch tensors or NumPy arrays and do not import torch at all.
+
+The per-slug table stays in this module beside the functions that read it, past 800 lines: a
+slug's rules, input builder and call convention are written and reviewed together.
 """
 
 from __future__ import annotations
@@ -300,7 +303,9 @@ def _mha_fused(keys) -> bool:
 
 
 _MHA_TAIL = [_Split(("q_proj_bias", "k_proj_bias", "v_proj_bias"), "in_proj_bias", transpose=False, optional=True),
-             _Rename("out_proj", "out_proj.weight", True), _Rename("out_proj_bias", "out_proj.bias", False, True)]
+             _Rename("out_proj", "out_proj.weight", True), _Rename("out_proj_bias", "out_proj.bias", False, True),
+             _Reshape("bias_k", lambda n: (1, 1, n), optional=True),  # add_bias_kv: (1, 1, E) -> (E,)
+             _Reshape("bias_v", lambda n: (1, 1, n), optional=True)]
 _MHA_FUSED = [_Split(("q_proj", "k_proj", "v_proj"), "in_proj_weight", transpose=True)] + _MHA_TAIL
 _MHA_SEPARATE = [_Rename("q_proj", "q_proj_weight", True), _Rename("k_proj", "k_proj_weight", True),
                  _Rename("v_proj", "v_proj_weight", True)] + _MHA_TAIL
@@ -309,17 +314,20 @@ _MHA_SEPARATE = [_Rename("q_proj", "q_proj_weight", True), _Rename("k_proj", "k_
 def _mha_call(module, inp, cfg):
     x = inp["x"]
     ctx = inp.get("context", x)
+    val = inp.get("value", ctx)
     if not getattr(module, "batch_first", True):
-        x, ctx = x.transpose(0, 1), ctx.transpose(0, 1)
-    out = module(x, ctx, ctx, need_weights=False)[0]
+        x, ctx, val = x.transpose(0, 1), ctx.transpose(0, 1), val.transpose(0, 1)
+    out = module(x, ctx, val, need_weights=False)[0]
     return out if getattr(module, "batch_first", True) else out.transpose(0, 1)
 
 
 def _mha_build(rng, p, cfg, z):
-    c, ck = p["q_proj"].shape[0], p["k_proj"].shape[0]
+    c, ck, cv = p["q_proj"].shape[0], p["k_proj"].shape[0], p["v_proj"].shape[0]
     inp = {"x": rng.standard_normal((z["b"], z["n"], c))}
-    if ck != c or z.get("cross"):
+    if ck != c or cv != c or z.get("cross"):
         inp["context"] = rng.standard_normal((z["b"], z["m"], ck))
+    if cv != ck:  # torch's vdim != kdim: a separate value input
+        inp["value"] = rng.standard_normal((z["b"], z["m"], cv))
     return inp, {}
 
 
@@ -398,11 +406,22 @@ def _galerkin_rules(norms):
 # ---- Transolver, GNOT
 
 
-_TRANSOLVER_RULES = [
-    _Named(r"in_project_(x|fx|slice)\.weight|to_[qkv]\.weight|to_out\.0\.weight", True),
-    _Named(r"in_project_(x|fx|slice)\.bias|to_out\.0\.bias", False),
-    _Reshape("temperature", lambda n: (1, n, 1, 1)),
-]
+def _transolver_rules(config):
+    # Physics_Attention_Structured_Mesh_2D/3D (mesh_shape given): in_project_x/fx are Conv2d/3d,
+    # whose kernels keep torch's layout (C_out, C_in, k...) in refattn
+    conv = config.get("mesh_shape") is not None
+    front = r"in_project_(x|fx)\.weight"
+    return [_Named(front, not conv),
+            _Named(r"in_project_slice\.weight|to_[qkv]\.weight|to_out\.0\.weight", True),
+            _Named(r"in_project_(x|fx|slice)\.bias|to_out\.0\.bias", False),
+            _Reshape("temperature", lambda n: (1, n, 1, 1))]
+
+
+def _transolver_build(rng, p, cfg, z):
+    mesh = cfg.get("mesh_shape")
+    n = z["n"] if mesh is None else int(np.prod(mesh))
+    c = p["in_project_x.weight"].shape[0 if mesh is None else 1]
+    return {"x": rng.standard_normal((z["b"], n, c))}, {}
 
 
 def _gnot_build(rng, p, cfg, z):
@@ -474,10 +493,8 @@ def _afno_build(rng, p, cfg, z):
 
 _spec(
     _Spec("multi_head_attention", "PyTorch torch/nn/modules/activation.py (torch.nn.MultiheadAttention)",
-          rules=None, call=_mha_call, build=_mha_build, attrs={"num_heads": "num_heads"},
-          unsupported={"bias_k": "add_bias_kv=True is not supported by refattn's multi_head_attention",
-                       "bias_v": "add_bias_kv=True is not supported by refattn's multi_head_attention"},
-          save_pick=_mha_save_pick),
+          rules=None, call=_mha_call, build=_mha_build,
+          attrs={"num_heads": "num_heads", "add_zero_attn": "add_zero_attn"}, save_pick=_mha_save_pick),
     _Spec("diff_attention_v1", "microsoft/unilm Diff-Transformer/multihead_diffattn.py@637157e (MultiheadDiffAttn; "
           "multihead_flashdiff_1.py with gqa_pairing='flash')",
           rules=[_Named(r"[qkv]_proj\.weight|out_proj\.weight", True), _LAMBDAS, _Named(r"subln\.weight", False)],
@@ -504,11 +521,11 @@ _spec(
           rules=_galerkin_rules("QK"), required=("linears.0.weight", "linears.1.weight", "linears.2.weight"),
           call=_galerkin_call, build=_galerkin_build, attrs={"n_head": "n_head"}),
     _Spec("transolver_physics_attention", "thuml/Transolver PDE-Solving-StandardBenchmark/model/Physics_Attention.py@1f53c15 "
-          "(Physics_Attention_Irregular_Mesh)",
-          rules=_TRANSOLVER_RULES,
+          "(Physics_Attention_Irregular_Mesh; Structured_Mesh_2D/3D with mesh_shape=)",
+          rules=_transolver_rules,
           required=("in_project_x.weight", "in_project_fx.weight", "in_project_slice.weight", "temperature",
                     "to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight"),
-          call=_call_x, build=_x_build("in_project_x.weight"), attrs={"n_head": "heads"}),
+          call=_call_x, build=_transolver_build, attrs={"n_head": "heads"}),
     _Spec("gnot_hna_attention", "HaoZhongkai/GNOT models/cgpt.py@5df0390 (LinearAttention, LinearCrossAttention)",
           rules=[_Named(r"(query|key|value|proj|keys\.\d+|values\.\d+)\.weight", True),
                  _Named(r"(query|key|value|proj|keys\.\d+|values\.\d+)\.bias", False)],
@@ -726,7 +743,7 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
     for kw, paths in spec.attrs.items():
         for path in (paths,) if isinstance(paths, str) else paths:
             val = _attr_path(m, path)
-            if kw not in cfg and isinstance(val, (int, float)) and not isinstance(val, bool):
+            if kw not in cfg and isinstance(val, (int, float)):
                 cfg[kw] = val
     if spec.infer is not None:
         for kw, val in spec.infer(m.state_dict().keys()).items():
