@@ -12,7 +12,8 @@ finite differences. The names reached first are here:
 
 Everything else is one import away, by family: `refattn.attention.softmax`,
 `refattn.attention.differential`, `refattn.attention.linear`, `refattn.operators`,
-`refattn.blocks`, the primitives in `refattn.nn`, the kernels in `refattn.kernels`.
+`refattn.blocks`, the primitives in `refattn.nn`, the kernels in `refattn.kernels`, and PyTorch
+weights and modules through `refattn.interop.torch` (torch imported only there, lazily).
 """
 
 from . import registry, testing

@@ -58,6 +58,7 @@ API_PAGES = {
     "refattn.attention.linear": "Family 4: linear, kernel, sparse and set attention (`refattn.attention.linear`)",
     "refattn.blocks": "Family 5: transformer building blocks (`refattn.blocks`)",
     "refattn.testing": "Verification tools (`refattn.testing`)",
+    "refattn.interop": "Framework bridges (`refattn.interop`)",
     "refattn.kernels.cpu": "Numba CPU kernels (`refattn.kernels.cpu`)",
 }
 

@@ -1,0 +1,615 @@
+"""refattn.interop.torch: state_dict mapping and check_module against PyTorch modules, in float64.
+
+Each module below is written from the upstream file (parameter names, shapes and forward as
+upstream), kept compact:
+
+* DIFF V1 — microsoft/unilm ``Diff-Transformer/multihead_diffattn.py``@637157e (``MultiheadDiffAttn``)
+  and ``multihead_flashdiff_1.py`` (per-half SDPA: the "flash" GQA pairing);
+* DIFF V2 — microsoft/unilm ``Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py``;
+* DiffCLIP — hammoudhasan/DiffCLIP ``diff_attention.py`` (``DiffAttention``);
+* Galerkin / Fourier — scaomath/galerkin-transformer ``libs/layers.py``@2c9d23e (``SimpleAttention``);
+* Transolver — thuml/Transolver ``PDE-Solving-StandardBenchmark/model/Physics_Attention.py``@1f53c15
+  (``Physics_Attention_Irregular_Mesh``);
+* GNOT — HaoZhongkai/GNOT ``models/cgpt.py``@5df0390 (``LinearCrossAttention``);
+* LinearNO — HiPRL/LinearNO ``Standard_PDE_Benchmark/model/LinearAttnNeuralOperator.py``@3f2b80d
+  (``LinearNO``, ``LinearNO_temp``);
+* Set Transformer — juho-lee/set_transformer ``modules.py`` (``MAB``, ``SAB``, ``ISAB``, ``PMA``);
+* FNO — zongyi-li/fourier_neural_operator ``fourier_2d.py``@4ed7737 (``SpectralConv2d``);
+* AFNO — NVlabs/AFNO-transformer ``afno/afno2d.py``@c3271a2 (``AFNO2D``).
+
+Deviations, all dtype plumbing so that float64 means float64: unilm's softmax in float32
+(``dtype=torch.float32``), AFNO's ``x.float()`` and FNO's ``dtype=torch.cfloat`` buffer are
+dropped (they follow the input's dtype here). Dropout is omitted (eval mode).
+"""
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+F = torch.nn.functional
+
+from refattn.interop.torch import (  # noqa: E402
+    check_module,
+    grads_to_state_dict,
+    params_from_state_dict,
+    supported_slugs,
+)
+
+
+def _assert_pass(report):
+    assert report.passed, "\n" + str(report)
+    return report
+
+
+# ------------------------------------------------------------------------------ upstream modules
+
+
+class RMSNorm(nn.Module):  # unilm diff/rms_norm.py
+    def __init__(self, dim, eps=1e-5, elementwise_affine=True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if elementwise_affine else None
+
+    def forward(self, x):
+        out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out * self.weight if self.weight is not None else out
+
+
+def apply_rotary_emb(x, cos, sin):  # flash-attn's, interleaved=True, as unilm calls it
+    r = 2 * cos.shape[1]
+    c, s = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]
+    a, b = x[..., 0:r:2], x[..., 1:r:2]
+    return torch.cat([torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2), x[..., r:]], dim=-1)
+
+
+class MultiheadDiffAttn(nn.Module):
+    def __init__(self, embed_dim, depth, num_heads, num_kv_heads=None, flash=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.n_rep = self.num_heads // self.num_kv_heads
+        self.head_dim = embed_dim // num_heads // 2
+        self.scaling = self.head_dim ** -0.5
+        self.flash = flash
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.k_proj = nn.Linear(embed_dim, embed_dim // self.n_rep, bias=False)
+        self.v_proj = nn.Linear(embed_dim, embed_dim // self.n_rep, bias=False)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=False)
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * depth)
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            setattr(self, name, nn.Parameter(torch.zeros(self.head_dim).normal_(mean=0, std=0.1)))
+        self.subln = RMSNorm(2 * self.head_dim, eps=1e-5, elementwise_affine=True)
+
+    def forward(self, x, rel_pos, attn_mask=None):
+        bsz, n, _ = x.size()
+        q = self.q_proj(x).view(bsz, n, 2 * self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(bsz, n, 2 * self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(bsz, n, self.num_kv_heads, 2 * self.head_dim)
+        q, k = apply_rotary_emb(q, *rel_pos), apply_rotary_emb(k, *rel_pos)
+        mask = torch.triu(torch.full((n, n), float("-inf"), dtype=x.dtype), 1)
+        lam = (torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1)) - torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2))
+               + self.lambda_init)
+        if not self.flash:  # multihead_diffattn.py: repeat_kv over 2*Hkv half-heads
+            q = q.transpose(1, 2) * self.scaling
+            k = k.transpose(1, 2).repeat_interleave(self.n_rep, dim=1)
+            vv = v.transpose(1, 2).repeat_interleave(self.n_rep, dim=1)
+            w = torch.nan_to_num(q @ k.transpose(-1, -2)) + mask
+            w = F.softmax(w, dim=-1).view(bsz, self.num_heads, 2, n, n)
+            attn = (w[:, :, 0] - lam * w[:, :, 1]) @ vv
+        else:  # multihead_flashdiff_1.py: one attention per half, kv heads per half
+            q, k = q.reshape(bsz, n, self.num_heads, 2, -1), k.reshape(bsz, n, self.num_kv_heads, 2, -1)
+            va = v.transpose(1, 2).repeat_interleave(self.n_rep, dim=1)
+            a1, a2 = (F.scaled_dot_product_attention(q[:, :, :, i].transpose(1, 2),
+                                                     k[:, :, :, i].transpose(1, 2).repeat_interleave(self.n_rep, 1),
+                                                     va, attn_mask=mask) for i in (0, 1))
+            attn = a1 - lam * a2
+        attn = self.subln(attn) * (1 - self.lambda_init)
+        return self.out_proj(attn.transpose(1, 2).reshape(bsz, n, -1))
+
+
+class DiffV2Attn(nn.Module):
+    def __init__(self, embed_dim, num_heads, num_kv_heads, head_dim):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(embed_dim, 2 * num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(embed_dim, num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, embed_dim, bias=False)
+        self.lambda_proj = nn.Linear(embed_dim, num_heads, bias=False)
+
+    def forward(self, x, rel_pos):
+        b, n, _ = x.shape
+        q = apply_rotary_emb(self.q_proj(x).view(b, n, 2 * self.num_heads, self.head_dim), *rel_pos)
+        k = apply_rotary_emb(self.k_proj(x).view(b, n, self.num_kv_heads, self.head_dim), *rel_pos)
+        v = self.v_proj(x).view(b, n, self.num_kv_heads, self.head_dim)
+        attn = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=True, enable_gqa=True).transpose(1, 2)
+        lam = torch.sigmoid(self.lambda_proj(x)).unsqueeze(-1)
+        attn = attn[:, :, 0::2] - lam * attn[:, :, 1::2]
+        return self.o_proj(attn.reshape(b, n, -1))
+
+
+class DiffAttention(nn.Module):  # DiffCLIP
+    def __init__(self, dim, num_heads, lambda_init=0.8):
+        super().__init__()
+        self.num_heads, self.h, self.d = num_heads, num_heads // 2, dim // num_heads
+        self.lambda_init = lambda_init
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(dim, dim) for _ in range(4))
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            setattr(self, name, nn.Parameter(torch.randn(self.d) * 0.1))
+        self.diff_norm = RMSNorm(2 * self.d, eps=1e-5)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q = self.q_proj(x).view(b, n, 2 * self.h, self.d).transpose(1, 2) * self.d ** -0.5
+        k = self.k_proj(x).view(b, n, 2 * self.h, self.d).transpose(1, 2)
+        v = self.v_proj(x).view(b, n, self.h, 2 * self.d).transpose(1, 2)
+        p = F.softmax(q @ k.transpose(-1, -2), dim=-1).view(b, self.h, 2, n, n)
+        lam = (torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1)) - torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2))
+               + self.lambda_init)
+        o = self.diff_norm((p[:, :, 0] - lam * p[:, :, 1]) @ v) * (1 - self.lambda_init)
+        return self.out_proj(o.transpose(1, 2).reshape(b, n, c))
+
+
+class SimpleAttention(nn.Module):  # galerkin-transformer, norm_type='layer'
+    def __init__(self, n_head, d_model, pos_dim=1, attention_type="galerkin", eps=1e-5):
+        super().__init__()
+        self.n_head, self.d_k, self.attention_type = n_head, d_model // n_head, attention_type
+        self.linears = nn.ModuleList([nn.Linear(d_model, d_model) for _ in range(3)])
+        norms = ("K", "V") if attention_type == "galerkin" else ("Q", "K")
+        for t in norms:
+            ln = nn.ModuleList([nn.LayerNorm(self.d_k, eps=eps) for _ in range(n_head)])
+            for m in ln:  # non-trivial affine so that the stacking order matters
+                nn.init.normal_(m.weight, 1.0, 0.3)
+                nn.init.normal_(m.bias, 0.0, 0.3)
+            setattr(self, f"norm_{t}", ln)
+        self.fc = nn.Linear(d_model + n_head * pos_dim, d_model)
+
+    def _norm(self, norms, x):
+        return torch.stack([norm(x[:, i]) for i, norm in enumerate(norms)], dim=1)
+
+    def forward(self, query, key, value, pos=None):
+        bsz = query.size(0)
+        query, key, value = (lin(x).view(bsz, -1, self.n_head, self.d_k).transpose(1, 2)
+                             for lin, x in zip(self.linears, (query, key, value)))
+        if self.attention_type == "galerkin":
+            key, value = self._norm(self.norm_K, key), self._norm(self.norm_V, value)
+        else:
+            key, query = self._norm(self.norm_K, key), self._norm(self.norm_Q, query)
+        if pos is not None:
+            pos = pos.unsqueeze(1).repeat([1, self.n_head, 1, 1])
+            query, key, value = (torch.cat([pos, x], dim=-1) for x in (query, key, value))
+        n = query.size(-2)
+        if self.attention_type == "galerkin":
+            x = query @ (key.transpose(-2, -1) @ value / n)
+        else:
+            x = (query @ key.transpose(-2, -1) / math.sqrt(query.size(-1)) / n) @ value
+        out = x.transpose(1, 2).contiguous().view(bsz, -1, self.n_head * x.size(-1))
+        return (self.fc(out) if pos is not None else out), None
+
+
+class Physics_Attention_Irregular_Mesh(nn.Module):
+    def __init__(self, dim, heads=2, dim_head=4, slice_num=5):
+        super().__init__()
+        inner = dim_head * heads
+        self.dim_head, self.heads, self.scale = dim_head, heads, dim_head ** -0.5
+        self.temperature = nn.Parameter(torch.ones([1, heads, 1, 1]) * 0.5 + 0.1 * torch.rand([1, heads, 1, 1]))
+        self.in_project_x = nn.Linear(dim, inner)
+        self.in_project_fx = nn.Linear(dim, inner)
+        self.in_project_slice = nn.Linear(dim_head, slice_num)
+        self.to_q = nn.Linear(dim_head, dim_head, bias=False)
+        self.to_k = nn.Linear(dim_head, dim_head, bias=False)
+        self.to_v = nn.Linear(dim_head, dim_head, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(inner, dim), nn.Dropout(0.0))
+
+    def forward(self, x):
+        B, N, C = x.shape
+        fx = self.in_project_fx(x).reshape(B, N, self.heads, self.dim_head).permute(0, 2, 1, 3)
+        xm = self.in_project_x(x).reshape(B, N, self.heads, self.dim_head).permute(0, 2, 1, 3)
+        w = F.softmax(self.in_project_slice(xm) / self.temperature, dim=-1)
+        token = torch.einsum("bhnc,bhng->bhgc", fx, w) / (w.sum(2) + 1e-5)[..., None]
+        q, k, v = self.to_q(token), self.to_k(token), self.to_v(token)
+        out = F.softmax(q @ k.transpose(-1, -2) * self.scale, dim=-1) @ v
+        out = torch.einsum("bhgc,bhng->bhnc", out, w).permute(0, 2, 1, 3).reshape(B, N, -1)
+        return self.to_out(out)
+
+
+class LinearCrossAttention(nn.Module):  # GNOT, attn_type 'l1', one input function
+    def __init__(self, n_embd, n_head, n_inputs=1):
+        super().__init__()
+        self.n_head, self.n_inputs = n_head, n_inputs
+        self.query = nn.Linear(n_embd, n_embd)
+        self.keys = nn.ModuleList([nn.Linear(n_embd, n_embd) for _ in range(n_inputs)])
+        self.values = nn.ModuleList([nn.Linear(n_embd, n_embd) for _ in range(n_inputs)])
+        self.proj = nn.Linear(n_embd, n_embd)
+
+    def forward(self, x, y):
+        B, T1, C = x.size()
+        q = self.query(x).view(B, T1, self.n_head, C // self.n_head).transpose(1, 2).softmax(dim=-1)
+        out = q
+        for i in range(self.n_inputs):
+            T2 = y[i].size(1)
+            k = self.keys[i](y[i]).view(B, T2, self.n_head, C // self.n_head).transpose(1, 2).softmax(dim=-1)
+            v = self.values[i](y[i]).view(B, T2, self.n_head, C // self.n_head).transpose(1, 2)
+            d_inv = 1.0 / (q * k.sum(dim=-2, keepdim=True)).sum(dim=-1, keepdim=True)
+            out = out + (q @ (k.transpose(-2, -1) @ v)) * d_inv
+        return self.proj(out.transpose(1, 2).reshape(B, T1, C))
+
+
+class Physics_Attention_Structured_Mesh_2D(Physics_Attention_Irregular_Mesh):
+    def __init__(self, dim, heads=2, dim_head=4, slice_num=5, H=3, W=4, kernel=3):
+        super().__init__(dim, heads, dim_head, slice_num)
+        self.H, self.W = H, W
+        self.in_project_x = nn.Conv2d(dim, dim_head * heads, kernel, 1, kernel // 2)
+        self.in_project_fx = nn.Conv2d(dim, dim_head * heads, kernel, 1, kernel // 2)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        x = x.reshape(B, self.H, self.W, C).permute(0, 3, 1, 2)
+        heads = lambda t: t.permute(0, 2, 3, 1).reshape(B, N, self.heads, self.dim_head).permute(0, 2, 1, 3)  # noqa: E731
+        fx, xm = heads(self.in_project_fx(x)), heads(self.in_project_x(x))
+        w = F.softmax(self.in_project_slice(xm) / self.temperature, dim=-1)
+        token = torch.einsum("bhnc,bhng->bhgc", fx, w) / (w.sum(2) + 1e-5)[..., None]
+        q, k, v = self.to_q(token), self.to_k(token), self.to_v(token)
+        out = F.softmax(q @ k.transpose(-1, -2) * self.scale, dim=-1) @ v
+        out = torch.einsum("bhgc,bhng->bhnc", out, w).permute(0, 2, 1, 3).reshape(B, N, -1)
+        return self.to_out(out)
+
+
+class LinearNO(nn.Module):
+    def __init__(self, dim, heads=2, dim_head=4, key_ratio=3, temp=False):
+        super().__init__()
+        self.heads, self.dim_head, self.temp = heads, dim_head, temp
+        self.in_project_x = nn.Linear(dim, heads * dim_head)
+        self.to_q = nn.Linear(dim_head, key_ratio, bias=False)
+        self.to_k = nn.Linear(dim_head, key_ratio, bias=False)
+        self.to_v = nn.Linear(dim_head, dim_head, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(heads * dim_head, dim), nn.Dropout(0.0))
+        if temp:
+            self.temperature_q = nn.Parameter(0.5 + 0.2 * torch.rand([1, heads, 1, 1]))
+            self.temperature_k = nn.Parameter(0.5 + 0.2 * torch.rand([1, heads, 1, 1]))
+
+    def forward(self, x):
+        B, N, _ = x.shape
+        xm = self.in_project_x(x).reshape(B, N, self.heads, self.dim_head).permute(0, 2, 1, 3)
+        lq, lk = self.to_q(xm), self.to_k(xm)
+        if self.temp:
+            lq, lk = lq / self.temperature_q.clamp(0.01, 1), lk / self.temperature_k.clamp(0.01, 1)
+        q, k = lq.softmax(dim=-1), lk.softmax(dim=-2)
+        out = q @ (k.transpose(-1, -2) @ self.to_v(xm))
+        return self.to_out(out.permute(0, 2, 1, 3).reshape(B, N, -1))
+
+
+class MAB(nn.Module):
+    def __init__(self, dim_Q, dim_K, dim_V, num_heads, ln=False):
+        super().__init__()
+        self.dim_V, self.num_heads = dim_V, num_heads
+        self.fc_q, self.fc_k, self.fc_v = nn.Linear(dim_Q, dim_V), nn.Linear(dim_K, dim_V), nn.Linear(dim_K, dim_V)
+        if ln:
+            self.ln0, self.ln1 = nn.LayerNorm(dim_V), nn.LayerNorm(dim_V)
+        self.fc_o = nn.Linear(dim_V, dim_V)
+
+    def forward(self, Q, K):
+        Q = self.fc_q(Q)
+        K, V = self.fc_k(K), self.fc_v(K)
+        split = self.dim_V // self.num_heads
+        Q_, K_, V_ = (torch.cat(t.split(split, 2), 0) for t in (Q, K, V))
+        A = torch.softmax(Q_.bmm(K_.transpose(1, 2)) / math.sqrt(self.dim_V), 2)
+        O = torch.cat((Q_ + A.bmm(V_)).split(Q.size(0), 0), 2)
+        O = O if getattr(self, "ln0", None) is None else self.ln0(O)
+        O = O + F.relu(self.fc_o(O))
+        return O if getattr(self, "ln1", None) is None else self.ln1(O)
+
+
+class SAB(nn.Module):
+    def __init__(self, dim_in, dim_out, num_heads, ln=False):
+        super().__init__()
+        self.mab = MAB(dim_in, dim_in, dim_out, num_heads, ln=ln)
+
+    def forward(self, X):
+        return self.mab(X, X)
+
+
+class ISAB(nn.Module):
+    def __init__(self, dim_in, dim_out, num_heads, num_inds, ln=False):
+        super().__init__()
+        self.I = nn.Parameter(torch.randn(1, num_inds, dim_out))
+        self.mab0 = MAB(dim_out, dim_in, dim_out, num_heads, ln=ln)
+        self.mab1 = MAB(dim_in, dim_out, dim_out, num_heads, ln=ln)
+
+    def forward(self, X):
+        return self.mab1(X, self.mab0(self.I.repeat(X.size(0), 1, 1), X))
+
+
+class PMA(nn.Module):
+    def __init__(self, dim, num_heads, num_seeds, ln=False):
+        super().__init__()
+        self.S = nn.Parameter(torch.randn(1, num_seeds, dim))
+        self.mab = MAB(dim, dim, dim, num_heads, ln=ln)
+
+    def forward(self, X):
+        return self.mab(self.S.repeat(X.size(0), 1, 1), X)
+
+
+class SpectralConv2d(nn.Module):
+    def __init__(self, in_channels, out_channels, modes1, modes2):
+        super().__init__()
+        self.out_channels, self.modes1, self.modes2 = out_channels, modes1, modes2
+        scale = 1 / (in_channels * out_channels)
+        shape = (in_channels, out_channels, modes1, modes2)
+        self.weights1 = nn.Parameter(scale * torch.rand(*shape, dtype=torch.cdouble))
+        self.weights2 = nn.Parameter(scale * torch.rand(*shape, dtype=torch.cdouble))
+
+    def forward(self, x):
+        m1, m2 = self.modes1, self.modes2
+        x_ft = torch.fft.rfft2(x)
+        out_ft = torch.zeros(x.shape[0], self.out_channels, x.size(-2), x.size(-1) // 2 + 1, dtype=x_ft.dtype)
+        out_ft[:, :, :m1, :m2] = torch.einsum("bixy,ioxy->boxy", x_ft[:, :, :m1, :m2], self.weights1)
+        out_ft[:, :, -m1:, :m2] = torch.einsum("bixy,ioxy->boxy", x_ft[:, :, -m1:, :m2], self.weights2)
+        return torch.fft.irfft2(out_ft, s=(x.size(-2), x.size(-1)))
+
+
+class AFNO2D(nn.Module):
+    def __init__(self, hidden_size, num_blocks=2, sparsity_threshold=0.01, hidden_size_factor=1):
+        super().__init__()
+        self.num_blocks, self.block_size = num_blocks, hidden_size // num_blocks
+        self.sparsity_threshold = sparsity_threshold
+        bs, h = self.block_size, self.block_size * hidden_size_factor
+        self.w1 = nn.Parameter(0.5 * torch.randn(2, num_blocks, bs, h))
+        self.b1 = nn.Parameter(0.5 * torch.randn(2, num_blocks, h))
+        self.w2 = nn.Parameter(0.5 * torch.randn(2, num_blocks, h, bs))
+        self.b2 = nn.Parameter(0.5 * torch.randn(2, num_blocks, bs))
+
+    def forward(self, x):
+        bias = x
+        B, H, W, C = x.shape
+        x = torch.fft.rfft2(x, dim=(1, 2), norm="ortho").reshape(B, H, W // 2 + 1, self.num_blocks, self.block_size)
+        e = "...bi,bio->...bo"
+        o1r = F.relu(torch.einsum(e, x.real, self.w1[0]) - torch.einsum(e, x.imag, self.w1[1]) + self.b1[0])
+        o1i = F.relu(torch.einsum(e, x.imag, self.w1[0]) + torch.einsum(e, x.real, self.w1[1]) + self.b1[1])
+        o2r = torch.einsum(e, o1r, self.w2[0]) - torch.einsum(e, o1i, self.w2[1]) + self.b2[0]
+        o2i = torch.einsum(e, o1i, self.w2[0]) + torch.einsum(e, o1r, self.w2[1]) + self.b2[1]
+        x = F.softshrink(torch.stack([o2r, o2i], dim=-1), lambd=self.sparsity_threshold)
+        x = torch.view_as_complex(x).reshape(B, H, W // 2 + 1, C)
+        return torch.fft.irfft2(x, s=(H, W), dim=(1, 2), norm="ortho") + bias
+
+
+# ------------------------------------------------------------------------------ check_module per slug
+
+
+def test_nn_multihead_attention_self_and_cross():
+    torch.manual_seed(0)
+    for kw in (dict(batch_first=True), dict(batch_first=False), dict(batch_first=True, bias=False)):
+        _assert_pass(check_module(nn.MultiheadAttention(8, 2, **kw), "multi_head_attention", seeds=[0]))
+
+
+def test_float32_module_is_judged_by_the_float32_rule():
+    torch.manual_seed(15)
+    report = _assert_pass(check_module(nn.MultiheadAttention(8, 2, batch_first=True), "multi_head_attention",
+                                       dtype=torch.float32, cases=["small", "cross"], seeds=[0]))
+    assert list(report.rules) == ["float32"]
+
+
+def test_nn_multihead_attention_kdim_vdim_separate_weights():
+    torch.manual_seed(1)
+    m = nn.MultiheadAttention(8, 4, kdim=5, vdim=5, batch_first=True)
+    assert "q_proj_weight" in m.state_dict()
+    _assert_pass(check_module(m, "multi_head_attention", cases=["small", "cross"]))
+
+
+@pytest.mark.parametrize("kw", [dict(add_bias_kv=True), dict(add_zero_attn=True),
+                                dict(kdim=5, vdim=3, add_bias_kv=True, add_zero_attn=True)])
+def test_nn_multihead_attention_full_options(kw):
+    torch.manual_seed(16)
+    m = nn.MultiheadAttention(8, 2, batch_first=True, **kw)
+    if m.bias_k is not None:
+        nn.init.normal_(m.bias_k)
+        nn.init.normal_(m.bias_v)
+    p = params_from_state_dict("multi_head_attention", m.state_dict())
+    if "add_bias_kv" in kw:
+        assert p["bias_k"].shape == (8,)
+    _assert_pass(check_module(m, "multi_head_attention", seeds=[0]))
+
+
+@pytest.mark.parametrize("hkv,flash", [(4, False), (2, False), (2, True), (1, True)])
+def test_diff_v1(hkv, flash):
+    torch.manual_seed(2)
+    m = MultiheadDiffAttn(16, depth=3, num_heads=4, num_kv_heads=hkv, flash=flash)
+    _assert_pass(check_module(m, "diff_attention_v1", config={"gqa_pairing": "flash" if flash else "naive"},
+                              seeds=[0]))
+
+
+def test_diff_v1_naive_pairing_is_not_flash_pairing():
+    # the check can fail: unilm's naive file under GQA differs from the flash file
+    torch.manual_seed(3)
+    m = MultiheadDiffAttn(16, depth=3, num_heads=4, num_kv_heads=2, flash=True)
+    assert not check_module(m, "diff_attention_v1", config={"gqa_pairing": "naive"}, cases=["small"]).passed
+
+
+@pytest.mark.parametrize("hkv", [1, 2])
+def test_diff_v2(hkv):
+    torch.manual_seed(4)
+    _assert_pass(check_module(DiffV2Attn(12, num_heads=2, num_kv_heads=hkv, head_dim=4), "diff_attention_v2"))
+
+
+def test_diffclip():
+    torch.manual_seed(5)
+    _assert_pass(check_module(DiffAttention(16, num_heads=4), "diffclip_attention"))
+
+
+@pytest.mark.parametrize("kind,slug", [("galerkin", "galerkin_attention"), ("fourier", "fourier_type_attention")])
+def test_galerkin_fourier(kind, slug):
+    torch.manual_seed(6)
+    m = SimpleAttention(3, 12, pos_dim=2, attention_type=kind)
+    _assert_pass(check_module(m, slug))
+
+
+def test_transolver():
+    torch.manual_seed(7)
+    _assert_pass(check_module(Physics_Attention_Irregular_Mesh(6, heads=2, dim_head=4, slice_num=5),
+                              "transolver_physics_attention"))
+
+
+def test_transolver_structured_mesh_conv_kernels_keep_torch_layout():
+    torch.manual_seed(17)
+    m = Physics_Attention_Structured_Mesh_2D(5, heads=2, dim_head=4, H=3, W=4)
+    p = params_from_state_dict("transolver_physics_attention", m.state_dict(), mesh_shape=(3, 4))
+    assert p["in_project_x.weight"].shape == (8, 5, 3, 3)
+    _assert_pass(check_module(m, "transolver_physics_attention", config={"mesh_shape": (3, 4)}))
+
+
+def test_gnot():
+    torch.manual_seed(8)
+    _assert_pass(check_module(LinearCrossAttention(8, 2), "gnot_hna_attention"))
+
+
+@pytest.mark.parametrize("temp", [False, True])
+def test_linear_no(temp):
+    torch.manual_seed(13)
+    _assert_pass(check_module(LinearNO(6, temp=temp), "linear_no_attention", config={"use_temperature": temp}))
+
+
+@pytest.mark.parametrize("block,make", [
+    ("sab", lambda: SAB(5, 6, 2, ln=True)),
+    ("isab", lambda: ISAB(5, 6, 3, num_inds=4, ln=False)),
+    ("pma", lambda: PMA(6, 2, num_seeds=3, ln=True)),
+])
+def test_set_transformer(block, make):
+    torch.manual_seed(14)
+    # block, ln and num_heads are read from the module (its keys and its MAB's num_heads)
+    _assert_pass(check_module(make(), "set_transformer_blocks"))
+
+
+def test_fno_spectral_conv_complex_weights():
+    torch.manual_seed(9)
+    m = SpectralConv2d(3, 4, 2, 3)
+    p = params_from_state_dict("fno_spectral_conv", m.state_dict())
+    assert sorted(p) == ["weights1_imag", "weights1_real", "weights2_imag", "weights2_real"]
+    _assert_pass(check_module(m, "fno_spectral_conv"))
+
+
+def test_afno():
+    torch.manual_seed(10)
+    _assert_pass(check_module(AFNO2D(8, num_blocks=2), "afno_dpot_fourier_mixer"))
+
+
+# ------------------------------------------------------------------------------ the mapping itself
+
+
+def test_square_matrix_transpose_trap_is_caught():
+    """Untransposed weights pass every shape check when square, and check_module catches it."""
+    torch.manual_seed(11)
+    m = MultiheadDiffAttn(8, depth=1, num_heads=2).double()
+    from refattn.attention.differential import diff_attention_v1
+    from refattn.attention.differential.layer import rope_tables
+
+    x = np.random.default_rng(0).standard_normal((2, 5, 8))
+    rel = rope_tables(5, 2)
+    with torch.no_grad():
+        ref = m(torch.from_numpy(x), tuple(map(torch.from_numpy, rel))).numpy()
+    naive = {k: v.numpy() for k, v in m.state_dict().items()}  # q_proj.weight (8, 8): no shape error
+    wrong = diff_attention_v1(x, naive, num_heads=2, lambda_init=m.lambda_init, rel_pos=rel)
+    assert np.max(np.abs(wrong - ref)) > 1e-2 * np.max(np.abs(ref))
+    right = diff_attention_v1(x, params_from_state_dict("diff_attention_v1", m.state_dict()), num_heads=2,
+                              lambda_init=m.lambda_init, rel_pos=rel)
+    np.testing.assert_allclose(right, ref, rtol=1e-10, atol=1e-12)
+
+    # a module whose Linear weights refattn would read untransposed: check_module fails it
+    class Transposed(MultiheadDiffAttn):
+        def forward(self, x, rel_pos, attn_mask=None):
+            saved = {}
+            for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                lin = getattr(self, name)
+                saved[name] = lin.weight
+                lin.weight = nn.Parameter(lin.weight.T)  # the trap, on purpose
+            try:
+                return super().forward(x, rel_pos, attn_mask)
+            finally:
+                for name, w in saved.items():
+                    getattr(self, name).weight = w
+
+    torch.manual_seed(11)
+    bad = Transposed(8, depth=1, num_heads=2)
+    assert not check_module(bad, "diff_attention_v1", cases=["small"], seeds=[0]).passed
+
+
+def test_prefix_strict_and_missing_key_messages():
+    torch.manual_seed(12)
+    model = nn.Sequential(nn.Linear(8, 8), MultiheadDiffAttn(8, depth=1, num_heads=2))
+    sd = model.state_dict()
+    p = params_from_state_dict("diff_attention_v1", sd, prefix="1.")
+    np.testing.assert_array_equal(p["k_proj.weight"], sd["1.k_proj.weight"].numpy().T)
+    broken = {k: v for k, v in sd.items() if k != "1.lambda_k2"}
+    with pytest.raises(ValueError, match=r"no key '1\.lambda_k2'"):
+        params_from_state_dict("diff_attention_v1", broken, prefix="1.")
+    with pytest.raises(ValueError, match="no counterpart.*extra"):
+        params_from_state_dict("diff_attention_v1", {**sd, "1.extra": torch.zeros(2)}, prefix="1.")
+    assert "extra" not in params_from_state_dict("diff_attention_v1", {**sd, "1.extra": torch.zeros(2)},
+                                                 prefix="1.", strict=False)
+    with pytest.raises(ValueError, match="no key starts with prefix"):
+        params_from_state_dict("diff_attention_v1", sd, prefix="2.")
+
+
+def test_check_module_names_missing_config():
+    class Bare(nn.Module):  # a DIFF V1 module without a num_heads attribute
+        def __init__(self):
+            super().__init__()
+            self.inner = MultiheadDiffAttn(8, 1, 2)
+
+    with pytest.raises(ValueError, match="num_heads.*attributes"):
+        check_module(Bare(), "diff_attention_v1")
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        check_module(object(), "diff_attention_v1")
+
+
+def test_unknown_and_unmapped_slugs():
+    with pytest.raises(ValueError, match="no mechanism"):
+        params_from_state_dict("no_such_attention", {})
+    with pytest.raises(ValueError, match="no state_dict mapping for 'sdpa'"):
+        params_from_state_dict("sdpa", {})
+    with pytest.raises(TypeError, match="unknown config keywords"):
+        params_from_state_dict("diff_attention_v1", MultiheadDiffAttn(8, 1, 2).state_dict(), n_head=2)
+    assert "diff_attention_v1" in supported_slugs() and "sdpa" not in supported_slugs()
+
+
+@pytest.mark.parametrize("make,slug", [
+    (lambda: nn.MultiheadAttention(8, 2, batch_first=True), "multi_head_attention"),
+    (lambda: nn.MultiheadAttention(8, 2, kdim=5, vdim=5), "multi_head_attention"),
+    (lambda: SimpleAttention(2, 8, pos_dim=1), "galerkin_attention"),
+    (lambda: Physics_Attention_Irregular_Mesh(6), "transolver_physics_attention"),
+    (lambda: SpectralConv2d(2, 3, 2, 2), "fno_spectral_conv"),
+    (lambda: LinearCrossAttention(8, 2), "gnot_hna_attention"),
+    (lambda: LinearNO(6, temp=True), "linear_no_attention"),
+    (lambda: SAB(5, 6, 2, ln=True), "set_transformer_blocks"),
+])
+def test_grads_to_state_dict_inverts_the_map(make, slug):
+    m = make()
+    sd = m.state_dict()
+    cfg = {"block": "sab"} if slug == "set_transformer_blocks" else {}
+    back = grads_to_state_dict(slug, params_from_state_dict(slug, sd, **cfg), prefix="layer.", **cfg)
+    assert sorted(back) == sorted("layer." + k for k in sd)
+    for k, v in sd.items():
+        np.testing.assert_array_equal(back["layer." + k], v.numpy())
+
+
+def test_import_refattn_does_not_import_torch():
+    code = ("import sys, refattn, refattn.interop, refattn.interop.torch as t; "
+            "t.supported_slugs(); assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_docs_page_examples_run():
+    """docs/port-an-official-module.md: every python block runs (one namespace per block)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "port-an-official-module.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 3
+    for block in blocks:
+        exec(compile(block, "port-an-official-module.md", "exec"), {"__name__": "__docs__"})
