@@ -15,6 +15,8 @@ Modules
   (``differential_cross_attention``).
 * `dex`: DEX: a differential operation on the output of pretrained softmax heads
   (``dex_differential_adaptation``).
+* `diff_mamba`: Differential Mamba: two whole Mamba blocks subtracted with a DIFF-style λ, then
+  RMSNorm (``diff_mamba``).
 * `diffclip`: DiffCLIP: DiffCLIP's copy of the V1 layer (biases, constant $\lambda_{init}$, no RoPE,
   no mask) (``diffclip_attention``).
 * `difflora`: DiffLoRA: differential attention on a pretrained model via low-rank adapters on both
@@ -84,6 +86,12 @@ from .dex import (  # noqa: F401
     dex_differential_adaptation,
     dex_differential_adaptation_backward,
     dex_differential_adaptation_forward,
+)
+from .diff_mamba import (  # noqa: F401
+    diff_mamba,
+    diff_mamba_backward,
+    diff_mamba_forward,
+    init_diff_mamba_params,
 )
 from .diffclip import (  # noqa: F401
     diffclip_attention,
@@ -221,6 +229,10 @@ __all__ = [
     "dex_differential_adaptation",
     "dex_differential_adaptation_backward",
     "dex_differential_adaptation_forward",
+    "diff_mamba",
+    "diff_mamba_backward",
+    "diff_mamba_forward",
+    "init_diff_mamba_params",
     "diffclip_attention",
     "diffclip_attention_backward",
     "diffclip_attention_forward",
