@@ -32,6 +32,8 @@ Modules
   keys (``momentum_attention``).
 * `mta`: Multi-Token Attention: key–query convolution over the score map, head mixing, RMS "group
   norm", gating (``multi_token_attention``).
+* `opamp`: OpAmp attention: a differential plus a common-mode term with a finite CMRR, via adapters
+  (``opamp_attention``).
 * `pct`: PCT offset-attention: $x + \mathrm{ReLU}(\mathrm{BN}((x - x_r)W_t + b_t))$ with a
   column-renormalised softmax map (``pct_offset_attention``).
 * `reflexsplit`: ReflexSplit's cross-stream differential window attention: $A_T - \lambda A_R$ and
@@ -164,6 +166,13 @@ from .mta import (  # noqa: F401
     multi_token_attention_layer_backward,
     multi_token_attention_layer_forward,
 )
+from .opamp import (  # noqa: F401
+    ADAPTER_NAMES,
+    opamp_attention,
+    opamp_attention_backward,
+    opamp_attention_forward,
+    opamp_gains,
+)
 from .pct import (  # noqa: F401
     pct_offset_attention,
     pct_offset_attention_backward,
@@ -286,6 +295,11 @@ __all__ = [
     "multi_token_attention_layer",
     "multi_token_attention_layer_backward",
     "multi_token_attention_layer_forward",
+    "ADAPTER_NAMES",
+    "opamp_attention",
+    "opamp_attention_backward",
+    "opamp_attention_forward",
+    "opamp_gains",
     "pct_offset_attention",
     "pct_offset_attention_backward",
     "pct_offset_attention_forward",
