@@ -22,6 +22,8 @@ Modules
 * `difflora`: DiffLoRA: differential attention on a pretrained model via low-rank adapters on both
   terms (``difflora``).
 * `dint`: DINT: differential-integral attention, rows normalised to sum to one (``dint_attention``).
+* `extraction_scoring`: Attention-guided extraction scoring (SAGE): differential attention relevance
+  of context tokens (``attention_guided_extraction_scoring``).
 * `gda`: Grouped Differential Attention (GDA): unbalanced signal / noise-control head groups
   (``grouped_differential_attention``).
 * `layer`: Layer pieces shared by DIFF Transformer V1 and the layers built on it.
@@ -109,6 +111,14 @@ from .dint import (  # noqa: F401
     dint_attention,
     dint_attention_backward,
     dint_attention_forward,
+)
+from .extraction_scoring import (  # noqa: F401
+    assemble_document_scores,
+    attention_guided_extraction_scoring,
+    attention_guided_extraction_scoring_forward,
+    chunk_attention_scores,
+    farthest_question_index,
+    select_budget_windows,
 )
 from .gda import (  # noqa: F401
     gda_head_index,
@@ -251,6 +261,12 @@ __all__ = [
     "dint_attention",
     "dint_attention_backward",
     "dint_attention_forward",
+    "assemble_document_scores",
+    "attention_guided_extraction_scoring",
+    "attention_guided_extraction_scoring_forward",
+    "chunk_attention_scores",
+    "farthest_question_index",
+    "select_budget_windows",
     "gda_head_index",
     "gda_kv_index",
     "grouped_differential_attention",
