@@ -22,6 +22,9 @@ cross
 dex
     DEX: a differential operation on the output of pretrained softmax heads
     (``dex_differential_adaptation``).
+diff_mamba
+    Differential Mamba: two whole Mamba blocks subtracted with a DIFF-style λ, then RMSNorm
+    (``diff_mamba``).
 diffclip
     DiffCLIP: DiffCLIP's copy of the V1 layer (biases, constant $\lambda_{init}$, no RoPE, no mask)
     (``diffclip_attention``).
@@ -30,6 +33,9 @@ difflora
     (``difflora``).
 dint
     DINT: differential-integral attention, rows normalised to sum to one (``dint_attention``).
+extraction_scoring
+    Attention-guided extraction scoring (SAGE): differential attention relevance of context tokens
+    (``attention_guided_extraction_scoring``).
 gda
     Grouped Differential Attention (GDA): unbalanced signal / noise-control head groups
     (``grouped_differential_attention``).
@@ -46,6 +52,9 @@ momentum
 mta
     Multi-Token Attention: key–query convolution over the score map, head mixing, RMS "group norm",
     gating (``multi_token_attention``).
+opamp
+    OpAmp attention: a differential plus a common-mode term with a finite CMRR, via adapters
+    (``opamp_attention``).
 pct
     PCT offset-attention: $x + \mathrm{ReLU}(\mathrm{BN}((x - x_r)W_t + b_t))$ with a
     column-renormalised softmax map (``pct_offset_attention``).
@@ -103,6 +112,12 @@ from .dex import (  # noqa: F401
     dex_differential_adaptation_backward,
     dex_differential_adaptation_forward,
 )
+from .diff_mamba import (  # noqa: F401
+    diff_mamba,
+    diff_mamba_backward,
+    diff_mamba_forward,
+    init_diff_mamba_params,
+)
 from .diffclip import (  # noqa: F401
     diffclip_attention,
     diffclip_attention_backward,
@@ -117,6 +132,14 @@ from .dint import (  # noqa: F401
     dint_attention,
     dint_attention_backward,
     dint_attention_forward,
+)
+from .extraction_scoring import (  # noqa: F401
+    assemble_document_scores,
+    attention_guided_extraction_scoring,
+    attention_guided_extraction_scoring_forward,
+    chunk_attention_scores,
+    farthest_question_index,
+    select_budget_windows,
 )
 from .gda import (  # noqa: F401
     gda_head_index,
@@ -174,6 +197,13 @@ from .mta import (  # noqa: F401
     multi_token_attention_layer_backward,
     multi_token_attention_layer_forward,
 )
+from .opamp import (  # noqa: F401
+    ADAPTER_NAMES,
+    opamp_attention,
+    opamp_attention_backward,
+    opamp_attention_forward,
+    opamp_gains,
+)
 from .pct import (  # noqa: F401
     pct_offset_attention,
     pct_offset_attention_backward,
@@ -216,21 +246,24 @@ __all__ = [
     "row_average_transpose", "scatter_heads", "softmax_map_backward", "softmax_map_forward", "validate_core",
     "validate_qkv", "vector_param", "differential_cross_attention", "differential_cross_attention_backward",
     "differential_cross_attention_forward", "dex_differential_adaptation", "dex_differential_adaptation_backward",
-    "dex_differential_adaptation_forward", "diffclip_attention", "diffclip_attention_backward",
-    "diffclip_attention_forward", "difflora", "difflora_backward", "difflora_forward", "dint_attention",
-    "dint_attention_backward", "dint_attention_forward", "gda_head_index", "gda_kv_index",
-    "grouped_differential_attention", "grouped_differential_attention_backward",
-    "grouped_differential_attention_forward", "V1_LAMBDA_KEYS", "diff_heads_backward", "diff_heads_forward",
-    "lambda_init_fn", "lambda_reparam_backward", "lambda_reparam_forward", "resolve_lambda_init", "rope_apply",
-    "rope_tables", "subln_backward", "subln_forward", "v1_generic_backward", "v1_generic_forward", "v1_layer_forward",
-    "v1_pairing_index", "validate_layer_config", "validate_rel_pos", "TWO_BRANCH_RESCALES", "lora_apply",
-    "lora_backward", "two_branch_backward", "two_branch_forward", "mala_layer", "mala_layer_backward",
-    "mala_layer_forward", "mala_linear_attention", "mala_linear_attention_backward", "mala_linear_attention_forward",
-    "mala_rope_tables", "momentum_attention", "momentum_attention_backward", "momentum_attention_forward",
-    "momentum_shear", "multi_token_attention", "multi_token_attention_backward", "multi_token_attention_forward",
-    "multi_token_attention_layer", "multi_token_attention_layer_backward", "multi_token_attention_layer_forward",
-    "pct_offset_attention", "pct_offset_attention_backward", "pct_offset_attention_forward",
-    "reflexsplit_dual_stream_attention", "reflexsplit_dual_stream_attention_backward",
+    "dex_differential_adaptation_forward", "diff_mamba", "diff_mamba_backward", "diff_mamba_forward",
+    "init_diff_mamba_params", "diffclip_attention", "diffclip_attention_backward", "diffclip_attention_forward",
+    "difflora", "difflora_backward", "difflora_forward", "dint_attention", "dint_attention_backward",
+    "dint_attention_forward", "assemble_document_scores", "attention_guided_extraction_scoring",
+    "attention_guided_extraction_scoring_forward", "chunk_attention_scores", "farthest_question_index",
+    "select_budget_windows", "gda_head_index", "gda_kv_index", "grouped_differential_attention",
+    "grouped_differential_attention_backward", "grouped_differential_attention_forward", "V1_LAMBDA_KEYS",
+    "diff_heads_backward", "diff_heads_forward", "lambda_init_fn", "lambda_reparam_backward", "lambda_reparam_forward",
+    "resolve_lambda_init", "rope_apply", "rope_tables", "subln_backward", "subln_forward", "v1_generic_backward",
+    "v1_generic_forward", "v1_layer_forward", "v1_pairing_index", "validate_layer_config", "validate_rel_pos",
+    "TWO_BRANCH_RESCALES", "lora_apply", "lora_backward", "two_branch_backward", "two_branch_forward", "mala_layer",
+    "mala_layer_backward", "mala_layer_forward", "mala_linear_attention", "mala_linear_attention_backward",
+    "mala_linear_attention_forward", "mala_rope_tables", "momentum_attention", "momentum_attention_backward",
+    "momentum_attention_forward", "momentum_shear", "multi_token_attention", "multi_token_attention_backward",
+    "multi_token_attention_forward", "multi_token_attention_layer", "multi_token_attention_layer_backward",
+    "multi_token_attention_layer_forward", "ADAPTER_NAMES", "opamp_attention", "opamp_attention_backward",
+    "opamp_attention_forward", "opamp_gains", "pct_offset_attention", "pct_offset_attention_backward",
+    "pct_offset_attention_forward", "reflexsplit_dual_stream_attention", "reflexsplit_dual_stream_attention_backward",
     "reflexsplit_dual_stream_attention_forward", "swin_relative_position_index", "shaped_attention",
     "shaped_attention_backward", "shaped_attention_forward", "shaped_attention_layer",
     "shaped_attention_layer_backward", "shaped_attention_layer_forward", "shared_diff_attention",
