@@ -14,6 +14,8 @@ Modules
 * `deformable_merging`: LIT deformable token merging: a deformable convolution with kernel = stride
   = patch, then BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling
   points (``lit_deformable_token_merging``).
+* `denseformer`: DenseFormer: depth-weighted averages (DWA) of all past block outputs after every
+  block (``denseformer_dwa``).
 * `dra`: Dynamic Range Activator (DRA): a learnable periodic-plus-saturating activation
   (``dynamic_range_activator``).
 * `dydit`: DyDiT block: timestep-wise dynamic width (TDW) and spatial-wise dynamic tokens (SDT) in a
@@ -127,6 +129,13 @@ from .deformable_merging import (  # noqa: F401
     deformable_token_merging,
     deformable_token_merging_backward,
     deformable_token_merging_forward,
+)
+from .denseformer import (  # noqa: F401
+    denseformer_dwa,
+    denseformer_dwa_backward,
+    denseformer_dwa_forward,
+    denseformer_dwa_init,
+    dwa_read_indices,
 )
 from .dra import (  # noqa: F401
     DRA_PARAMS,
@@ -369,6 +378,11 @@ __all__ = [
     "deformable_token_merging",
     "deformable_token_merging_backward",
     "deformable_token_merging_forward",
+    "denseformer_dwa",
+    "denseformer_dwa_backward",
+    "denseformer_dwa_forward",
+    "denseformer_dwa_init",
+    "dwa_read_indices",
     "DRA_PARAMS",
     "dra",
     "dra_backward",

@@ -1,0 +1,50 @@
+"""Slice B5 of family 5 (residual/linear): tests the registry cannot express."""
+
+import numpy as np
+import pytest
+
+from refattn.blocks.denseformer import (
+    denseformer_dwa_backward,
+    denseformer_dwa_forward,
+    denseformer_dwa_init,
+    dwa_read_indices,
+)
+
+# --------------------------------------------------------------------------------------------
+# DenseFormer
+
+
+def test_dwa_read_indices_match_brute_force():
+    # Brute force: depths j <= i+1 congruent to i+1 modulo the dilation, for averaging blocks only.
+    for k in (1, 2, 3, 4):
+        for per in (1, 2, 5):
+            for i in range(12):
+                want = None if (i + 1) % per else [j for j in range(i + 2) if j % k == (i + 1) % k]
+                assert dwa_read_indices(i, k, per) == want
+
+
+def test_dwa_with_attention_blocks_and_custom_pair():
+    from refattn.blocks.core import add_prefix, init_attention_params
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 4, 4))
+    for block in ("multi_head_attention", "diff_attention_v1"):
+        p = denseformer_dwa_init(3)
+        for i in range(3):
+            ap, cfg = init_attention_params(rng, block, 4, 1)
+            p.update(add_prefix(ap, f"blocks.{i}"))
+        y, cache = denseformer_dwa_forward(x, p, n_blocks=3, block=block, block_config=cfg)
+        g = denseformer_dwa_backward(np.ones_like(y), cache)
+        assert y.shape == x.shape and set(g) == set(p) | {"x"}
+
+
+def test_dwa_errors():
+    x = np.zeros((2, 3, 2))
+    with pytest.raises(ValueError, match="dwa_modules.alphas.1.weight"):
+        denseformer_dwa_forward(x, {"dwa_modules.alphas.0.weight": np.ones((1, 2))}, n_blocks=2,
+                                block=(lambda x, params: (x, None), lambda d, c: {"x": d}))
+    with pytest.raises(ValueError, match="dilation"):
+        denseformer_dwa_init(3, dilation=0)
+    with pytest.raises(ValueError, match="shape"):
+        denseformer_dwa_forward(x, {"dwa_modules.alphas.0.weight": np.ones((1, 3))}, n_blocks=1,
+                                block=(lambda x, params: (x, None), lambda d, c: {"x": d}))
