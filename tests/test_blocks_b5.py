@@ -48,3 +48,40 @@ def test_dwa_errors():
     with pytest.raises(ValueError, match="shape"):
         denseformer_dwa_forward(x, {"dwa_modules.alphas.0.weight": np.ones((1, 3))}, n_blocks=1,
                                 block=(lambda x, params: (x, None), lambda d, c: {"x": d}))
+
+
+# --------------------------------------------------------------------------------------------
+# Low-rank factorised linear
+
+
+def test_low_rank_torch_parity():
+    torch = pytest.importorskip("torch")
+    from refattn.blocks.low_rank_linear import low_rank_linear_backward, low_rank_linear_forward
+
+    rng = np.random.default_rng(1)
+    enc, dec = torch.nn.Linear(5, 2, bias=False).double(), torch.nn.Linear(2, 4).double()
+    x = rng.standard_normal((2, 3, 5))
+    xt = torch.tensor(x, requires_grad=True)
+    y = dec(enc(xt))
+    dy = rng.standard_normal(y.shape)
+    y.backward(torch.tensor(dy))
+    p = {"led_unit.0.weight": enc.weight.detach().numpy().T, "led_unit.1.weight": dec.weight.detach().numpy().T,
+         "led_unit.1.bias": dec.bias.detach().numpy()}
+    yr, cache = low_rank_linear_forward(x, p)
+    g = low_rank_linear_backward(dy, cache)
+    assert np.allclose(yr, y.detach().numpy(), atol=1e-14)
+    assert np.allclose(g["x"], xt.grad.numpy(), atol=1e-14)
+    assert np.allclose(g["led_unit.0.weight"], enc.weight.grad.numpy().T, atol=1e-14)
+    assert np.allclose(g["led_unit.1.weight"], dec.weight.grad.numpy().T, atol=1e-14)
+
+
+def test_low_rank_errors():
+    from refattn.blocks.low_rank_linear import low_rank_from_dense, low_rank_linear
+
+    p = {"led_unit.0.weight": np.ones((3, 2)), "led_unit.1.weight": np.ones((2, 4))}
+    with pytest.raises(ValueError, match=r"led_unit\.0\.weight"):
+        low_rank_linear(np.ones((2, 5)), p)
+    with pytest.raises(ValueError, match="rank"):
+        low_rank_from_dense(np.ones((3, 4)), 4)
+    with pytest.raises(ValueError, match="led_unit.1.weight"):
+        low_rank_linear(np.ones((2, 3)), {"led_unit.0.weight": np.ones((3, 2))})

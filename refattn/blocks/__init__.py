@@ -34,6 +34,8 @@ Modules
   (CaiT) (``layerscale``).
 * `looped`: Looped (weight-tied) transformer with input injection; AlgoFormer's pre/loop/post
   structure (``looped_transformer``).
+* `low_rank_linear`: Low-rank factorised linear layer (LED unit of the Low-Rank Transformer), with
+  SVD initialisation (``low_rank_factorized_linear``).
 * `ltm`: LTM-Transformer learnable token merging — registered as **not implemented** (T3).
 * `macaron`: Macaron block: half-step FFN, attention, half-step FFN (Strang-Marchuk splitting)
   (``macaron_block``).
@@ -196,6 +198,12 @@ from .looped import (  # noqa: F401
     looped_transformer,
     looped_transformer_backward,
     looped_transformer_forward,
+)
+from .low_rank_linear import (  # noqa: F401
+    low_rank_from_dense,
+    low_rank_linear,
+    low_rank_linear_backward,
+    low_rank_linear_forward,
 )
 from .macaron import (  # noqa: F401
     MACARON_STEPS,
@@ -425,6 +433,10 @@ __all__ = [
     "looped_transformer",
     "looped_transformer_backward",
     "looped_transformer_forward",
+    "low_rank_from_dense",
+    "low_rank_linear",
+    "low_rank_linear_backward",
+    "low_rank_linear_forward",
     "MACARON_STEPS",
     "macaron_block",
     "macaron_block_backward",
