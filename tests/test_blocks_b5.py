@@ -85,3 +85,37 @@ def test_low_rank_errors():
         low_rank_from_dense(np.ones((3, 4)), 4)
     with pytest.raises(ValueError, match="led_unit.1.weight"):
         low_rank_linear(np.ones((2, 3)), {"led_unit.0.weight": np.ones((3, 2))})
+
+
+# --------------------------------------------------------------------------------------------
+# DeLighT DExTra
+
+
+def test_dextra_group_linear_is_block_diagonal():
+    # With one GLT group count forced to 1 (max_glt_groups=1) every layer is a dense Linear; the
+    # result must equal the explicit reference, and the group count must drive the weight shapes.
+    from refattn.blocks.delight import _random_params, _reference, dextra, dextra_config
+
+    rng = np.random.default_rng(3)
+    kw = {"in_proj_features": 4, "out_features": 4, "width_multiplier": 1.0, "dextra_depth": 2, "max_glt_groups": 1}
+    p = _random_params(rng, 4, kw)
+    assert p["dextra_layers.0.weights"].ndim == 2
+    x = rng.standard_normal((2, 3, 4))
+    assert np.abs(dextra(x, p, **kw) - _reference(x, p, **kw)).max() < 1e-12
+    assert dextra_config(4, 4, 4, dextra_depth=2, max_glt_groups=1)["groups"] == [1, 1]
+
+
+def test_dextra_errors():
+    from refattn.blocks.delight import _random_params, dextra
+
+    rng = np.random.default_rng(4)
+    kw = {"in_proj_features": 4, "out_features": 4, "width_multiplier": 1.0, "dextra_depth": 3, "max_glt_groups": 4}
+    p = _random_params(rng, 8, kw)
+    with pytest.raises(ValueError, match="in_features"):
+        dextra(np.ones((2, 6)), p, **kw)
+    with pytest.raises(ValueError, match="dextra_depth"):
+        dextra(np.ones((2, 8)), p, **dict(kw, dextra_depth=1))
+    bad = dict(p)
+    bad["dextra_layers.1.weights"] = bad["dextra_layers.1.weights"][:1]
+    with pytest.raises(ValueError, match="dextra_layers.1.weights"):
+        dextra(np.ones((2, 8)), bad, **kw)

@@ -14,6 +14,8 @@ Modules
 * `deformable_merging`: LIT deformable token merging: a deformable convolution with kernel = stride
   = patch, then BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling
   points (``lit_deformable_token_merging``).
+* `delight`: DeLighT: the DExTra transformation (group linear expand-reduce with input mixing) and
+  block-wise scaling (``delight_dextra``).
 * `denseformer`: DenseFormer: depth-weighted averages (DWA) of all past block outputs after every
   block (``denseformer_dwa``).
 * `dra`: Dynamic Range Activator (DRA): a learnable periodic-plus-saturating activation
@@ -131,6 +133,13 @@ from .deformable_merging import (  # noqa: F401
     deformable_token_merging,
     deformable_token_merging_backward,
     deformable_token_merging_forward,
+)
+from .delight import (  # noqa: F401
+    delight_block_scaling,
+    dextra,
+    dextra_backward,
+    dextra_config,
+    dextra_forward,
 )
 from .denseformer import (  # noqa: F401
     denseformer_dwa,
@@ -386,6 +395,11 @@ __all__ = [
     "deformable_token_merging",
     "deformable_token_merging_backward",
     "deformable_token_merging_forward",
+    "delight_block_scaling",
+    "dextra",
+    "dextra_backward",
+    "dextra_config",
+    "dextra_forward",
     "denseformer_dwa",
     "denseformer_dwa_backward",
     "denseformer_dwa_forward",
