@@ -119,3 +119,39 @@ def test_dextra_errors():
     bad["dextra_layers.1.weights"] = bad["dextra_layers.1.weights"][:1]
     with pytest.raises(ValueError, match="dextra_layers.1.weights"):
         dextra(np.ones((2, 8)), bad, **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# LMU token mixer
+
+
+def test_lmu_convolution_equals_fft_and_recurrence():
+    # The memory's convolution form (Toeplitz), an FFT convolution (upstream's route) and the
+    # recurrence agree.
+    from refattn.blocks.lmu import legendre_state_space, lmu_impulse_response
+
+    rng = np.random.default_rng(5)
+    q, n, theta = 6, 20, 7.0
+    u = rng.standard_normal(n)
+    h = lmu_impulse_response(q, theta, n)
+    conv = np.array([sum(h[t - s] * u[s] for s in range(t + 1)) for t in range(n)])
+    fu, fh = np.fft.rfft(u, 2 * n), np.fft.rfft(h, 2 * n, axis=0)
+    fft = np.fft.irfft(fu[:, None] * fh, 2 * n, axis=0)[:n]
+    a, b = legendre_state_space(q, theta)
+    m, rec = np.zeros(q), []
+    for t in range(n):
+        m = a @ m + b[:, 0] * u[t]
+        rec.append(m)
+    assert np.abs(conv - fft).max() < 1e-12 and np.abs(conv - np.array(rec)).max() < 1e-12
+
+
+def test_lmu_errors():
+    from refattn.blocks.lmu import _random_params, lmu_token_mixer
+
+    p = _random_params(np.random.default_rng(6), 3, 3, 3)
+    with pytest.raises(ValueError, match=r"\(B, C, N\)"):
+        lmu_token_mixer(np.ones((2, 3, 4, 1)), p)
+    with pytest.raises(ValueError, match="lmu.W_h.weight"):
+        lmu_token_mixer(np.ones((2, 6, 4)), p)
+    with pytest.raises(ValueError, match="theta"):
+        lmu_token_mixer(np.ones((2, 3, 4)), p, theta=0.0)

@@ -34,6 +34,8 @@ Modules
   importance-based) (``headmask``).
 * `layerscale`: LayerScale: a pre-norm block whose two residual branches are scaled per channel
   (CaiT) (``layerscale``).
+* `lmu`: LMUFormer's Legendre Memory Unit token mixer (the non-spiking ``LMU`` block, parallel form)
+  (``lmu_token_mixer``).
 * `looped`: Looped (weight-tied) transformer with input injection; AlgoFormer's pre/loop/post
   structure (``looped_transformer``).
 * `low_rank_linear`: Low-rank factorised linear layer (LED unit of the Low-Rank Transformer), with
@@ -201,6 +203,13 @@ from .layerscale import (  # noqa: F401
     layerscale_block_backward,
     layerscale_block_forward,
     layerscale_init_value,
+)
+from .lmu import (  # noqa: F401
+    legendre_state_space,
+    lmu_impulse_response,
+    lmu_token_mixer,
+    lmu_token_mixer_backward,
+    lmu_token_mixer_forward,
 )
 from .looped import (  # noqa: F401
     LOOP_INJECTIONS,
@@ -443,6 +452,11 @@ __all__ = [
     "layerscale_block_backward",
     "layerscale_block_forward",
     "layerscale_init_value",
+    "legendre_state_space",
+    "lmu_impulse_response",
+    "lmu_token_mixer",
+    "lmu_token_mixer_backward",
+    "lmu_token_mixer_forward",
     "LOOP_INJECTIONS",
     "looped_transformer",
     "looped_transformer_backward",
