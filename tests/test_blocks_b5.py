@@ -155,3 +155,34 @@ def test_lmu_errors():
         lmu_token_mixer(np.ones((2, 6, 4)), p)
     with pytest.raises(ValueError, match="theta"):
         lmu_token_mixer(np.ones((2, 3, 4)), p, theta=0.0)
+
+
+# --------------------------------------------------------------------------------------------
+# NuTime
+
+
+def test_nutime_scale_weights_brute_force():
+    # alpha from the formula, scalar by scalar, against the forward's cache.
+    from refattn.blocks.nutime import multiscale_embedding_forward, nutime_scales
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 5)) * 30
+    p = {"ws": rng.uniform(-1, 1, (5, 3)), "bs": rng.uniform(-1, 1, (5, 3))}
+    _, cache = multiscale_embedding_forward(x, p, base=10.0)
+    s = nutime_scales(5, 10.0)
+    for idx in np.ndindex(*x.shape):
+        r = 1.0 / (np.abs(np.log(np.abs(x[idx]) / s + 1e-6)) + 1e-6)
+        assert np.allclose(cache["alpha"][idx], r / r.sum(), rtol=1e-13, atol=0)
+
+
+def test_nutime_window_errors():
+    from refattn.blocks.nutime import _window_sample, nutime_window_embedding
+
+    s = _window_sample(np.random.default_rng(8))
+    with pytest.raises(ValueError, match="multiple of window_size"):
+        nutime_window_embedding(s.inputs["x"][..., :-1], s.params, window_size=4)
+    with pytest.raises(ValueError, match="window_embedding.weight"):
+        nutime_window_embedding(s.inputs["x"], s.params, window_size=2)
+    with pytest.raises(ValueError, match=r"\(K, D\)"):
+        from refattn.blocks.nutime import multiscale_embedding
+        multiscale_embedding(np.ones(3), {"ws": np.ones(3), "bs": np.ones(3)})

@@ -54,6 +54,8 @@ Modules
 * `mohd`: MoHD, mixture of hidden dimensions — registered as **not implemented** (T3).
 * `ngpt`: nGPT block: a normalised Transformer whose hidden states move on the unit hypersphere
   (``ngpt_normalized_block``).
+* `nutime`: NuTime numerically multi-scaled embedding (NME) of unbounded scalars, and NuTime's
+  window token (``nutime_multiscale_embedding``).
 * `parallel`: Parallel attention + MLP block: both sublayers read the same normalised input
   (``parallel_attention_mlp_block``).
 * `patch_embed`: ViT patch embedding: patchify + linear projection (a conv with kernel = stride =
@@ -267,6 +269,15 @@ from .ngpt import (  # noqa: F401
     ngpt_rope_tables,
     unit_norm_backward,
     unit_norm_forward,
+)
+from .nutime import (  # noqa: F401
+    multiscale_embedding,
+    multiscale_embedding_backward,
+    multiscale_embedding_forward,
+    nutime_scales,
+    nutime_window_embedding,
+    nutime_window_embedding_backward,
+    nutime_window_embedding_forward,
 )
 from .parallel import (  # noqa: F401
     parallel_attention_mlp_block,
@@ -498,6 +509,13 @@ __all__ = [
     "ngpt_rope_tables",
     "unit_norm_backward",
     "unit_norm_forward",
+    "multiscale_embedding",
+    "multiscale_embedding_backward",
+    "multiscale_embedding_forward",
+    "nutime_scales",
+    "nutime_window_embedding",
+    "nutime_window_embedding_backward",
+    "nutime_window_embedding_forward",
     "parallel_attention_mlp_block",
     "parallel_attention_mlp_block_backward",
     "parallel_attention_mlp_block_forward",
