@@ -186,3 +186,37 @@ def test_nutime_window_errors():
     with pytest.raises(ValueError, match=r"\(K, D\)"):
         from refattn.blocks.nutime import multiscale_embedding
         multiscale_embedding(np.ones(3), {"ws": np.ones(3), "bs": np.ones(3)})
+
+
+# --------------------------------------------------------------------------------------------
+# Shallow FFN attention replacement
+
+
+def test_shallow_ffn_as_block_attention():
+    # The substitute is a token mixer: a block takes it as its attention (ELR-style use).
+    from refattn.blocks.layerscale import layerscale_block_backward, layerscale_block_forward
+    from refattn.blocks.shallow_ffn import _random_params, shallow_ffn_mixer_backward, shallow_ffn_mixer_forward
+
+    rng = np.random.default_rng(9)
+    c, n = 3, 4
+    p = {"gamma_1": np.full(c, 0.5), "gamma_2": np.full(c, 0.5), "norm1.weight": np.ones(c), "norm1.bias": np.zeros(c),
+         "norm2.weight": np.ones(c), "norm2.bias": np.zeros(c), "mlp.fc1.weight": rng.standard_normal((c, 5)),
+         "mlp.fc2.weight": rng.standard_normal((5, c))}
+    p.update({f"attn.{k}": v for k, v in _random_params(rng, 5 * c, 4).items()})
+    x = rng.standard_normal((2, n, c))
+    y, cache = layerscale_block_forward(x, p, attention=(shallow_ffn_mixer_forward, shallow_ffn_mixer_backward),
+                                        attention_config={"max_len": 5})
+    g = layerscale_block_backward(np.ones_like(y), cache)
+    assert set(g) == set(p) | {"x"}
+
+
+def test_shallow_ffn_errors():
+    from refattn.blocks.shallow_ffn import _random_params, shallow_ffn_mixer
+
+    p = _random_params(np.random.default_rng(10), 6, 2)
+    with pytest.raises(ValueError, match="max_len"):
+        shallow_ffn_mixer(np.ones((2, 4, 2)), p, max_len=3)
+    with pytest.raises(ValueError, match="mask"):
+        shallow_ffn_mixer(np.ones((2, 3, 2)), p, max_len=3, mask=np.ones((2, 2), bool))
+    with pytest.raises(ValueError, match="layers.0.weight"):
+        shallow_ffn_mixer(np.ones((2, 3, 2)), p, max_len=4)

@@ -72,6 +72,8 @@ Modules
   (``reversible_residual_block``).
 * `routing`: Routing helpers shared by the routed blocks: top-k selection, capacity, gates, balance
   losses.
+* `shallow_ffn`: Attentionless Transformer: a shallow feed-forward network over the whole padded
+  sentence replaces attention (``shallow_ffn_attention_replacement``).
 * `simplified`: Simplified Transformer block (He & Hofmann): parallel, skipless,
   value/projection-free (``simplified_block_he_hofmann``).
 * `stn`: Spatial transformer: a localisation network regresses an affine map, ``affine_grid`` turns
@@ -341,6 +343,11 @@ from .routing import (  # noqa: F401
     threshold_mask,
     topk_mask,
 )
+from .shallow_ffn import (  # noqa: F401
+    shallow_ffn_mixer,
+    shallow_ffn_mixer_backward,
+    shallow_ffn_mixer_forward,
+)
 from .simplified import (  # noqa: F401
     shaped_attention_sublayer_backward,
     shaped_attention_sublayer_forward,
@@ -562,6 +569,9 @@ __all__ = [
     "router_z_loss_forward",
     "threshold_mask",
     "topk_mask",
+    "shallow_ffn_mixer",
+    "shallow_ffn_mixer_backward",
+    "shallow_ffn_mixer_forward",
     "shaped_attention_sublayer_backward",
     "shaped_attention_sublayer_forward",
     "simplified_block_he_hofmann",
