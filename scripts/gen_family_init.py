@@ -1,7 +1,8 @@
 """Regenerate a family package's __init__: docstring module list + re-exports from the modules' __all__.
 
 The docstring keeps its header (everything before a line 'Modules' followed by '-------'); the
-module list below it is generated from each module's docstring summary and registered slugs.
+module list below it (a numpy-style "Modules" section) is generated from each module's docstring
+summary and registered slugs.
 usage (from the repository root): python scripts/gen_family_init.py refattn/attention/softmax [refattn/blocks ...]"""
 import ast
 import importlib
@@ -39,8 +40,11 @@ for pkgdir in sys.argv[1:]:
     for m in mods:
         mod = importlib.import_module(f"{pkgname}.{m}")
         slugs = [r.slug for r in recs if r.module == f"{pkgname}.{m}"]
-        text = f"* `{m}`: {summary(mod)}" + (f" ({', '.join(f'``{s}``' for s in slugs)})" if slugs else "") + "."
-        bullets.append(textwrap.fill(text, 100, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False))
+        # A numpy-style "Modules" section (griffe renders it as a table): the name alone on a line,
+        # its description indented by four spaces below it.
+        text = summary(mod) + (f" ({', '.join(f'``{s}``' for s in slugs)})" if slugs else "") + "."
+        bullets.append(m + "\n" + textwrap.fill(text, 100, initial_indent="    ", subsequent_indent="    ",
+                                                 break_on_hyphens=False, break_long_words=False))
         # A name equal to a submodule's is exported only from that submodule (the function the
         # module is named after); from any other module it would hide that module.
         names = [n for n in getattr(mod, "__all__", []) if n not in subs or n == m]
@@ -54,9 +58,16 @@ for pkgdir in sys.argv[1:]:
         lines += [f"    {n}," for n in sorted(names)]
         lines.append(")")
         allnames += sorted(names)
-    newdoc = header + "\n\nModules\n-------\n" + "\n".join(bullets) + "\n\n" + FOOTER + "\n"
+    # The footer goes above the section: numpy-style parsers would read a paragraph after the
+    # last item as one more item.
+    header = header.replace(FOOTER, "").rstrip()
+    newdoc = header + "\n\n" + FOOTER + "\n\nModules\n-------\n" + "\n".join(bullets) + "\n"
     out = ['r"""' + newdoc.replace('"""', "'''") + '"""', "", "from __future__ import annotations", ""]
     out += lines
-    out += ["", "__all__ = ["] + [f'    "{n}",' for n in allnames] + ["]"]
+    # several names a line: the import blocks above already list each name once per line, and a
+    # family of 40 modules must stay under the 800-line module budget (tests/test_layout.py)
+    names_wrapped = textwrap.wrap(" ".join(f'"{n}",' for n in allnames), 116,
+                                  break_long_words=False, break_on_hyphens=False)
+    out += ["", "__all__ = ["] + [f"    {line}" for line in names_wrapped] + ["]"]
     init.write_text("\n".join(out) + "\n")
     print(pkgname, len(allnames), "names,", len(mods), "modules")

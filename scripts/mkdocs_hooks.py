@@ -1,5 +1,6 @@
 """mkdocs hook: pages generated from the code, so the site cannot drift from it.
 
+* ``index.md``: the ``<!-- registry:coverage -->`` marker becomes the coverage table by family.
 * ``catalogue.md``: the ``<!-- registry:table -->`` marker becomes a table of every registry
   record (status, tier, paper, upstream code, docs section), one section per family.
 * ``api/``: one mkdocstrings page per family package (``refattn.attention.differential`` ...),
@@ -25,6 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("mkdocs.hooks.refattn")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+if str(ROOT / "scripts") not in sys.path:
+    sys.path.insert(0, str(ROOT / "scripts"))
+
+from docs_markup import separate_display_math  # noqa: E402
 
 
 def _public_modules() -> list[str]:
@@ -131,10 +136,38 @@ def _registry_table(page_dir: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def _coverage_table() -> str:
+    """The home page's table: per family, implemented records, FD-verified backward passes,
+    Numba kernels, and where to read about them (the family's section of the catalogue)."""
+    from markdown.extensions.toc import slugify
+
+    from refattn import registry
+
+    allr = registry.all()
+    rows = ["| family | implemented | of records | with Numba kernels | catalogue |",
+            "|---|---:|---:|---:|---|"]
+    tot = [0, 0, 0]
+    for fam, title in registry.FAMILIES.items():
+        recs = [r for r in allr if r.family == fam]
+        if not recs:
+            continue
+        n_impl = sum(r.implemented for r in recs)
+        n_kern = sum(bool(r.kernels) for r in recs)
+        tot = [tot[0] + n_impl, tot[1] + len(recs), tot[2] + n_kern]
+        rows.append(f"| {title} | {n_impl} | {len(recs)} | {n_kern} | "
+                    f"[{fam}](catalogue.md#{slugify(title, '-')}) |")
+    rows.append(f"| **all families** | **{tot[0]}** | **{tot[1]}** | **{tot[2]}** | [catalogue](catalogue.md) |")
+    return ("\n".join(rows) + "\n\nEvery implemented record has its backward checked against float64 "
+            "central finite differences in CI; the table is generated from the registry when the "
+            "site is built.\n")
+
+
 def on_page_markdown(markdown, page, config, files):
+    if "<!-- registry:coverage -->" in markdown:
+        markdown = markdown.replace("<!-- registry:coverage -->", _coverage_table())
     if "<!-- registry:table -->" in markdown:
         markdown = markdown.replace("<!-- registry:table -->", _registry_table(page.file.src_uri))
-    return markdown
+    return separate_display_math(markdown)
 
 
 _HREF = re.compile(r'href="(?!https?:|mailto:|#|/)([^"#?]+\.(?:md|ipynb))(#[^"]*)?"')

@@ -37,6 +37,7 @@ _SLOW_NUMBA = {
     "[numba]": "robustness sweep through backend='numba' (compiles, incl. read-only layouts)",
     ":kernel:": "a registry kernel parity check (compiles the kernel)",
     "tests/test_testing.py::test_cli_bench_runs_the_source_benchmark": "refattn bench runs the kernels",
+    "tests/test_docs.py::test_home_page_examples_run[kernels]": "the home page's Numba example",
 }
 _SLOW_OTHER = {
     "tests/test_cuda_sim.py::test_cuda_kernels_under_simulator": "tests/cuda under the CUDA simulator",
@@ -84,7 +85,8 @@ def pytest_itemcollected(item):
 
 @pytest.hookimpl(optionalhook=True)  # an xdist hook: absent when xdist is not installed
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup``: every test that runs a Numba kernel goes to one worker.
+    """``--dist loadgroup``: every test that runs a Numba kernel goes to one worker, and the tests
+    that read the built docs site go to one worker (each worker would build the site otherwise).
 
     Two workers that reach the same kernel signature first would each compile it (the cache on
     disk is written after the compile). xdist's own ``xdist_group`` marks do not group under
@@ -96,7 +98,11 @@ def pytest_xdist_make_scheduler(config, log):
 
     class NumbaGroupScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "numba" if runs_a_numba_kernel(nodeid) else super()._split_scope(nodeid)
+            if runs_a_numba_kernel(nodeid):
+                return "numba"
+            if nodeid.replace("\\", "/").startswith("tests/test_docs.py::"):
+                return "docs"  # one worker builds the site once (a module-scoped fixture)
+            return super()._split_scope(nodeid)
 
     return NumbaGroupScheduling(config, log)
 

@@ -51,6 +51,8 @@ def _torch_simple_attention(torch, x, pos, params, n_head, attention_type, norm_
             ops[t] = torch.nn.functional.instance_norm(
                 ops[t].reshape(b * n_head, n, d).transpose(1, 2), eps=eps
             ).transpose(1, 2).reshape(b, n_head, n, d)
+            if f"{key}.weight" in params:   # upstream InstanceNorm1d(affine=True), one per head
+                ops[t] = ops[t] * params[f"{key}.weight"][:, None] + params[f"{key}.bias"][:, None]
     pr = pos.unsqueeze(1).repeat(1, n_head, 1, 1)
     q, k, v = (torch.cat([pr, ops[t]], -1) for t in "qkv")
     if attention_type == "galerkin":

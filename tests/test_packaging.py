@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -54,7 +55,11 @@ def test_slow_tests_stay_out_of_the_fast_step():
 
 def test_numba_tests_are_recognised_by_node_id():
     """xdist's controller schedules by node id: the rule must know every kernel-running test."""
-    from conftest import runs_a_numba_kernel
+    # By path: under xdist another directory's conftest (tests/cuda) may hold the name "conftest".
+    spec = importlib.util.spec_from_file_location("_tests_conftest", Path(__file__).with_name("conftest.py"))
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    runs_a_numba_kernel = conftest.runs_a_numba_kernel
 
     numba = ["tests/test_kernels_cpu.py::test_flash_float32_error_rule[False]",
              "tests/test_robustness.py::test_layouts_and_read_only_inputs_work[sdpa[numba]]",

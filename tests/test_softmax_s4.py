@@ -5,6 +5,8 @@ brute force, argument errors, and autograd parity of the two recurrences (backwa
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 from scipy.stats import betabinom
@@ -38,12 +40,14 @@ from refattn.attention.softmax import (
 )
 from refattn.attention.softmax import bidaf as bidaf_mod
 from refattn.attention.softmax import high_order_vqa as vqa_mod
-from refattn.attention.softmax import latent_alignment as lat_mod
 from refattn.attention.softmax import location_relative as loc_mod
 from refattn.attention.softmax import monotonic_location as mono_mod
-from refattn.attention.softmax import neural_attention as na_mod
 from refattn.registry import Sample
 from refattn.testing import gradcheck
+
+# Modules named like their main function: the package attribute is the function, so take the module.
+lat_mod = importlib.import_module("refattn.attention.softmax.latent_alignment")
+na_mod = importlib.import_module("refattn.attention.softmax.neural_attention")
 
 
 def test_additive_deep_attention_and_mask_gradcheck():

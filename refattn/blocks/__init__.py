@@ -5,88 +5,124 @@ initialisation schemes ...). A block that wraps attention takes the attention me
 registry slug or a forward/backward pair and chains its backward through it (`core`: the
 sublayer protocol; `routing`: top-k routing, capacity and load-balancing losses).
 
-Modules
--------
-* `bcos`: B-cos transform: a unit-norm linear map rescaled by the input-weight cosine to the power
-  B-1 (``bcos_transform``).
-* `core`: Shared helpers of family 5: the sublayer protocol, prefixed norms and MLPs, a pre-norm
-  block.
-* `deformable_merging`: LIT deformable token merging: a deformable convolution with kernel = stride
-  = patch, then BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling
-  points (``lit_deformable_token_merging``).
-* `delight`: DeLighT: the DExTra transformation (group linear expand-reduce with input mixing) and
-  block-wise scaling (``delight_dextra``).
-* `denseformer`: DenseFormer: depth-weighted averages (DWA) of all past block outputs after every
-  block (``denseformer_dwa``).
-* `dra`: Dynamic Range Activator (DRA): a learnable periodic-plus-saturating activation
-  (``dynamic_range_activator``).
-* `dydit`: DyDiT block: timestep-wise dynamic width (TDW) and spatial-wise dynamic tokens (SDT) in a
-  DiT block (``dydit_dynamic_width_token``).
-* `dyt`: Dynamic Tanh (DyT): an element-wise, statistics-free replacement for LayerNorm
-  (``dyt_dynamic_tanh``).
-* `equiformer_norm`: EquiformerV2 separable layer norm over spherical-harmonic degrees, and its
-  attention re-normalisation (``equiformerv2_separable_layernorm``).
-* `glu_ffn`: GLU-family feed-forward layers: GLU, Bilinear, ReGLU, GEGLU, SwiGLU (Shazeer 2020)
-  (``glu_swiglu_ffn``).
-* `gmu`: Gated Memory Unit (GMU): SambaY's cross-decoder layer that gates a shared SSM memory
-  readout (``gated_memory_unit``).
-* `headmask`: HeadMask: multi-head attention with training-time head masks (random or
-  importance-based) (``headmask``).
-* `layerscale`: LayerScale: a pre-norm block whose two residual branches are scaled per channel
-  (CaiT) (``layerscale``).
-* `lmu`: LMUFormer's Legendre Memory Unit token mixer (the non-spiking ``LMU`` block, parallel form)
-  (``lmu_token_mixer``).
-* `looped`: Looped (weight-tied) transformer with input injection; AlgoFormer's pre/loop/post
-  structure (``looped_transformer``).
-* `low_rank_linear`: Low-rank factorised linear layer (LED unit of the Low-Rank Transformer), with
-  SVD initialisation (``low_rank_factorized_linear``).
-* `ltm`: LTM-Transformer learnable token merging — registered as **not implemented** (T3).
-* `macaron`: Macaron block: half-step FFN, attention, half-step FFN (Strang-Marchuk splitting)
-  (``macaron_block``).
-* `magneto`: Magneto: the Sub-LayerNorm transformer layer and its DeepNet-derived initialisation
-  (``magneto_subln_init``).
-* `mindskip`: MindSkip (Router-Tuning): attention with dynamic depth — a router decides whether to
-  run it (``mindskip_attention_dynamic_depth``).
-* `moe`: Top-k mixture-of-experts feed-forward layer with load-balancing and router z-losses
-  (``moe_topk_gating``).
-* `moh`: MoH: multi-head attention as a mixture of heads (shared heads + top-K routed heads)
-  (``mixture_of_head_attention``).
-* `mohd`: MoHD, mixture of hidden dimensions — registered as **not implemented** (T3).
-* `ngpt`: nGPT block: a normalised Transformer whose hidden states move on the unit hypersphere
-  (``ngpt_normalized_block``).
-* `nutime`: NuTime numerically multi-scaled embedding (NME) of unbounded scalars, and NuTime's
-  window token (``nutime_multiscale_embedding``).
-* `parallel`: Parallel attention + MLP block: both sublayers read the same normalised input
-  (``parallel_attention_mlp_block``).
-* `patch_embed`: ViT patch embedding: patchify + linear projection (a conv with kernel = stride =
-  patch), class token and learned absolute positions (``vit_patch_embedding``).
-* `polycom`: PolyCom activations: PolyReLU and PolyNorm (polynomial composition activations)
-  (``polynorm_polycom``).
-* `polyphase`: Adaptive polyphase anchoring: a shift-equivariant (or invariant) ViT patch embedding
-  (``polyphase_anchoring``).
-* `poolformer`: PoolFormer block: average pooling as the token mixer of a MetaFormer
-  (``poolformer_pooling_mixer``).
-* `repmixer`: FastViT RepMixer: a depthwise-conv token mixer trained with parallel branches and
-  structurally re-parameterised into one depthwise conv for inference (``fastvit_repmixer``).
-* `reversible`: Reversible residual layers (RevNet / Reformer) and multi-split reversible networks
-  (``reversible_residual_block``).
-* `routing`: Routing helpers shared by the routed blocks: top-k selection, capacity, gates, balance
-  losses.
-* `shallow_ffn`: Attentionless Transformer: a shallow feed-forward network over the whole padded
-  sentence replaces attention (``shallow_ffn_attention_replacement``).
-* `simplified`: Simplified Transformer block (He & Hofmann): parallel, skipless,
-  value/projection-free (``simplified_block_he_hofmann``).
-* `stn`: Spatial transformer: a localisation network regresses an affine map, ``affine_grid`` turns
-  it into a sampling grid and ``grid_sample`` reads the input there (bilinear)
-  (``spatial_transformer_bilinear_sampler``).
-* `tnt`: Transformer-in-Transformer (TNT) block: an inner block over the words of each patch, merged
-  into the outer block over the patches (``tnt_block``).
-* `token_pool`: Token Pooling: downsample a token set by clustering, keeping the cluster centres
-  (``token_pooling``).
-
 Every public name of these modules is re-exported here. A function named like its own module
 (``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
 module's other names from the module itself (``from package.sdpa import sdpa_forward``).
+
+Modules
+-------
+bcos
+    B-cos transform: a unit-norm linear map rescaled by the input-weight cosine to the power B-1
+    (``bcos_transform``).
+core
+    Shared helpers of family 5: the sublayer protocol, prefixed norms and MLPs, a pre-norm block.
+deformable_merging
+    LIT deformable token merging: a deformable convolution with kernel = stride = patch, then
+    BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling points
+    (``lit_deformable_token_merging``).
+delight
+    DeLighT: the DExTra transformation (group linear expand-reduce with input mixing) and block-wise
+    scaling (``delight_dextra``).
+denseformer
+    DenseFormer: depth-weighted averages (DWA) of all past block outputs after every block
+    (``denseformer_dwa``).
+dra
+    Dynamic Range Activator (DRA): a learnable periodic-plus-saturating activation
+    (``dynamic_range_activator``).
+dydit
+    DyDiT block: timestep-wise dynamic width (TDW) and spatial-wise dynamic tokens (SDT) in a DiT
+    block (``dydit_dynamic_width_token``).
+dyt
+    Dynamic Tanh (DyT): an element-wise, statistics-free replacement for LayerNorm
+    (``dyt_dynamic_tanh``).
+equiformer_norm
+    EquiformerV2 separable layer norm over spherical-harmonic degrees, and its attention
+    re-normalisation (``equiformerv2_separable_layernorm``).
+glu_ffn
+    GLU-family feed-forward layers: GLU, Bilinear, ReGLU, GEGLU, SwiGLU (Shazeer 2020)
+    (``glu_swiglu_ffn``).
+gmu
+    Gated Memory Unit (GMU): SambaY's cross-decoder layer that gates a shared SSM memory readout
+    (``gated_memory_unit``).
+headmask
+    HeadMask: multi-head attention with training-time head masks (random or importance-based)
+    (``headmask``).
+layerscale
+    LayerScale: a pre-norm block whose two residual branches are scaled per channel (CaiT)
+    (``layerscale``).
+lmu
+    LMUFormer's Legendre Memory Unit token mixer (the non-spiking ``LMU`` block, parallel form)
+    (``lmu_token_mixer``).
+looped
+    Looped (weight-tied) transformer with input injection; AlgoFormer's pre/loop/post structure
+    (``looped_transformer``).
+low_rank_linear
+    Low-rank factorised linear layer (LED unit of the Low-Rank Transformer), with SVD initialisation
+    (``low_rank_factorized_linear``).
+ltm
+    LTM-Transformer learnable token merging — registered as **not implemented** (T3).
+macaron
+    Macaron block: half-step FFN, attention, half-step FFN (Strang-Marchuk splitting)
+    (``macaron_block``).
+magneto
+    Magneto: the Sub-LayerNorm transformer layer and its DeepNet-derived initialisation
+    (``magneto_subln_init``).
+mindskip
+    MindSkip (Router-Tuning): attention with dynamic depth — a router decides whether to run it
+    (``mindskip_attention_dynamic_depth``).
+moe
+    Top-k mixture-of-experts feed-forward layer with load-balancing and router z-losses
+    (``moe_topk_gating``).
+moh
+    MoH: multi-head attention as a mixture of heads (shared heads + top-K routed heads)
+    (``mixture_of_head_attention``).
+mohd
+    MoHD, mixture of hidden dimensions — registered as **not implemented** (T3).
+ngpt
+    nGPT block: a normalised Transformer whose hidden states move on the unit hypersphere
+    (``ngpt_normalized_block``).
+nutime
+    NuTime numerically multi-scaled embedding (NME) of unbounded scalars, and NuTime's window token
+    (``nutime_multiscale_embedding``).
+parallel
+    Parallel attention + MLP block: both sublayers read the same normalised input
+    (``parallel_attention_mlp_block``).
+patch_embed
+    ViT patch embedding: patchify + linear projection (a conv with kernel = stride = patch), class
+    token and learned absolute positions (``vit_patch_embedding``).
+polycom
+    PolyCom activations: PolyReLU and PolyNorm (polynomial composition activations)
+    (``polynorm_polycom``).
+polyphase
+    Adaptive polyphase anchoring: a shift-equivariant (or invariant) ViT patch embedding
+    (``polyphase_anchoring``).
+poolformer
+    PoolFormer block: average pooling as the token mixer of a MetaFormer
+    (``poolformer_pooling_mixer``).
+repmixer
+    FastViT RepMixer: a depthwise-conv token mixer trained with parallel branches and structurally
+    re-parameterised into one depthwise conv for inference (``fastvit_repmixer``).
+reversible
+    Reversible residual layers (RevNet / Reformer) and multi-split reversible networks
+    (``reversible_residual_block``).
+routing
+    Routing helpers shared by the routed blocks: top-k selection, capacity, gates, balance losses.
+shallow_ffn
+    Attentionless Transformer: a shallow feed-forward network over the whole padded sentence
+    replaces attention (``shallow_ffn_attention_replacement``).
+simplified
+    Simplified Transformer block (He & Hofmann): parallel, skipless, value/projection-free
+    (``simplified_block_he_hofmann``).
+stn
+    Spatial transformer: a localisation network regresses an affine map, ``affine_grid`` turns it
+    into a sampling grid and ``grid_sample`` reads the input there (bilinear)
+    (``spatial_transformer_bilinear_sampler``).
+tnt
+    Transformer-in-Transformer (TNT) block: an inner block over the words of each patch, merged into
+    the outer block over the patches (``tnt_block``).
+token_pool
+    Token Pooling: downsample a token set by clustering, keeping the cluster centres
+    (``token_pooling``).
 """
 
 from __future__ import annotations
@@ -379,218 +415,52 @@ from .token_pool import (  # noqa: F401
 )
 
 __all__ = [
-    "bcos",
-    "bcos_backward",
-    "bcos_dynamic_weights",
-    "bcos_forward",
-    "ACTIVATIONS",
-    "BATCH_NORM_KEYS",
-    "BlockNames",
-    "FUSED_QKV_NAMES",
-    "NORMS",
-    "SPLIT_QKV_NAMES",
-    "Sublayer",
-    "activation_functions",
-    "add_grad",
-    "add_prefix",
-    "batch_norm_backward",
-    "batch_norm_forward",
-    "batch_norm_spec",
-    "block_dtype",
-    "cache_nbytes",
-    "core_apply",
-    "core_vjp",
-    "head_gated_attention_backward",
-    "head_gated_attention_forward",
-    "head_gated_attention_spec",
-    "init_attention_params",
-    "mlp_backward",
-    "mlp_forward",
-    "mlp_spec",
-    "norm_backward",
-    "norm_forward",
-    "norm_spec",
-    "param_dim",
-    "resolve_attention_core",
-    "resolve_sublayer",
-    "split_block_params",
-    "transformer_block_backward",
-    "transformer_block_forward",
-    "transformer_block_spec",
-    "deform_conv2d_apply",
-    "deform_conv2d_vjp",
-    "deformable_token_merging",
-    "deformable_token_merging_backward",
-    "deformable_token_merging_forward",
-    "delight_block_scaling",
-    "dextra",
-    "dextra_backward",
-    "dextra_config",
-    "dextra_forward",
-    "denseformer_dwa",
-    "denseformer_dwa_backward",
-    "denseformer_dwa_forward",
-    "denseformer_dwa_init",
-    "dwa_read_indices",
-    "DRA_PARAMS",
-    "dra",
-    "dra_backward",
-    "dra_forward",
-    "DYDIT_ESTIMATORS",
-    "dydit_block",
-    "dydit_block_backward",
-    "dydit_block_forward",
-    "DYT_ALPHA_INIT",
-    "dynamic_tanh",
-    "dynamic_tanh_backward",
-    "dynamic_tanh_forward",
-    "SLN_NORM_TYPES",
-    "degree_index",
-    "equiformer_attention_weights_backward",
-    "equiformer_attention_weights_forward",
-    "separable_layer_norm",
-    "separable_layer_norm_backward",
-    "separable_layer_norm_forward",
-    "GLU_VARIANTS",
-    "LLAMA_MLP_NAMES",
-    "glu_activation",
-    "glu_ffn",
-    "glu_ffn_backward",
-    "glu_ffn_forward",
-    "gated_memory_unit",
-    "gated_memory_unit_backward",
-    "gated_memory_unit_forward",
-    "head_importance",
-    "headmask_attention",
-    "headmask_attention_backward",
-    "headmask_attention_forward",
-    "headmask_important",
-    "headmask_random",
-    "layerscale_block",
-    "layerscale_block_backward",
-    "layerscale_block_forward",
-    "layerscale_init_value",
-    "legendre_state_space",
-    "lmu_impulse_response",
-    "lmu_token_mixer",
-    "lmu_token_mixer_backward",
-    "lmu_token_mixer_forward",
-    "LOOP_INJECTIONS",
-    "looped_transformer",
-    "looped_transformer_backward",
-    "looped_transformer_forward",
-    "low_rank_from_dense",
-    "low_rank_linear",
-    "low_rank_linear_backward",
-    "low_rank_linear_forward",
-    "MACARON_STEPS",
-    "macaron_block",
-    "macaron_block_backward",
-    "macaron_block_forward",
-    "MAGNETO_INIT_SCHEMES",
-    "MAGNETO_SCALED",
-    "magneto_gain",
-    "magneto_init",
-    "magneto_layer",
-    "magneto_layer_backward",
-    "magneto_layer_forward",
-    "MINDSKIP_ESTIMATORS",
-    "MINDSKIP_ROUTE_LEVELS",
-    "mindskip_attention",
-    "mindskip_attention_backward",
-    "mindskip_attention_forward",
-    "MIXTRAL_EXPERT_CONFIG",
-    "MIXTRAL_MOE_NAMES",
-    "moe_topk_gating",
-    "moe_topk_gating_backward",
-    "moe_topk_gating_forward",
-    "mixture_of_head_attention",
-    "mixture_of_head_attention_backward",
-    "mixture_of_head_attention_forward",
-    "NGPT_ROPE",
-    "ngpt_attention_backward",
-    "ngpt_attention_forward",
-    "ngpt_normalized_block",
-    "ngpt_normalized_block_backward",
-    "ngpt_normalized_block_forward",
-    "ngpt_rope_tables",
-    "unit_norm_backward",
-    "unit_norm_forward",
-    "multiscale_embedding",
-    "multiscale_embedding_backward",
-    "multiscale_embedding_forward",
-    "nutime_scales",
-    "nutime_window_embedding",
-    "nutime_window_embedding_backward",
-    "nutime_window_embedding_forward",
-    "parallel_attention_mlp_block",
-    "parallel_attention_mlp_block_backward",
-    "parallel_attention_mlp_block_forward",
-    "patchify",
-    "unpatchify",
-    "vit_patch_embedding",
-    "vit_patch_embedding_backward",
-    "vit_patch_embedding_forward",
-    "POLYCOM_KINDS",
-    "polycom",
-    "polycom_backward",
-    "polycom_forward",
-    "polyphase_anchor",
-    "polyphase_anchoring",
-    "polyphase_anchoring_backward",
-    "polyphase_anchoring_forward",
-    "polyphase_norms",
-    "poolformer_pooling_mixer",
-    "poolformer_pooling_mixer_backward",
-    "poolformer_pooling_mixer_forward",
-    "pooling_mixer_backward",
-    "pooling_mixer_forward",
-    "fastvit_repmixer",
-    "fastvit_repmixer_backward",
-    "fastvit_repmixer_forward",
-    "fastvit_repmixer_reparameterize",
-    "repmixer_branches",
-    "REVERSIBLE_FUNCTIONS",
-    "reversible_residual_block",
-    "reversible_residual_block_backward",
-    "reversible_residual_block_forward",
-    "reversible_residual_inverse",
-    "AUX_LOSS_VARIANTS",
-    "BALANCE_OVER",
-    "CAPACITY_PRIORITIES",
-    "SCORE_ORDERS",
-    "capacity_mask",
-    "expert_capacity",
-    "gates_backward",
-    "gates_forward",
-    "load_balancing_loss_backward",
-    "load_balancing_loss_forward",
-    "router_z_loss_backward",
-    "router_z_loss_forward",
-    "threshold_mask",
-    "topk_mask",
-    "shallow_ffn_mixer",
-    "shallow_ffn_mixer_backward",
-    "shallow_ffn_mixer_forward",
-    "shaped_attention_sublayer_backward",
-    "shaped_attention_sublayer_forward",
-    "simplified_block_he_hofmann",
-    "simplified_block_he_hofmann_backward",
-    "simplified_block_he_hofmann_forward",
-    "LOCALIZATIONS",
-    "localization_backward",
-    "localization_forward",
-    "spatial_transformer",
-    "spatial_transformer_backward",
-    "spatial_transformer_forward",
-    "TNT_INNER",
-    "TNT_OUTER",
-    "tnt_block",
-    "tnt_block_backward",
-    "tnt_block_forward",
-    "TOKEN_POOLING_METHODS",
-    "token_pooling",
-    "token_pooling_backward",
-    "token_pooling_clusters",
-    "token_pooling_forward",
+    "bcos", "bcos_backward", "bcos_dynamic_weights", "bcos_forward", "ACTIVATIONS", "BATCH_NORM_KEYS", "BlockNames",
+    "FUSED_QKV_NAMES", "NORMS", "SPLIT_QKV_NAMES", "Sublayer", "activation_functions", "add_grad", "add_prefix",
+    "batch_norm_backward", "batch_norm_forward", "batch_norm_spec", "block_dtype", "cache_nbytes", "core_apply",
+    "core_vjp", "head_gated_attention_backward", "head_gated_attention_forward", "head_gated_attention_spec",
+    "init_attention_params", "mlp_backward", "mlp_forward", "mlp_spec", "norm_backward", "norm_forward", "norm_spec",
+    "param_dim", "resolve_attention_core", "resolve_sublayer", "split_block_params", "transformer_block_backward",
+    "transformer_block_forward", "transformer_block_spec", "deform_conv2d_apply", "deform_conv2d_vjp",
+    "deformable_token_merging", "deformable_token_merging_backward", "deformable_token_merging_forward",
+    "delight_block_scaling", "dextra", "dextra_backward", "dextra_config", "dextra_forward", "denseformer_dwa",
+    "denseformer_dwa_backward", "denseformer_dwa_forward", "denseformer_dwa_init", "dwa_read_indices", "DRA_PARAMS",
+    "dra", "dra_backward", "dra_forward", "DYDIT_ESTIMATORS", "dydit_block", "dydit_block_backward",
+    "dydit_block_forward", "DYT_ALPHA_INIT", "dynamic_tanh", "dynamic_tanh_backward", "dynamic_tanh_forward",
+    "SLN_NORM_TYPES", "degree_index", "equiformer_attention_weights_backward", "equiformer_attention_weights_forward",
+    "separable_layer_norm", "separable_layer_norm_backward", "separable_layer_norm_forward", "GLU_VARIANTS",
+    "LLAMA_MLP_NAMES", "glu_activation", "glu_ffn", "glu_ffn_backward", "glu_ffn_forward", "gated_memory_unit",
+    "gated_memory_unit_backward", "gated_memory_unit_forward", "head_importance", "headmask_attention",
+    "headmask_attention_backward", "headmask_attention_forward", "headmask_important", "headmask_random",
+    "layerscale_block", "layerscale_block_backward", "layerscale_block_forward", "layerscale_init_value",
+    "legendre_state_space", "lmu_impulse_response", "lmu_token_mixer", "lmu_token_mixer_backward",
+    "lmu_token_mixer_forward", "LOOP_INJECTIONS", "looped_transformer", "looped_transformer_backward",
+    "looped_transformer_forward", "low_rank_from_dense", "low_rank_linear", "low_rank_linear_backward",
+    "low_rank_linear_forward", "MACARON_STEPS", "macaron_block", "macaron_block_backward", "macaron_block_forward",
+    "MAGNETO_INIT_SCHEMES", "MAGNETO_SCALED", "magneto_gain", "magneto_init", "magneto_layer", "magneto_layer_backward",
+    "magneto_layer_forward", "MINDSKIP_ESTIMATORS", "MINDSKIP_ROUTE_LEVELS", "mindskip_attention",
+    "mindskip_attention_backward", "mindskip_attention_forward", "MIXTRAL_EXPERT_CONFIG", "MIXTRAL_MOE_NAMES",
+    "moe_topk_gating", "moe_topk_gating_backward", "moe_topk_gating_forward", "mixture_of_head_attention",
+    "mixture_of_head_attention_backward", "mixture_of_head_attention_forward", "NGPT_ROPE", "ngpt_attention_backward",
+    "ngpt_attention_forward", "ngpt_normalized_block", "ngpt_normalized_block_backward",
+    "ngpt_normalized_block_forward", "ngpt_rope_tables", "unit_norm_backward", "unit_norm_forward",
+    "multiscale_embedding", "multiscale_embedding_backward", "multiscale_embedding_forward", "nutime_scales",
+    "nutime_window_embedding", "nutime_window_embedding_backward", "nutime_window_embedding_forward",
+    "parallel_attention_mlp_block", "parallel_attention_mlp_block_backward", "parallel_attention_mlp_block_forward",
+    "patchify", "unpatchify", "vit_patch_embedding", "vit_patch_embedding_backward", "vit_patch_embedding_forward",
+    "POLYCOM_KINDS", "polycom", "polycom_backward", "polycom_forward", "polyphase_anchor", "polyphase_anchoring",
+    "polyphase_anchoring_backward", "polyphase_anchoring_forward", "polyphase_norms", "poolformer_pooling_mixer",
+    "poolformer_pooling_mixer_backward", "poolformer_pooling_mixer_forward", "pooling_mixer_backward",
+    "pooling_mixer_forward", "fastvit_repmixer", "fastvit_repmixer_backward", "fastvit_repmixer_forward",
+    "fastvit_repmixer_reparameterize", "repmixer_branches", "REVERSIBLE_FUNCTIONS", "reversible_residual_block",
+    "reversible_residual_block_backward", "reversible_residual_block_forward", "reversible_residual_inverse",
+    "AUX_LOSS_VARIANTS", "BALANCE_OVER", "CAPACITY_PRIORITIES", "SCORE_ORDERS", "capacity_mask", "expert_capacity",
+    "gates_backward", "gates_forward", "load_balancing_loss_backward", "load_balancing_loss_forward",
+    "router_z_loss_backward", "router_z_loss_forward", "threshold_mask", "topk_mask", "shallow_ffn_mixer",
+    "shallow_ffn_mixer_backward", "shallow_ffn_mixer_forward", "shaped_attention_sublayer_backward",
+    "shaped_attention_sublayer_forward", "simplified_block_he_hofmann", "simplified_block_he_hofmann_backward",
+    "simplified_block_he_hofmann_forward", "LOCALIZATIONS", "localization_backward", "localization_forward",
+    "spatial_transformer", "spatial_transformer_backward", "spatial_transformer_forward", "TNT_INNER", "TNT_OUTER",
+    "tnt_block", "tnt_block_backward", "tnt_block_forward", "TOKEN_POOLING_METHODS", "token_pooling",
+    "token_pooling_backward", "token_pooling_clusters", "token_pooling_forward",
 ]

@@ -5,94 +5,132 @@ spectral, convolutional, wavelet and kernel-integral layers (FNO, AFNO, CNO, GNO
 ...) and scans. `common` holds what several share (real-FFT adjoints, the Physics-Attention slice
 front, axial kernels, initialisers).
 
-Modules
--------
-* `afno`: AFNO token mixer and DPOT's variant: a block-diagonal complex 2-layer MLP per Fourier mode
-  (``afno_dpot_fourier_mixer``).
-* `anie`: ANIE: attentional neural integral equations, solved by (smoothed) fixed-point iteration
-  (``anie_attentional_integral_equation``).
-* `anisotropic_rbf`: Anisotropic RBF field decoder: a continuous field, queried anywhere, from
-  oriented Gaussian centres (``anisotropic_rbf_field_decoder``).
-* `aot_pot`: AOT-POT multi-stream residual mixing: adaptive aggregation, redistribution and
-  Sinkhorn-projected stream mixing (``aot_pot_multistream_sinkhorn``).
-* `cape`: CAPE: channel attention guided by PDE-parameter embeddings (the parameter-embedding block
-  of a neural PDE solver) (``cape_parameter_channel_attention``).
-* `cato`: CATO charted axial attention — registered as **not implemented** (T3).
-* `cno`: Convolutional Neural Operator (CNO): the CNO block and residual block with the anti-aliased
-  (filtered) leaky-ReLU activation and its up/down-sampling (``cno_convolutional_operator``).
-* `coda_no`: CoDA-NO codomain attention: softmax attention among physical variables (function-valued
-  tokens) (``coda_no_codomain_attention``).
-* `common`: Helpers shared by the operator-learning modules (no mechanism and no registry record
-  here).
-* `continuum`: Continuum (function-space) attention discretised with quadrature weights
-  (``continuum_attention_quadrature``).
-* `differential_conv`: Finite-difference (localized differential) convolution of the local neural
-  operator (``finite_difference_conv``).
-* `disco_conv`: Discrete-continuous (DISCO) convolutions — the localized integral kernel of the
-  local neural operator — and the local kernels of ``LocalNOBlocks`` (DISCO + finite-difference) as
-  one layer (``local_differential_disco_kernels``).
-* `factformer`: FactFormer's axial factorised kernel integral (and the full ``FABlock2D`` around it)
-  (``factformer_factorized_attention``).
-* `fno`: FNO spectral convolution: a per-mode complex channel mix between a real FFT and its inverse
-  (``fno_spectral_conv``).
-* `gale`: GeoTransolver GALE: Transolver slices, slice self-attention mixed with cross-attention to
-  a context (``geotransolver_gale``).
-* `galerkin`: Galerkin-type and Fourier-type attention (Cao, NeurIPS 2021): one layer, two
-  associations (``galerkin_attention``, ``fourier_type_attention``).
-* `gaot_magno`: GAOT MAGNO: multiscale attentional graph neural operator encoder/decoder with
-  geometry embedding (``gaot_magno``).
-* `gno_kernel_integral`: Graph neural operator (GNO) kernel integral over radius neighbourhoods
-  (``gno_kernel_integral_layer``).
-* `gnot`: GNOT heterogeneous normalized (linear) attention (HNA) (``gnot_hna_attention``).
-* `gnot_moe`: GNOT geometric gating: a mixture-of-experts FFN gated by the point coordinates
-  (``gnot_geometric_gating_moe``).
-* `ho_fno`: HO-FNO: the higher-order (n-linear) spectral convolution and the HO-FNO block
-  (``ho_fno_higher_order_spectral_conv``).
-* `ifactformer`: IFactFormer-m's parallel axial attention: two axis integrals of the same values,
-  concatenated (``ifactformer_m_parallel_attention``).
-* `ipot`: IPOT: Inducing Point Operator Transformer (encode -> process latents -> decode anywhere)
-  (``ipot_inducing_point_operator``).
-* `linear_no`: LinearNO: Transolver's Physics-Attention recast as canonical linear attention
-  (``linear_no_attention``).
-* `mamba`: Mamba's selective state-space scan (S6): a recurrent reference, a chunked parallel form
-  and the backward through time (``selective_scan``).
-* `mamba_neural_operator`: Mamba Neural Operator (MNO): the multi-order selective-scan mixer
-  ``SS2D`` that replaces attention in the Galerkin Transformer / GNOT / OFormer encoder layers
-  (``mamba_selective_scan_operator``).
-* `mano`: MANO multipole attention: windowed attention on a hierarchy of coarsened grids, summed
-  back up (``mano_multipole_attention``).
-* `mgno`: MgNO: a neural-operator layer whose linear operator is one multigrid V-cycle of
-  convolutions (``mgno_multigrid_operator``).
-* `mino`: MINO encoder: a graph-neural-operator kernel integral onto latent points, then Perceiver
-  cross-attention (``mino_gno_cross_attention``).
-* `mono_cotap`: MoNo CoTAP: cross-scale optimal-transport assignment and projection between points
-  and latent tokens (``mono_cotap_ot_projection``).
-* `multiwavelet`: Multiwavelet neural operator (MWT): Legendre/Chebyshev multiwavelet filters, the
-  multiwavelet transform and the 1-D ``MWT_CZ1d`` layer (``multiwavelet_operator``).
-* `oformer`: OFormer linear attention: Galerkin/Fourier-type attention with quadrature weights,
-  masks and RoPE (``oformer_attention``).
-* `ono`: ONO orthogonal attention: Cholesky-whitened eigenfunction features and a Mercer-type kernel
-  (``ono_orthogonal_attention``).
-* `pde_transformer_channel_attention`: PDE-Transformer (separate channels): channel-wise
-  self-attention between the tokens of the physical channels, with adaptive-LayerNorm conditioning
-  (``pde_transformer_channel_attention``).
-* `physgto_attention`: PhysGTO projection-inspired attention: learned tokens project the mesh,
-  attend, and re-project back (``physgto_projection_attention``).
-* `pinnsformer`: PINNsFormer: pseudo-sequences of collocation points, the Wavelet activation and the
-  encoder-decoder PINN transformer built from them (``pinnsformer_wavelet_pseudosequence``,
-  ``wavelet_activation``).
-* `pinto`: PINTO: physics-informed transformer neural operator with cross-attention kernel-integral
-  units (``pinto_cross_attention_kernel_integral``).
-* `schwarz_attention`: Two-level overlapping Schwarz (domain-decomposition) attention
-  (``schwarz_domain_decomposition_attention``).
-* `scot`: Poseidon / scOT block: time-conditioned LayerNorm around SwinV2 (shifted-)window attention
-  (``scot_poseidon_block``).
-* `transolver`: Transolver Physics-Attention: slice the points, attend among the slices, deslice
-  (``transolver_physics_attention``).
-
 Every public name of these modules is re-exported here. A function named like its own module
 (``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
 module's other names from the module itself (``from package.sdpa import sdpa_forward``).
+
+Modules
+-------
+afno
+    AFNO token mixer and DPOT's variant: a block-diagonal complex 2-layer MLP per Fourier mode
+    (``afno_dpot_fourier_mixer``).
+anie
+    ANIE: attentional neural integral equations, solved by (smoothed) fixed-point iteration
+    (``anie_attentional_integral_equation``).
+anisotropic_rbf
+    Anisotropic RBF field decoder: a continuous field, queried anywhere, from oriented Gaussian
+    centres (``anisotropic_rbf_field_decoder``).
+aot_pot
+    AOT-POT multi-stream residual mixing: adaptive aggregation, redistribution and
+    Sinkhorn-projected stream mixing (``aot_pot_multistream_sinkhorn``).
+cape
+    CAPE: channel attention guided by PDE-parameter embeddings (the parameter-embedding block of a
+    neural PDE solver) (``cape_parameter_channel_attention``).
+cato
+    CATO charted axial attention — registered as **not implemented** (T3).
+cno
+    Convolutional Neural Operator (CNO): the CNO block and residual block with the anti-aliased
+    (filtered) leaky-ReLU activation and its up/down-sampling (``cno_convolutional_operator``).
+coda_no
+    CoDA-NO codomain attention: softmax attention among physical variables (function-valued tokens)
+    (``coda_no_codomain_attention``).
+common
+    Helpers shared by the operator-learning modules (no mechanism and no registry record here).
+continuum
+    Continuum (function-space) attention discretised with quadrature weights
+    (``continuum_attention_quadrature``).
+differential_conv
+    Finite-difference (localized differential) convolution of the local neural operator
+    (``finite_difference_conv``).
+disco_conv
+    Discrete-continuous (DISCO) convolutions — the localized integral kernel of the local neural
+    operator — and the local kernels of ``LocalNOBlocks`` (DISCO + finite-difference) as one layer
+    (``local_differential_disco_kernels``).
+factformer
+    FactFormer's axial factorised kernel integral (and the full ``FABlock2D`` around it)
+    (``factformer_factorized_attention``).
+fno
+    FNO spectral convolution: a per-mode complex channel mix between a real FFT and its inverse
+    (``fno_spectral_conv``).
+gale
+    GeoTransolver GALE: Transolver slices, slice self-attention mixed with cross-attention to a
+    context (``geotransolver_gale``).
+galerkin
+    Galerkin-type and Fourier-type attention (Cao, NeurIPS 2021): one layer, two associations
+    (``galerkin_attention``, ``fourier_type_attention``).
+gaot_magno
+    GAOT MAGNO: multiscale attentional graph neural operator encoder/decoder with geometry embedding
+    (``gaot_magno``).
+gno_kernel_integral
+    Graph neural operator (GNO) kernel integral over radius neighbourhoods
+    (``gno_kernel_integral_layer``).
+gnot
+    GNOT heterogeneous normalized (linear) attention (HNA) (``gnot_hna_attention``).
+gnot_moe
+    GNOT geometric gating: a mixture-of-experts FFN gated by the point coordinates
+    (``gnot_geometric_gating_moe``).
+ho_fno
+    HO-FNO: the higher-order (n-linear) spectral convolution and the HO-FNO block
+    (``ho_fno_higher_order_spectral_conv``).
+ifactformer
+    IFactFormer-m's parallel axial attention: two axis integrals of the same values, concatenated
+    (``ifactformer_m_parallel_attention``).
+ipot
+    IPOT: Inducing Point Operator Transformer (encode -> process latents -> decode anywhere)
+    (``ipot_inducing_point_operator``).
+linear_no
+    LinearNO: Transolver's Physics-Attention recast as canonical linear attention
+    (``linear_no_attention``).
+mamba
+    Mamba's selective state-space scan (S6): a recurrent reference, a chunked parallel form and the
+    backward through time (``selective_scan``).
+mamba_neural_operator
+    Mamba Neural Operator (MNO): the multi-order selective-scan mixer ``SS2D`` that replaces
+    attention in the Galerkin Transformer / GNOT / OFormer encoder layers
+    (``mamba_selective_scan_operator``).
+mano
+    MANO multipole attention: windowed attention on a hierarchy of coarsened grids, summed back up
+    (``mano_multipole_attention``).
+mgno
+    MgNO: a neural-operator layer whose linear operator is one multigrid V-cycle of convolutions
+    (``mgno_multigrid_operator``).
+mino
+    MINO encoder: a graph-neural-operator kernel integral onto latent points, then Perceiver
+    cross-attention (``mino_gno_cross_attention``).
+mono_cotap
+    MoNo CoTAP: cross-scale optimal-transport assignment and projection between points and latent
+    tokens (``mono_cotap_ot_projection``).
+multiwavelet
+    Multiwavelet neural operator (MWT): Legendre/Chebyshev multiwavelet filters, the multiwavelet
+    transform and the 1-D ``MWT_CZ1d`` layer (``multiwavelet_operator``).
+oformer
+    OFormer linear attention: Galerkin/Fourier-type attention with quadrature weights, masks and
+    RoPE (``oformer_attention``).
+ono
+    ONO orthogonal attention: Cholesky-whitened eigenfunction features and a Mercer-type kernel
+    (``ono_orthogonal_attention``).
+pde_transformer_channel_attention
+    PDE-Transformer (separate channels): channel-wise self-attention between the tokens of the
+    physical channels, with adaptive-LayerNorm conditioning (``pde_transformer_channel_attention``).
+physgto_attention
+    PhysGTO projection-inspired attention: learned tokens project the mesh, attend, and re-project
+    back (``physgto_projection_attention``).
+pinnsformer
+    PINNsFormer: pseudo-sequences of collocation points, the Wavelet activation and the
+    encoder-decoder PINN transformer built from them (``pinnsformer_wavelet_pseudosequence``,
+    ``wavelet_activation``).
+pinto
+    PINTO: physics-informed transformer neural operator with cross-attention kernel-integral units
+    (``pinto_cross_attention_kernel_integral``).
+schwarz_attention
+    Two-level overlapping Schwarz (domain-decomposition) attention
+    (``schwarz_domain_decomposition_attention``).
+scot
+    Poseidon / scOT block: time-conditioned LayerNorm around SwinV2 (shifted-)window attention
+    (``scot_poseidon_block``).
+transolver
+    Transolver Physics-Attention: slice the points, attend among the slices, deslice
+    (``transolver_physics_attention``).
 """
 
 from __future__ import annotations
@@ -207,12 +245,19 @@ from .factformer import (  # noqa: F401
     factformer_block_forward,
     factformer_block_param_shapes,
     init_factformer_block_params,
+    low_rank_kernel,
+    low_rank_kernel_backward,
+    low_rank_kernel_forward,
 )
 from .fno import (  # noqa: F401
     fno_spectral_conv,
     fno_spectral_conv_backward,
+    fno_spectral_conv_centred,
+    fno_spectral_conv_centred_backward,
+    fno_spectral_conv_centred_forward,
     fno_spectral_conv_explicit,
     fno_spectral_conv_forward,
+    init_fno_centred_params,
     init_fno_params,
 )
 from .gale import (  # noqa: F401
@@ -272,12 +317,19 @@ from .ifactformer import (  # noqa: F401
     ifactformer_m_attention,
     ifactformer_m_attention_backward,
     ifactformer_m_attention_forward,
+    ifactformer_m_axial,
+    ifactformer_m_axial_backward,
+    ifactformer_m_axial_forward,
 )
 from .ipot import (  # noqa: F401
     ipot_inducing_point_operator,
     ipot_inducing_point_operator_backward,
     ipot_inducing_point_operator_forward,
     ipot_init_params,
+    ipot_model_backward,
+    ipot_model_forward,
+    pos2fourier_backward,
+    pos2fourier_forward,
 )
 from .linear_no import (  # noqa: F401
     linear_no_attention,
@@ -408,235 +460,61 @@ from .transolver import (  # noqa: F401
 )
 
 __all__ = [
-    "afno_mixer",
-    "afno_mixer_backward",
-    "afno_mixer_forward",
-    "init_afno_params",
-    "anie_backward",
-    "anie_forward",
-    "anie_solve",
-    "init_anie_params",
-    "anisotropic_rbf",
-    "anisotropic_rbf_backward",
-    "anisotropic_rbf_forward",
-    "tangent_frames",
-    "aot_pot_stream_mixing",
-    "aot_pot_stream_mixing_backward",
-    "aot_pot_stream_mixing_forward",
-    "init_aot_pot_params",
-    "cape_block",
-    "cape_block_backward",
-    "cape_block_forward",
-    "init_cape_params",
-    "cno_activation_operators",
-    "cno_block",
-    "cno_block_backward",
-    "cno_block_forward",
-    "cno_lowpass_filter",
-    "cno_resample",
-    "cno_residual_block",
-    "cno_residual_block_backward",
-    "cno_residual_block_forward",
-    "fft_resample_matrix",
-    "kink_margin",
-    "upfirdn_matrix",
-    "codomain_attention",
-    "codomain_attention_backward",
-    "codomain_attention_forward",
-    "FFT_NORMS",
-    "axial_kernel_grads",
-    "axial_kernels",
-    "cast_complex",
-    "check_tau_clamp",
-    "fft_scales",
-    "irfftn_adjoint",
-    "mirror_count",
-    "orthogonal_init",
-    "physics_front_backward",
-    "physics_front_forward",
-    "physics_front_init",
-    "physics_front_spec",
-    "rfftn_adjoint",
-    "sinkhorn_implicit_vjp",
-    "slice_dims",
-    "slice_tokens_backward",
-    "slice_tokens_forward",
-    "swap_last",
-    "tempered_softmax_backward",
-    "tempered_softmax_forward",
-    "validate_axial_operands",
-    "validate_physics_front",
-    "xavier_uniform",
-    "continuum_attention",
-    "continuum_attention_backward",
-    "continuum_attention_forward",
-    "trapezoid_weights",
-    "FD_PADDINGS",
-    "finite_difference_conv",
-    "finite_difference_conv_backward",
-    "finite_difference_conv_forward",
-    "zero_sum_stencil",
-    "disco_basis",
-    "disco_conv",
-    "disco_conv_backward",
-    "disco_conv_forward",
-    "disco_filter_matrix",
-    "equidistant_disco_conv",
-    "equidistant_disco_conv_backward",
-    "equidistant_disco_conv_forward",
-    "equidistant_disco_kernel",
-    "local_no_kernels",
-    "local_no_kernels_backward",
-    "local_no_kernels_forward",
-    "factformer_attention",
-    "factformer_attention_backward",
-    "factformer_attention_forward",
-    "factformer_block_backward",
-    "factformer_block_forward",
-    "factformer_block_param_shapes",
-    "init_factformer_block_params",
-    "fno_spectral_conv",
-    "fno_spectral_conv_backward",
-    "fno_spectral_conv_explicit",
-    "fno_spectral_conv_forward",
-    "init_fno_params",
-    "gale_init_params",
-    "geotransolver_gale",
-    "geotransolver_gale_backward",
-    "geotransolver_gale_forward",
-    "fourier_type_attention",
-    "fourier_type_attention_backward",
-    "fourier_type_attention_forward",
-    "galerkin_attention",
-    "galerkin_attention_backward",
-    "galerkin_attention_forward",
-    "init_params",
-    "init_magno_params",
-    "magno",
-    "magno_backward",
-    "magno_forward",
-    "magno_geometry_features",
-    "node_pos_encode",
-    "gno_kernel_integral",
-    "gno_kernel_integral_backward",
-    "gno_kernel_integral_forward",
-    "init_gno_params",
-    "radius_neighbors",
-    "sinusoidal_embedding",
-    "sinusoidal_embedding_vjp",
-    "gnot_hna_attention",
-    "gnot_hna_attention_backward",
-    "gnot_hna_attention_forward",
-    "gnot_hna_init_params",
-    "gnot_geometric_gating_moe",
-    "gnot_geometric_gating_moe_backward",
-    "gnot_geometric_gating_moe_forward",
-    "gnot_moe_init_params",
-    "ho_block",
-    "ho_block_backward",
-    "ho_block_forward",
-    "ho_spectral_conv",
-    "ho_spectral_conv_backward",
-    "ho_spectral_conv_forward",
-    "two_thirds_padding",
-    "ifactformer_m_attention",
-    "ifactformer_m_attention_backward",
-    "ifactformer_m_attention_forward",
-    "ipot_inducing_point_operator",
-    "ipot_inducing_point_operator_backward",
-    "ipot_inducing_point_operator_forward",
-    "ipot_init_params",
-    "linear_no_attention",
-    "linear_no_attention_backward",
-    "linear_no_attention_forward",
-    "linear_no_init_params",
-    "linear_scan",
-    "selective_scan",
-    "selective_scan_backward",
-    "selective_scan_forward",
-    "softplus",
-    "init_mno_ss2d_params",
-    "mno_ss2d",
-    "mno_ss2d_backward",
-    "mno_ss2d_forward",
-    "scan_order_permutations",
-    "init_mano_params",
-    "mano_attention",
-    "mano_attention_backward",
-    "mano_attention_forward",
-    "mano_levels",
-    "init_mgno_params",
-    "mgno_layer",
-    "mgno_layer_backward",
-    "mgno_layer_forward",
-    "mgno_param_shapes",
-    "mgno_vcycle",
-    "init_mino_encoder_params",
-    "init_perceiver_block_params",
-    "mino_encoder",
-    "mino_encoder_backward",
-    "mino_encoder_forward",
-    "mino_perceiver_block_backward",
-    "mino_perceiver_block_forward",
-    "mino_sincos_embedding",
-    "perceiver_block_spec",
-    "cotap",
-    "cotap_backward",
-    "cotap_forward",
-    "cotap_project",
-    "init_cotap_params",
-    "init_mwt_cz1d_params",
-    "multiwavelet_filters",
-    "mwt_cz1d",
-    "mwt_cz1d_backward",
-    "mwt_cz1d_forward",
-    "mwt_decompose",
-    "mwt_reconstruct",
-    "oformer_attention",
-    "oformer_attention_backward",
-    "oformer_attention_forward",
-    "oformer_init_params",
-    "cholesky_vjp",
-    "ono_attention",
-    "ono_attention_backward",
-    "ono_attention_forward",
-    "psd_safe_cholesky",
-    "init_pde_channel_attention_params",
-    "pde_channel_attention",
-    "pde_channel_attention_backward",
-    "pde_channel_attention_forward",
-    "PHYSGTO_VARIANTS",
-    "init_physgto_attention_params",
-    "physgto_attention",
-    "physgto_attention_backward",
-    "physgto_attention_forward",
-    "init_pinnsformer_params",
-    "make_time_sequence",
-    "pinnsformer",
-    "pinnsformer_backward",
-    "pinnsformer_forward",
-    "pinnsformer_param_shapes",
-    "wave_activation",
-    "wave_activation_backward",
-    "wave_activation_forward",
-    "init_pinto_params",
-    "pinto",
-    "pinto_backward",
-    "pinto_forward",
-    "coarse_hat_basis",
-    "overlapping_subdomains",
-    "partition_of_unity",
-    "schwarz_attention",
-    "schwarz_attention_backward",
-    "schwarz_attention_forward",
-    "conditional_layer_norm",
-    "init_scot_params",
-    "scot_layer",
-    "scot_layer_backward",
-    "scot_layer_forward",
-    "scot_param_shapes",
-    "transolver_init_params",
-    "transolver_physics_attention",
-    "transolver_physics_attention_backward",
-    "transolver_physics_attention_forward",
+    "afno_mixer", "afno_mixer_backward", "afno_mixer_forward", "init_afno_params", "anie_backward", "anie_forward",
+    "anie_solve", "init_anie_params", "anisotropic_rbf", "anisotropic_rbf_backward", "anisotropic_rbf_forward",
+    "tangent_frames", "aot_pot_stream_mixing", "aot_pot_stream_mixing_backward", "aot_pot_stream_mixing_forward",
+    "init_aot_pot_params", "cape_block", "cape_block_backward", "cape_block_forward", "init_cape_params",
+    "cno_activation_operators", "cno_block", "cno_block_backward", "cno_block_forward", "cno_lowpass_filter",
+    "cno_resample", "cno_residual_block", "cno_residual_block_backward", "cno_residual_block_forward",
+    "fft_resample_matrix", "kink_margin", "upfirdn_matrix", "codomain_attention", "codomain_attention_backward",
+    "codomain_attention_forward", "FFT_NORMS", "axial_kernel_grads", "axial_kernels", "cast_complex", "check_tau_clamp",
+    "fft_scales", "irfftn_adjoint", "mirror_count", "orthogonal_init", "physics_front_backward",
+    "physics_front_forward", "physics_front_init", "physics_front_spec", "rfftn_adjoint", "sinkhorn_implicit_vjp",
+    "slice_dims", "slice_tokens_backward", "slice_tokens_forward", "swap_last", "tempered_softmax_backward",
+    "tempered_softmax_forward", "validate_axial_operands", "validate_physics_front", "xavier_uniform",
+    "continuum_attention", "continuum_attention_backward", "continuum_attention_forward", "trapezoid_weights",
+    "FD_PADDINGS", "finite_difference_conv", "finite_difference_conv_backward", "finite_difference_conv_forward",
+    "zero_sum_stencil", "disco_basis", "disco_conv", "disco_conv_backward", "disco_conv_forward", "disco_filter_matrix",
+    "equidistant_disco_conv", "equidistant_disco_conv_backward", "equidistant_disco_conv_forward",
+    "equidistant_disco_kernel", "local_no_kernels", "local_no_kernels_backward", "local_no_kernels_forward",
+    "factformer_attention", "factformer_attention_backward", "factformer_attention_forward",
+    "factformer_block_backward", "factformer_block_forward", "factformer_block_param_shapes",
+    "init_factformer_block_params", "low_rank_kernel", "low_rank_kernel_backward", "low_rank_kernel_forward",
+    "fno_spectral_conv", "fno_spectral_conv_backward", "fno_spectral_conv_centred",
+    "fno_spectral_conv_centred_backward", "fno_spectral_conv_centred_forward", "fno_spectral_conv_explicit",
+    "fno_spectral_conv_forward", "init_fno_centred_params", "init_fno_params", "gale_init_params", "geotransolver_gale",
+    "geotransolver_gale_backward", "geotransolver_gale_forward", "fourier_type_attention",
+    "fourier_type_attention_backward", "fourier_type_attention_forward", "galerkin_attention",
+    "galerkin_attention_backward", "galerkin_attention_forward", "init_params", "init_magno_params", "magno",
+    "magno_backward", "magno_forward", "magno_geometry_features", "node_pos_encode", "gno_kernel_integral",
+    "gno_kernel_integral_backward", "gno_kernel_integral_forward", "init_gno_params", "radius_neighbors",
+    "sinusoidal_embedding", "sinusoidal_embedding_vjp", "gnot_hna_attention", "gnot_hna_attention_backward",
+    "gnot_hna_attention_forward", "gnot_hna_init_params", "gnot_geometric_gating_moe",
+    "gnot_geometric_gating_moe_backward", "gnot_geometric_gating_moe_forward", "gnot_moe_init_params", "ho_block",
+    "ho_block_backward", "ho_block_forward", "ho_spectral_conv", "ho_spectral_conv_backward",
+    "ho_spectral_conv_forward", "two_thirds_padding", "ifactformer_m_attention", "ifactformer_m_attention_backward",
+    "ifactformer_m_attention_forward", "ifactformer_m_axial", "ifactformer_m_axial_backward",
+    "ifactformer_m_axial_forward", "ipot_inducing_point_operator", "ipot_inducing_point_operator_backward",
+    "ipot_inducing_point_operator_forward", "ipot_init_params", "ipot_model_backward", "ipot_model_forward",
+    "pos2fourier_backward", "pos2fourier_forward", "linear_no_attention", "linear_no_attention_backward",
+    "linear_no_attention_forward", "linear_no_init_params", "linear_scan", "selective_scan", "selective_scan_backward",
+    "selective_scan_forward", "softplus", "init_mno_ss2d_params", "mno_ss2d", "mno_ss2d_backward", "mno_ss2d_forward",
+    "scan_order_permutations", "init_mano_params", "mano_attention", "mano_attention_backward",
+    "mano_attention_forward", "mano_levels", "init_mgno_params", "mgno_layer", "mgno_layer_backward",
+    "mgno_layer_forward", "mgno_param_shapes", "mgno_vcycle", "init_mino_encoder_params", "init_perceiver_block_params",
+    "mino_encoder", "mino_encoder_backward", "mino_encoder_forward", "mino_perceiver_block_backward",
+    "mino_perceiver_block_forward", "mino_sincos_embedding", "perceiver_block_spec", "cotap", "cotap_backward",
+    "cotap_forward", "cotap_project", "init_cotap_params", "init_mwt_cz1d_params", "multiwavelet_filters", "mwt_cz1d",
+    "mwt_cz1d_backward", "mwt_cz1d_forward", "mwt_decompose", "mwt_reconstruct", "oformer_attention",
+    "oformer_attention_backward", "oformer_attention_forward", "oformer_init_params", "cholesky_vjp", "ono_attention",
+    "ono_attention_backward", "ono_attention_forward", "psd_safe_cholesky", "init_pde_channel_attention_params",
+    "pde_channel_attention", "pde_channel_attention_backward", "pde_channel_attention_forward", "PHYSGTO_VARIANTS",
+    "init_physgto_attention_params", "physgto_attention", "physgto_attention_backward", "physgto_attention_forward",
+    "init_pinnsformer_params", "make_time_sequence", "pinnsformer", "pinnsformer_backward", "pinnsformer_forward",
+    "pinnsformer_param_shapes", "wave_activation", "wave_activation_backward", "wave_activation_forward",
+    "init_pinto_params", "pinto", "pinto_backward", "pinto_forward", "coarse_hat_basis", "overlapping_subdomains",
+    "partition_of_unity", "schwarz_attention", "schwarz_attention_backward", "schwarz_attention_forward",
+    "conditional_layer_norm", "init_scot_params", "scot_layer", "scot_layer_backward", "scot_layer_forward",
+    "scot_param_shapes", "transolver_init_params", "transolver_physics_attention",
+    "transolver_physics_attention_backward", "transolver_physics_attention_forward",
 ]

@@ -1,8 +1,10 @@
 r"""CoDA-NO codomain attention: softmax attention among physical variables (function-valued tokens).
 
 Paper: Rahman et al., "Pretraining Codomain Attention Neural Operators for Solving Multiphysics
-PDEs", NeurIPS 2024. Upstream: ashiq24/CoDA-NO ``layers/codano_block_nd.py``
-(``CodanoBlockND.compute_attention``; ``_forward_equivariant``).
+PDEs", NeurIPS 2024. Upstream: ashiq24/CoDA-NO ``layers/codano_block_nd.py`` @ 12a4acf (unchanged
+since d313bee) (``CodanoBlockND.compute_attention``; ``_forward_equivariant``); neuraloperator/neuraloperator
+``neuralop/layers/coda_layer.py`` @ 93d3f0633e048c915004cd782cb339acf06e1157 (``CODALayer``,
+also in PyPI ``neuraloperator`` 2.0.0).
 
 Mechanism
 ---------
@@ -18,6 +20,12 @@ P = \mathrm{softmax}_{c'}(S),\qquad o_c = \sum_{c'}P_{cc'}v_{c'}$$
 ``rearrange('(b k) (a d) d0 d1 -> b a k (d d0 d1)')``, so ``k.shape[-1] = d * N``). The rest of
 the block (instance norms, the output projection, the residual and the FNO mixer) surrounds this
 core and is built from the FNO and norm layers.
+
+Grids. The scores only involve $q$ and $k$, so $v$ may live on another grid: neuraloperator's
+``CODALayer`` (``neuralop/layers/coda_layer.py``) with its defaults ``per_channel_attention=True``
+and ``scale=None -> 0.5`` computes K and Q with FNO blocks of ``resolution_scaling_factor=0.5``
+(a half-resolution grid) and V at full resolution; then ``k.shape[-1] = d\,N_{qk}`` counts the
+*coarse* points in $\sqrt{dN}$ (keyword-free: $N$ is always q/k's point count).
 
 Score scaling — a discretisation convention (keyword ``score_scaling``)
 -----------------------------------------------------------------------
@@ -54,9 +62,9 @@ def _validate(q, k, v, temperature, score_scaling, quad_weights):
     v = as_float(v, "v", min_ndim=5, max_ndim=7)
     if k.shape != q.shape:
         raise ValueError(f"k must have the shape of q {q.shape} (B, heads, variables, d, *grid); got {k.shape}")
-    if v.shape[:3] != q.shape[:3] or v.shape[4:] != q.shape[4:]:
-        raise ValueError(f"v must have shape (B, heads, variables, dv, *grid) = {q.shape[:3]} + (dv,) + "
-                         f"{q.shape[4:]}; got {v.shape}")
+    if v.shape[:3] != q.shape[:3] or v.ndim != q.ndim:
+        raise ValueError(f"v must have shape (B, heads, variables, dv, *grid_v) with (B, heads, variables) = "
+                         f"{q.shape[:3]} and {q.ndim - 4} grid axes (its grid may differ from q's); got {v.shape}")
     temperature = check_positive(temperature, "temperature")
     check_choice(score_scaling, "score_scaling", ("sqrt_numel", "quadrature"))
     grid = q.shape[4:]
@@ -86,7 +94,10 @@ def codomain_attention_forward(q, k, v, *, temperature: float = 1.0, score_scali
     ----------
     q, k : array (B, heads, V, d, *grid)
         Per-variable query/key functions (outputs of the Q/K FNO blocks), ``grid`` 1-3 axes.
-    v : array (B, heads, V, dv, *grid)
+    v : array (B, heads, V, dv, *grid_v)
+        Values; ``grid_v`` may differ from the q/k grid: neuraloperator's ``CODALayer`` builds
+        K and Q on a coarser grid (``scale=0.5`` with ``per_channel_attention``) and V at full
+        resolution. The scores only see q and k; the output has v's grid.
     temperature : float
         Upstream ``temperature`` (default 1).
     score_scaling : {"sqrt_numel", "quadrature"}
@@ -150,7 +161,7 @@ def _sample(rng, size, **config):
 def _explicit(q, k, v, *, temperature=1.0, score_scaling="sqrt_numel", quad_weights=None):
     b, h, nv, d = q.shape[:4]
     n = int(np.prod(q.shape[4:]))
-    qf, kf, vf = (a.reshape(b, h, nv, d if a is not v else a.shape[3], n) for a in (q, k, v))
+    qf, kf, vf = (a.reshape(b, h, nv, a.shape[3], -1) for a in (q, k, v))
     if score_scaling == "sqrt_numel":
         s = np.einsum("bhcdx,bhedx->bhce", qf, kf) / (temperature * np.sqrt(d * n))
     else:
@@ -178,6 +189,26 @@ def _check_quadrature_mode(rng):
     s = _sample(rng, "tiny", score_scaling="quadrature", quad_weights=rng.uniform(0.1, 1.0, (3, 3)))
     s.inputs = {n: a[..., :3, :] for n, a in s.inputs.items()}
     return gradcheck(codomain_attention_forward, codomain_attention_backward, s).max_rel
+
+
+def _check_coarse_qk_grid(rng):
+    # q/k on a coarser grid than v (neuraloperator CODALayer, scale=0.5): explicit form and FD.
+    from ..testing.gradcheck import gradcheck
+
+    s = _sample(rng, "tiny")
+    b, h, nv = s.inputs["q"].shape[:3]
+    s.inputs["q"] = rng.standard_normal((b, h, nv, 1, 2, 2))
+    s.inputs["k"] = rng.standard_normal((b, h, nv, 1, 2, 2))
+    s.inputs["v"] = rng.standard_normal((b, h, nv, 2, 4, 3))
+    out = codomain_attention(**s.inputs, **s.config)
+    qf, kf = s.inputs["q"].reshape(b, h, nv, -1), s.inputs["k"].reshape(b, h, nv, -1)
+    sc = qf @ np.swapaxes(kf, -1, -2) / (s.config["temperature"] * np.sqrt(qf.shape[-1]))
+    pm = np.exp(sc - sc.max(-1, keepdims=True))
+    pm /= pm.sum(-1, keepdims=True)
+    ref = (pm @ s.inputs["v"].reshape(b, h, nv, -1)).reshape(out.shape)
+    err = float(np.abs(out - ref).max())
+    assert out.shape == s.inputs["v"].shape and err < 1e-13, f"coarse q/k grid: {err:.2e}"
+    return max(err, gradcheck(codomain_attention_forward, codomain_attention_backward, s).max_rel)
 
 
 def _check_discretisation(rng):
@@ -212,6 +243,7 @@ register(
         reference=_explicit, docs="neural-operators.md#coda-no-codomain-attention",
         checks={"variable_permutation_equivariance": _check_variable_permutation,
                 "quadrature_mode_gradcheck": _check_quadrature_mode,
+                "coarse_qk_grid": _check_coarse_qk_grid,
                 "discretisation": _check_discretisation},
     ),
 )

@@ -61,6 +61,7 @@ import math
 import numpy as np
 
 from .._checks import as_float, check_int, check_params, check_positive, compute_dtype
+from ..nn.conv import conv_apply, conv_vjp
 from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
 
@@ -241,14 +242,43 @@ def slice_tokens_backward(dtok, c):
     return dw, df
 
 
-def physics_front_forward(x, p, n_head, tau_clamp, slice_eps):
-    """Projections, slice weights and slice tokens (Transolver steps 1)."""
-    xm = split_heads(linear_prefixed(p, "in_project_x", x), n_head)
-    fm = split_heads(linear_prefixed(p, "in_project_fx", x), n_head)
+def _front_projection(p, prefix, x, mesh_shape):
+    """``in_project_{x,fx}``: a Linear on the points, or on a structured mesh (Transolver's
+    ``Physics_Attention_Structured_Mesh_{2D,3D}``) a stride-1 convolution with padding ``k//2``
+    over the points reshaped row-major to ``mesh_shape`` (torch conv weight layout)."""
+    if mesh_shape is None:
+        return linear_prefixed(p, prefix, x)
+    b, n, c = x.shape
+    w = p[f"{prefix}.weight"]
+    xc = np.moveaxis(x.reshape((b,) + tuple(mesh_shape) + (c,)), -1, 1)
+    y = conv_apply(xc, w, p[f"{prefix}.bias"], padding=tuple(k // 2 for k in w.shape[2:]))
+    return np.moveaxis(y, 1, -1).reshape(b, n, w.shape[0])
+
+
+def _front_projection_vjp(grads, p, prefix, dy, x, mesh_shape):
+    if mesh_shape is None:
+        return linear_prefixed_vjp(grads, p, prefix, dy, x)
+    b, n, c = x.shape
+    w = p[f"{prefix}.weight"]
+    xc = np.moveaxis(x.reshape((b,) + tuple(mesh_shape) + (c,)), -1, 1)
+    dyc = np.moveaxis(dy.reshape((b,) + tuple(mesh_shape) + (w.shape[0],)), -1, 1)
+    g = conv_vjp(dyc, xc, w, padding=tuple(k // 2 for k in w.shape[2:]))
+    for k in ("weight", "bias"):
+        key = f"{prefix}.{k}"
+        grads[key] = grads[key] + g[k] if key in grads else g[k]
+    return np.moveaxis(g["x"], 1, -1).reshape(b, n, c)
+
+
+def physics_front_forward(x, p, n_head, tau_clamp, slice_eps, mesh_shape=None):
+    """Projections, slice weights and slice tokens (Transolver steps 1). ``mesh_shape`` (structured
+    mesh, ``N = prod(mesh_shape)`` points in row-major order) makes ``in_project_x``/``in_project_fx``
+    convolutions (weights ``(H D, C, *k)``, odd ``k``, padding ``k//2``)."""
+    xm = split_heads(_front_projection(p, "in_project_x", x, mesh_shape), n_head)
+    fm = split_heads(_front_projection(p, "in_project_fx", x, mesh_shape), n_head)
     logits = linear_prefixed(p, "in_project_slice", xm)
     w, sm_c = tempered_softmax_forward(logits, p["temperature"], tau_clamp, -1)
     tok, tok_c = slice_tokens_forward(w, fm, slice_eps)
-    return w, tok, {"xm": xm, "fm": fm, "sm": sm_c, "tok": tok_c}
+    return w, tok, {"xm": xm, "fm": fm, "sm": sm_c, "tok": tok_c, "mesh_shape": mesh_shape}
 
 
 def physics_front_backward(grads, p, x, dw, dtok, c):
@@ -258,8 +288,9 @@ def physics_front_backward(grads, p, x, dw, dtok, c):
     dlogits, dtau = tempered_softmax_backward(dw + dw2, c["sm"])
     grads["temperature"] = dtau
     dxm = linear_prefixed_vjp(grads, p, "in_project_slice", dlogits, c["xm"])
-    dx = linear_prefixed_vjp(grads, p, "in_project_x", merge_heads(dxm), x)
-    dx = dx + linear_prefixed_vjp(grads, p, "in_project_fx", merge_heads(dfm), x)
+    mesh = c.get("mesh_shape")
+    dx = _front_projection_vjp(grads, p, "in_project_x", merge_heads(dxm), x, mesh)
+    dx = dx + _front_projection_vjp(grads, p, "in_project_fx", merge_heads(dfm), x, mesh)
     return dx
 
 

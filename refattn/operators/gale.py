@@ -1,9 +1,11 @@
 r"""GeoTransolver GALE: Transolver slices, slice self-attention mixed with cross-attention to a context.
 
 Paper: NVIDIA PhysicsNeMo, GeoTransolver, arXiv 2512.20399. Upstream: NVIDIA/physicsnemo
-``physicsnemo/experimental/models/geotransolver/gale.py`` (``GALE``, ``_gale_cross_init``,
-``_mix_self_and_cross``) on top of ``physicsnemo/nn/module/physics_attention.py``
-(``PhysicsAttentionIrregularMesh``).
+``physicsnemo/nn/module/gale.py`` @ 94b355108cfd10e253d3d41cacdc0c0112b078e4 (``GALE``,
+``_gale_cross_init``, ``_mix_self_and_cross``; PyPI nvidia-physicsnemo 2.2.2 ships the same file;
+the earlier ``physicsnemo/experimental/models/geotransolver/gale.py`` is gone) on top of
+``physicsnemo/nn/module/physics_attention.py`` (``PhysicsAttentionIrregularMesh``). Measured
+agreement with the real ``GALE`` in float64: <= 4.3e-16, output and every gradient (docs).
 
 Forward
 -------

@@ -1,8 +1,8 @@
 r"""Galerkin-type and Fourier-type attention (Cao, NeurIPS 2021): one layer, two associations.
 
 Paper: S. Cao, "Choose a Transformer: Fourier or Galerkin", NeurIPS 2021, arXiv 2105.14995.
-Upstream: scaomath/galerkin-transformer ``libs/layers.py`` (``SimpleAttention``,
-``linear_attention``, ``attention``).
+Upstream: scaomath/galerkin-transformer ``libs/layers.py`` @ f9e7d6abc24e958b1165f48b22625c5bab688043
+(``SimpleAttention``, ``linear_attention``, ``attention``).
 
 The two mechanisms share this module because they share one derivation: the same upstream layer
 (projections, per-head norm, coordinate concatenation, ``fc``) in which the softmax-free product
@@ -20,8 +20,22 @@ $$Q,K,V = xW_{Q,K,V} + b_{Q,K,V}\quad(\text{split into heads } (B,H,N,d)).$$
 
 Galerkin type normalises **K and V** per head, Fourier type **Q and K**
 (``norm_type="layer"``: ``nn.LayerNorm(d)`` per head over the $d$ channels of each point, with
-affine weight/bias per head; ``norm_type="instance"``: ``nn.InstanceNorm1d`` per head, i.e. each
-channel standardised over the $N$ points, no affine — the OFormer convention; ``None``: no norm).
+affine weight/bias per head; ``norm_type="instance"``: upstream transposes each head to
+``(b, d, n)`` before ``nn.InstanceNorm1d(d, affine=True)``, so each channel is standardised over
+the $N$ points, then scaled by the optional affine ``norm_*.weight``/``.bias`` of shape (H, d) —
+omit them for the plain norm; ``None``: no norm). This per-channel-over-points norm is *not*
+what BaratiLab/OFormer's unpadded branch or neuraloperator's ``AttentionKernelIntegral``
+compute: both apply ``InstanceNorm1d`` to a ``(b h, n, d)`` tensor, which normalises each point
+over its channels (``refattn.operators.oformer``, ``norm_axis="channels"``).
+
+Cross-attention: upstream ``SimpleAttention.forward(query, key, value, pos)`` takes a separate
+query input. ``query`` (B, N_q, C) gives $Q = \text{query}\,W_Q + b_Q$ while $K, V$ come from
+``x`` (B, N, C). **Quirk (upstream, Galerkin type):** ``linear_attention`` divides by
+``seq_len = query.size(-2)``, the number of *query* points, not the $N$ key points of the
+quadrature $\hat K^\top\hat V/N$; ``galerkin_length="query"`` (default) reproduces it,
+``"key"`` divides by $N$ (resolution-independent when the query set changes). The Fourier type
+divides by the key length (``scores.size(-1)``) upstream. Coordinates are concatenated to q, k
+and v alike, so ``pos`` needs $N_q = N$.
 Then the coordinates are concatenated **in front of** every head: $\hat Q = [p, Q_h]$, etc.
 (width $d_c = P + d$), and
 
@@ -60,8 +74,7 @@ Upstream conventions made explicit here
   module is passed, so upstream outputs are random even in ``eval()``; refattn is deterministic.
 * Instance-norm typo upstream: for non-Galerkin types with ``norm_type='instance'`` the code
   restores the layout with ``key, query = key.T, value.T`` (``query`` is overwritten by the
-  un-normalised ``value``; the norm is never built for that branch); refattn implements the
-  intended instance norm of Q and K.
+  un-normalised ``value``); refattn implements the intended instance norm of Q and K.
 
 Weights
 -------
@@ -104,9 +117,14 @@ _NORMED = {"galerkin": ("k", "v"), "fourier": ("q", "k")}
 _NORM_KEY = {"q": "norm_Q", "k": "norm_K", "v": "norm_V"}
 
 
-def _validate_simple(x, params, pos, n_head, attention_type, norm_type, eps, scale):
+def _validate_simple(x, params, pos, n_head, attention_type, norm_type, eps, scale, query, galerkin_length):
     x = as_float(x, "x", ndim=3)
     b, n, c = x.shape
+    check_choice(galerkin_length, "galerkin_length", ("query", "key"))
+    if query is not None:
+        query = as_float(query, "query", ndim=3)
+        if query.shape[0] != b or query.shape[2] != c:
+            raise ValueError(f"query must have shape (B={b}, N_q, C={c}) like x; got {query.shape}")
     n_head = check_int(n_head, "n_head", minimum=1)
     if c % n_head:
         raise ValueError(f"the channel count of x ({c}) must be divisible by n_head ({n_head})")
@@ -119,36 +137,44 @@ def _validate_simple(x, params, pos, n_head, attention_type, norm_type, eps, sca
         pos = as_float(pos, "pos", ndim=3)
         if pos.shape[:2] != (b, n):
             raise ValueError(f"pos must have shape (B={b}, N={n}, P) to match x; got {pos.shape}")
+        if query is not None and query.shape[1] != n:
+            raise ValueError(f"pos is concatenated to q, k and v alike (upstream): query must then have "
+                             f"N_q = N = {n} points; got {query.shape[1]}")
         npos = pos.shape[2]
     spec = {}
     for i in range(3):
         spec.update(linear_prefixed_spec(f"linears.{i}", c, c))
-    if norm_type == "layer":
+    optional = []
+    if norm_type is not None:
         for t in _NORMED[attention_type]:
             spec[f"{_NORM_KEY[t]}.weight"] = (n_head, d)
             spec[f"{_NORM_KEY[t]}.bias"] = (n_head, d)
+            if norm_type == "instance":    # upstream InstanceNorm1d(affine=True); absent = plain norm
+                optional += [f"{_NORM_KEY[t]}.weight", f"{_NORM_KEY[t]}.bias"]
     if pos is not None:
         spec.update(linear_prefixed_spec("fc", c + n_head * npos, c))
-    p = check_params(params, spec)
-    dt = compute_dtype(x, pos, *p.values())
+    p = check_params(params, spec, optional=optional)
+    dt = compute_dtype(x, pos, query, *p.values())
     x = x.astype(dt, copy=False)
     pos = None if pos is None else pos.astype(dt, copy=False)
-    return x, cast_all(dt, p), pos, n_head, d, eps, scale
+    query = None if query is None else query.astype(dt, copy=False)
+    return x, cast_all(dt, p), pos, n_head, d, eps, scale, query
 
 
-def _simple_forward(x, params, pos, *, n_head, attention_type, norm_type, eps, scale):
-    x, p, pos, n_head, d, eps, scale = _validate_simple(
-        x, params, pos, n_head, attention_type, norm_type, eps, scale)
+def _simple_forward(x, params, pos, *, n_head, attention_type, norm_type, eps, scale, query=None,
+                    galerkin_length="query"):
+    x, p, pos, n_head, d, eps, scale, query = _validate_simple(
+        x, params, pos, n_head, attention_type, norm_type, eps, scale, query, galerkin_length)
     b, n, c = x.shape
-    qkv = {t: split_heads(linear_prefixed(p, f"linears.{i}", x), n_head) for i, t in enumerate("qkv")}
+    srcs = {"q": x if query is None else query, "k": x, "v": x}
+    qkv = {t: split_heads(linear_prefixed(p, f"linears.{i}", srcs[t]), n_head) for i, t in enumerate("qkv")}
     norm_cache = {}
     for t in _NORMED[attention_type] if norm_type is not None else ():
-        if norm_type == "layer":
-            xhat, stats = normalize_forward(qkv[t], (3,), eps)
-            w, bb = p[f"{_NORM_KEY[t]}.weight"][:, None, :], p[f"{_NORM_KEY[t]}.bias"][:, None, :]
-            qkv[t] = xhat * w + bb
+        xhat, stats = normalize_forward(qkv[t], (3,) if norm_type == "layer" else (2,), eps)
+        key = _NORM_KEY[t]
+        if f"{key}.weight" in p:
+            qkv[t] = xhat * p[f"{key}.weight"][:, None, :] + p[f"{key}.bias"][:, None, :]
         else:
-            xhat, stats = normalize_forward(qkv[t], (2,), eps)
             qkv[t] = xhat
         norm_cache[t] = (xhat, stats)
     npos = 0 if pos is None else pos.shape[-1]
@@ -159,9 +185,11 @@ def _simple_forward(x, params, pos, *, n_head, attention_type, norm_type, eps, s
         hat = qkv
     dc = d + npos
     if attention_type == "galerkin":
-        m = np.swapaxes(hat["k"], -1, -2) @ hat["v"] / n
+        # upstream linear_attention divides by query.size(-2) (the query length; N in self-attention)
+        n_div = srcs["q"].shape[1] if galerkin_length == "query" else n
+        m = np.swapaxes(hat["k"], -1, -2) @ hat["v"] / n_div
         z = hat["q"] @ m
-        core = {"m": m}
+        core = {"m": m, "n_div": n_div}
     else:
         s = float(1.0 / np.sqrt(dc)) if scale is None else scale  # a Python float keeps float32
         a = (hat["q"] @ np.swapaxes(hat["k"], -1, -2)) * (s / n)
@@ -169,7 +197,7 @@ def _simple_forward(x, params, pos, *, n_head, attention_type, norm_type, eps, s
         core = {"a": a, "s": s}
     zm = merge_heads(z)
     out = linear_prefixed(p, "fc", zm) if pos is not None else zm
-    cache = dict(x=x, p=p, pos=pos, n_head=n_head, type=attention_type, norm_type=norm_type,
+    cache = dict(x=x, query=query, p=p, pos=pos, n_head=n_head, type=attention_type, norm_type=norm_type,
                  norm=norm_cache, hat=hat, zm=zm, npos=npos, out_shape=out.shape, **core)
     return out, cache
 
@@ -183,11 +211,11 @@ def _simple_backward(dout, cache):
     dzm = linear_prefixed_vjp(grads, p, "fc", dout, cache["zm"]) if pos is not None else dout
     dz = split_heads(dzm, n_head)
     if cache["type"] == "galerkin":
-        m = cache["m"]
+        m, n_div = cache["m"], cache["n_div"]
         dhat = {"q": dz @ np.swapaxes(m, -1, -2)}
         dm = np.swapaxes(hat["q"], -1, -2) @ dz
-        dhat["k"] = hat["v"] @ np.swapaxes(dm, -1, -2) / n
-        dhat["v"] = hat["k"] @ dm / n
+        dhat["k"] = hat["v"] @ np.swapaxes(dm, -1, -2) / n_div
+        dhat["v"] = hat["k"] @ dm / n_div
     else:
         a, s = cache["a"], cache["s"]
         dhat = {"v": np.swapaxes(a, -1, -2) @ dz}
@@ -198,17 +226,22 @@ def _simple_backward(dout, cache):
         grads_pos = sum(dhat[t][..., :npos] for t in "qkv").sum(axis=1)
         dhat = {t: dhat[t][..., npos:] for t in "qkv"}
     for t, (xhat, stats) in cache["norm"].items():
-        if cache["norm_type"] == "layer":
-            key = _NORM_KEY[t]
-            w = p[f"{key}.weight"][:, None, :]
+        key = _NORM_KEY[t]
+        if f"{key}.weight" in p:
             grads[f"{key}.weight"] = np.sum(dhat[t] * xhat, axis=(0, 2))
             grads[f"{key}.bias"] = np.sum(dhat[t], axis=(0, 2))
-            dhat[t] = normalize_backward(dhat[t] * w, xhat, stats)
+            dhat[t] = normalize_backward(dhat[t] * p[f"{key}.weight"][:, None, :], xhat, stats)
         else:
             dhat[t] = normalize_backward(dhat[t], xhat, stats)
+    query = cache["query"]
     dx = np.zeros_like(x)
     for i, t in enumerate("qkv"):
-        dx = dx + linear_prefixed_vjp(grads, p, f"linears.{i}", merge_heads(dhat[t]), x)
+        src = query if (t == "q" and query is not None) else x
+        g = linear_prefixed_vjp(grads, p, f"linears.{i}", merge_heads(dhat[t]), src)
+        if src is x:
+            dx = dx + g
+        else:
+            grads["query"] = g
     grads["x"] = dx
     if pos is not None:
         grads["pos"] = grads_pos
@@ -216,7 +249,7 @@ def _simple_backward(dout, cache):
 
 
 def galerkin_attention_forward(x, params, pos=None, *, n_head: int, norm_type="layer",
-                               eps: float = 1e-5):
+                               eps: float = 1e-5, query=None, galerkin_length="query"):
     r"""Galerkin-type attention layer: $Z_h = \hat Q(\hat K^\top\hat V)/n$ with K, V normalised.
 
     Parameters
@@ -233,18 +266,26 @@ def galerkin_attention_forward(x, params, pos=None, *, n_head: int, norm_type="l
         Point coordinates, concatenated in front of every head's q, k, v (differentiable).
     n_head : int
     norm_type : {"layer", "instance", None}
-        Per-head LayerNorm over channels (upstream default), InstanceNorm over the points
-        (OFormer convention, no affine) or no norm.
+        Per-head LayerNorm over channels (upstream default), per-head InstanceNorm of each channel
+        over the points (upstream ``InstanceNorm1d(affine=True)`` after transposing; the affine
+        ``norm_*`` params are optional) or no norm.
     eps : float
         Norm epsilon (upstream 1e-5).
+    query : array (B, N_q, C), optional
+        Separate query input (cross-attention, upstream ``forward(query, key, value)`` with
+        ``key = value = x``); its gradient is returned as ``"query"``.
+    galerkin_length : {"query", "key"}
+        Divide $\hat K^\top\hat V$ by the query length (upstream quirk, default) or by the
+        key length $N$. Equal in self-attention.
 
     Returns
     -------
     out, cache
-        ``out`` (B, N, C) when ``pos`` is given (after ``fc``), else (B, N, C) merged heads.
+        ``out`` (B, N_q, C) when ``pos`` is given (after ``fc``), else (B, N_q, C) merged heads.
     """
     return _simple_forward(x, params, pos, n_head=n_head, attention_type="galerkin",
-                           norm_type=norm_type, eps=eps, scale=None)
+                           norm_type=norm_type, eps=eps, scale=None, query=query,
+                           galerkin_length=galerkin_length)
 
 
 def galerkin_attention_backward(dout, cache):
@@ -258,16 +299,17 @@ def galerkin_attention(x, params, pos=None, **config):
 
 
 def fourier_type_attention_forward(x, params, pos=None, *, n_head: int, norm_type="layer",
-                                   eps: float = 1e-5, scale=None):
+                                   eps: float = 1e-5, scale=None, query=None):
     r"""Fourier-type attention layer: $Z_h = (s\hat Q\hat K^\top)\hat V/n$ with Q, K normalised.
 
     Same arguments as :func:`galerkin_attention_forward`, except that the norm parameters are
     ``norm_Q.*`` and ``norm_K.*`` and ``scale`` $s$ defaults to $1/\sqrt{d + P}$ (upstream
     ``attention()``: ``d_k = query.size(-1)`` after the coordinate concatenation; OFormer uses
-    ``scale=1``). Cost $O(N^2 d)$; no row-stochasticity.
+    ``scale=1``). Cost $O(N^2 d)$; no row-stochasticity. ``query`` (B, N_q, C) is a separate
+    query input (cross-attention); the Fourier type divides by the key length $N$ as upstream.
     """
     return _simple_forward(x, params, pos, n_head=n_head, attention_type="fourier",
-                           norm_type=norm_type, eps=eps, scale=scale)
+                           norm_type=norm_type, eps=eps, scale=scale, query=query)
 
 
 def fourier_type_attention_backward(dout, cache):
@@ -286,7 +328,8 @@ def init_params(rng, d_model: int, n_head: int, *, pos_dim: int = 0, attention_t
     r"""Parameters of a Galerkin/Fourier ``SimpleAttention`` layer, initialised as upstream.
 
     Q/K/V weights: ``xavier_uniform_(gain=xavier_init) + diagonal_weight * I`` and zero biases
-    (upstream ``SimpleAttention._initialize``, defaults 1e-2 / 1e-2); norms: weight 1, bias 0;
+    (upstream ``SimpleAttention._initialize``, defaults 1e-2 / 1e-2); norms (layer and the
+    affine instance norm): weight 1, bias 0;
     ``fc`` (only when ``pos_dim > 0``): PyTorch's default ``nn.Linear`` init.
     """
     d_model = check_int(d_model, "d_model", minimum=1)
@@ -302,7 +345,7 @@ def init_params(rng, d_model: int, n_head: int, *, pos_dim: int = 0, attention_t
         p[f"linears.{i}.weight"] = (xavier_uniform(rng, d_model, d_model, xavier_init)
                                     + diagonal_weight * np.eye(d_model))
         p[f"linears.{i}.bias"] = np.zeros(d_model)
-    if norm_type == "layer":
+    if norm_type is not None:      # LayerNorm and InstanceNorm1d(affine=True) upstream
         for t in _NORMED[attention_type]:
             p[f"{_NORM_KEY[t]}.weight"] = np.ones((n_head, d))
             p[f"{_NORM_KEY[t]}.bias"] = np.zeros((n_head, d))
@@ -412,6 +455,23 @@ def _check_quadrature(rng):
     return errs[-1]
 
 
+def _check_cross_attention_fd(rng):
+    # Cross-attention (separate query, both length conventions) and the affine instance norm by FD.
+    from ..testing.gradcheck import gradcheck
+    errs = []
+    for att, norm_type, length in (("galerkin", "layer", "query"), ("galerkin", "instance", "key"),
+                                   ("fourier", "instance", "query")):
+        s = _sample_simple(att, norm_type)(rng, "tiny")
+        s.inputs = {"x": s.inputs["x"], "query": rng.standard_normal((2, 2, s.inputs["x"].shape[2]))}
+        s.params = {k: v for k, v in s.params.items() if not k.startswith("fc")}
+        if att == "galerkin":
+            s.config["galerkin_length"] = length
+        fwd, bwd = ((galerkin_attention_forward, galerkin_attention_backward) if att == "galerkin"
+                    else (fourier_type_attention_forward, fourier_type_attention_backward))
+        errs.append(gradcheck(fwd, bwd, s).max_rel)
+    return max(errs)
+
+
 register(
     Mechanism(
         slug="galerkin_attention", family="3-operator", tier="T1",
@@ -423,6 +483,7 @@ register(
         checks={"permutation_equivariance": _check_permutation(galerkin_attention_forward,
                                                                _sample_simple("galerkin")),
                 "norm_matches_explicit": _check_explicit_norm("galerkin"),
+                "cross_attention_gradcheck": _check_cross_attention_fd,
                 "discretisation_invariance": _check_quadrature},
     ),
     Mechanism(

@@ -1,7 +1,7 @@
 r"""GNOT heterogeneous normalized (linear) attention (HNA).
 
 Paper: Hao, Wang, Su, Ying, Dong, Liu, Cheng, Song, Zhu, "GNOT: A General Neural Operator
-Transformer for Operator Learning", ICML 2023, arXiv 2302.14376. Upstream: HaoZhongkai/GNOT
+Transformer for Operator Learning", ICML 2023, arXiv 2302.14376. Upstream: HaoZhongkai/GNOT @ 5ee2e69
 ``models/cgpt.py`` and ``models/mmgpt.py`` (``LinearAttention``, ``LinearCrossAttention``); the
 thu-ml/GNOT repository named in the abstract carries the same code. GNOT's geometric-gating
 mixture of experts is in ``refattn.operators.gnot_moe``.

@@ -2,7 +2,7 @@ r"""GNOT geometric gating: a mixture-of-experts FFN gated by the point coordinat
 
 Paper: Hao, Wang, Su, Ying, Dong, Liu, Cheng, Song, Zhu, "GNOT: A General Neural Operator
 Transformer for Operator Learning", ICML 2023, arXiv 2302.14376 (soft domain decomposition).
-Upstream: HaoZhongkai/GNOT ``models/mmgpt.py`` (``MIOECrossAttentionBlock``: ``gatenet``,
+Upstream: HaoZhongkai/GNOT @ 5ee2e69 ``models/mmgpt.py`` (``MIOECrossAttentionBlock``: ``gatenet``,
 ``moe_mlp1/2``); the thu-ml/GNOT repository named in the abstract carries the same code. GNOT's
 attention is in ``refattn.operators.gnot``.
 

@@ -1,10 +1,11 @@
 r"""IFactFormer-m's parallel axial attention: two axis integrals of the same values, concatenated.
 
 Paper: "IFactFormer-m: modified implicit factorized transformer for turbulent channel flow", 2024.
-Upstream: huiyu-2002/IFactFormer-m ``libs/factorization_module.py`` (``FABlock3D_m``, commit
-3f110da: three axis branches concatenated per head, ``torch.cat([u_phi_x, u_phi_y, u_phi_z],
-dim=5)``) and its 2-D form ``FABlock2D_m`` in the EntropyXi/IFactFormer-m copy, which this module
-follows.
+Upstream (official): huiyu-2002/IFactFormer-m ``libs/factorization_module.py`` @
+3f110da556d439601866bf809cd14dd0936a4cf7 (``FABlock3D_m``: three axis branches concatenated per
+head, ``torch.cat([u_phi_x, u_phi_y, u_phi_z], dim=5)``); its 2-D form ``FABlock2D_m`` is in the
+third-party EntropyXi/IFactFormer-m copy. :func:`ifactformer_m_axial_forward` takes any number
+of axes (3 = the official block); :func:`ifactformer_m_attention_forward` is its 2-D form.
 
 Mechanism (per batch element and head)
 --------------------------------------
@@ -14,7 +15,10 @@ the same two scales ``scaling_x``, ``scaling_y``. Instead of chaining the two ax
 IFactFormer-m applies them to the *same* $v$ in parallel and concatenates them on the channel
 axis (per head):
 
-$$u'_{\parallel} = \big[\,K_x\times_x v \;\big\|\; K_y\times_y v\,\big]\in\mathbb{R}^{n_x\times n_y\times 2c}.$$
+$$u'_{\parallel} = \big[\,K_x\times_x v \;\big\|\; K_y\times_y v\,\big]\in\mathbb{R}^{n_x\times n_y\times 2c},$$
+
+and with $A$ axes (official 3-D: $x, y, z$) $u' = [K_1\times_1 v\,\|\,\dots\,\|\,K_A\times_A v]$,
+$K_a = s_a\,q_a k_a^\top$, of width $Ac$ per head.
 
 ``combine="sum"`` adds the branches instead (the other reading of the paper's "parallel"). The
 "implicit" part (``libs/model.py``, ``FactorizedTransformer.forward``) is a model-level loop around
@@ -31,13 +35,111 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, check_choice
+from .._checks import as_dout, as_float, check_choice, check_positive, compute_dtype
 from ..registry import Mechanism, register
 from ._samples import sample_axial
 from .common import axial_kernel_grads, axial_kernels, validate_axial_operands
 from .factformer import factformer_attention
 
-__all__ = ["ifactformer_m_attention_forward", "ifactformer_m_attention_backward", "ifactformer_m_attention"]
+__all__ = ["ifactformer_m_attention_forward", "ifactformer_m_attention_backward", "ifactformer_m_attention",
+           "ifactformer_m_axial_forward", "ifactformer_m_axial_backward", "ifactformer_m_axial"]
+
+
+def _validate_axes(v, qs, ks, scalings):
+    v = as_float(v, "v", min_ndim=4)
+    n_axes = v.ndim - 3
+    if not isinstance(qs, (list, tuple)) or not isinstance(ks, (list, tuple)):
+        raise TypeError("qs and ks must be lists (one array per spatial axis)")
+    if len(qs) != n_axes or len(ks) != n_axes:
+        raise ValueError(f"v of shape {v.shape} has {n_axes} spatial axes: qs and ks need {n_axes} entries each; "
+                         f"got {len(qs)} and {len(ks)}")
+    b, h = v.shape[:2]
+    outs = []
+    for a in range(n_axes):
+        n = v.shape[2 + a]
+        pair = []
+        for name, arr in ((f"qs[{a}]", qs[a]), (f"ks[{a}]", ks[a])):
+            t = as_float(arr, name, ndim=4)
+            if t.shape[:3] != (b, h, n):
+                raise ValueError(f"{name} must have shape (B={b}, H={h}, {n}, d) to match axis {a} of v "
+                                 f"{v.shape}; got {t.shape}")
+            pair.append(t)
+        if pair[0].shape[3] != pair[1].shape[3]:
+            raise ValueError(f"qs[{a}] and ks[{a}] must have the same feature size; got {pair[0].shape[3]} "
+                             f"and {pair[1].shape[3]}")
+        outs.append(pair)
+    if scalings is None:
+        scalings = (1.0,) * n_axes
+    if not isinstance(scalings, (list, tuple)) or len(scalings) != n_axes:
+        raise ValueError(f"scalings must be a sequence of {n_axes} positive numbers; got {scalings!r}")
+    sc = tuple(check_positive(x, f"scalings[{a}]") for a, x in enumerate(scalings))
+    dt = compute_dtype(v, *(t for pair in outs for t in pair))
+    return (v.astype(dt, copy=False), [p[0].astype(dt, copy=False) for p in outs],
+            [p[1].astype(dt, copy=False) for p in outs], sc, dt)
+
+
+def _apply_axis(kern, t, axis):
+    r"""$K\times_a t$: contract ``kern (B, H, n, n)`` with spatial axis ``axis`` of ``t (B, H, ..., c)``."""
+    tm = np.moveaxis(t, 2 + axis, 2)
+    shp = tm.shape
+    out = (kern @ tm.reshape(shp[0], shp[1], shp[2], -1)).reshape(shp)
+    return np.moveaxis(out, 2, 2 + axis)
+
+
+def ifactformer_m_axial_forward(v, qs, ks, *, scalings=None, combine: str = "concat"):
+    r"""IFactFormer-m parallel axial integrals over any number $A$ of axes:
+    $[K_1\times_1 v\,\|\,\dots\,\|\,K_A\times_A v]$, $K_a = s_a\,q_a k_a^\top$ (no softmax).
+
+    Parameters
+    ----------
+    v : array (B, H, n_1, ..., n_A, c)
+        Values per head (``rearrange(to_v(u), 'b i l r (h c) -> b h i l r c')`` for $A = 3$).
+    qs, ks : lists of A arrays (B, H, n_a, d_a)
+        Per-axis query/key features (``low_rank_kernel_{x,y,z}`` ``to_q``/``to_k`` after RoPE).
+    scalings : sequence of A floats, optional
+        Kernel scales $s_a$ (default 1).
+    combine : {"concat", "sum"}
+        ``"concat"``: upstream ``torch.cat([u_phi_x, u_phi_y, u_phi_z], dim=5)`` — per head the
+        branches in axis order along the channel axis, ``(B, H, ..., A c)``; ``"sum"`` adds them.
+
+    Returns
+    -------
+    out, cache
+    """
+    v, qs, ks, sc, dt = _validate_axes(v, qs, ks, scalings)
+    check_choice(combine, "combine", ("concat", "sum"))
+    kerns = [s * (q @ np.swapaxes(k, -1, -2)) for s, q, k in zip(sc, qs, ks)]
+    branches = [_apply_axis(kern, v, a) for a, kern in enumerate(kerns)]
+    out = np.concatenate(branches, axis=-1) if combine == "concat" else sum(branches)
+    return out, {"v": v, "qs": qs, "ks": ks, "kerns": kerns, "sc": sc, "combine": combine, "dt": dt,
+                 "out_shape": out.shape}
+
+
+def ifactformer_m_axial_backward(dout, cache):
+    r"""Gradients ``{"v", "qs": [...], "ks": [...]}``: split (or copy) the output gradient per
+    branch; $dv = \sum_a K_a^\top\times_a G_a$, $dK_a = G_a\times_{\neg a} v$, then
+    $dq_a = s_a\,dK_a k_a$, $dk_a = s_a\,dK_a^\top q_a$."""
+    v, kerns, sc = cache["v"], cache["kerns"], cache["sc"]
+    g = as_dout(dout, cache["out_shape"], cache["dt"])
+    c = v.shape[-1]
+    n_axes = len(kerns)
+    gs = [g[..., a * c:(a + 1) * c] for a in range(n_axes)] if cache["combine"] == "concat" else [g] * n_axes
+    dv = 0.0
+    dqs, dks = [], []
+    for a, (kern, ga) in enumerate(zip(kerns, gs)):
+        dv = dv + _apply_axis(np.swapaxes(kern, -1, -2), ga, a)
+        gm = np.moveaxis(ga, 2 + a, 2)
+        vm = np.moveaxis(v, 2 + a, 2)
+        shp = gm.shape
+        dk = gm.reshape(shp[0], shp[1], shp[2], -1) @ np.swapaxes(vm.reshape(shp[0], shp[1], shp[2], -1), -1, -2)
+        dqs.append(sc[a] * (dk @ cache["ks"][a]))
+        dks.append(sc[a] * (np.swapaxes(dk, -1, -2) @ cache["qs"][a]))
+    return {"v": dv, "qs": dqs, "ks": dks}
+
+
+def ifactformer_m_axial(v, qs, ks, **config) -> np.ndarray:
+    """Convenience wrapper: the output of :func:`ifactformer_m_axial_forward`."""
+    return ifactformer_m_axial_forward(v, qs, ks, **config)[0]
 
 
 def ifactformer_m_attention_forward(v, q_x, k_x, q_y, k_y, *, scaling_x: float = 1.0, scaling_y: float = 1.0,
@@ -115,6 +217,42 @@ def _check_branches(rng):
     return max(err, err2)
 
 
+def _check_nd_axes(rng):
+    # The official 3-D block (and 1-D): FD gradcheck of the A-axis form through a named-input
+    # wrapper; the 2-D form equals the A = 2 case.
+    from ..registry import Sample
+    from ..testing.gradcheck import gradcheck
+
+    def fwd(v, q0, k0, **rest):
+        qs = [q0] + [rest.pop(f"q{a}") for a in range(1, 3) if f"q{a}" in rest]
+        ks = [k0] + [rest.pop(f"k{a}") for a in range(1, 3) if f"k{a}" in rest]
+        return ifactformer_m_axial_forward(v, qs, ks, **rest)
+
+    def bwd(dout, cache):
+        g = ifactformer_m_axial_backward(dout, cache)
+        out = {"v": g["v"]}
+        for a, (dq, dk) in enumerate(zip(g["qs"], g["ks"])):
+            out[f"q{a}"], out[f"k{a}"] = dq, dk
+        return out
+
+    worst = 0.0
+    for grid, combine in (((2, 2, 2), "concat"), ((3,), "sum")):
+        v = rng.standard_normal((2, 1, *grid, 1))
+        inputs = {"v": v}
+        for a, n in enumerate(grid):
+            inputs[f"q{a}"] = rng.standard_normal((2, 1, n, 2))
+            inputs[f"k{a}"] = rng.standard_normal((2, 1, n, 2))
+        cfg = {"scalings": tuple(0.5 + a for a in range(len(grid))), "combine": combine}
+        worst = max(worst, gradcheck(fwd, bwd, Sample(inputs=inputs, config=cfg)).max_rel)
+    s = sample_axial(rng, "small")
+    i = s.inputs
+    two = ifactformer_m_attention(**i, scaling_x=0.7, scaling_y=1.3)
+    gen = ifactformer_m_axial(i["v"], [i["q_x"], i["q_y"]], [i["k_x"], i["k_y"]], scalings=(0.7, 1.3))
+    err = float(np.abs(two - gen).max())
+    assert err < 1e-13, f"2-D form differs from the A-axis form: {err:.2e}"
+    return max(worst, err)
+
+
 register(
     Mechanism(
         slug="ifactformer_m_parallel_attention", family="3-operator", tier="T1",
@@ -123,6 +261,6 @@ register(
         forward=ifactformer_m_attention_forward, backward=ifactformer_m_attention_backward,
         sample=sample_axial, reference=_explicit_parallel,
         docs="neural-operators.md#ifactformer-m-parallel-axial-attention",
-        checks={"branches_are_single_axis_contractions": _check_branches},
+        checks={"branches_are_single_axis_contractions": _check_branches, "any_number_of_axes": _check_nd_axes},
     ),
 )

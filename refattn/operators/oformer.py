@@ -2,9 +2,10 @@ r"""OFormer linear attention: Galerkin/Fourier-type attention with quadrature we
 
 Paper: Li, Meidani, Barati Farimani, "Transformer for Partial Differential Equations' Operator
 Learning", TMLR 2023, arXiv 2205.13671. Upstream: BaratiLab/OFormer
-``airfoil/nn_module/attention_module.py`` (``LinearAttention`` — encoder self-attention,
-``CrossLinearAttention`` — decoder cross-attention); maintained variant neuraloperator
-``neuralop/layers/attention_kernel_integral.py`` (``AttentionKernelIntegral``).
+``airfoil/nn_module/attention_module.py`` @ f1111b3c634893329e14e47e8903e421dd726a0c
+(``LinearAttention`` — encoder self-attention, ``CrossLinearAttention`` — decoder
+cross-attention); maintained variant neuraloperator ``neuralop/layers/attention_kernel_integral.py``
+@ 93d3f0633e048c915004cd782cb339acf06e1157 (``AttentionKernelIntegral``).
 
 Forward
 -------
@@ -36,11 +37,26 @@ Upstream conventions made explicit here (keywords of ``oformer_attention_forward
 -----------------------------------------------------------------------------------
 * ``norm_axis``: BaratiLab's ``norm_wrt_domain`` applies ``InstanceNorm1d(dim_head)`` to a
   ``(b h) n d`` tensor, which normalises each *point* over its channels (OFormer#3, confirmed by
-  the author; ``"channels"``); the intended operator and neuraloperator's fix normalise each
-  channel over the points (``"points"``, default).
-* ``padding_mask``: upstream detaches the masked statistics (``mean.detach()``); refattn
-  differentiates them. Upstream's ``CrossLinearAttention`` also masks the queries with the key
-  mask; refattn masks only keys/values in cross-attention.
+  the author; ``"channels"``). neuraloperator's ``AttentionKernelIntegral`` does the same: its
+  ``normalize_wrt_domain`` views $k, v$ as ``(b h, N, d)`` before ``nn.InstanceNorm1d(d)``, so
+  it too normalises each point over its channels in every version of the file (its comment
+  says "instance norm with spatial dimension"). The per-channel norm over the points that both
+  intend is ``"points"`` (default).
+* Parameter layouts (read from the keys): OFormer's fused ``to_qkv`` (self) / ``to_q`` +
+  ``to_kv`` (cross) with ``to_out.0``; or neuraloperator's ``AttentionKernelIntegral`` with
+  separate ``to_q`` (optional: ``project_query=False`` uses the query features as they are),
+  ``to_k``, ``to_v`` and ``to_out`` — ``nn.Identity`` exactly when ``heads * d ==
+  out_channels`` (keyword ``out_channels``, else inferred from ``to_out.weight``). The output
+  width may differ from the input width in both layouts.
+* ``padding_mask``: BaratiLab's two branches normalise along different axes. Without padding,
+  ``norm_wrt_domain`` normalises each point over its channels (``norm_axis="channels"``, above);
+  with a padding mask, ``masked_instance_norm(x, mask)`` on the ``(b h) n d`` tensor normalises
+  each channel over the real points (``norm_axis="points"``, eps 1e-5). That function also
+  **detaches** the masked mean and variance (``mean.detach()``, ``var.detach()``), so upstream's
+  gradient is $dx = r\,(m\odot dy)$ only: ``masked_norm_grad="detached"`` reproduces it;
+  ``"exact"`` (default) is the true derivative of the same forward (the statistics depend on
+  $x$). The forward is identical either way. Upstream's ``CrossLinearAttention`` also masks the
+  queries with the key mask; refattn masks only keys/values in cross-attention.
 * ``weights_placement``: neuraloperator multiplies the **output rows** by the weights
   (``"output"``); the quadrature $\sum_j k(x_i,y_j)f(y_j)w_j$ needs $K^\top\mathrm{diag}(w)V$
   (``"source"``, default); they agree only for uniform weights and $N = M$.
@@ -115,7 +131,8 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
                               norm_type="instance", norm_axis="points", pos_mode=None,
                               x_pos=None, z_pos=None, rope_dim: int = 2, min_freq: float = 1 / 64,
                               rope_scale: float = 1.0, padding_mask=None, weights=None,
-                              weights_placement="source", eps: float = 1e-5):
+                              weights_placement="source", eps: float = 1e-5,
+                              masked_norm_grad="exact", out_channels=None):
     r"""OFormer linear attention: encoder self-attention (``z=None``) or decoder cross-attention.
 
     $$\text{Galerkin: } Z_h = \hat Q\big(\hat K^\top\,\mathrm{diag}(w)\,\hat V\big),\qquad
@@ -134,7 +151,11 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
         Self: ``to_qkv.weight`` (C, 3 H d) (no bias; columns q | k | v, head-major). Cross:
         ``to_q.weight`` (C, H d) and ``to_kv.weight`` (C, 2 H d). ``norm_type="layer"`` adds
         ``{q,k,v}_norm.weight`` / ``.bias`` (d,) (one LayerNorm shared by the heads, upstream
-        ``use_ln=True``). ``to_out.0.weight`` (H d [+ H P], C), ``to_out.0.bias`` (C,).
+        ``use_ln=True``). ``to_out.0.weight`` (H d [+ H P], C_out), ``to_out.0.bias`` (C_out,).
+        neuraloperator ``AttentionKernelIntegral`` layout (recognised by ``to_k.weight``):
+        ``to_q.weight`` (C, H d) (absent: ``project_query=False``, needs C = H d),
+        ``to_k.weight``, ``to_v.weight`` (C, H d), ``to_out.weight`` (H d, C_out) and
+        ``to_out.bias`` (C_out,), absent when ``H d == out_channels`` (upstream ``nn.Identity``).
     z : array (B, M, C), optional
         Input function for cross-attention (``CrossLinearAttention``); keys/values from ``z``.
     attn_type : {"galerkin", "fourier"}
@@ -142,10 +163,10 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
         ``nn.InstanceNorm1d`` (upstream default, no affine) or ``nn.LayerNorm(d)``.
     norm_axis : {"points", "channels"}
         Axis of the instance norm. ``"points"``: each channel over the points (the intended
-        operator and neuraloperator's fixed ``AttentionKernelIntegral``). ``"channels"``: what
-        BaratiLab/OFormer's ``norm_wrt_domain`` actually computes — ``InstanceNorm1d(dim_head)``
-        on a ``(b h) n d`` tensor normalises each point over its channels (OFormer#3, confirmed by
-        the author); use it to reproduce checkpoints trained with that code.
+        operator; what BaratiLab's padded branch computes). ``"channels"``: what BaratiLab's
+        unpadded ``norm_wrt_domain`` and neuraloperator's ``AttentionKernelIntegral`` actually
+        compute — ``InstanceNorm1d(d)`` on a ``(b h) n d`` tensor normalises each point over its
+        channels (OFormer#3, confirmed by the author); use it to reproduce either upstream.
     pos_mode : {None, "rope", "cat"}
         ``"rope"``: upstream ``relative_emb`` — rotary embedding of q (``x_pos``) and k
         (``z_pos``) per coordinate on consecutive channel blocks of width ``d / rope_dim``,
@@ -156,7 +177,15 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
     padding_mask : bool array (B, M), optional
         True = real point. Statistics of the instance norm run over real points, padded rows of
         $\hat K,\hat V$ (and of $\hat Q$ in self-attention) are zeroed, $w_j = 1/\#\text{real}$.
-        Upstream detaches the masked statistics (``mean.detach()``); refattn differentiates them.
+        Upstream (``masked_instance_norm``) normalises over the real points in this branch,
+        whatever ``norm_axis`` would say for the unpadded branch: pass ``norm_axis="points"``.
+    masked_norm_grad : {"exact", "detached"}
+        Gradient of the masked instance norm (``padding_mask`` with ``norm_type="instance"``,
+        ``norm_axis="points"``). ``"exact"`` (default): the true derivative, mean and variance
+        depend on the input. ``"detached"``: upstream's ``masked_instance_norm`` detaches both
+        (``mean.detach()``, ``var.detach()``), so its gradient is $dx = r\,(m\odot dy)$ with
+        $r = (\sigma^2+\epsilon)^{-1/2}$; use it to reproduce upstream's gradients. The forward
+        is the same.
     weights : array (B, M), optional
         Quadrature weights replacing $1/M$ (neuraloperator ``AttentionKernelIntegral``).
     weights_placement : {"source", "output"}
@@ -166,16 +195,21 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
         when N = M.
     eps : float
         Norm epsilon (1e-5).
+    out_channels : int, optional
+        Output width (neuraloperator ``out_channels``). With the neuraloperator layout it decides
+        whether ``to_out`` exists (``nn.Identity`` when ``H d == out_channels``); by default the
+        width is read from the output projection's weight (or is ``H d`` without one).
 
     Returns
     -------
-    out (B, N, C), cache
+    out (B, N, C_out), cache
     """
     check_choice(attn_type, "attn_type", ("galerkin", "fourier"))
     check_choice(norm_type, "norm_type", ("instance", "layer"))
     check_choice(norm_axis, "norm_axis", ("points", "channels"))
     check_choice(pos_mode, "pos_mode", (None, "rope", "cat"))
     check_choice(weights_placement, "weights_placement", ("source", "output"))
+    check_choice(masked_norm_grad, "masked_norm_grad", ("exact", "detached"))
     eps = check_positive(eps, "eps")
     x = as_float(x, "x", ndim=3)
     b, n, c = x.shape
@@ -189,7 +223,11 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
     n_head = check_int(n_head, "n_head", minimum=1)
     if not isinstance(params, dict):
         raise TypeError(f"params must be a dict of arrays; got {type(params).__name__}")
-    wkey, mult = ("to_q.weight", 1) if cross else ("to_qkv.weight", 3)
+    layout = "neuralop" if "to_k.weight" in params else "oformer"
+    if layout == "neuralop":
+        wkey, mult = "to_k.weight", 1
+    else:
+        wkey, mult = ("to_q.weight", 1) if cross else ("to_qkv.weight", 3)
     w0 = params.get(wkey)
     if w0 is None or np.ndim(w0) != 2 or np.shape(w0)[1] % (mult * n_head):
         raise ValueError(f"params must contain {wkey!r} of shape (C, {mult} * n_head * dim_head); "
@@ -226,22 +264,49 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
             raise ValueError(f"weights must have shape (B={b}, M={m}); got {weights.shape}")
         if weights_placement == "output" and m != n:
             raise ValueError(f"weights_placement='output' multiplies output rows: it needs N == M; got N={n}, M={m}")
-    spec = ({"to_q.weight": (c, n_head * d), "to_kv.weight": (c, 2 * n_head * d)} if cross
-            else {"to_qkv.weight": (c, 3 * n_head * d)})
+    hd = n_head * d
+    optional = ()
+    if layout == "neuralop":
+        spec = {"to_q.weight": (c, hd), "to_k.weight": (c, hd), "to_v.weight": (c, hd)}
+        optional = ("to_q.weight",)
+        if params.get("to_q.weight") is None and c != hd:
+            raise ValueError(f"without 'to_q.weight' (project_query=False) the query features are used as "
+                             f"they are: C={c} must equal n_head * dim_head = {hd}")
+    elif cross:
+        spec = {"to_q.weight": (c, hd), "to_kv.weight": (c, 2 * hd)}
+    else:
+        spec = {"to_qkv.weight": (c, 3 * hd)}
     if norm_type == "layer":
         for t in _OF_NORMED[attn_type]:
             spec[f"{t}_norm.weight"] = (d,)
             spec[f"{t}_norm.bias"] = (d,)
-    project_out = not (n_head == 1 and d == c) or pos_mode == "cat"
+    out_key = "to_out" if layout == "neuralop" else "to_out.0"
+    w_out = params.get(f"{out_key}.weight")
+    if out_channels is not None:
+        out_channels = check_int(out_channels, "out_channels", minimum=1)
+    elif w_out is not None and np.ndim(w_out) == 2:
+        out_channels = np.shape(w_out)[1]
+    if layout == "neuralop":
+        # AttentionKernelIntegral: to_out is nn.Identity exactly when heads * d == out_channels
+        project_out = w_out is not None if out_channels is None else hd != out_channels
+    else:
+        project_out = not (n_head == 1 and d == c) or pos_mode == "cat"
     if project_out:
-        spec["to_out.0.weight"] = (n_head * (d + npos), c)
-        spec["to_out.0.bias"] = (c,)
-    p = check_params(params, spec)
+        c_out = c if out_channels is None else out_channels
+        spec[f"{out_key}.weight"] = (n_head * (d + npos), c_out)
+        spec[f"{out_key}.bias"] = (c_out,)
+    elif out_channels is not None and out_channels != n_head * (d + npos):
+        raise ValueError(f"out_channels={out_channels} needs an output projection: without one the output has "
+                         f"n_head * dim_head = {n_head * (d + npos)} channels")
+    p = check_params(params, spec, optional=optional)
     dt = compute_dtype(x, z, weights, *p.values())
     x, p = x.astype(dt, copy=False), cast_all(dt, p)
     src = src.astype(dt, copy=False)
 
-    if cross:
+    if layout == "neuralop":
+        ops = {"q": split_heads(x @ p["to_q.weight"] if "to_q.weight" in p else x, n_head),
+               "k": split_heads(src @ p["to_k.weight"], n_head), "v": split_heads(src @ p["to_v.weight"], n_head)}
+    elif cross:
         ops = {"q": split_heads(x @ p["to_q.weight"], n_head)}
         kv = src @ p["to_kv.weight"]
         ops["k"] = split_heads(kv[..., :n_head * d], n_head)
@@ -261,6 +326,7 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
             ops[t] = xhat * p[f"{t}_norm.weight"] + p[f"{t}_norm.bias"]
         elif norm_axis == "points":
             xhat, stats = normalize_forward(ops[t], (2,), eps, mask=mt)
+            stats = dict(stats, detached=mt is not None and masked_norm_grad == "detached")
             ops[t] = xhat
         else:
             xhat, stats = normalize_forward(ops[t], (3,), eps)
@@ -298,11 +364,11 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
         core = {"a": a}
     zz = so * zq
     zm = merge_heads(zz)
-    out = linear_prefixed(p, "to_out.0", zm) if project_out else zm
+    out = linear_prefixed(p, out_key, zm) if project_out else zm
     cache = dict(x=x, src=src, p=p, cross=cross, n_head=n_head, d=d, type=attn_type,
                  norm_type=norm_type, norm=norm_cache, tq=tables_q, tk=tables_k, npos=npos,
                  mq=mq, mk=mk, hat=hat, wv=wv, sv=sv, so=so, zq=zq, zm=zm,
-                 project_out=project_out, out_shape=out.shape, **core)
+                 project_out=project_out, out_key=out_key, layout=layout, out_shape=out.shape, **core)
     return out, cache
 
 
@@ -320,7 +386,7 @@ def oformer_attention_backward(dout, cache):
     hat, sv, so, npos = cache["hat"], cache["sv"], cache["so"], cache["npos"]
     dout = as_dout(dout, cache["out_shape"], x.dtype)
     grads = {}
-    dzm = linear_prefixed_vjp(grads, p, "to_out.0", dout, cache["zm"]) if cache["project_out"] else dout
+    dzm = linear_prefixed_vjp(grads, p, cache["out_key"], dout, cache["zm"]) if cache["project_out"] else dout
     gq = so * split_heads(dzm, n_head)
     if cache["type"] == "galerkin":
         mm = cache["mm"]
@@ -345,10 +411,24 @@ def oformer_attention_backward(dout, cache):
             grads[f"{t}_norm.weight"] = np.sum(dh[t] * xhat, axis=(0, 1, 2))
             grads[f"{t}_norm.bias"] = np.sum(dh[t], axis=(0, 1, 2))
             dh[t] = normalize_backward(dh[t] * p[f"{t}_norm.weight"], xhat, stats)
+        elif stats.get("detached"):
+            dh[t] = stats["rstd"] * (dh[t] * stats["mask"])   # upstream: mean/var detached
         else:
             dh[t] = normalize_backward(dh[t], xhat, stats)
     dq, dk, dv = (merge_heads(dh[t]) for t in "qkv")
-    if cache["cross"]:
+    if cache["layout"] == "neuralop":
+        if "to_q.weight" in p:
+            grads["to_q.weight"] = np.einsum("bni,bno->io", x, dq)
+            dq = dq @ p["to_q.weight"].T
+        dsrc = 0.0
+        for t, g in (("k", dk), ("v", dv)):
+            grads[f"to_{t}.weight"] = np.einsum("bni,bno->io", src, g)
+            dsrc = dsrc + g @ p[f"to_{t}.weight"].T
+        if cache["cross"]:
+            grads["x"], grads["z"] = dq, dsrc
+        else:
+            grads["x"] = dq + dsrc
+    elif cache["cross"]:
         grads["to_q.weight"] = np.einsum("bni,bno->io", x, dq)
         dkv = np.concatenate([dk, dv], -1)
         grads["to_kv.weight"] = np.einsum("bni,bno->io", src, dkv)
@@ -412,7 +492,8 @@ def oformer_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64, *, c
 
 
 def _sample_oformer(cross=False, attn_type="galerkin", norm_type="instance", pos_mode=None,
-                    padding=False, weights=False, placement="source", norm_axis="points"):
+                    padding=False, weights=False, placement="source", norm_axis="points",
+                    masked_norm_grad="exact"):
     def sample(rng, size):
         n = int(rng.integers(3, 5)) if size == "tiny" else int(rng.integers(7, 11))
         c, h, d = (4, 2, 2) if size == "tiny" else (6, 2, 4)
@@ -430,7 +511,8 @@ def _sample_oformer(cross=False, attn_type="galerkin", norm_type="instance", pos
         if cross:
             inputs["z"] = rng.standard_normal((2, m, c))
         config = {"n_head": h, "attn_type": attn_type, "norm_type": norm_type,
-                  "norm_axis": norm_axis, "weights_placement": placement}
+                  "norm_axis": norm_axis, "weights_placement": placement,
+                  "masked_norm_grad": masked_norm_grad}
         if pos_mode:
             config.update(pos_mode=pos_mode, x_pos=rng.uniform(0, 1, (2, n, npos)))
             if cross:
@@ -454,7 +536,7 @@ def _oformer_reference(x, params, z=None, **config):
     h = c["hat"]
     zq = (h["q"] @ swap_last(h["k"])) @ c["wv"] if c["type"] == "galerkin" else h["q"] @ (swap_last(h["k"]) @ c["wv"])
     zm = merge_heads(c["so"] * zq)
-    return linear_prefixed(c["p"], "to_out.0", zm) if c["project_out"] else zm
+    return linear_prefixed(c["p"], c["out_key"], zm) if c["project_out"] else zm
 
 
 def _check_oformer_variants_fd(rng):
@@ -466,6 +548,25 @@ def _check_oformer_variants_fd(rng):
                dict(norm_axis="channels", attn_type="fourier")):
         s = _sample_oformer(**kw)(rng, "tiny")
         errs.append(gradcheck(oformer_attention_forward, oformer_attention_backward, s).max_rel)
+    return max(errs)
+
+
+def _check_oformer_neuralop_layout(rng):
+    # neuraloperator AttentionKernelIntegral layout: separate to_q/to_k/to_v, to_out with C_out != C
+    # or nn.Identity (heads*d == out_channels), project_query=False; FD gradchecks.
+    from ..testing.gradcheck import gradcheck
+    errs = []
+    for c, h, d, c_out, with_q in ((3, 2, 2, 5, True), (4, 2, 2, 4, False), (4, 2, 2, 3, False)):
+        p = {f"to_{t}.weight": 0.6 * rng.standard_normal((c, h * d)) for t in ("qkv" if with_q else "kv")}
+        cfg = {"n_head": h, "norm_axis": "channels", "weights_placement": "output", "out_channels": c_out}
+        if h * d != c_out:
+            p.update({"to_out.weight": rng.standard_normal((h * d, c_out)), "to_out.bias": rng.standard_normal(c_out)})
+        x = rng.standard_normal((2, 4, c))
+        cfg["weights"] = rng.uniform(0.1, 0.4, (2, 4))
+        out = oformer_attention(x, p, **cfg)
+        assert out.shape == (2, 4, c_out), f"output width {out.shape[-1]} != out_channels {c_out}"
+        errs.append(gradcheck(oformer_attention_forward, oformer_attention_backward,
+                              Sample(inputs={"x": x}, params=p, config=cfg)).max_rel)
     return max(errs)
 
 
@@ -568,6 +669,7 @@ register(
         docs="operator-attention.md#oformer-attention",
         checks={"variants_gradcheck": _check_oformer_variants_fd,
                 "norm_axis_explicit": _check_oformer_norm_axis,
+                "neuralop_layout_gradcheck": _check_oformer_neuralop_layout,
                 "padding_equals_unpadded": _check_oformer_padding,
                 "weights_placement": _check_oformer_weights_placement,
                 "rope_shift_invariance": _check_oformer_rope_relative,

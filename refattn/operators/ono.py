@@ -1,7 +1,9 @@
 r"""ONO orthogonal attention: Cholesky-whitened eigenfunction features and a Mercer-type kernel.
 
 Paper: Xiao et al., "Improved Operator Learning by Orthogonal Attention", ICML 2024.
-Upstream: xzppp/ONO ``ONOmodel2.py`` (``ONOBlock.forward`` with ``orth=True``; ``psd_safe_cholesky``).
+Upstream: xzppp/ONO ``ONOmodel2.py`` @ 8e4eee8d0156c3907c1dffb0accaa23225b721f0 (the repository's
+HEAD; ``ONOBlock.forward`` with ``orth=True``; ``psd_safe_cholesky``). The previous commit
+86e1bfe differs only in the residual (below).
 
 Forward (the orthogonal-attention core of an ``ONOBlock``)
 ----------------------------------------------------------
@@ -10,13 +12,16 @@ $f\in\mathbb{R}^{B\times N\times d_f}$, learnable "eigenvalues" $\mu\in\mathbb{R
 
 $$C = \frac{1}{BN}\sum_{b,n}\psi_{bn}\psi_{bn}^\top,\qquad C = LL^\top\ (\text{Cholesky}),\qquad
 \tilde\psi = \psi L^{-\top},$$
-$$\mathrm{out}_b = \big(\tilde\psi_b\odot\operatorname{softplus}(\mu)\big)\big(\tilde\psi_b^\top f_b\big),$$
+$$\mathrm{out}_b = \big(\tilde\psi_b\odot\operatorname{softplus}(\mu)\big)\big(\tilde\psi_b^\top f_b\big)
+\;\big[+\,f_b\big],$$
 
 so $\tilde\psi^\top\tilde\psi/(BN) = I$ and, per sample, $\mathrm{out} = \mathcal K f$ with the
 symmetric PSD kernel $\mathcal K = \tilde\psi\operatorname{diag}(\operatorname{softplus}\mu)\tilde\psi^\top$
 (a truncated Mercer expansion $k(x,y)\approx\sum_i\mu_i\tilde\psi_i(x)\tilde\psi_i(y)$).
-No $1/N$ and no residual on $f$ in this code version (both commented out upstream); the block
-then applies ``mlp2(ln_3(.))``.
+No $1/N$. The residual $+f$ is a keyword (``residual``): at 8e4eee8 (HEAD) the line reads
+``fx = (x_ * softplus(mu)) @ (x_.T @ fx) + fx`` (``residual=True``, the default); at 86e1bfe the
+``+ fx`` is commented out (``residual=False``: the pure kernel operator). The block then applies
+``mlp2(ln_3(.))``.
 
 Training uses the batch covariance **with** gradient (it couples the batch, like BatchNorm); in
 eval mode upstream uses an EMA buffer ``feature_cov`` ($\bar C\leftarrow0.9\bar C + 0.1C$, no
@@ -28,7 +33,7 @@ With $P = \tilde\psi\odot s$, $s = \operatorname{softplus}\mu$, $A_b = \tilde\ps
 $G = \partial L/\partial\,\mathrm{out}$:
 $dA_b = P_b^\top G_b$, $df_b = \tilde\psi_b\,dA_b$,
 $d\tilde\psi_b = (G_bA_b^\top)\odot s + f_b\,dA_b^\top$,
-$d\mu = \sigma(\mu)\odot\sum_{b,n}(G_bA_b^\top)\odot\tilde\psi_b$.
+$d\mu = \sigma(\mu)\odot\sum_{b,n}(G_bA_b^\top)\odot\tilde\psi_b$; the residual adds $G$ to $df$.
 
 Whitening $\tilde\psi = \psi M$, $M = L^{-\top}$: $d\psi = d\tilde\psi\,L^{-1}$ and
 $dM = \sum_{b,n}\psi^\top d\tilde\psi$. From $\delta(L^{-1}) = -L^{-1}\delta L\,L^{-1}$,
@@ -119,8 +124,9 @@ def _validate(psi, fx, params, feature_cov, jitter):
     return psi.astype(dt, copy=False), fx.astype(dt, copy=False), mu.astype(dt, copy=False), cov, jitter, dt
 
 
-def ono_attention_forward(psi, fx, params, *, feature_cov=None, jitter: float | None = None):
-    r"""ONO orthogonal attention $\mathrm{out}_b = (\tilde\psi_b\odot\mathrm{softplus}\,\mu)(\tilde\psi_b^\top f_b)$.
+def ono_attention_forward(psi, fx, params, *, feature_cov=None, jitter: float | None = None,
+                          residual: bool = True):
+    r"""ONO orthogonal attention $\mathrm{out}_b = (\tilde\psi_b\odot\mathrm{softplus}\,\mu)(\tilde\psi_b^\top f_b)\,[+f_b]$.
 
     Parameters
     ----------
@@ -135,6 +141,9 @@ def ono_attention_forward(psi, fx, params, *, feature_cov=None, jitter: float | 
         batch elements are coupled). An array = eval mode: upstream's EMA buffer, no gradient.
     jitter : float, optional
         ``None`` = upstream ``psd_safe_cholesky`` fallback; a float is always added to the diagonal.
+    residual : bool
+        Add $f$ to the output (``+ fx``), as upstream HEAD 8e4eee8 (default ``True``); ``False``
+        is commit 86e1bfe (``#+ fx``), the kernel operator alone.
 
     Returns
     -------
@@ -142,6 +151,8 @@ def ono_attention_forward(psi, fx, params, *, feature_cov=None, jitter: float | 
         ``out (B, N, d_f)``; ``cache["psi_t"]`` holds the whitened features.
     """
     psi, fx, mu, cov, jitter, dt = _validate(psi, fx, params, feature_cov, jitter)
+    if not isinstance(residual, (bool, np.bool_)):
+        raise TypeError(f"residual must be a bool; got {type(residual).__name__}")
     b, n, k = psi.shape
     train = cov is None
     c = np.einsum("bnc,bnd->cd", psi, psi) / (b * n) if train else cov
@@ -150,8 +161,10 @@ def ono_attention_forward(psi, fx, params, *, feature_cov=None, jitter: float | 
     s = np.logaddexp(0.0, mu).astype(dt, copy=False)
     a = np.einsum("bnc,bnd->bcd", psi_t, fx)
     out = np.einsum("bnc,bcd->bnd", psi_t * s, a)
+    if residual:
+        out = out + fx
     cache = {"psi": psi, "fx": fx, "mu": mu, "L": L, "psi_t": psi_t, "s": s, "a": a, "train": train,
-             "jitter": used, "dt": dt}
+             "jitter": used, "dt": dt, "residual": bool(residual)}
     return out, cache
 
 
@@ -163,6 +176,8 @@ def ono_attention_backward(dout, cache):
     ga = np.einsum("bnd,bcd->bnc", g, a)                  # G A^T
     da = np.einsum("bnc,bnd->bcd", psi_t * s, g)
     dfx = np.einsum("bnc,bcd->bnd", psi_t, da)
+    if cache["residual"]:
+        dfx = dfx + g
     dpsi_t = ga * s + np.einsum("bnd,bcd->bnc", fx, da)
     dmu = np.einsum("bnc,bnc->c", ga, psi_t) * sigmoid(cache["mu"])
     flat = dpsi_t.reshape(-1, k)
@@ -201,7 +216,7 @@ def _sample(rng, size, eval_mode=False):
                   params={"mu": rng.standard_normal(k)}, config=cfg)
 
 
-def _explicit(psi, fx, params, *, feature_cov=None, jitter=None):
+def _explicit(psi, fx, params, *, feature_cov=None, jitter=None, residual=True):
     b, n, k = psi.shape
     c = np.einsum("bnc,bnd->cd", psi, psi) / (b * n) if feature_cov is None else feature_cov
     if jitter:
@@ -209,7 +224,7 @@ def _explicit(psi, fx, params, *, feature_cov=None, jitter=None):
     L = np.linalg.cholesky(c)
     psi_t = psi @ np.linalg.inv(L).T
     kern = np.einsum("bnc,c,bmc->bnm", psi_t, np.log1p(np.exp(params["mu"])), psi_t)   # Mercer kernel
-    return kern @ fx
+    return kern @ fx + (fx if residual else 0.0)
 
 
 def _check_whitened(rng):
@@ -228,7 +243,7 @@ def _check_symmetric_psd(rng):
     b, n, _ = psi.shape
     # The operator on f: build its matrix column by column from the forward.
     basis = np.broadcast_to(np.eye(n)[None], (b, n, n)).copy()
-    K = ono_attention(psi, basis, s.params)          # (B, N, N): column j = K e_j
+    K = ono_attention(psi, basis, s.params, residual=False)   # (B, N, N): column j = K e_j
     asym = float(np.abs(K - np.swapaxes(K, 1, 2)).max())
     assert asym < 1e-12, f"kernel operator is not symmetric ({asym:.2e})"
     ev = np.linalg.eigvalsh(0.5 * (K + np.swapaxes(K, 1, 2)))
@@ -241,6 +256,9 @@ def _check_eval_mode(rng):
     # as the buffer the forward equals the training forward.
     s = _sample(rng, "tiny", eval_mode=True)
     rel = gradcheck(ono_attention_forward, ono_attention_backward, s).max_rel
+    s = _sample(rng, "tiny")
+    s.config["residual"] = False          # commit 86e1bfe: no "+ fx"
+    rel = max(rel, gradcheck(ono_attention_forward, ono_attention_backward, s).max_rel)
     t = _sample(rng, "small")
     psi = t.inputs["psi"]
     b, n, _ = psi.shape
@@ -270,7 +288,7 @@ register(
         forward=ono_attention_forward, backward=ono_attention_backward, sample=_sample,
         reference=_explicit, docs="neural-operators.md#ono-orthogonal-attention", batched=False,
         checks={"whitened_orthonormal": _check_whitened, "kernel_symmetric_psd": _check_symmetric_psd,
-                "eval_mode": _check_eval_mode, "jitter_fallback": _check_jitter_fallback},
+                "eval_mode_and_no_residual": _check_eval_mode, "jitter_fallback": _check_jitter_fallback},
         notes="Training mode couples the batch through the covariance (batched=False).",
     ),
 )

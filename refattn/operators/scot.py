@@ -2,7 +2,8 @@ r"""Poseidon / scOT block: time-conditioned LayerNorm around SwinV2 (shifted-)wi
 
 Paper: Herde, Raonić, Rohner, Käppeli, Molinaro, de Bézenac, Mishra, "Poseidon: Efficient
 Foundation Models for PDEs", NeurIPS 2024, arXiv 2405.19101. Upstream: camlab-ethz/poseidon
-``scOT/model.py`` (``ConditionalLayerNorm``, ``ScOTLayer``), which uses Hugging Face
+``scOT/model.py`` @ b8fa28f59bd7f7673323f28d11a12c6f3a215c61 (``ConditionalLayerNorm``, ``ScOTLayer``;
+arithmetic unchanged since c53e3d6), which uses Hugging Face
 ``transformers`` SwinV2 modules (``Swinv2Attention``, ``Swinv2Intermediate``, ``Swinv2Output``,
 ``window_partition``/``window_reverse`` of ``models/swinv2/modeling_swinv2.py``, v4.35–4.50).
 

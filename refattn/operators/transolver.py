@@ -2,7 +2,10 @@ r"""Transolver Physics-Attention: slice the points, attend among the slices, des
 
 Paper: Wu, Luo, Wang, Wang, Long, "Transolver: A Fast Transformer Solver for PDEs on General
 Geometries", ICML 2024, arXiv 2402.02366. Upstream: thuml/Transolver
-``PDE-Solving-StandardBenchmark/model/Physics_Attention.py`` (``Physics_Attention_1D``).
+``PDE-Solving-StandardBenchmark/model/Physics_Attention.py`` @
+75e0f67643806a81cd1d3f6adc88dd8c02416fe7 (``Physics_Attention_Irregular_Mesh``; on structured
+meshes ``Physics_Attention_Structured_Mesh_2D``/``_3D``, whose ``in_project_x``/``in_project_fx``
+are ``Conv2d``/``Conv3d`` with kernel 3, padding 1: keyword ``mesh_shape``).
 
 The slice front (input projections, temperature softmax over slices, slice tokens) is shared
 with LinearNO (``refattn.operators.linear_no``, Physics-Attention recast as linear attention) and
@@ -35,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, cast_all, check_choice, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_choice, check_int, compute_dtype
 from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse
@@ -51,14 +54,42 @@ __all__ = [
 ]
 
 
-def _transolver_spec(c, n_head, d, g):
-    return {"to_q.weight": (d, d), "to_k.weight": (d, d), "to_v.weight": (d, d),
-            "to_out.0.weight": (n_head * d, c), "to_out.0.bias": (c,)}
+def _transolver_spec_for(params, n_points, mesh_shape):
+    """Parameter shapes: the output width is read from ``to_out.0.weight`` (any width), and on a
+    structured mesh ``in_project_x``/``in_project_fx`` are conv weights ``(H D, C, *k)``."""
+    c_out = None
+    w_out = params.get("to_out.0.weight") if isinstance(params, dict) else None
+    if w_out is not None and np.ndim(w_out) == 2:
+        c_out = np.shape(w_out)[1]
+    k = None
+    if mesh_shape is not None:
+        if not isinstance(mesh_shape, (tuple, list)) or not mesh_shape:
+            raise TypeError(f"mesh_shape must be a tuple of grid sizes (H, W) or (H, W, D); got {mesh_shape!r}")
+        mesh_shape = tuple(check_int(m, "mesh_shape", minimum=1) for m in mesh_shape)
+        if int(np.prod(mesh_shape)) != n_points:
+            raise ValueError(f"mesh_shape {mesh_shape} holds {int(np.prod(mesh_shape))} points; x has {n_points}")
+        w_x = params.get("in_project_x.weight") if isinstance(params, dict) else None
+        if w_x is None or np.ndim(w_x) != 2 + len(mesh_shape):
+            raise ValueError(f"on a {len(mesh_shape)}-D structured mesh in_project_x.weight must be a conv weight "
+                             f"(H*D, C, {', '.join('k' * len(mesh_shape))}); got shape {np.shape(w_x)}")
+        k = tuple(np.shape(w_x)[2:])
+        if any(kk % 2 == 0 for kk in k):
+            raise ValueError(f"conv kernel sizes must be odd (padding k//2 keeps the mesh); got {k}")
+
+    def spec(c, n_head, d, g):
+        out = {"to_q.weight": (d, d), "to_k.weight": (d, d), "to_v.weight": (d, d),
+               "to_out.0.weight": (n_head * d, c if c_out is None else c_out),
+               "to_out.0.bias": (c if c_out is None else c_out,)}
+        if k is not None:
+            out.update({"in_project_x.weight": (n_head * d, c) + k, "in_project_fx.weight": (n_head * d, c) + k})
+        return out
+    return spec, mesh_shape
 
 
 def transolver_physics_attention_forward(x, params, *, n_head: int, tau_clamp=None,
-                                         slice_eps: float = 1e-5, slice_attention="softmax"):
-    r"""Transolver Physics-Attention (irregular-mesh ``Physics_Attention_1D``).
+                                         slice_eps: float = 1e-5, slice_attention="softmax", mesh_shape=None):
+    r"""Transolver Physics-Attention (``Physics_Attention_Irregular_Mesh``; with ``mesh_shape``
+    ``Physics_Attention_Structured_Mesh_2D``/``_3D``).
 
     Parameters
     ----------
@@ -67,11 +98,14 @@ def transolver_physics_attention_forward(x, params, *, n_head: int, tau_clamp=No
         ``in_project_x.weight`` (C, H D), ``in_project_x.bias``; ``in_project_fx.*`` likewise;
         ``in_project_slice.weight`` (D, G) and ``.bias`` (G,); ``temperature`` (H,)
         (upstream ``(1, H, 1, 1)``, init 0.5); ``to_q.weight``, ``to_k.weight``,
-        ``to_v.weight`` (D, D), no bias, shared by the heads; ``to_out.0.weight`` (H D, C) and
-        ``to_out.0.bias`` (C,). PyTorch weights transposed (``W = linear.weight.T``).
+        ``to_v.weight`` (D, D), no bias, shared by the heads; ``to_out.0.weight`` (H D, C_out) and
+        ``to_out.0.bias`` (C_out,), any ``C_out`` (upstream's is ``C``; the output width is read
+        from the weight). PyTorch weights transposed (``W = linear.weight.T``). With
+        ``mesh_shape``, ``in_project_x.weight``/``in_project_fx.weight`` are ``nn.Conv2d``/``Conv3d``
+        weights in torch's layout ``(H D, C, k, k[, k])`` (upstream ``kernel=3``), biases ``(H D,)``.
     n_head : int
     tau_clamp : None or (min, max)
-        Clamp of the temperature before use. Upstream ``Physics_Attention_1D`` does not clamp
+        Clamp of the temperature before use. Upstream ``Physics_Attention_Irregular_Mesh`` does not clamp
         (``None``, the default); its 2-D/3-D variants use ``(0.1, 5)``; PhysicsNeMo uses
         ``(0.5, 5)``.
     slice_eps : float
@@ -79,17 +113,24 @@ def transolver_physics_attention_forward(x, params, *, n_head: int, tau_clamp=No
     slice_attention : {"softmax", "identity"}
         ``"identity"`` skips the attention among slices ($z' = z$; ``to_q/k/v`` then get zero
         gradient) — the ablation under which Transolver is exactly a linear attention (LinearNO).
+    mesh_shape : None or tuple of ints
+        Structured mesh ``(H, W)`` or ``(H, W, D)`` (upstream ``H``, ``W``, ``D``): the $N$ points
+        are ``x.reshape(B, H, W[, D], C)`` row-major, and ``in_project_x``/``in_project_fx`` are
+        stride-1 convolutions with padding ``k//2`` (zero padding) on that grid. Upstream's
+        structured variants also clamp the temperature to ``(0.1, 5)``: pass ``tau_clamp=(0.1, 5)``.
 
     Returns
     -------
-    out (B, N, C), cache
+    out (B, N, C_out), cache
     """
     check_choice(slice_attention, "slice_attention", ("softmax", "identity"))
+    x_arr = as_float(x, "x", ndim=3)
+    spec, mesh_shape = _transolver_spec_for(params, x_arr.shape[1], mesh_shape)
     x, p, n_head, d, g, tau_clamp, slice_eps = validate_physics_front(
-        x, params, n_head, tau_clamp, slice_eps, _transolver_spec)
+        x_arr, params, n_head, tau_clamp, slice_eps, spec)
     dt = compute_dtype(x, *p.values())
     x, p = x.astype(dt, copy=False), cast_all(dt, p)
-    w, tok, front = physics_front_forward(x, p, n_head, tau_clamp, slice_eps)
+    w, tok, front = physics_front_forward(x, p, n_head, tau_clamp, slice_eps, mesh_shape)
     if slice_attention == "softmax":
         q, k, v = tok @ p["to_q.weight"], tok @ p["to_k.weight"], tok @ p["to_v.weight"]
         zp, att_c = attention_core_forward(q, k, v)
@@ -133,13 +174,23 @@ def transolver_physics_attention(x, params, **config):
 
 
 def transolver_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 64,
-                           slice_num: int = 64, dtype=np.float64) -> dict:
+                           slice_num: int = 64, dtype=np.float64, *, out_dim: int | None = None,
+                           mesh_ndim: int | None = None, kernel: int = 3) -> dict:
     """Upstream initialisation: PyTorch default linears, orthogonal ``in_project_slice``,
-    temperature 0.5."""
+    temperature 0.5. ``out_dim`` sets the ``to_out`` width (default ``dim``); ``mesh_ndim`` (2 or
+    3) makes ``in_project_x``/``in_project_fx`` ``Conv{2,3}d(dim, H D, kernel)`` weights with
+    PyTorch's default init ($U(\\pm1/\\sqrt{\text{fan\\_in}})$, fan_in $= \text{dim}\\cdot k^n$)."""
     p = physics_front_init(rng, dim, n_head, dim_head, slice_num)
+    if mesh_ndim is not None:
+        mesh_ndim = check_int(mesh_ndim, "mesh_ndim", minimum=1)
+        kernel = check_int(kernel, "kernel", minimum=1)
+        bound = 1.0 / np.sqrt(dim * kernel ** mesh_ndim)
+        for t in ("x", "fx"):
+            p[f"in_project_{t}.weight"] = rng.uniform(-bound, bound, (n_head * dim_head, dim) + (kernel,) * mesh_ndim)
+            p[f"in_project_{t}.bias"] = rng.uniform(-bound, bound, n_head * dim_head)
     for t in "qkv":
         p.update(init_linear_prefixed(rng, dim_head, dim_head, f"to_{t}", bias=False))
-    p.update(init_linear_prefixed(rng, n_head * dim_head, dim, "to_out.0"))
+    p.update(init_linear_prefixed(rng, n_head * dim_head, dim if out_dim is None else out_dim, "to_out.0"))
     return {k: v.astype(dtype) for k, v in p.items()}
 
 
@@ -197,6 +248,27 @@ def _check_transolver_is_linear_attention(rng):
     return err
 
 
+def _check_structured_mesh(rng):
+    # Physics_Attention_Structured_Mesh_{2D,3D}: FD gradcheck with conv projections on a 2-D and
+    # a 3-D mesh (the latter with a to_out width != C); a 1x1(x1) conv equals the irregular form.
+    from ..testing.gradcheck import gradcheck
+    worst = 0.0
+    for mesh, out_dim in (((2, 3), None), ((2, 2, 2), 3)):
+        p = perturb_params(rng, transolver_init_params(rng, 2, 2, 2, 3, out_dim=out_dim, mesh_ndim=len(mesh)))
+        p["temperature"] = rng.uniform(0.4, 1.2, 2)
+        s = Sample(inputs={"x": rng.standard_normal((2, int(np.prod(mesh)), 2))}, params=p,
+                   config={"n_head": 2, "mesh_shape": mesh, "tau_clamp": (0.1, 5)})
+        worst = max(worst, gradcheck(transolver_physics_attention_forward, transolver_physics_attention_backward,
+                                     s).max_rel)
+    p = transolver_init_params(rng, 3, 2, 2, 3, mesh_ndim=2, kernel=1)
+    lin = {**p, **{f"in_project_{t}.weight": p[f"in_project_{t}.weight"][:, :, 0, 0].T for t in ("x", "fx")}}
+    x = rng.standard_normal((2, 12, 3))
+    err = float(np.abs(transolver_physics_attention(x, p, n_head=2, mesh_shape=(3, 4))
+                       - transolver_physics_attention(x, lin, n_head=2)).max())
+    assert err < 1e-13, f"1x1 conv projections differ from the Linear ones: {err:.2e}"
+    return max(worst, err)
+
+
 register(
     Mechanism(
         slug="transolver_physics_attention", family="3-operator", tier="T1",
@@ -211,6 +283,7 @@ register(
                     transolver_physics_attention_forward, _sample_transolver),
                 "identity_slice_attention_is_linear_attention": _check_transolver_is_linear_attention,
                 "uniform_refinement_invariance": check_uniform_refinement(
-                    transolver_physics_attention_forward, _sample_transolver, slice_eps=0.0)},
+                    transolver_physics_attention_forward, _sample_transolver, slice_eps=0.0),
+                "structured_mesh_conv_projections": _check_structured_mesh},
     ),
 )

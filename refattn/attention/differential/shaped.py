@@ -214,6 +214,7 @@ def shaped_attention_layer_forward(x, params, *, num_heads: int, centre_attn: bo
     does not store); absent ``v_attn`` / ``c_proj`` keys are upstream's ``nn.Identity`` (the
     simplified "SAS" block). ``rms`` is upstream's ``RMSNorm`` (bzhang form
     $s\odot x/(\lVert x\rVert d^{-1/2} + \epsilon)$) on each head's $d$ features.
+    Upstream's ``dot_norm_type="tanh"`` (a soft cap computed in float32) is not supported.
 
     Parameters
     ----------
@@ -239,8 +240,6 @@ def shaped_attention_layer_forward(x, params, *, num_heads: int, centre_attn: bo
         The q/k RMSNorm's $\epsilon$ (upstream ``config.layer_norm_epsilon``; GPT-2's 1e-5).
     v_attn_id, c_proj_id : array (C, C), optional
         ``MyConv1D.id`` of the reparameterised layers (default: the identity).
-
-    Upstream's ``dot_norm_type="tanh"`` (a soft cap computed in float32) is not supported.
 
     Backward
     --------

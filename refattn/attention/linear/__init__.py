@@ -4,73 +4,99 @@ r"""Linear, kernel, sparse, low-rank and set attention (catalogue family 4), one
 $O(N^2)$ form) and the selection helpers the sparse attentions share; every fast form in the
 family is tested against its explicit form.
 
-Modules
--------
-* `combiner`: Combiner: full (causal) attention through a structured factorisation of the attention
-  distribution (``combiner_attention``).
-* `core`: Helpers shared by the linear / kernel attention family, under public names: feature maps,
-  the linear-attention core (non-causal form and causal prefix-state scan) and input validation.
-* `drsformer_tksa`: DRSformer TKSA: top-k sparse channel ("transposed") attention with mixed
-  sparsity ratios (``drsformer_topk_channel_attention``).
-* `dynamic_mask`: DMA: trainable dynamic-mask sparse attention (flash-dmattn, now flash-sparse-attn)
-  (``dynamic_mask_attention``).
-* `ecoformer`: EcoFormer: linear attention on binary codes from kernelised hashing of the shared
-  query/key (``ecoformer_hash_attention``).
-* `efficient`: Efficient Attention (Shen et al.): softmax over each query's features and over each
-  key feature's positions, so attention costs $O(Md\,d_v)$ (``efficient_attention_shen``).
-* `fastmax`: Fastmax (FAST): factorisable polynomial-kernel attention, the truncated Taylor series
-  of softmax (``fastmax_polynomial_attention``).
-* `fourier_dct`: Fourier Transformer: DCT-based sequence truncation before softmax attention
-  (``fourier_transformer_dct``).
-* `hypformer`: Hypformer: linear focused attention in the Lorentz model of hyperbolic space
-  (``TransConvLayer``) (``hypformer_lorentz_linear_attention``).
-* `informer_probsparse`: Informer: ProbSparse self-attention (with its attention layer) and the
-  self-attention distilling layer (``informer_probsparse_attention``).
-* `infsa`: Infinite Self-Attention (InfSA) and Linear-InfSA: Frobenius-normalised single-hop
-  diffusion and its principal-eigenvector (one power step) linear variant
-  (``linear_infsa_neumann``).
-* `katharopoulos`: Linear attention of Katharopoulos et al (``linear_attention_katharopoulos``).
-* `kl_transformer`: KL-Transformer: linear attention on spectral random features whose distribution
-  is learned (``kl_transformer_learned_spectral_kernel``).
-* `linformer`: Linformer: self-attention with sequence-axis low-rank projections of the keys and
-  values (``linformer_low_rank_attention``).
-* `masked_linear`: Structured-mask linear attention: $(M\odot\Phi_Q\Phi_K^\top)V$ with only
-  "multiply by $M$" needed (``masked_linear_attention_structured``).
-* `mra`: MRA-2: multiresolution (two-level) approximation of softmax self-attention
-  (``mra_multiresolution_attention``).
-* `performer`: Performer FAVOR+: softmax-kernel attention estimated with positive (orthogonal)
-  random features (``performer_favor_plus``).
-* `reformer_lsh`: Reformer LSH self-attention: angular LSH with random rotations, sort by bucket,
-  chunked attention to the own and previous chunk, shared QK with self-masking, several hash rounds
-  (``reformer_lsh_attention``).
-* `routing_transformer`: Routing Transformer: online k-means routing and attention within each
-  cluster (``routing_transformer_kmeans``).
-* `rpe_fft`: Kernelized attention with relative positional encoding via FFT (Luo et al.): Performer
-  features weighted by a Toeplitz matrix $e^{b_{j-i}}$, applied in $O(N\log N)$ by FFT
-  (``kernelized_attention_rpe_fft``).
-* `set_transformer`: Set Transformer blocks: MAB, SAB, ISAB (inducing points) and PMA, with
-  hand-derived backwards (``set_transformer_blocks``).
-* `sinkformer`: Sinkformer: doubly stochastic attention via log-domain Sinkhorn iterations
-  (``sinkformer_attention``).
-* `sparsek`: SPARSEK attention: a scoring network and the differentiable top-$k$ mask operator
-  SPARSEK (``sparsek_attention``).
-* `spectraformer`: Spectraformer: random-feature linear attention as a weight matrix $W$ times a
-  component function $f$ (``spectraformer_random_features``).
-* `topk_attention`: Top-$k$ (k-NN retrieved) softmax attention: the exact reference of IceFormer's
-  retrieval attention (``topk_attention``).
-* `transnormer`: TransNormer: NormAttention (linear attention with a norm instead of the row-sum
-  denominator), its full layer as trained (``transnormer_t1``), and DiagAttention (softmax attention
-  inside non-overlapping blocks) (``transnormer_norm_attention``).
-* `udit`: U-DiT downsampled-token self-attention: attention within the four polyphase sub-maps of a
-  feature map (``udit_downsampled_token_attention``).
-* `vcc`: VCC: VIP-token centric compression around one transformer layer
-  (``vcc_vip_token_compression``).
-* `wavspa`: WavSpA: attention in a (learnable) wavelet coefficient space
-  (``wavelet_space_attention``).
-
 Every public name of these modules is re-exported here. A function named like its own module
 (``sdpa`` in ``sdpa.py``) is exported too, so ``package.sdpa`` is the function; import the
 module's other names from the module itself (``from package.sdpa import sdpa_forward``).
+
+Modules
+-------
+combiner
+    Combiner: full (causal) attention through a structured factorisation of the attention
+    distribution (``combiner_attention``).
+core
+    Helpers shared by the linear / kernel attention family, under public names: feature maps, the
+    linear-attention core (non-causal form and causal prefix-state scan) and input validation.
+drsformer_tksa
+    DRSformer TKSA: top-k sparse channel ("transposed") attention with mixed sparsity ratios
+    (``drsformer_topk_channel_attention``).
+dynamic_mask
+    DMA: trainable dynamic-mask sparse attention (flash-dmattn, now flash-sparse-attn)
+    (``dynamic_mask_attention``).
+ecoformer
+    EcoFormer: linear attention on binary codes from kernelised hashing of the shared query/key
+    (``ecoformer_hash_attention``).
+efficient
+    Efficient Attention (Shen et al.): softmax over each query's features and over each key
+    feature's positions, so attention costs $O(Md\,d_v)$ (``efficient_attention_shen``).
+fastmax
+    Fastmax (FAST): factorisable polynomial-kernel attention, the truncated Taylor series of softmax
+    (``fastmax_polynomial_attention``).
+fourier_dct
+    Fourier Transformer: DCT-based sequence truncation before softmax attention
+    (``fourier_transformer_dct``).
+hypformer
+    Hypformer: linear focused attention in the Lorentz model of hyperbolic space
+    (``TransConvLayer``) (``hypformer_lorentz_linear_attention``).
+informer_probsparse
+    Informer: ProbSparse self-attention (with its attention layer) and the self-attention distilling
+    layer (``informer_probsparse_attention``).
+infsa
+    Infinite Self-Attention (InfSA) and Linear-InfSA: Frobenius-normalised single-hop diffusion and
+    its principal-eigenvector (one power step) linear variant (``linear_infsa_neumann``).
+katharopoulos
+    Linear attention of Katharopoulos et al (``linear_attention_katharopoulos``).
+kl_transformer
+    KL-Transformer: linear attention on spectral random features whose distribution is learned
+    (``kl_transformer_learned_spectral_kernel``).
+linformer
+    Linformer: self-attention with sequence-axis low-rank projections of the keys and values
+    (``linformer_low_rank_attention``).
+masked_linear
+    Structured-mask linear attention: $(M\odot\Phi_Q\Phi_K^\top)V$ with only "multiply by $M$"
+    needed (``masked_linear_attention_structured``).
+mra
+    MRA-2: multiresolution (two-level) approximation of softmax self-attention
+    (``mra_multiresolution_attention``).
+performer
+    Performer FAVOR+: softmax-kernel attention estimated with positive (orthogonal) random features
+    (``performer_favor_plus``).
+reformer_lsh
+    Reformer LSH self-attention: angular LSH with random rotations, sort by bucket, chunked
+    attention to the own and previous chunk, shared QK with self-masking, several hash rounds
+    (``reformer_lsh_attention``).
+routing_transformer
+    Routing Transformer: online k-means routing and attention within each cluster
+    (``routing_transformer_kmeans``).
+rpe_fft
+    Kernelized attention with relative positional encoding via FFT (Luo et al.): Performer features
+    weighted by a Toeplitz matrix $e^{b_{j-i}}$, applied in $O(N\log N)$ by FFT
+    (``kernelized_attention_rpe_fft``).
+set_transformer
+    Set Transformer blocks: MAB, SAB, ISAB (inducing points) and PMA, with hand-derived backwards
+    (``set_transformer_blocks``).
+sinkformer
+    Sinkformer: doubly stochastic attention via log-domain Sinkhorn iterations
+    (``sinkformer_attention``).
+sparsek
+    SPARSEK attention: a scoring network and the differentiable top-$k$ mask operator SPARSEK
+    (``sparsek_attention``).
+spectraformer
+    Spectraformer: random-feature linear attention as a weight matrix $W$ times a component function
+    $f$ (``spectraformer_random_features``).
+topk_attention
+    Top-$k$ (k-NN retrieved) softmax attention: the exact reference of IceFormer's retrieval
+    attention (``topk_attention``).
+transnormer
+    TransNormer: NormAttention (linear attention with a norm instead of the row-sum denominator),
+    its full layer as trained (``transnormer_t1``), and DiagAttention (softmax attention inside
+    non-overlapping blocks) (``transnormer_norm_attention``).
+udit
+    U-DiT downsampled-token self-attention: attention within the four polyphase sub-maps of a
+    feature map (``udit_downsampled_token_attention``).
+vcc
+    VCC: VIP-token centric compression around one transformer layer (``vcc_vip_token_compression``).
+wavspa
+    WavSpA: attention in a (learnable) wavelet coefficient space (``wavelet_space_attention``).
 """
 
 from __future__ import annotations
@@ -351,220 +377,55 @@ from .wavspa import (  # noqa: F401
 )
 
 __all__ = [
-    "COMBINER_POOLING",
-    "COMBINER_VARIANTS",
-    "combiner_attention",
-    "combiner_attention_backward",
-    "combiner_attention_forward",
-    "combiner_core_backward",
-    "combiner_core_forward",
-    "combiner_dense_matrix",
-    "combiner_region_summaries",
-    "FEATURE_MAPS",
-    "feature_map_backward",
-    "feature_map_forward",
-    "gather_rows",
-    "l2_normalize",
-    "l2_normalize_vjp",
-    "linear_core_backward",
-    "linear_core_forward",
-    "mT",
-    "scatter_add_rows",
-    "topk_keep",
-    "validate_linear_qkv",
-    "DRSFORMER_RATIOS",
-    "drsformer_tksa",
-    "drsformer_tksa_backward",
-    "drsformer_tksa_forward",
-    "drsformer_topk_sizes",
-    "BIAS_FORMS",
-    "dynamic_mask_attention",
-    "dynamic_mask_attention_backward",
-    "dynamic_mask_attention_forward",
-    "dynamic_mask_bias",
-    "binary_linear_attention_backward",
-    "binary_linear_attention_forward",
-    "ecoformer_attention",
-    "ecoformer_attention_backward",
-    "ecoformer_attention_forward",
-    "ecoformer_hash_backward",
-    "ecoformer_hash_forward",
-    "efficient_attention",
-    "efficient_attention_backward",
-    "efficient_attention_forward",
-    "efficient_attention_layer",
-    "efficient_attention_layer_backward",
-    "efficient_attention_layer_forward",
-    "FASTMAX_NORMALIZE",
-    "fastmax_attention",
-    "fastmax_backward",
-    "fastmax_features",
-    "fastmax_forward",
-    "fastmax_normalize_backward",
-    "fastmax_normalize_forward",
-    "dct_ortho",
-    "dct_truncate",
-    "dct_truncate_vjp",
-    "fourier_dct_attention",
-    "fourier_dct_attention_backward",
-    "fourier_dct_attention_forward",
-    "idct_ortho",
-    "focus_map_backward",
-    "focus_map_forward",
-    "hypformer_attention",
-    "hypformer_attention_backward",
-    "hypformer_attention_forward",
-    "lorentz_lift",
-    "lorentz_lift_backward",
-    "informer_attention",
-    "informer_attention_backward",
-    "informer_attention_forward",
-    "informer_distil_backward",
-    "informer_distil_forward",
-    "probsparse_attention_backward",
-    "probsparse_attention_forward",
-    "probsparse_index_sample",
-    "probsparse_measure",
-    "probsparse_sizes",
-    "INFSA_VARIANTS",
-    "infsa_attention",
-    "infsa_attention_backward",
-    "infsa_attention_forward",
-    "infsa_scores_backward",
-    "infsa_scores_forward",
-    "causal_linear_attention_backward",
-    "causal_linear_attention_forward",
-    "linear_attention",
-    "linear_attention_backward",
-    "linear_attention_explicit",
-    "linear_attention_forward",
-    "KL_FEATURES",
-    "kl_features_backward",
-    "kl_features_forward",
-    "kl_spectral_samples_backward",
-    "kl_spectral_samples_forward",
-    "kl_transformer_attention",
-    "kl_transformer_backward",
-    "kl_transformer_forward",
-    "LINFORMER_SHARING",
-    "init_linformer_params",
-    "linformer_attention",
-    "linformer_attention_backward",
-    "linformer_attention_forward",
-    "MASK_KINDS",
-    "grid_toeplitz_correlation_fft",
-    "grid_toeplitz_dense",
-    "grid_toeplitz_matvec_fft",
-    "masked_linear_attention",
-    "masked_linear_attention_backward",
-    "masked_linear_attention_forward",
-    "tree_distances",
-    "tree_exp_matvec",
-    "MRA_MODES",
-    "mra_attention",
-    "mra_attention_backward",
-    "mra_attention_forward",
-    "mra_block_scores",
-    "mra_block_selection",
-    "performer",
-    "performer_backward",
-    "performer_features_backward",
-    "performer_features_forward",
-    "performer_forward",
-    "performer_projection_matrix",
-    "validate_performer_config",
-    "lsh_attention_core_backward",
-    "lsh_attention_core_forward",
-    "lsh_hash",
-    "lsh_random_rotations",
-    "reformer_lsh_attention",
-    "reformer_lsh_attention_backward",
-    "reformer_lsh_attention_forward",
-    "CAUSAL_RULES",
-    "routing_assignments",
-    "routing_attention",
-    "routing_attention_backward",
-    "routing_attention_forward",
-    "routing_kmeans_ema_update",
-    "kernelized_rpe",
-    "kernelized_rpe_backward",
-    "kernelized_rpe_forward",
-    "toeplitz_correlation_fft",
-    "toeplitz_dense",
-    "toeplitz_matvec_fft",
-    "BLOCKS",
-    "mab_backward",
-    "mab_forward",
-    "set_transformer",
-    "set_transformer_backward",
-    "set_transformer_forward",
-    "sinkformer_attention",
-    "sinkformer_backward",
-    "sinkformer_forward",
-    "sinkformer_layer",
-    "sinkformer_layer_backward",
-    "sinkformer_layer_forward",
-    "sinkhorn_log",
-    "sinkhorn_log_vjp",
-    "SPARSEK_GATES",
-    "sparsek_attention",
-    "sparsek_attention_backward",
-    "sparsek_attention_forward",
-    "sparsek_mask",
-    "sparsek_mask_backward",
-    "sparsek_mask_forward",
-    "sparsek_mask_vjp",
-    "sparsek_sets",
-    "sparsek_threshold",
-    "SPECTRA_COMPONENTS",
-    "SPECTRA_WEIGHTS",
-    "fastfood_draw",
-    "fastfood_matrix",
-    "fastfood_matrix_vjp",
-    "spectraformer_attention",
-    "spectraformer_backward",
-    "spectraformer_features_backward",
-    "spectraformer_features_forward",
-    "spectraformer_forward",
-    "spectraformer_weight_matrix",
-    "walsh_hadamard",
-    "mips_to_nns",
-    "topk_attention",
-    "topk_attention_backward",
-    "topk_attention_forward",
-    "topk_selection",
-    "TRANSNORMER_FEATURE_MAPS",
-    "TRANSNORMER_NORMS",
-    "diag_attention_backward",
-    "diag_attention_forward",
-    "transnormer",
-    "transnormer_backward",
-    "transnormer_forward",
-    "transnormer_layer",
-    "transnormer_layer_backward",
-    "transnormer_layer_forward",
-    "UDIT_ATTN_TYPES",
-    "UDIT_POSEMB",
-    "udit_attention",
-    "udit_attention_backward",
-    "udit_attention_forward",
-    "udit_polyphase_merge",
-    "udit_polyphase_split",
-    "udit_rope2d_angles",
-    "VCC_SCORE_GRADIENTS",
-    "vcc_block_relevance",
-    "vcc_layer",
-    "vcc_layer_backward",
-    "vcc_layer_forward",
-    "vcc_sort_tokens",
-    "WAVELET_BOUNDARIES",
-    "daubechies_filter",
-    "wavedec",
-    "wavedec_vjp",
-    "wavelet_qmf",
-    "waverec",
-    "waverec_vjp",
-    "wavspa_attention",
-    "wavspa_attention_backward",
-    "wavspa_attention_forward",
+    "COMBINER_POOLING", "COMBINER_VARIANTS", "combiner_attention", "combiner_attention_backward",
+    "combiner_attention_forward", "combiner_core_backward", "combiner_core_forward", "combiner_dense_matrix",
+    "combiner_region_summaries", "FEATURE_MAPS", "feature_map_backward", "feature_map_forward", "gather_rows",
+    "l2_normalize", "l2_normalize_vjp", "linear_core_backward", "linear_core_forward", "mT", "scatter_add_rows",
+    "topk_keep", "validate_linear_qkv", "DRSFORMER_RATIOS", "drsformer_tksa", "drsformer_tksa_backward",
+    "drsformer_tksa_forward", "drsformer_topk_sizes", "BIAS_FORMS", "dynamic_mask_attention",
+    "dynamic_mask_attention_backward", "dynamic_mask_attention_forward", "dynamic_mask_bias",
+    "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
+    "ecoformer_attention_backward", "ecoformer_attention_forward", "ecoformer_hash_backward", "ecoformer_hash_forward",
+    "efficient_attention", "efficient_attention_backward", "efficient_attention_forward", "efficient_attention_layer",
+    "efficient_attention_layer_backward", "efficient_attention_layer_forward", "FASTMAX_NORMALIZE", "fastmax_attention",
+    "fastmax_backward", "fastmax_features", "fastmax_forward", "fastmax_normalize_backward",
+    "fastmax_normalize_forward", "dct_ortho", "dct_truncate", "dct_truncate_vjp", "fourier_dct_attention",
+    "fourier_dct_attention_backward", "fourier_dct_attention_forward", "idct_ortho", "focus_map_backward",
+    "focus_map_forward", "hypformer_attention", "hypformer_attention_backward", "hypformer_attention_forward",
+    "lorentz_lift", "lorentz_lift_backward", "informer_attention", "informer_attention_backward",
+    "informer_attention_forward", "informer_distil_backward", "informer_distil_forward",
+    "probsparse_attention_backward", "probsparse_attention_forward", "probsparse_index_sample", "probsparse_measure",
+    "probsparse_sizes", "INFSA_VARIANTS", "infsa_attention", "infsa_attention_backward", "infsa_attention_forward",
+    "infsa_scores_backward", "infsa_scores_forward", "causal_linear_attention_backward",
+    "causal_linear_attention_forward", "linear_attention", "linear_attention_backward", "linear_attention_explicit",
+    "linear_attention_forward", "KL_FEATURES", "kl_features_backward", "kl_features_forward",
+    "kl_spectral_samples_backward", "kl_spectral_samples_forward", "kl_transformer_attention",
+    "kl_transformer_backward", "kl_transformer_forward", "LINFORMER_SHARING", "init_linformer_params",
+    "linformer_attention", "linformer_attention_backward", "linformer_attention_forward", "MASK_KINDS",
+    "grid_toeplitz_correlation_fft", "grid_toeplitz_dense", "grid_toeplitz_matvec_fft", "masked_linear_attention",
+    "masked_linear_attention_backward", "masked_linear_attention_forward", "tree_distances", "tree_exp_matvec",
+    "MRA_MODES", "mra_attention", "mra_attention_backward", "mra_attention_forward", "mra_block_scores",
+    "mra_block_selection", "performer", "performer_backward", "performer_features_backward",
+    "performer_features_forward", "performer_forward", "performer_projection_matrix", "validate_performer_config",
+    "lsh_attention_core_backward", "lsh_attention_core_forward", "lsh_hash", "lsh_random_rotations",
+    "reformer_lsh_attention", "reformer_lsh_attention_backward", "reformer_lsh_attention_forward", "CAUSAL_RULES",
+    "routing_assignments", "routing_attention", "routing_attention_backward", "routing_attention_forward",
+    "routing_kmeans_ema_update", "kernelized_rpe", "kernelized_rpe_backward", "kernelized_rpe_forward",
+    "toeplitz_correlation_fft", "toeplitz_dense", "toeplitz_matvec_fft", "BLOCKS", "mab_backward", "mab_forward",
+    "set_transformer", "set_transformer_backward", "set_transformer_forward", "sinkformer_attention",
+    "sinkformer_backward", "sinkformer_forward", "sinkformer_layer", "sinkformer_layer_backward",
+    "sinkformer_layer_forward", "sinkhorn_log", "sinkhorn_log_vjp", "SPARSEK_GATES", "sparsek_attention",
+    "sparsek_attention_backward", "sparsek_attention_forward", "sparsek_mask", "sparsek_mask_backward",
+    "sparsek_mask_forward", "sparsek_mask_vjp", "sparsek_sets", "sparsek_threshold", "SPECTRA_COMPONENTS",
+    "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp", "spectraformer_attention",
+    "spectraformer_backward", "spectraformer_features_backward", "spectraformer_features_forward",
+    "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard", "mips_to_nns", "topk_attention",
+    "topk_attention_backward", "topk_attention_forward", "topk_selection", "TRANSNORMER_FEATURE_MAPS",
+    "TRANSNORMER_NORMS", "diag_attention_backward", "diag_attention_forward", "transnormer", "transnormer_backward",
+    "transnormer_forward", "transnormer_layer", "transnormer_layer_backward", "transnormer_layer_forward",
+    "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention", "udit_attention_backward", "udit_attention_forward",
+    "udit_polyphase_merge", "udit_polyphase_split", "udit_rope2d_angles", "VCC_SCORE_GRADIENTS", "vcc_block_relevance",
+    "vcc_layer", "vcc_layer_backward", "vcc_layer_forward", "vcc_sort_tokens", "WAVELET_BOUNDARIES",
+    "daubechies_filter", "wavedec", "wavedec_vjp", "wavelet_qmf", "waverec", "waverec_vjp", "wavspa_attention",
+    "wavspa_attention_backward", "wavspa_attention_forward",
 ]
