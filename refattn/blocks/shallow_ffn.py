@@ -53,7 +53,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_bool_or_float_mask, as_dout, as_float, cast_all, check_int, check_params, check_positive
+from .._checks import (
+    as_bool_or_float_mask,
+    as_dout,
+    as_float,
+    cast_all,
+    check_int,
+    check_params,
+    check_positive,
+    compute_dtype,
+)
 from ..nn.linear import linear_apply, linear_vjp
 from ..registry import Mechanism, Sample, register
 from .core import norm_backward, norm_forward, param_dim
@@ -106,7 +115,7 @@ def shallow_ffn_mixer_forward(x, params, *, max_len: int = 50, mask=None, negati
             "layers.1.bias": (hid,), "layers.3.weight": (hid,), "layers.3.bias": (hid,),
             "layers.4.weight": (hid, width), "layers.4.bias": (width,)}
     p = check_params(params, spec, where="shallow_ffn_mixer")
-    dt = np.result_type(x.dtype, *(v.dtype for v in p.values()))
+    dt = compute_dtype(x, *p.values())
     x, p = x.astype(dt, copy=False), cast_all(dt, p)
     mpad = np.zeros((b, nmax), dtype=dt)
     mpad[:, :s] = m
@@ -116,7 +125,7 @@ def shallow_ffn_mixer_forward(x, params, *, max_len: int = 50, mask=None, negati
     v = v.reshape(b, width) * mt
     n0, c0 = norm_forward(p, "layers.0", v, eps=eps)
     a = linear_apply(n0, p["layers.1.weight"], p["layers.1.bias"])
-    h = np.where(a > 0, a, slope * a)
+    h = np.where(a > 0, a, a.dtype.type(slope) * a)
     n3, c3 = norm_forward(p, "layers.3", h, eps=eps)
     o = linear_apply(n3, p["layers.4.weight"], p["layers.4.bias"]) * mt
     y = o.reshape(b, nmax, d)[:, :s].copy()
@@ -139,7 +148,7 @@ def shallow_ffn_mixer_backward(dout, cache):
     grads["layers.4.weight"], grads["layers.4.bias"] = l4["weight"], l4["bias"]
     dh = norm_backward(grads, p, l4["x"], cache["c3"])
     a = cache["a"]
-    da = dh * np.where(a > 0, 1.0, cache["slope"])
+    da = dh * np.where(a > 0, 1.0, cache["slope"]).astype(a.dtype)
     l1 = linear_vjp(da, cache["n0"], p["layers.1.weight"])
     grads["layers.1.weight"], grads["layers.1.bias"] = l1["weight"], l1["bias"]
     dv = norm_backward(grads, p, l1["x"], cache["c0"]) * mt
