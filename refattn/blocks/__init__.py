@@ -20,6 +20,12 @@ deformable_merging
     LIT deformable token merging: a deformable convolution with kernel = stride = patch, then
     BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling points
     (``lit_deformable_token_merging``).
+delight
+    DeLighT: the DExTra transformation (group linear expand-reduce with input mixing) and block-wise
+    scaling (``delight_dextra``).
+denseformer
+    DenseFormer: depth-weighted averages (DWA) of all past block outputs after every block
+    (``denseformer_dwa``).
 dra
     Dynamic Range Activator (DRA): a learnable periodic-plus-saturating activation
     (``dynamic_range_activator``).
@@ -44,9 +50,15 @@ headmask
 layerscale
     LayerScale: a pre-norm block whose two residual branches are scaled per channel (CaiT)
     (``layerscale``).
+lmu
+    LMUFormer's Legendre Memory Unit token mixer (the non-spiking ``LMU`` block, parallel form)
+    (``lmu_token_mixer``).
 looped
     Looped (weight-tied) transformer with input injection; AlgoFormer's pre/loop/post structure
     (``looped_transformer``).
+low_rank_linear
+    Low-rank factorised linear layer (LED unit of the Low-Rank Transformer), with SVD initialisation
+    (``low_rank_factorized_linear``).
 ltm
     LTM-Transformer learnable token merging — registered as **not implemented** (T3).
 macaron
@@ -69,6 +81,9 @@ mohd
 ngpt
     nGPT block: a normalised Transformer whose hidden states move on the unit hypersphere
     (``ngpt_normalized_block``).
+nutime
+    NuTime numerically multi-scaled embedding (NME) of unbounded scalars, and NuTime's window token
+    (``nutime_multiscale_embedding``).
 parallel
     Parallel attention + MLP block: both sublayers read the same normalised input
     (``parallel_attention_mlp_block``).
@@ -92,6 +107,9 @@ reversible
     (``reversible_residual_block``).
 routing
     Routing helpers shared by the routed blocks: top-k selection, capacity, gates, balance losses.
+shallow_ffn
+    Attentionless Transformer: a shallow feed-forward network over the whole padded sentence
+    replaces attention (``shallow_ffn_attention_replacement``).
 simplified
     Simplified Transformer block (He & Hofmann): parallel, skipless, value/projection-free
     (``simplified_block_he_hofmann``).
@@ -158,6 +176,20 @@ from .deformable_merging import (  # noqa: F401
     deformable_token_merging_backward,
     deformable_token_merging_forward,
 )
+from .delight import (  # noqa: F401
+    delight_block_scaling,
+    dextra,
+    dextra_backward,
+    dextra_config,
+    dextra_forward,
+)
+from .denseformer import (  # noqa: F401
+    denseformer_dwa,
+    denseformer_dwa_backward,
+    denseformer_dwa_forward,
+    denseformer_dwa_init,
+    dwa_read_indices,
+)
 from .dra import (  # noqa: F401
     DRA_PARAMS,
     dra,
@@ -212,11 +244,24 @@ from .layerscale import (  # noqa: F401
     layerscale_block_forward,
     layerscale_init_value,
 )
+from .lmu import (  # noqa: F401
+    legendre_state_space,
+    lmu_impulse_response,
+    lmu_token_mixer,
+    lmu_token_mixer_backward,
+    lmu_token_mixer_forward,
+)
 from .looped import (  # noqa: F401
     LOOP_INJECTIONS,
     looped_transformer,
     looped_transformer_backward,
     looped_transformer_forward,
+)
+from .low_rank_linear import (  # noqa: F401
+    low_rank_from_dense,
+    low_rank_linear,
+    low_rank_linear_backward,
+    low_rank_linear_forward,
 )
 from .macaron import (  # noqa: F401
     MACARON_STEPS,
@@ -262,6 +307,15 @@ from .ngpt import (  # noqa: F401
     ngpt_rope_tables,
     unit_norm_backward,
     unit_norm_forward,
+)
+from .nutime import (  # noqa: F401
+    multiscale_embedding,
+    multiscale_embedding_backward,
+    multiscale_embedding_forward,
+    nutime_scales,
+    nutime_window_embedding,
+    nutime_window_embedding_backward,
+    nutime_window_embedding_forward,
 )
 from .parallel import (  # noqa: F401
     parallel_attention_mlp_block,
@@ -325,6 +379,11 @@ from .routing import (  # noqa: F401
     threshold_mask,
     topk_mask,
 )
+from .shallow_ffn import (  # noqa: F401
+    shallow_ffn_mixer,
+    shallow_ffn_mixer_backward,
+    shallow_ffn_mixer_forward,
+)
 from .simplified import (  # noqa: F401
     shaped_attention_sublayer_backward,
     shaped_attention_sublayer_forward,
@@ -363,7 +422,9 @@ __all__ = [
     "init_attention_params", "mlp_backward", "mlp_forward", "mlp_spec", "norm_backward", "norm_forward", "norm_spec",
     "param_dim", "resolve_attention_core", "resolve_sublayer", "split_block_params", "transformer_block_backward",
     "transformer_block_forward", "transformer_block_spec", "deform_conv2d_apply", "deform_conv2d_vjp",
-    "deformable_token_merging", "deformable_token_merging_backward", "deformable_token_merging_forward", "DRA_PARAMS",
+    "deformable_token_merging", "deformable_token_merging_backward", "deformable_token_merging_forward",
+    "delight_block_scaling", "dextra", "dextra_backward", "dextra_config", "dextra_forward", "denseformer_dwa",
+    "denseformer_dwa_backward", "denseformer_dwa_forward", "denseformer_dwa_init", "dwa_read_indices", "DRA_PARAMS",
     "dra", "dra_backward", "dra_forward", "DYDIT_ESTIMATORS", "dydit_block", "dydit_block_backward",
     "dydit_block_forward", "DYT_ALPHA_INIT", "dynamic_tanh", "dynamic_tanh_backward", "dynamic_tanh_forward",
     "SLN_NORM_TYPES", "degree_index", "equiformer_attention_weights_backward", "equiformer_attention_weights_forward",
@@ -372,15 +433,19 @@ __all__ = [
     "gated_memory_unit_backward", "gated_memory_unit_forward", "head_importance", "headmask_attention",
     "headmask_attention_backward", "headmask_attention_forward", "headmask_important", "headmask_random",
     "layerscale_block", "layerscale_block_backward", "layerscale_block_forward", "layerscale_init_value",
-    "LOOP_INJECTIONS", "looped_transformer", "looped_transformer_backward", "looped_transformer_forward",
-    "MACARON_STEPS", "macaron_block", "macaron_block_backward", "macaron_block_forward", "MAGNETO_INIT_SCHEMES",
-    "MAGNETO_SCALED", "magneto_gain", "magneto_init", "magneto_layer", "magneto_layer_backward",
+    "legendre_state_space", "lmu_impulse_response", "lmu_token_mixer", "lmu_token_mixer_backward",
+    "lmu_token_mixer_forward", "LOOP_INJECTIONS", "looped_transformer", "looped_transformer_backward",
+    "looped_transformer_forward", "low_rank_from_dense", "low_rank_linear", "low_rank_linear_backward",
+    "low_rank_linear_forward", "MACARON_STEPS", "macaron_block", "macaron_block_backward", "macaron_block_forward",
+    "MAGNETO_INIT_SCHEMES", "MAGNETO_SCALED", "magneto_gain", "magneto_init", "magneto_layer", "magneto_layer_backward",
     "magneto_layer_forward", "MINDSKIP_ESTIMATORS", "MINDSKIP_ROUTE_LEVELS", "mindskip_attention",
     "mindskip_attention_backward", "mindskip_attention_forward", "MIXTRAL_EXPERT_CONFIG", "MIXTRAL_MOE_NAMES",
     "moe_topk_gating", "moe_topk_gating_backward", "moe_topk_gating_forward", "mixture_of_head_attention",
     "mixture_of_head_attention_backward", "mixture_of_head_attention_forward", "NGPT_ROPE", "ngpt_attention_backward",
     "ngpt_attention_forward", "ngpt_normalized_block", "ngpt_normalized_block_backward",
     "ngpt_normalized_block_forward", "ngpt_rope_tables", "unit_norm_backward", "unit_norm_forward",
+    "multiscale_embedding", "multiscale_embedding_backward", "multiscale_embedding_forward", "nutime_scales",
+    "nutime_window_embedding", "nutime_window_embedding_backward", "nutime_window_embedding_forward",
     "parallel_attention_mlp_block", "parallel_attention_mlp_block_backward", "parallel_attention_mlp_block_forward",
     "patchify", "unpatchify", "vit_patch_embedding", "vit_patch_embedding_backward", "vit_patch_embedding_forward",
     "POLYCOM_KINDS", "polycom", "polycom_backward", "polycom_forward", "polyphase_anchor", "polyphase_anchoring",
@@ -391,11 +456,11 @@ __all__ = [
     "reversible_residual_block_backward", "reversible_residual_block_forward", "reversible_residual_inverse",
     "AUX_LOSS_VARIANTS", "BALANCE_OVER", "CAPACITY_PRIORITIES", "SCORE_ORDERS", "capacity_mask", "expert_capacity",
     "gates_backward", "gates_forward", "load_balancing_loss_backward", "load_balancing_loss_forward",
-    "router_z_loss_backward", "router_z_loss_forward", "threshold_mask", "topk_mask",
-    "shaped_attention_sublayer_backward", "shaped_attention_sublayer_forward", "simplified_block_he_hofmann",
-    "simplified_block_he_hofmann_backward", "simplified_block_he_hofmann_forward", "LOCALIZATIONS",
-    "localization_backward", "localization_forward", "spatial_transformer", "spatial_transformer_backward",
-    "spatial_transformer_forward", "TNT_INNER", "TNT_OUTER", "tnt_block", "tnt_block_backward", "tnt_block_forward",
-    "TOKEN_POOLING_METHODS", "token_pooling", "token_pooling_backward", "token_pooling_clusters",
-    "token_pooling_forward",
+    "router_z_loss_backward", "router_z_loss_forward", "threshold_mask", "topk_mask", "shallow_ffn_mixer",
+    "shallow_ffn_mixer_backward", "shallow_ffn_mixer_forward", "shaped_attention_sublayer_backward",
+    "shaped_attention_sublayer_forward", "simplified_block_he_hofmann", "simplified_block_he_hofmann_backward",
+    "simplified_block_he_hofmann_forward", "LOCALIZATIONS", "localization_backward", "localization_forward",
+    "spatial_transformer", "spatial_transformer_backward", "spatial_transformer_forward", "TNT_INNER", "TNT_OUTER",
+    "tnt_block", "tnt_block_backward", "tnt_block_forward", "TOKEN_POOLING_METHODS", "token_pooling",
+    "token_pooling_backward", "token_pooling_clusters", "token_pooling_forward",
 ]
