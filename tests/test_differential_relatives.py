@@ -31,9 +31,11 @@ def test_record_checks_pass(slug):
     assert not bad, bad
 
 
-def test_t3_entries_not_registered_as_implemented():
-    for slug in ("opamp_attention", "dydila_differential_linear_attention"):
-        assert not registry.get(slug).implemented
+def test_dydila_is_not_registered_as_implemented():
+    # OpAmp is implemented (attention/differential/opamp.py); DyDiLA's method section and code were
+    # not reachable, so its record stays unimplemented until they are.
+    assert registry.get("opamp_attention").implemented
+    assert not registry.get("dydila_differential_linear_attention").implemented
 
 
 # ------------------------------------------------------------------------------ torch parity

@@ -28,7 +28,8 @@ def _finite_run(rec, inputs, params, config):
         warnings.simplefilter("error")
         with np.errstate(over="raise", invalid="raise", divide="raise", under="ignore"):
             out, cache = call_forward(rec, inputs, params, config)
-            grads = rec.backward(np.ones_like(out), cache)
+            # a forward-only record (differentiable=False) has no backward: its output is checked
+            grads = rec.backward(np.ones_like(out), cache) if rec.differentiable else {}
     assert np.all(np.isfinite(out)), f"{rec.slug}: non-finite output"
     for k, g in grads.items():
         assert np.all(np.isfinite(g)), f"{rec.slug}: non-finite gradient {k}"
