@@ -52,6 +52,9 @@ factformer
 fno
     FNO spectral convolution: a per-mode complex channel mix between a real FFT and its inverse
     (``fno_spectral_conv``).
+funcattn
+    Functional Attention (FUNCATTN): attention among slice coefficients as a regularised
+    least-squares functional map (``funcattn_functional_attention``).
 gale
     GeoTransolver GALE: Transolver slices, slice self-attention mixed with cross-attention to a
     context (``geotransolver_gale``).
@@ -259,6 +262,12 @@ from .fno import (  # noqa: F401
     fno_spectral_conv_forward,
     init_fno_centred_params,
     init_fno_params,
+)
+from .funcattn import (  # noqa: F401
+    funcattn_backward,
+    funcattn_forward,
+    funcattn_functional_attention,
+    funcattn_init_params,
 )
 from .gale import (  # noqa: F401
     gale_init_params,
@@ -482,7 +491,8 @@ __all__ = [
     "init_factformer_block_params", "low_rank_kernel", "low_rank_kernel_backward", "low_rank_kernel_forward",
     "fno_spectral_conv", "fno_spectral_conv_backward", "fno_spectral_conv_centred",
     "fno_spectral_conv_centred_backward", "fno_spectral_conv_centred_forward", "fno_spectral_conv_explicit",
-    "fno_spectral_conv_forward", "init_fno_centred_params", "init_fno_params", "gale_init_params", "geotransolver_gale",
+    "fno_spectral_conv_forward", "init_fno_centred_params", "init_fno_params", "funcattn_backward", "funcattn_forward",
+    "funcattn_functional_attention", "funcattn_init_params", "gale_init_params", "geotransolver_gale",
     "geotransolver_gale_backward", "geotransolver_gale_forward", "fourier_type_attention",
     "fourier_type_attention_backward", "fourier_type_attention_forward", "galerkin_attention",
     "galerkin_attention_backward", "galerkin_attention_forward", "init_params", "init_magno_params", "magno",
