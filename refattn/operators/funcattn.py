@@ -28,7 +28,7 @@ $$z' = Cv,\qquad y_i = \sum_g w_{ig}z'_g,\qquad \text{out} = [y_1\dots y_H]W_o +
 
 $C = q\,((1-a)k^\top k + aI)^{-1}k^\top$ is the ridge-regression map that carries the key
 coefficients onto the query coefficients ($C k \approx q$ up to the ridge term), so
-$z' = Cv$ transports the values by that map. ``alpha`` is a single scalar shared by all heads
+$z' = Cv$ transports the values by that map. ``alpha`` is a single scalar shared by all heads (stored with shape (1,))
 (upstream init 0 for the structured layer, 1e-3 for the irregular-mesh one).
 
 Backward
@@ -107,7 +107,7 @@ def _funcattn_spec(params, n_points, mesh_shape):
 
     def spec(c, n_head, d, g):
         co = c if c_out is None else c_out
-        out = {"to_q.weight": (d, d), "to_k.weight": (d, d), "to_v.weight": (d, d), "alpha": (),
+        out = {"to_q.weight": (d, d), "to_k.weight": (d, d), "to_v.weight": (d, d), "alpha": (1,),
                "to_out.0.weight": (n_head * d, co), "to_out.0.bias": (co,)}
         if k is not None:
             out.update({"in_project_x.weight": (n_head * d, c) + k, "in_project_fx.weight": (n_head * d, c) + k})
@@ -128,7 +128,7 @@ def funcattn_forward(x, params, *, n_head: int, tau_clamp=(0.1, 5.0), slice_eps:
         ``in_project_x.bias``; ``in_project_fx.*`` likewise; ``in_project_basis``'s weight under the
         key ``in_project_slice.weight`` (D, G) and ``.bias`` (G,); ``temperature`` (H,) (init 0.5).
         Map: ``to_q.weight``, ``to_k.weight``, ``to_v.weight`` (D, D), no bias, shared by heads;
-        ``alpha`` () the ridge logit; ``to_out.0.weight`` (H D, C_out), ``to_out.0.bias``.
+        ``alpha`` (1,) the ridge logit (upstream a 0-d parameter); ``to_out.0.weight`` (H D, C_out), ``to_out.0.bias``.
         PyTorch Linear weights transposed (``W = linear.weight.T``).
     n_head : int
     tau_clamp : None or (min, max)
@@ -150,7 +150,7 @@ def funcattn_forward(x, params, *, n_head: int, tau_clamp=(0.1, 5.0), slice_eps:
     x, p = x.astype(dt, copy=False), cast_all(dt, p)
     w, tok, front = physics_front_forward(x, p, n_head, tau_clamp, slice_eps, mesh_shape)
     q, k, v = tok @ p["to_q.weight"], tok @ p["to_k.weight"], tok @ p["to_v.weight"]
-    a = float(sigmoid(p["alpha"]))
+    a = float(sigmoid(p["alpha"])[0])
     ktk = swap_last(k) @ k
     amat = (1.0 - a) * ktk + a * np.eye(d, dtype=dt)
     z = np.linalg.solve(amat, swap_last(k))      # (B, H, D, G)
@@ -183,7 +183,7 @@ def funcattn_backward(dout, cache):
     dk = dk + (1.0 - a) * k @ (da_mat + swap_last(da_mat))
     eye = np.eye(k.shape[-1], dtype=x.dtype)
     da = np.sum(da_mat * (eye - cache["ktk"]))
-    grads["alpha"] = np.asarray(da * a * (1.0 - a), dtype=x.dtype)
+    grads["alpha"] = np.full(1, da * a * (1.0 - a), dtype=x.dtype)
     tok = cache["tok"]
     dtok = 0.0
     for t, gt in (("q", dq), ("k", dk), ("v", dv)):
@@ -214,7 +214,7 @@ def funcattn_init_params(rng, dim: int, n_head: int = 8, dim_head: int = 32, bas
     for t in "qkv":
         p.update(init_linear_prefixed(rng, dim_head, dim_head, f"to_{t}", bias=False))
     p.update(init_linear_prefixed(rng, n_head * dim_head, dim if out_dim is None else out_dim, "to_out.0"))
-    p["alpha"] = np.asarray(float(alpha_init))
+    p["alpha"] = np.full(1, float(alpha_init))
     return {kk: np.asarray(vv, dtype=dtype) for kk, vv in p.items()}
 
 
@@ -227,7 +227,7 @@ def _sample_funcattn(rng, size):
     n, c, h, d, g = slice_sizes(rng, size)
     params = perturb_params(rng, funcattn_init_params(rng, c, h, d, g))
     params["temperature"] = rng.uniform(0.4, 1.2, h)
-    params["alpha"] = np.asarray(rng.uniform(-1.0, 1.0))
+    params["alpha"] = rng.uniform(-1.0, 1.0, 1)
     return Sample(inputs={"x": rng.standard_normal((2, n, c))}, params=params,
                   config={"n_head": h, "tau_clamp": None})
 
@@ -249,7 +249,7 @@ def _check_map_fits_keys(rng):
     # With a -> 0, G >= D full-rank keys and W_q = W_k, C k = k (k^T k)^{-1} k^T k = k: the
     # least-squares map reproduces the keys it was fitted on.
     s = _sample_funcattn(rng, "small")
-    p = dict(s.params, alpha=np.asarray(-40.0))
+    p = dict(s.params, alpha=np.full(1, -40.0))
     p["to_q.weight"] = p["to_k.weight"].copy()
     _, cache = funcattn_forward(s.inputs["x"], p, **s.config)
     err = float(np.abs(cache["cmap"] @ cache["k"] - cache["k"]).max())
