@@ -109,6 +109,8 @@ mono_cotap
 multiwavelet
     Multiwavelet neural operator (MWT): Legendre/Chebyshev multiwavelet filters, the multiwavelet
     transform and the 1-D ``MWT_CZ1d`` layer (``multiwavelet_operator``).
+nhmo
+    NHMO harmonic-measure boundary kernel — registered as **not implemented** (T3).
 oformer
     OFormer linear attention: Galerkin/Fourier-type attention with quadrature weights, masks and
     RoPE (``oformer_attention``).
