@@ -52,6 +52,9 @@ factformer
 fno
     FNO spectral convolution: a per-mode complex channel mix between a real FFT and its inverse
     (``fno_spectral_conv``).
+funcattn
+    Functional Attention (FUNCATTN): attention among slice coefficients as a regularised
+    least-squares functional map (``funcattn_functional_attention``).
 gale
     GeoTransolver GALE: Transolver slices, slice self-attention mixed with cross-attention to a
     context (``geotransolver_gale``).
@@ -72,6 +75,9 @@ gnot_moe
 ho_fno
     HO-FNO: the higher-order (n-linear) spectral convolution and the HO-FNO block
     (``ho_fno_higher_order_spectral_conv``).
+hodgeformer
+    HodgeFormer: multi-head attention heads as learned discrete Hodge stars on a triangle mesh
+    (``hodgeformer_hodge_operators``).
 ifactformer
     IFactFormer-m's parallel axial attention: two axis integrals of the same values, concatenated
     (``ifactformer_m_parallel_attention``).
@@ -103,6 +109,8 @@ mono_cotap
 multiwavelet
     Multiwavelet neural operator (MWT): Legendre/Chebyshev multiwavelet filters, the multiwavelet
     transform and the 1-D ``MWT_CZ1d`` layer (``multiwavelet_operator``).
+nhmo
+    NHMO harmonic-measure boundary kernel — registered as **not implemented** (T3).
 oformer
     OFormer linear attention: Galerkin/Fourier-type attention with quadrature weights, masks and
     RoPE (``oformer_attention``).
@@ -260,6 +268,12 @@ from .fno import (  # noqa: F401
     init_fno_centred_params,
     init_fno_params,
 )
+from .funcattn import (  # noqa: F401
+    funcattn_backward,
+    funcattn_forward,
+    funcattn_functional_attention,
+    funcattn_init_params,
+)
 from .gale import (  # noqa: F401
     gale_init_params,
     geotransolver_gale,
@@ -312,6 +326,13 @@ from .ho_fno import (  # noqa: F401
     ho_spectral_conv_backward,
     ho_spectral_conv_forward,
     two_thirds_padding,
+)
+from .hodgeformer import (  # noqa: F401
+    hodgeformer_backward,
+    hodgeformer_forward,
+    hodgeformer_hodge_attention,
+    hodgeformer_init_params,
+    hodgeformer_split,
 )
 from .ifactformer import (  # noqa: F401
     ifactformer_m_attention,
@@ -482,7 +503,8 @@ __all__ = [
     "init_factformer_block_params", "low_rank_kernel", "low_rank_kernel_backward", "low_rank_kernel_forward",
     "fno_spectral_conv", "fno_spectral_conv_backward", "fno_spectral_conv_centred",
     "fno_spectral_conv_centred_backward", "fno_spectral_conv_centred_forward", "fno_spectral_conv_explicit",
-    "fno_spectral_conv_forward", "init_fno_centred_params", "init_fno_params", "gale_init_params", "geotransolver_gale",
+    "fno_spectral_conv_forward", "init_fno_centred_params", "init_fno_params", "funcattn_backward", "funcattn_forward",
+    "funcattn_functional_attention", "funcattn_init_params", "gale_init_params", "geotransolver_gale",
     "geotransolver_gale_backward", "geotransolver_gale_forward", "fourier_type_attention",
     "fourier_type_attention_backward", "fourier_type_attention_forward", "galerkin_attention",
     "galerkin_attention_backward", "galerkin_attention_forward", "init_params", "init_magno_params", "magno",
@@ -492,29 +514,30 @@ __all__ = [
     "gnot_hna_attention_forward", "gnot_hna_init_params", "gnot_geometric_gating_moe",
     "gnot_geometric_gating_moe_backward", "gnot_geometric_gating_moe_forward", "gnot_moe_init_params", "ho_block",
     "ho_block_backward", "ho_block_forward", "ho_spectral_conv", "ho_spectral_conv_backward",
-    "ho_spectral_conv_forward", "two_thirds_padding", "ifactformer_m_attention", "ifactformer_m_attention_backward",
-    "ifactformer_m_attention_forward", "ifactformer_m_axial", "ifactformer_m_axial_backward",
-    "ifactformer_m_axial_forward", "ipot_inducing_point_operator", "ipot_inducing_point_operator_backward",
-    "ipot_inducing_point_operator_forward", "ipot_init_params", "ipot_model_backward", "ipot_model_forward",
-    "pos2fourier_backward", "pos2fourier_forward", "linear_no_attention", "linear_no_attention_backward",
-    "linear_no_attention_forward", "linear_no_init_params", "linear_scan", "selective_scan", "selective_scan_backward",
-    "selective_scan_forward", "softplus", "init_mno_ss2d_params", "mno_ss2d", "mno_ss2d_backward", "mno_ss2d_forward",
-    "scan_order_permutations", "init_mano_params", "mano_attention", "mano_attention_backward",
-    "mano_attention_forward", "mano_levels", "init_mgno_params", "mgno_layer", "mgno_layer_backward",
-    "mgno_layer_forward", "mgno_param_shapes", "mgno_vcycle", "init_mino_encoder_params", "init_perceiver_block_params",
-    "mino_encoder", "mino_encoder_backward", "mino_encoder_forward", "mino_perceiver_block_backward",
-    "mino_perceiver_block_forward", "mino_sincos_embedding", "perceiver_block_spec", "cotap", "cotap_backward",
-    "cotap_forward", "cotap_project", "init_cotap_params", "init_mwt_cz1d_params", "multiwavelet_filters", "mwt_cz1d",
-    "mwt_cz1d_backward", "mwt_cz1d_forward", "mwt_decompose", "mwt_reconstruct", "oformer_attention",
-    "oformer_attention_backward", "oformer_attention_forward", "oformer_init_params", "cholesky_vjp", "ono_attention",
-    "ono_attention_backward", "ono_attention_forward", "psd_safe_cholesky", "init_pde_channel_attention_params",
-    "pde_channel_attention", "pde_channel_attention_backward", "pde_channel_attention_forward", "PHYSGTO_VARIANTS",
-    "init_physgto_attention_params", "physgto_attention", "physgto_attention_backward", "physgto_attention_forward",
-    "init_pinnsformer_params", "make_time_sequence", "pinnsformer", "pinnsformer_backward", "pinnsformer_forward",
-    "pinnsformer_param_shapes", "wave_activation", "wave_activation_backward", "wave_activation_forward",
-    "init_pinto_params", "pinto", "pinto_backward", "pinto_forward", "coarse_hat_basis", "overlapping_subdomains",
-    "partition_of_unity", "schwarz_attention", "schwarz_attention_backward", "schwarz_attention_forward",
-    "conditional_layer_norm", "init_scot_params", "scot_layer", "scot_layer_backward", "scot_layer_forward",
-    "scot_param_shapes", "transolver_init_params", "transolver_physics_attention",
-    "transolver_physics_attention_backward", "transolver_physics_attention_forward",
+    "ho_spectral_conv_forward", "two_thirds_padding", "hodgeformer_backward", "hodgeformer_forward",
+    "hodgeformer_hodge_attention", "hodgeformer_init_params", "hodgeformer_split", "ifactformer_m_attention",
+    "ifactformer_m_attention_backward", "ifactformer_m_attention_forward", "ifactformer_m_axial",
+    "ifactformer_m_axial_backward", "ifactformer_m_axial_forward", "ipot_inducing_point_operator",
+    "ipot_inducing_point_operator_backward", "ipot_inducing_point_operator_forward", "ipot_init_params",
+    "ipot_model_backward", "ipot_model_forward", "pos2fourier_backward", "pos2fourier_forward", "linear_no_attention",
+    "linear_no_attention_backward", "linear_no_attention_forward", "linear_no_init_params", "linear_scan",
+    "selective_scan", "selective_scan_backward", "selective_scan_forward", "softplus", "init_mno_ss2d_params",
+    "mno_ss2d", "mno_ss2d_backward", "mno_ss2d_forward", "scan_order_permutations", "init_mano_params",
+    "mano_attention", "mano_attention_backward", "mano_attention_forward", "mano_levels", "init_mgno_params",
+    "mgno_layer", "mgno_layer_backward", "mgno_layer_forward", "mgno_param_shapes", "mgno_vcycle",
+    "init_mino_encoder_params", "init_perceiver_block_params", "mino_encoder", "mino_encoder_backward",
+    "mino_encoder_forward", "mino_perceiver_block_backward", "mino_perceiver_block_forward", "mino_sincos_embedding",
+    "perceiver_block_spec", "cotap", "cotap_backward", "cotap_forward", "cotap_project", "init_cotap_params",
+    "init_mwt_cz1d_params", "multiwavelet_filters", "mwt_cz1d", "mwt_cz1d_backward", "mwt_cz1d_forward",
+    "mwt_decompose", "mwt_reconstruct", "oformer_attention", "oformer_attention_backward", "oformer_attention_forward",
+    "oformer_init_params", "cholesky_vjp", "ono_attention", "ono_attention_backward", "ono_attention_forward",
+    "psd_safe_cholesky", "init_pde_channel_attention_params", "pde_channel_attention", "pde_channel_attention_backward",
+    "pde_channel_attention_forward", "PHYSGTO_VARIANTS", "init_physgto_attention_params", "physgto_attention",
+    "physgto_attention_backward", "physgto_attention_forward", "init_pinnsformer_params", "make_time_sequence",
+    "pinnsformer", "pinnsformer_backward", "pinnsformer_forward", "pinnsformer_param_shapes", "wave_activation",
+    "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto", "pinto_backward",
+    "pinto_forward", "coarse_hat_basis", "overlapping_subdomains", "partition_of_unity", "schwarz_attention",
+    "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm", "init_scot_params",
+    "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "transolver_init_params",
+    "transolver_physics_attention", "transolver_physics_attention_backward", "transolver_physics_attention_forward",
 ]
