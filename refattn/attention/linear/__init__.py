@@ -34,6 +34,9 @@ fastmax
 fourier_dct
     Fourier Transformer: DCT-based sequence truncation before softmax attention
     (``fourier_transformer_dct``).
+hyena
+    Hyena operator: implicit long convolutions (FFT) with data-controlled gating, the full
+    `HyenaOperator` layer with its implicit `HyenaFilter` (``hyena_operator``).
 hypformer
     Hypformer: linear focused attention in the Lorentz model of hyperbolic space
     (``TransConvLayer``) (``hypformer_lorentz_linear_attention``).
@@ -181,6 +184,18 @@ from .fourier_dct import (  # noqa: F401
     fourier_dct_attention_backward,
     fourier_dct_attention_forward,
     idct_ortho,
+)
+from .hyena import (  # noqa: F401
+    causal_fft_conv,
+    causal_fft_conv_vjp,
+    hyena_filter_backward,
+    hyena_filter_forward,
+    hyena_modulation_deltas,
+    hyena_operator,
+    hyena_operator_backward,
+    hyena_operator_forward,
+    hyena_positional_embedding,
+    init_hyena_operator_params,
 )
 from .hypformer import (  # noqa: F401
     focus_map_backward,
@@ -419,10 +434,12 @@ __all__ = [
     "efficient_attention_layer_backward", "efficient_attention_layer_forward", "FASTMAX_NORMALIZE", "fastmax_attention",
     "fastmax_backward", "fastmax_features", "fastmax_forward", "fastmax_normalize_backward",
     "fastmax_normalize_forward", "dct_ortho", "dct_truncate", "dct_truncate_vjp", "fourier_dct_attention",
-    "fourier_dct_attention_backward", "fourier_dct_attention_forward", "idct_ortho", "focus_map_backward",
-    "focus_map_forward", "hypformer_attention", "hypformer_attention_backward", "hypformer_attention_forward",
-    "lorentz_lift", "lorentz_lift_backward", "informer_attention", "informer_attention_backward",
-    "informer_attention_forward", "informer_distil_backward", "informer_distil_forward",
+    "fourier_dct_attention_backward", "fourier_dct_attention_forward", "idct_ortho", "causal_fft_conv",
+    "causal_fft_conv_vjp", "hyena_filter_backward", "hyena_filter_forward", "hyena_modulation_deltas", "hyena_operator",
+    "hyena_operator_backward", "hyena_operator_forward", "hyena_positional_embedding", "init_hyena_operator_params",
+    "focus_map_backward", "focus_map_forward", "hypformer_attention", "hypformer_attention_backward",
+    "hypformer_attention_forward", "lorentz_lift", "lorentz_lift_backward", "informer_attention",
+    "informer_attention_backward", "informer_attention_forward", "informer_distil_backward", "informer_distil_forward",
     "probsparse_attention_backward", "probsparse_attention_forward", "probsparse_index_sample", "probsparse_measure",
     "probsparse_sizes", "INFSA_VARIANTS", "infsa_attention", "infsa_attention_backward", "infsa_attention_forward",
     "infsa_scores_backward", "infsa_scores_forward", "causal_linear_attention_backward",

@@ -1,0 +1,79 @@
+"""Slice L5 of the linear family (long convolutions and memory): what the registry cannot express."""
+
+import numpy as np
+import pytest
+
+from refattn.attention.linear.hyena import (
+    causal_fft_conv,
+    hyena_modulation_deltas,
+    hyena_operator,
+    hyena_operator_backward,
+    hyena_operator_forward,
+    hyena_positional_embedding,
+    init_hyena_operator_params,
+)
+
+
+def _hyena(rng, D=3, L=6, l_max=8, order=2):
+    p = init_hyena_operator_params(rng, D, l_max, order=order, filter_order=4)
+    return rng.standard_normal((2, L, D)), p
+
+
+def test_hyena_positional_embedding_formula():
+    z = hyena_positional_embedding(10, 5)[0]
+    t = np.arange(10)
+    f = np.array([1e-4, 1.0])
+    assert z.shape == (10, 5)
+    np.testing.assert_allclose(z[:, 0], t / 9)
+    np.testing.assert_allclose(z[:, 1:3], np.cos(2 * np.pi * f * t[:, None] / 10), atol=1e-15)
+    np.testing.assert_allclose(z[:, 3:5], -np.sin(2 * np.pi * f * t[:, None] / 10), atol=1e-15)
+    with pytest.raises(ValueError, match="emb_dim"):
+        hyena_positional_embedding(10, 4)
+
+
+def test_hyena_modulation_decays_are_upstream_range():
+    d = hyena_modulation_deltas(5)
+    np.testing.assert_allclose([d[0], d[-1]], [np.log(1e-2) / 1.5, np.log(1e-2) / 0.3])
+
+
+def test_hyena_impulse_response_is_the_filter():
+    """A unit impulse in the gated value passes the long filter unchanged: check the conv by a delta."""
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((3, 7))
+    w = np.zeros((1, 3, 7))
+    w[..., 0] = 1.0
+    np.testing.assert_allclose(causal_fft_conv(h, w)[0], h, atol=1e-14)
+    w = np.zeros((1, 3, 7))
+    w[..., 2] = 1.0
+    np.testing.assert_allclose(causal_fft_conv(h, w)[0], np.pad(h[:, :5], ((0, 0), (2, 0))), atol=1e-14)
+
+
+def test_hyena_shorter_sequence_uses_first_filter_rows():
+    """L < L_max: the result depends only on the first L rows of z (their gradient is zero beyond)."""
+    rng = np.random.default_rng(1)
+    u, p = _hyena(rng)
+    y, cache = hyena_operator_forward(u, p)
+    g = hyena_operator_backward(np.ones_like(y), cache)
+    assert np.all(g["filter_fn.pos_emb.z"][0, 6:] == 0)
+    p2 = dict(p)
+    p2["filter_fn.pos_emb.z"] = p["filter_fn.pos_emb.z"].copy()
+    p2["filter_fn.pos_emb.z"][0, 6:] += 5.0
+    np.testing.assert_array_equal(hyena_operator(u, p2), y)
+
+
+def test_hyena_float32_and_bad_inputs():
+    rng = np.random.default_rng(2)
+    u, p = _hyena(rng)
+    y32 = hyena_operator(u.astype(np.float32), p)
+    assert y32.dtype == np.float32
+    np.testing.assert_allclose(y32, hyena_operator(u, p), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="L_max"):
+        hyena_operator(rng.standard_normal((2, 9, 3)), p)
+    with pytest.raises(ValueError, match="in_proj.weight"):
+        hyena_operator(u, p, order=3)
+    bad = dict(p)
+    del bad["filter_fn.implicit_filter.1.freq"]
+    with pytest.raises(ValueError, match="freq"):
+        hyena_operator(u, bad)
+    with pytest.raises(ValueError, match="order"):
+        hyena_operator(u, p, order=1)
