@@ -77,3 +77,42 @@ def test_hyena_float32_and_bad_inputs():
         hyena_operator(u, bad)
     with pytest.raises(ValueError, match="order"):
         hyena_operator(u, p, order=1)
+
+
+def _lh(rng, D=4, S=2, G=4, L=9):
+    ang, rad = rng.uniform(0.2, 2.5, (G, S)), rng.uniform(0.5, 0.95, (G, S))
+    p = {"short_filter_weight": rng.standard_normal((3 * D, 1, 3)), "short_filter_bias": rng.standard_normal(3 * D),
+         "D": rng.standard_normal(D), "residues": rng.standard_normal((G, S, 1, 2)),
+         "poles": np.stack([rad * np.cos(ang), rad * np.sin(ang)], axis=-1)[:, :, None, :]}
+    return rng.standard_normal((2, L, 3 * D)), p
+
+
+def test_laughing_hyena_single_mode_filter_is_geometric():
+    """One real mode lambda=r, residue c: h_t = c r^t exactly (the SSM impulse response)."""
+    from refattn.attention.linear.laughing_hyena import modal_filter
+
+    poles = np.array([[[[0.7, 0.0]]]])
+    res = np.array([[[[2.0, 0.5]]]])
+    np.testing.assert_allclose(modal_filter(poles, res, 6)[0], 2.0 * 0.7 ** np.arange(6), atol=1e-15)
+
+
+def test_laughing_hyena_recurrence_float32_and_errors():
+    from refattn.attention.linear.laughing_hyena import laughing_hyena, modal_ssm_recurrent
+
+    rng = np.random.default_rng(3)
+    u, p = _lh(rng, G=1)
+    y = laughing_hyena(u, p, num_heads=2)
+    np.testing.assert_allclose(modal_ssm_recurrent(u, p, num_heads=2), y, atol=1e-12)
+    y32 = laughing_hyena(u.astype(np.float32), p, num_heads=2)
+    assert y32.dtype == np.float32
+    np.testing.assert_allclose(y32, y, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="3\\*hidden_size"):
+        laughing_hyena(u[..., :-1], p)
+    with pytest.raises(ValueError, match="num_heads"):
+        laughing_hyena(u, p, num_heads=3)
+    bad = dict(p, poles=p["poles"][:, :1])
+    with pytest.raises(ValueError, match="residues"):
+        laughing_hyena(u, bad)
+    bad = dict(p, poles=np.concatenate([p["poles"]] * 2))
+    with pytest.raises(ValueError, match="poles"):
+        laughing_hyena(u, dict(bad, residues=bad["poles"]))

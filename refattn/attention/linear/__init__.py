@@ -51,6 +51,10 @@ katharopoulos
 kl_transformer
     KL-Transformer: linear attention on spectral random features whose distribution is learned
     (``kl_transformer_learned_spectral_kernel``).
+laughing_hyena
+    Laughing Hyena: a Hyena long convolution in modal (diagonal SSM) form, computed either by FFT
+    convolution with the filter the modes generate or by the $O(1)$-per-token modal recurrence
+    (``laughing_hyena_modal_ssm``).
 linformer
     Linformer: self-attention with sequence-axis low-rank projections of the keys and values
     (``linformer_low_rank_attention``).
@@ -243,6 +247,14 @@ from .kl_transformer import (  # noqa: F401
     kl_transformer_attention,
     kl_transformer_backward,
     kl_transformer_forward,
+)
+from .laughing_hyena import (  # noqa: F401
+    laughing_hyena,
+    laughing_hyena_backward,
+    laughing_hyena_forward,
+    modal_filter,
+    modal_filter_vjp,
+    modal_ssm_recurrent,
 )
 from .linformer import (  # noqa: F401
     LINFORMER_SHARING,
@@ -446,10 +458,11 @@ __all__ = [
     "causal_linear_attention_forward", "linear_attention", "linear_attention_backward", "linear_attention_explicit",
     "linear_attention_forward", "KL_FEATURES", "kl_features_backward", "kl_features_forward",
     "kl_spectral_samples_backward", "kl_spectral_samples_forward", "kl_transformer_attention",
-    "kl_transformer_backward", "kl_transformer_forward", "LINFORMER_SHARING", "init_linformer_params",
-    "linformer_attention", "linformer_attention_backward", "linformer_attention_forward", "band_attention_backward",
-    "band_attention_forward", "band_keep_mask", "clear_attention", "clear_attention_backward",
-    "clear_attention_forward", "clear_keep_mask", "clear_proportional_scale", "MASK_KINDS",
+    "kl_transformer_backward", "kl_transformer_forward", "laughing_hyena", "laughing_hyena_backward",
+    "laughing_hyena_forward", "modal_filter", "modal_filter_vjp", "modal_ssm_recurrent", "LINFORMER_SHARING",
+    "init_linformer_params", "linformer_attention", "linformer_attention_backward", "linformer_attention_forward",
+    "band_attention_backward", "band_attention_forward", "band_keep_mask", "clear_attention",
+    "clear_attention_backward", "clear_attention_forward", "clear_keep_mask", "clear_proportional_scale", "MASK_KINDS",
     "grid_toeplitz_correlation_fft", "grid_toeplitz_dense", "grid_toeplitz_matvec_fft", "masked_linear_attention",
     "masked_linear_attention_backward", "masked_linear_attention_forward", "tree_distances", "tree_exp_matvec",
     "MRA_MODES", "mra_attention", "mra_attention_backward", "mra_attention_forward", "mra_block_scores",
