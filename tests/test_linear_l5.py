@@ -116,3 +116,32 @@ def test_laughing_hyena_recurrence_float32_and_errors():
     bad = dict(p, poles=np.concatenate([p["poles"]] * 2))
     with pytest.raises(ValueError, match="poles"):
         laughing_hyena(u, dict(bad, residues=bad["poles"]))
+
+
+def test_stack_attention_errors_and_float32():
+    from refattn.attention.linear.stack_attention import stack_attention_forward
+
+    rng = np.random.default_rng(4)
+    p = {"action_layer.linear.weight": rng.standard_normal((3, 3)),
+         "input_to_pushed_vector_layer.linear.weight": rng.standard_normal((3, 2)),
+         "stack_reading_to_output_layer.linear.weight": rng.standard_normal((2, 3))}
+    x = rng.standard_normal((2, 6, 3))
+    y = stack_attention_forward(x, p)[0]
+    y32 = stack_attention_forward(x.astype(np.float32), p)[0]
+    assert y32.dtype == np.float32
+    np.testing.assert_allclose(y32, y, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="action_layer"):
+        stack_attention_forward(x, dict(p, **{"action_layer.linear.weight": np.ones((3, 4))}))
+    with pytest.raises(ValueError, match="stack_reading_to_output_layer"):
+        stack_attention_forward(x, {k: v for k, v in p.items() if "reading" not in k})
+
+
+def test_stack_attention_no_push_reads_zero():
+    """Without push probability nothing enters the stack: the output is exactly zero."""
+    from refattn.attention.linear.stack_attention import superposition_stack_forward
+
+    rng = np.random.default_rng(5)
+    a = np.zeros((2, 7, 3))
+    a[..., 1:] = rng.dirichlet([1.0, 1.0], (2, 7))
+    S = superposition_stack_forward(a, rng.standard_normal((2, 7, 3)))
+    assert np.all(S == 0)

@@ -97,6 +97,9 @@ sparsek
 spectraformer
     Spectraformer: random-feature linear attention as a weight matrix $W$ times a component function
     $f$ (``spectraformer_random_features``).
+stack_attention
+    Stack attention, superposition variant: a differentiable stack (Joulin & Mikolov) driven by
+    per-token push/pop/no-op probabilities, read at the top after every step (``stack_attention``).
 topk_attention
     Top-$k$ (k-NN retrieved) softmax attention: the exact reference of IceFormer's retrieval
     attention (``topk_attention``).
@@ -382,6 +385,12 @@ from .spectraformer import (  # noqa: F401
     spectraformer_weight_matrix,
     walsh_hadamard,
 )
+from .stack_attention import (  # noqa: F401
+    stack_attention,
+    stack_attention_backward,
+    stack_attention_forward,
+    superposition_stack_forward,
+)
 from .topk_attention import (  # noqa: F401
     mips_to_nns,
     topk_attention,
@@ -482,8 +491,9 @@ __all__ = [
     "sparsek_mask_forward", "sparsek_mask_vjp", "sparsek_sets", "sparsek_threshold", "SPECTRA_COMPONENTS",
     "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp", "spectraformer_attention",
     "spectraformer_backward", "spectraformer_features_backward", "spectraformer_features_forward",
-    "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard", "mips_to_nns", "topk_attention",
-    "topk_attention_backward", "topk_attention_forward", "topk_selection", "TRANSNORMER_FEATURE_MAPS",
+    "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard", "stack_attention",
+    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "mips_to_nns",
+    "topk_attention", "topk_attention_backward", "topk_attention_forward", "topk_selection", "TRANSNORMER_FEATURE_MAPS",
     "TRANSNORMER_NORMS", "diag_attention_backward", "diag_attention_forward", "transnormer", "transnormer_backward",
     "transnormer_forward", "transnormer_layer", "transnormer_layer_backward", "transnormer_layer_forward",
     "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention", "udit_attention_backward", "udit_attention_forward",
