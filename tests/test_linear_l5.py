@@ -145,3 +145,30 @@ def test_stack_attention_no_push_reads_zero():
     a[..., 1:] = rng.dirichlet([1.0, 1.0], (2, 7))
     S = superposition_stack_forward(a, rng.standard_normal((2, 7, 3)))
     assert np.all(S == 0)
+
+
+def test_titans_errors_float32_and_forgetting():
+    from refattn.attention.linear.titans import titans_memory, titans_memory_scan
+
+    rng = np.random.default_rng(6)
+    d = 3
+    p = {"q_proj.weight": rng.standard_normal((d, 2)), "k_proj.weight": rng.standard_normal((d, 2)),
+         "v_proj.weight": rng.standard_normal((d, 2))}
+    for g in ("alpha_proj", "eta_proj", "theta_proj"):
+        p[g + ".weight"] = rng.standard_normal((d, 1))
+        p[g + ".bias"] = np.zeros(1)
+    x = rng.standard_normal((2, 5, d))
+    y = titans_memory(x, p)
+    y32 = titans_memory(x.astype(np.float32), p)
+    assert y32.dtype == np.float32
+    np.testing.assert_allclose(y32, y, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="eta_proj"):
+        titans_memory(x, {k: v for k, v in p.items() if not k.startswith("eta")})
+    with pytest.raises(ValueError, match="the same for q and k"):
+        titans_memory(x, dict(p, **{"k_proj.weight": np.ones((d, 3))}))
+    # alpha = 1 wipes the memory each step: M_t = S_t, and with eta = 0 the memory is one delta step
+    q, k, v = (rng.standard_normal((1, 4, 2)) for _ in range(3))
+    th = np.full((1, 4), 0.2)
+    yy, M, S = titans_memory_scan(q, k, v, np.ones((1, 4)), np.zeros((1, 4)), th)
+    np.testing.assert_allclose(M[:, 1:], S[:, 1:])
+    np.testing.assert_allclose(M[0, 2], 0.4 * np.outer(v[0, 1], k[0, 1]) - 0.4 * np.outer(M[0, 1] @ k[0, 1], k[0, 1]))

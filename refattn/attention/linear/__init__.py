@@ -100,6 +100,10 @@ spectraformer
 stack_attention
     Stack attention, superposition variant: a differentiable stack (Joulin & Mikolov) driven by
     per-token push/pop/no-op probabilities, read at the top after every step (``stack_attention``).
+titans
+    Titans neural long-term memory, linear-memory case: a matrix memory trained at test time by
+    gradient descent with momentum ("surprise") and forgetting, read with the queries
+    (``titans_neural_memory``).
 topk_attention
     Top-$k$ (k-NN retrieved) softmax attention: the exact reference of IceFormer's retrieval
     attention (``topk_attention``).
@@ -391,6 +395,12 @@ from .stack_attention import (  # noqa: F401
     stack_attention_forward,
     superposition_stack_forward,
 )
+from .titans import (  # noqa: F401
+    titans_memory,
+    titans_memory_backward,
+    titans_memory_forward,
+    titans_memory_scan,
+)
 from .topk_attention import (  # noqa: F401
     mips_to_nns,
     topk_attention,
@@ -492,8 +502,9 @@ __all__ = [
     "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp", "spectraformer_attention",
     "spectraformer_backward", "spectraformer_features_backward", "spectraformer_features_forward",
     "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard", "stack_attention",
-    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "mips_to_nns",
-    "topk_attention", "topk_attention_backward", "topk_attention_forward", "topk_selection", "TRANSNORMER_FEATURE_MAPS",
+    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "titans_memory",
+    "titans_memory_backward", "titans_memory_forward", "titans_memory_scan", "mips_to_nns", "topk_attention",
+    "topk_attention_backward", "topk_attention_forward", "topk_selection", "TRANSNORMER_FEATURE_MAPS",
     "TRANSNORMER_NORMS", "diag_attention_backward", "diag_attention_forward", "transnormer", "transnormer_backward",
     "transnormer_forward", "transnormer_layer", "transnormer_layer_backward", "transnormer_layer_forward",
     "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention", "udit_attention_backward", "udit_attention_forward",
