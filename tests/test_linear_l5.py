@@ -172,3 +172,33 @@ def test_titans_errors_float32_and_forgetting():
     yy, M, S = titans_memory_scan(q, k, v, np.ones((1, 4)), np.zeros((1, 4)), th)
     np.testing.assert_allclose(M[:, 1:], S[:, 1:])
     np.testing.assert_allclose(M[0, 2], 0.4 * np.outer(v[0, 1], k[0, 1]) - 0.4 * np.outer(M[0, 1] @ k[0, 1], k[0, 1]))
+
+
+def test_atlas_omega_window_covers_whole_prefix_and_errors():
+    from refattn.attention.linear.atlas_omega import atlas_omega, omega_rule_scan
+
+    rng = np.random.default_rng(7)
+    B, L = 2, 6
+    q, k, v = rng.standard_normal((B, L, 3)), rng.standard_normal((B, L, 3)), rng.standard_normal((B, L, 2))
+    al, et, ga = (rng.uniform(0.2, 0.9, (B, L)) for _ in range(3))
+    # a window at least as long as the sequence is the same as an infinite window
+    np.testing.assert_array_equal(omega_rule_scan(q, k, v, al, et, ga, L)[0], omega_rule_scan(q, k, v, al, et, ga, 99)[0])
+    # each step uses exactly the last c tokens: rebuild M_{t+1} from M_t by hand
+    c = 2
+    _, M = omega_rule_scan(q, k, v, al, et, ga, c)
+    for t in range(L):
+        G = sum(2 * ga[:, i, None, None] * (np.einsum("bij,bj->bi", M[:, t], k[:, i]) - v[:, i])[:, :, None]
+                * k[:, i, None, :] for i in range(max(0, t - c + 1), t + 1))
+        np.testing.assert_allclose(M[:, t + 1], al[:, t, None, None] * M[:, t] - et[:, t, None, None] * G, atol=1e-13)
+    d = 3
+    p = {"q_proj.weight": rng.standard_normal((d, 2)), "k_proj.weight": rng.standard_normal((d, 2)),
+         "v_proj.weight": rng.standard_normal((d, 2)), "poly_coeffs": np.array([1.0, 0.2])}
+    for g in ("alpha_proj", "eta_proj", "gamma_proj"):
+        p[g + ".weight"] = rng.standard_normal((d, 1))
+        p[g + ".bias"] = np.zeros(1)
+    x = rng.standard_normal((2, 5, d))
+    assert atlas_omega(x.astype(np.float32), p).dtype == np.float32
+    with pytest.raises(ValueError, match="window"):
+        atlas_omega(x, p, window=0)
+    with pytest.raises(ValueError, match="poly_coeffs"):
+        atlas_omega(x, dict(p, poly_coeffs=np.ones((2, 2))))

@@ -10,6 +10,10 @@ module's other names from the module itself (``from package.sdpa import sdpa_for
 
 Modules
 -------
+atlas_omega
+    ATLAS Omega rule, linear-memory case (OmegaNet with gradient descent): a matrix memory updated
+    at test time on a sliding window of the last $c$ tokens, with polynomial feature maps
+    (``atlas_omega_rule_memory``).
 combiner
     Combiner: full (causal) attention through a structured factorisation of the attention
     distribution (``combiner_attention``).
@@ -122,6 +126,12 @@ wavspa
 
 from __future__ import annotations
 
+from .atlas_omega import (  # noqa: F401
+    atlas_omega,
+    atlas_omega_backward,
+    atlas_omega_forward,
+    omega_rule_scan,
+)
 from .combiner import (  # noqa: F401
     COMBINER_POOLING,
     COMBINER_VARIANTS,
@@ -452,14 +462,14 @@ from .wavspa import (  # noqa: F401
 )
 
 __all__ = [
-    "COMBINER_POOLING", "COMBINER_VARIANTS", "combiner_attention", "combiner_attention_backward",
-    "combiner_attention_forward", "combiner_core_backward", "combiner_core_forward", "combiner_dense_matrix",
-    "combiner_region_summaries", "FEATURE_MAPS", "feature_map_backward", "feature_map_forward", "gather_rows",
-    "l2_normalize", "l2_normalize_vjp", "linear_core_backward", "linear_core_forward", "mT", "scatter_add_rows",
-    "topk_keep", "validate_linear_qkv", "DRSFORMER_RATIOS", "drsformer_tksa", "drsformer_tksa_backward",
-    "drsformer_tksa_forward", "drsformer_topk_sizes", "BIAS_FORMS", "dynamic_mask_attention",
-    "dynamic_mask_attention_backward", "dynamic_mask_attention_forward", "dynamic_mask_bias",
-    "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
+    "atlas_omega", "atlas_omega_backward", "atlas_omega_forward", "omega_rule_scan", "COMBINER_POOLING",
+    "COMBINER_VARIANTS", "combiner_attention", "combiner_attention_backward", "combiner_attention_forward",
+    "combiner_core_backward", "combiner_core_forward", "combiner_dense_matrix", "combiner_region_summaries",
+    "FEATURE_MAPS", "feature_map_backward", "feature_map_forward", "gather_rows", "l2_normalize", "l2_normalize_vjp",
+    "linear_core_backward", "linear_core_forward", "mT", "scatter_add_rows", "topk_keep", "validate_linear_qkv",
+    "DRSFORMER_RATIOS", "drsformer_tksa", "drsformer_tksa_backward", "drsformer_tksa_forward", "drsformer_topk_sizes",
+    "BIAS_FORMS", "dynamic_mask_attention", "dynamic_mask_attention_backward", "dynamic_mask_attention_forward",
+    "dynamic_mask_bias", "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
     "ecoformer_attention_backward", "ecoformer_attention_forward", "ecoformer_hash_backward", "ecoformer_hash_forward",
     "efficient_attention", "efficient_attention_backward", "efficient_attention_forward", "efficient_attention_layer",
     "efficient_attention_layer_backward", "efficient_attention_layer_forward", "FASTMAX_NORMALIZE", "fastmax_attention",
