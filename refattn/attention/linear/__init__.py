@@ -10,6 +10,10 @@ module's other names from the module itself (``from package.sdpa import sdpa_for
 
 Modules
 -------
+atlas_omega
+    ATLAS Omega rule, linear-memory case (OmegaNet with gradient descent): a matrix memory updated
+    at test time on a sliding window of the last $c$ tokens, with polynomial feature maps
+    (``atlas_omega_rule_memory``).
 combiner
     Combiner: full (causal) attention through a structured factorisation of the attention
     distribution (``combiner_attention``).
@@ -34,6 +38,9 @@ fastmax
 fourier_dct
     Fourier Transformer: DCT-based sequence truncation before softmax attention
     (``fourier_transformer_dct``).
+hyena
+    Hyena operator: implicit long convolutions (FFT) with data-controlled gating, the full
+    `HyenaOperator` layer with its implicit `HyenaFilter` (``hyena_operator``).
 hypformer
     Hypformer: linear focused attention in the Lorentz model of hyperbolic space
     (``TransConvLayer``) (``hypformer_lorentz_linear_attention``).
@@ -48,6 +55,10 @@ katharopoulos
 kl_transformer
     KL-Transformer: linear attention on spectral random features whose distribution is learned
     (``kl_transformer_learned_spectral_kernel``).
+laughing_hyena
+    Laughing Hyena: a Hyena long convolution in modal (diagonal SSM) form, computed either by FFT
+    convolution with the filter the modes generate or by the $O(1)$-per-token modal recurrence
+    (``laughing_hyena_modal_ssm``).
 linformer
     Linformer: self-attention with sequence-axis low-rank projections of the keys and values
     (``linformer_low_rank_attention``).
@@ -90,6 +101,13 @@ sparsek
 spectraformer
     Spectraformer: random-feature linear attention as a weight matrix $W$ times a component function
     $f$ (``spectraformer_random_features``).
+stack_attention
+    Stack attention, superposition variant: a differentiable stack (Joulin & Mikolov) driven by
+    per-token push/pop/no-op probabilities, read at the top after every step (``stack_attention``).
+titans
+    Titans neural long-term memory, linear-memory case: a matrix memory trained at test time by
+    gradient descent with momentum ("surprise") and forgetting, read with the queries
+    (``titans_neural_memory``).
 topk_attention
     Top-$k$ (k-NN retrieved) softmax attention: the exact reference of IceFormer's retrieval
     attention (``topk_attention``).
@@ -108,6 +126,12 @@ wavspa
 
 from __future__ import annotations
 
+from .atlas_omega import (  # noqa: F401
+    atlas_omega,
+    atlas_omega_backward,
+    atlas_omega_forward,
+    omega_rule_scan,
+)
 from .combiner import (  # noqa: F401
     COMBINER_POOLING,
     COMBINER_VARIANTS,
@@ -182,6 +206,18 @@ from .fourier_dct import (  # noqa: F401
     fourier_dct_attention_forward,
     idct_ortho,
 )
+from .hyena import (  # noqa: F401
+    causal_fft_conv,
+    causal_fft_conv_vjp,
+    hyena_filter_backward,
+    hyena_filter_forward,
+    hyena_modulation_deltas,
+    hyena_operator,
+    hyena_operator_backward,
+    hyena_operator_forward,
+    hyena_positional_embedding,
+    init_hyena_operator_params,
+)
 from .hypformer import (  # noqa: F401
     focus_map_backward,
     focus_map_forward,
@@ -228,6 +264,14 @@ from .kl_transformer import (  # noqa: F401
     kl_transformer_attention,
     kl_transformer_backward,
     kl_transformer_forward,
+)
+from .laughing_hyena import (  # noqa: F401
+    laughing_hyena,
+    laughing_hyena_backward,
+    laughing_hyena_forward,
+    modal_filter,
+    modal_filter_vjp,
+    modal_ssm_recurrent,
 )
 from .linformer import (  # noqa: F401
     LINFORMER_SHARING,
@@ -355,6 +399,18 @@ from .spectraformer import (  # noqa: F401
     spectraformer_weight_matrix,
     walsh_hadamard,
 )
+from .stack_attention import (  # noqa: F401
+    stack_attention,
+    stack_attention_backward,
+    stack_attention_forward,
+    superposition_stack_forward,
+)
+from .titans import (  # noqa: F401
+    titans_memory,
+    titans_memory_backward,
+    titans_memory_forward,
+    titans_memory_scan,
+)
 from .topk_attention import (  # noqa: F401
     mips_to_nns,
     topk_attention,
@@ -406,33 +462,36 @@ from .wavspa import (  # noqa: F401
 )
 
 __all__ = [
-    "COMBINER_POOLING", "COMBINER_VARIANTS", "combiner_attention", "combiner_attention_backward",
-    "combiner_attention_forward", "combiner_core_backward", "combiner_core_forward", "combiner_dense_matrix",
-    "combiner_region_summaries", "FEATURE_MAPS", "feature_map_backward", "feature_map_forward", "gather_rows",
-    "l2_normalize", "l2_normalize_vjp", "linear_core_backward", "linear_core_forward", "mT", "scatter_add_rows",
-    "topk_keep", "validate_linear_qkv", "DRSFORMER_RATIOS", "drsformer_tksa", "drsformer_tksa_backward",
-    "drsformer_tksa_forward", "drsformer_topk_sizes", "BIAS_FORMS", "dynamic_mask_attention",
-    "dynamic_mask_attention_backward", "dynamic_mask_attention_forward", "dynamic_mask_bias",
-    "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
+    "atlas_omega", "atlas_omega_backward", "atlas_omega_forward", "omega_rule_scan", "COMBINER_POOLING",
+    "COMBINER_VARIANTS", "combiner_attention", "combiner_attention_backward", "combiner_attention_forward",
+    "combiner_core_backward", "combiner_core_forward", "combiner_dense_matrix", "combiner_region_summaries",
+    "FEATURE_MAPS", "feature_map_backward", "feature_map_forward", "gather_rows", "l2_normalize", "l2_normalize_vjp",
+    "linear_core_backward", "linear_core_forward", "mT", "scatter_add_rows", "topk_keep", "validate_linear_qkv",
+    "DRSFORMER_RATIOS", "drsformer_tksa", "drsformer_tksa_backward", "drsformer_tksa_forward", "drsformer_topk_sizes",
+    "BIAS_FORMS", "dynamic_mask_attention", "dynamic_mask_attention_backward", "dynamic_mask_attention_forward",
+    "dynamic_mask_bias", "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
     "ecoformer_attention_backward", "ecoformer_attention_forward", "ecoformer_hash_backward", "ecoformer_hash_forward",
     "efficient_attention", "efficient_attention_backward", "efficient_attention_forward", "efficient_attention_layer",
     "efficient_attention_layer_backward", "efficient_attention_layer_forward", "FASTMAX_NORMALIZE", "fastmax_attention",
     "fastmax_backward", "fastmax_features", "fastmax_forward", "fastmax_normalize_backward",
     "fastmax_normalize_forward", "dct_ortho", "dct_truncate", "dct_truncate_vjp", "fourier_dct_attention",
-    "fourier_dct_attention_backward", "fourier_dct_attention_forward", "idct_ortho", "focus_map_backward",
-    "focus_map_forward", "hypformer_attention", "hypformer_attention_backward", "hypformer_attention_forward",
-    "lorentz_lift", "lorentz_lift_backward", "informer_attention", "informer_attention_backward",
-    "informer_attention_forward", "informer_distil_backward", "informer_distil_forward",
+    "fourier_dct_attention_backward", "fourier_dct_attention_forward", "idct_ortho", "causal_fft_conv",
+    "causal_fft_conv_vjp", "hyena_filter_backward", "hyena_filter_forward", "hyena_modulation_deltas", "hyena_operator",
+    "hyena_operator_backward", "hyena_operator_forward", "hyena_positional_embedding", "init_hyena_operator_params",
+    "focus_map_backward", "focus_map_forward", "hypformer_attention", "hypformer_attention_backward",
+    "hypformer_attention_forward", "lorentz_lift", "lorentz_lift_backward", "informer_attention",
+    "informer_attention_backward", "informer_attention_forward", "informer_distil_backward", "informer_distil_forward",
     "probsparse_attention_backward", "probsparse_attention_forward", "probsparse_index_sample", "probsparse_measure",
     "probsparse_sizes", "INFSA_VARIANTS", "infsa_attention", "infsa_attention_backward", "infsa_attention_forward",
     "infsa_scores_backward", "infsa_scores_forward", "causal_linear_attention_backward",
     "causal_linear_attention_forward", "linear_attention", "linear_attention_backward", "linear_attention_explicit",
     "linear_attention_forward", "KL_FEATURES", "kl_features_backward", "kl_features_forward",
     "kl_spectral_samples_backward", "kl_spectral_samples_forward", "kl_transformer_attention",
-    "kl_transformer_backward", "kl_transformer_forward", "LINFORMER_SHARING", "init_linformer_params",
-    "linformer_attention", "linformer_attention_backward", "linformer_attention_forward", "band_attention_backward",
-    "band_attention_forward", "band_keep_mask", "clear_attention", "clear_attention_backward",
-    "clear_attention_forward", "clear_keep_mask", "clear_proportional_scale", "MASK_KINDS",
+    "kl_transformer_backward", "kl_transformer_forward", "laughing_hyena", "laughing_hyena_backward",
+    "laughing_hyena_forward", "modal_filter", "modal_filter_vjp", "modal_ssm_recurrent", "LINFORMER_SHARING",
+    "init_linformer_params", "linformer_attention", "linformer_attention_backward", "linformer_attention_forward",
+    "band_attention_backward", "band_attention_forward", "band_keep_mask", "clear_attention",
+    "clear_attention_backward", "clear_attention_forward", "clear_keep_mask", "clear_proportional_scale", "MASK_KINDS",
     "grid_toeplitz_correlation_fft", "grid_toeplitz_dense", "grid_toeplitz_matvec_fft", "masked_linear_attention",
     "masked_linear_attention_backward", "masked_linear_attention_forward", "tree_distances", "tree_exp_matvec",
     "MRA_MODES", "mra_attention", "mra_attention_backward", "mra_attention_forward", "mra_block_scores",
@@ -452,7 +511,9 @@ __all__ = [
     "sparsek_mask_forward", "sparsek_mask_vjp", "sparsek_sets", "sparsek_threshold", "SPECTRA_COMPONENTS",
     "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp", "spectraformer_attention",
     "spectraformer_backward", "spectraformer_features_backward", "spectraformer_features_forward",
-    "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard", "mips_to_nns", "topk_attention",
+    "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard", "stack_attention",
+    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "titans_memory",
+    "titans_memory_backward", "titans_memory_forward", "titans_memory_scan", "mips_to_nns", "topk_attention",
     "topk_attention_backward", "topk_attention_forward", "topk_selection", "TRANSNORMER_FEATURE_MAPS",
     "TRANSNORMER_NORMS", "diag_attention_backward", "diag_attention_forward", "transnormer", "transnormer_backward",
     "transnormer_forward", "transnormer_layer", "transnormer_layer_backward", "transnormer_layer_forward",
