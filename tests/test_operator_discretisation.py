@@ -19,6 +19,8 @@ order 2), CoDA-NO (``discretisation``, spectral), GNO kernel integral
 (tests/test_operators_o2.py), FUNCATTN (tests/test_operators_o4.py), GAOT MAGNO and MINO
 (tests/test_operators_o3.py).
 """
+import importlib
+
 import numpy as np
 import pytest
 
@@ -169,6 +171,23 @@ def test_ipot_encoder_converges_second_order():
     _convergence(run, pointwise=False, claimed=2)
 
 
+def test_pinto_boundary_sampling_converges_second_order():
+    """PINTO: fixed query points attend (softmax over the M boundary points) to the boundary
+    function u_b(t) on the segment y = 0, sampled at midpoints of M cells: every unit's
+    attention is a ratio of midpoint rules, order 2 (measured 2.00)."""
+    pin = importlib.import_module("refattn.operators.pinto")
+    rng = np.random.default_rng(12)
+    s = pin._sample(rng, "small")
+    xq = rng.uniform(0, 1, (1, 5, 2))
+
+    def run(n):
+        t = _grid(n)
+        xb = np.stack([t, np.zeros(n)], -1)[None]
+        return pin.pinto(xq, xb, (np.sin(2 * np.pi * t) + t ** 2)[None, :, None], s.params, **s.config)
+
+    _convergence(run, pointwise=False, claimed=2)
+
+
 # --------------------------------------------------------------------------------------------
 # Sums that are not divided by N.
 
@@ -247,6 +266,17 @@ def test_fno_spectral_conv_exactly_invariant_2d():
     p = init_fno_params(rng, 4, 3, (4, 4))
     outs = {n: fno_spectral_conv(_bandlimited(n), p) for n in (10, 20, 40)}
     errs = [float(np.abs(outs[n][:, ::n // 10, ::n // 10] - outs[10]).max()) for n in (20, 40)]
+    assert max(errs) < 1e-12, errs
+
+
+def test_ho_fno_spectral_conv_exactly_invariant():
+    # HO-FNO multiplies `order` = 2 pointwise projections before the spectral conv: the product of
+    # two degree-3 trigonometric polynomials has degree 6, resolved (no aliasing) from 16^2 on, so
+    # the outputs on 16^2, 32^2, 64^2 grids agree at the common points to round-off (3e-15).
+    ho = importlib.import_module("refattn.operators.ho_fno")
+    p = ho._core_params(np.random.default_rng(11), 4, 2, 4, 4, "")
+    outs = {n: ho.ho_spectral_conv(_bandlimited(n), p, order=2) for n in (16, 32, 64)}
+    errs = [float(np.abs(outs[n][:, ::n // 16, ::n // 16] - outs[16]).max()) for n in (32, 64)]
     assert max(errs) < 1e-12, errs
 
 
