@@ -17,7 +17,7 @@ OFormer (``nonuniform_mesh_quadrature``, order 2), continuum attention (``two_re
 order 2), CoDA-NO (``discretisation``, spectral), GNO kernel integral
 (``discretisation_convergence``, orders 2 / 1), CNO (``resolution_consistent``, exact), DISCO
 (tests/test_operators_o2.py), FUNCATTN (tests/test_operators_o4.py), GAOT MAGNO and MINO
-(tests/test_operators_o3.py).
+(tests/test_operators_o3.py), ANIE (``discretisation_convergence``).
 """
 import importlib
 
