@@ -26,6 +26,9 @@ delight
 denseformer
     DenseFormer: depth-weighted averages (DWA) of all past block outputs after every block
     (``denseformer_dwa``).
+dico
+    DiCo compact channel attention (CCA) and the DiCo convolutional token mixer
+    (``dico_compact_channel_attention``).
 dra
     Dynamic Range Activator (DRA): a learnable periodic-plus-saturating activation
     (``dynamic_range_activator``).
@@ -189,6 +192,13 @@ from .denseformer import (  # noqa: F401
     denseformer_dwa_forward,
     denseformer_dwa_init,
     dwa_read_indices,
+)
+from .dico import (  # noqa: F401
+    compact_channel_attention_backward,
+    compact_channel_attention_forward,
+    dico_conv_module,
+    dico_conv_module_backward,
+    dico_conv_module_forward,
 )
 from .dra import (  # noqa: F401
     DRA_PARAMS,
@@ -424,12 +434,14 @@ __all__ = [
     "transformer_block_forward", "transformer_block_spec", "deform_conv2d_apply", "deform_conv2d_vjp",
     "deformable_token_merging", "deformable_token_merging_backward", "deformable_token_merging_forward",
     "delight_block_scaling", "dextra", "dextra_backward", "dextra_config", "dextra_forward", "denseformer_dwa",
-    "denseformer_dwa_backward", "denseformer_dwa_forward", "denseformer_dwa_init", "dwa_read_indices", "DRA_PARAMS",
-    "dra", "dra_backward", "dra_forward", "DYDIT_ESTIMATORS", "dydit_block", "dydit_block_backward",
-    "dydit_block_forward", "DYT_ALPHA_INIT", "dynamic_tanh", "dynamic_tanh_backward", "dynamic_tanh_forward",
-    "SLN_NORM_TYPES", "degree_index", "equiformer_attention_weights_backward", "equiformer_attention_weights_forward",
-    "separable_layer_norm", "separable_layer_norm_backward", "separable_layer_norm_forward", "GLU_VARIANTS",
-    "LLAMA_MLP_NAMES", "glu_activation", "glu_ffn", "glu_ffn_backward", "glu_ffn_forward", "gated_memory_unit",
+    "denseformer_dwa_backward", "denseformer_dwa_forward", "denseformer_dwa_init", "dwa_read_indices",
+    "compact_channel_attention_backward", "compact_channel_attention_forward", "dico_conv_module",
+    "dico_conv_module_backward", "dico_conv_module_forward", "DRA_PARAMS", "dra", "dra_backward", "dra_forward",
+    "DYDIT_ESTIMATORS", "dydit_block", "dydit_block_backward", "dydit_block_forward", "DYT_ALPHA_INIT", "dynamic_tanh",
+    "dynamic_tanh_backward", "dynamic_tanh_forward", "SLN_NORM_TYPES", "degree_index",
+    "equiformer_attention_weights_backward", "equiformer_attention_weights_forward", "separable_layer_norm",
+    "separable_layer_norm_backward", "separable_layer_norm_forward", "GLU_VARIANTS", "LLAMA_MLP_NAMES",
+    "glu_activation", "glu_ffn", "glu_ffn_backward", "glu_ffn_forward", "gated_memory_unit",
     "gated_memory_unit_backward", "gated_memory_unit_forward", "head_importance", "headmask_attention",
     "headmask_attention_backward", "headmask_attention_forward", "headmask_important", "headmask_random",
     "layerscale_block", "layerscale_block_backward", "layerscale_block_forward", "layerscale_init_value",
