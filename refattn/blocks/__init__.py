@@ -16,6 +16,9 @@ bcos
     (``bcos_transform``).
 core
     Shared helpers of family 5: the sublayer protocol, prefixed norms and MLPs, a pre-norm block.
+deep_delta
+    Deep Delta Learning residual (DDL) and the depth-wise residual attention read (ShortSWA over
+    depth) (``depth_attention_delta_residual``).
 deformable_merging
     LIT deformable token merging: a deformable convolution with kernel = stride = patch, then
     BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling points
@@ -171,6 +174,13 @@ from .core import (  # noqa: F401
     transformer_block_backward,
     transformer_block_forward,
     transformer_block_spec,
+)
+from .deep_delta import (  # noqa: F401
+    deep_delta_residual,
+    deep_delta_residual_backward,
+    deep_delta_residual_forward,
+    depth_window_attention_backward,
+    depth_window_attention_forward,
 )
 from .deformable_merging import (  # noqa: F401
     deform_conv2d_apply,
@@ -431,11 +441,12 @@ __all__ = [
     "core_vjp", "head_gated_attention_backward", "head_gated_attention_forward", "head_gated_attention_spec",
     "init_attention_params", "mlp_backward", "mlp_forward", "mlp_spec", "norm_backward", "norm_forward", "norm_spec",
     "param_dim", "resolve_attention_core", "resolve_sublayer", "split_block_params", "transformer_block_backward",
-    "transformer_block_forward", "transformer_block_spec", "deform_conv2d_apply", "deform_conv2d_vjp",
-    "deformable_token_merging", "deformable_token_merging_backward", "deformable_token_merging_forward",
-    "delight_block_scaling", "dextra", "dextra_backward", "dextra_config", "dextra_forward", "denseformer_dwa",
-    "denseformer_dwa_backward", "denseformer_dwa_forward", "denseformer_dwa_init", "dwa_read_indices",
-    "compact_channel_attention_backward", "compact_channel_attention_forward", "dico_conv_module",
+    "transformer_block_forward", "transformer_block_spec", "deep_delta_residual", "deep_delta_residual_backward",
+    "deep_delta_residual_forward", "depth_window_attention_backward", "depth_window_attention_forward",
+    "deform_conv2d_apply", "deform_conv2d_vjp", "deformable_token_merging", "deformable_token_merging_backward",
+    "deformable_token_merging_forward", "delight_block_scaling", "dextra", "dextra_backward", "dextra_config",
+    "dextra_forward", "denseformer_dwa", "denseformer_dwa_backward", "denseformer_dwa_forward", "denseformer_dwa_init",
+    "dwa_read_indices", "compact_channel_attention_backward", "compact_channel_attention_forward", "dico_conv_module",
     "dico_conv_module_backward", "dico_conv_module_forward", "DRA_PARAMS", "dra", "dra_backward", "dra_forward",
     "DYDIT_ESTIMATORS", "dydit_block", "dydit_block_backward", "dydit_block_forward", "DYT_ALPHA_INIT", "dynamic_tanh",
     "dynamic_tanh_backward", "dynamic_tanh_forward", "SLN_NORM_TYPES", "degree_index",
