@@ -133,3 +133,39 @@ def test_ddl_chained_through_mlp_sublayer():
     dx = g["x"] + rms_norm_backward(dcn, cc)["x"]
     fd = _fd(lambda: run()[0], {"x": x}, dy)
     np.testing.assert_allclose(dx, fd["x"], rtol=1e-6, atol=1e-8)
+
+
+# --------------------------------------------------------------------------------------------
+# PartialFormer
+
+
+def test_partialformer_expanded_heads_fd_and_errors():
+    from refattn.blocks.partialformer import (
+        partialformer_attention_backward,
+        partialformer_attention_forward,
+    )
+
+    rng = np.random.default_rng(5)
+    c, h, e, r = 4, 2, 3, 1
+    d = c // h
+    p = {}
+    for pr in ("q_proj", "k_proj", "v_proj", "u_proj"):
+        p[f"{pr}.weight"] = rng.standard_normal((c, e * d)) / 2
+        p[f"{pr}.bias"] = 0.2 * rng.standard_normal(e * d) + (0.5 if pr == "u_proj" else 0.0)
+    p["ff1.weight"], p["ff1.bias"] = rng.standard_normal((d, r * d)), 0.1 * rng.standard_normal(r * d)
+    p["ff2.weight"], p["ff2.bias"] = rng.standard_normal((r * d, d)), 0.1 * rng.standard_normal(d)
+    p["out_proj.weight"], p["out_proj.bias"] = rng.standard_normal((e * d, c)) / 2, np.zeros(c)
+    x = rng.standard_normal((2, 3, c))
+    y, cache = partialformer_attention_forward(x, p, num_heads=h, expand_heads=e, activation="gelu")
+    assert y.shape == x.shape
+    dy = rng.standard_normal(y.shape)
+    g = partialformer_attention_backward(dy, cache)
+    arrays = {"x": x, "ff1.weight": p["ff1.weight"], "q_proj.weight": p["q_proj.weight"]}
+    fd = _fd(lambda: partialformer_attention_forward(x, p, num_heads=h, expand_heads=e, activation="gelu")[0],
+             arrays, dy)
+    for n in fd:
+        np.testing.assert_allclose(g[n], fd[n], rtol=1e-6, atol=1e-8, err_msg=n)
+    with pytest.raises(ValueError, match="num_heads"):
+        partialformer_attention_forward(rng.standard_normal((2, 3, 5)), p, num_heads=2)
+    with pytest.raises(ValueError, match="attn_before"):
+        partialformer_attention_forward(x, p, np.zeros((2, 2, 3, 3)), num_heads=h, expand_heads=e)

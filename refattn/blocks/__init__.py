@@ -93,6 +93,9 @@ nutime
 parallel
     Parallel attention + MLP block: both sublayers read the same normalised input
     (``parallel_attention_mlp_block``).
+partialformer
+    PartialFormer attention with per-head small FFNs (PG-FFNs), gating and residual-like attention
+    (``partialformer_head_ffns``).
 patch_embed
     ViT patch embedding: patchify + linear projection (a conv with kernel = stride = patch), class
     token and learned absolute positions (``vit_patch_embedding``).
@@ -342,6 +345,11 @@ from .parallel import (  # noqa: F401
     parallel_attention_mlp_block_backward,
     parallel_attention_mlp_block_forward,
 )
+from .partialformer import (  # noqa: F401
+    partialformer_attention,
+    partialformer_attention_backward,
+    partialformer_attention_forward,
+)
 from .patch_embed import (  # noqa: F401
     patchify,
     unpatchify,
@@ -470,8 +478,9 @@ __all__ = [
     "multiscale_embedding", "multiscale_embedding_backward", "multiscale_embedding_forward", "nutime_scales",
     "nutime_window_embedding", "nutime_window_embedding_backward", "nutime_window_embedding_forward",
     "parallel_attention_mlp_block", "parallel_attention_mlp_block_backward", "parallel_attention_mlp_block_forward",
-    "patchify", "unpatchify", "vit_patch_embedding", "vit_patch_embedding_backward", "vit_patch_embedding_forward",
-    "POLYCOM_KINDS", "polycom", "polycom_backward", "polycom_forward", "polyphase_anchor", "polyphase_anchoring",
+    "partialformer_attention", "partialformer_attention_backward", "partialformer_attention_forward", "patchify",
+    "unpatchify", "vit_patch_embedding", "vit_patch_embedding_backward", "vit_patch_embedding_forward", "POLYCOM_KINDS",
+    "polycom", "polycom_backward", "polycom_forward", "polyphase_anchor", "polyphase_anchoring",
     "polyphase_anchoring_backward", "polyphase_anchoring_forward", "polyphase_norms", "poolformer_pooling_mixer",
     "poolformer_pooling_mixer_backward", "poolformer_pooling_mixer_forward", "pooling_mixer_backward",
     "pooling_mixer_forward", "fastvit_repmixer", "fastvit_repmixer_backward", "fastvit_repmixer_forward",
