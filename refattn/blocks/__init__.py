@@ -16,6 +16,9 @@ bcos
     (``bcos_transform``).
 core
     Shared helpers of family 5: the sublayer protocol, prefixed norms and MLPs, a pre-norm block.
+deep_delta
+    Deep Delta Learning residual (DDL) and the depth-wise residual attention read (ShortSWA over
+    depth) (``depth_attention_delta_residual``).
 deformable_merging
     LIT deformable token merging: a deformable convolution with kernel = stride = patch, then
     BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling points
@@ -26,6 +29,9 @@ delight
 denseformer
     DenseFormer: depth-weighted averages (DWA) of all past block outputs after every block
     (``denseformer_dwa``).
+dico
+    DiCo compact channel attention (CCA) and the DiCo convolutional token mixer
+    (``dico_compact_channel_attention``).
 dra
     Dynamic Range Activator (DRA): a learnable periodic-plus-saturating activation
     (``dynamic_range_activator``).
@@ -87,6 +93,9 @@ nutime
 parallel
     Parallel attention + MLP block: both sublayers read the same normalised input
     (``parallel_attention_mlp_block``).
+partialformer
+    PartialFormer attention with per-head small FFNs (PG-FFNs), gating and residual-like attention
+    (``partialformer_head_ffns``).
 patch_embed
     ViT patch embedding: patchify + linear projection (a conv with kernel = stride = patch), class
     token and learned absolute positions (``vit_patch_embedding``).
@@ -169,6 +178,13 @@ from .core import (  # noqa: F401
     transformer_block_forward,
     transformer_block_spec,
 )
+from .deep_delta import (  # noqa: F401
+    deep_delta_residual,
+    deep_delta_residual_backward,
+    deep_delta_residual_forward,
+    depth_window_attention_backward,
+    depth_window_attention_forward,
+)
 from .deformable_merging import (  # noqa: F401
     deform_conv2d_apply,
     deform_conv2d_vjp,
@@ -189,6 +205,13 @@ from .denseformer import (  # noqa: F401
     denseformer_dwa_forward,
     denseformer_dwa_init,
     dwa_read_indices,
+)
+from .dico import (  # noqa: F401
+    compact_channel_attention_backward,
+    compact_channel_attention_forward,
+    dico_conv_module,
+    dico_conv_module_backward,
+    dico_conv_module_forward,
 )
 from .dra import (  # noqa: F401
     DRA_PARAMS,
@@ -322,6 +345,11 @@ from .parallel import (  # noqa: F401
     parallel_attention_mlp_block_backward,
     parallel_attention_mlp_block_forward,
 )
+from .partialformer import (  # noqa: F401
+    partialformer_attention,
+    partialformer_attention_backward,
+    partialformer_attention_forward,
+)
 from .patch_embed import (  # noqa: F401
     patchify,
     unpatchify,
@@ -421,15 +449,18 @@ __all__ = [
     "core_vjp", "head_gated_attention_backward", "head_gated_attention_forward", "head_gated_attention_spec",
     "init_attention_params", "mlp_backward", "mlp_forward", "mlp_spec", "norm_backward", "norm_forward", "norm_spec",
     "param_dim", "resolve_attention_core", "resolve_sublayer", "split_block_params", "transformer_block_backward",
-    "transformer_block_forward", "transformer_block_spec", "deform_conv2d_apply", "deform_conv2d_vjp",
-    "deformable_token_merging", "deformable_token_merging_backward", "deformable_token_merging_forward",
-    "delight_block_scaling", "dextra", "dextra_backward", "dextra_config", "dextra_forward", "denseformer_dwa",
-    "denseformer_dwa_backward", "denseformer_dwa_forward", "denseformer_dwa_init", "dwa_read_indices", "DRA_PARAMS",
-    "dra", "dra_backward", "dra_forward", "DYDIT_ESTIMATORS", "dydit_block", "dydit_block_backward",
-    "dydit_block_forward", "DYT_ALPHA_INIT", "dynamic_tanh", "dynamic_tanh_backward", "dynamic_tanh_forward",
-    "SLN_NORM_TYPES", "degree_index", "equiformer_attention_weights_backward", "equiformer_attention_weights_forward",
-    "separable_layer_norm", "separable_layer_norm_backward", "separable_layer_norm_forward", "GLU_VARIANTS",
-    "LLAMA_MLP_NAMES", "glu_activation", "glu_ffn", "glu_ffn_backward", "glu_ffn_forward", "gated_memory_unit",
+    "transformer_block_forward", "transformer_block_spec", "deep_delta_residual", "deep_delta_residual_backward",
+    "deep_delta_residual_forward", "depth_window_attention_backward", "depth_window_attention_forward",
+    "deform_conv2d_apply", "deform_conv2d_vjp", "deformable_token_merging", "deformable_token_merging_backward",
+    "deformable_token_merging_forward", "delight_block_scaling", "dextra", "dextra_backward", "dextra_config",
+    "dextra_forward", "denseformer_dwa", "denseformer_dwa_backward", "denseformer_dwa_forward", "denseformer_dwa_init",
+    "dwa_read_indices", "compact_channel_attention_backward", "compact_channel_attention_forward", "dico_conv_module",
+    "dico_conv_module_backward", "dico_conv_module_forward", "DRA_PARAMS", "dra", "dra_backward", "dra_forward",
+    "DYDIT_ESTIMATORS", "dydit_block", "dydit_block_backward", "dydit_block_forward", "DYT_ALPHA_INIT", "dynamic_tanh",
+    "dynamic_tanh_backward", "dynamic_tanh_forward", "SLN_NORM_TYPES", "degree_index",
+    "equiformer_attention_weights_backward", "equiformer_attention_weights_forward", "separable_layer_norm",
+    "separable_layer_norm_backward", "separable_layer_norm_forward", "GLU_VARIANTS", "LLAMA_MLP_NAMES",
+    "glu_activation", "glu_ffn", "glu_ffn_backward", "glu_ffn_forward", "gated_memory_unit",
     "gated_memory_unit_backward", "gated_memory_unit_forward", "head_importance", "headmask_attention",
     "headmask_attention_backward", "headmask_attention_forward", "headmask_important", "headmask_random",
     "layerscale_block", "layerscale_block_backward", "layerscale_block_forward", "layerscale_init_value",
@@ -447,8 +478,9 @@ __all__ = [
     "multiscale_embedding", "multiscale_embedding_backward", "multiscale_embedding_forward", "nutime_scales",
     "nutime_window_embedding", "nutime_window_embedding_backward", "nutime_window_embedding_forward",
     "parallel_attention_mlp_block", "parallel_attention_mlp_block_backward", "parallel_attention_mlp_block_forward",
-    "patchify", "unpatchify", "vit_patch_embedding", "vit_patch_embedding_backward", "vit_patch_embedding_forward",
-    "POLYCOM_KINDS", "polycom", "polycom_backward", "polycom_forward", "polyphase_anchor", "polyphase_anchoring",
+    "partialformer_attention", "partialformer_attention_backward", "partialformer_attention_forward", "patchify",
+    "unpatchify", "vit_patch_embedding", "vit_patch_embedding_backward", "vit_patch_embedding_forward", "POLYCOM_KINDS",
+    "polycom", "polycom_backward", "polycom_forward", "polyphase_anchor", "polyphase_anchoring",
     "polyphase_anchoring_backward", "polyphase_anchoring_forward", "polyphase_norms", "poolformer_pooling_mixer",
     "poolformer_pooling_mixer_backward", "poolformer_pooling_mixer_forward", "pooling_mixer_backward",
     "pooling_mixer_forward", "fastvit_repmixer", "fastvit_repmixer_backward", "fastvit_repmixer_forward",
