@@ -23,6 +23,9 @@ additive_bias
 alibi
     ALiBi: Attention with Linear Biases (reference slopes, symmetric option, learnable slopes)
     (``alibi``).
+better_attention
+    Optimised, Efficient and Super Attention (Hosseini & Hosseini, "You Need to Pay Better
+    Attention") (``optimised_efficient_super_attention``).
 bidaf
     Bi-directional attention flow (BiDAF): the trilinear similarity, context-to-query and
     query-to-context attention, and the query-aware context representation $G$
@@ -193,6 +196,12 @@ from .alibi import (  # noqa: F401
     alibi_layer_backward,
     alibi_layer_forward,
     alibi_slopes,
+)
+from .better_attention import (  # noqa: F401
+    better_attention,
+    better_attention_backward,
+    better_attention_forward,
+    init_better_attention_params,
 )
 from .bidaf import (  # noqa: F401
     bidaf_attention,
@@ -578,7 +587,8 @@ __all__ = [
     "init_soft_attention_params", "soft_attention", "soft_attention_backward", "soft_attention_forward",
     "soft_attention_param_spec", "biased_attention_backward", "biased_attention_forward", "gather_bias",
     "scatter_bias_grad", "alibi_attention_backward", "alibi_attention_forward", "alibi_bias", "alibi_layer",
-    "alibi_layer_backward", "alibi_layer_forward", "alibi_slopes", "bidaf_attention", "bidaf_attention_backward",
+    "alibi_layer_backward", "alibi_layer_forward", "alibi_slopes", "better_attention", "better_attention_backward",
+    "better_attention_forward", "init_better_attention_params", "bidaf_attention", "bidaf_attention_backward",
     "bidaf_attention_forward", "bidaf_param_spec", "bidaf_similarity", "init_bidaf_params", "class_attention_block",
     "class_attention_block_backward", "class_attention_block_forward", "class_attention_param_spec",
     "init_class_attention_params", "talking_heads_attention", "talking_heads_attention_backward",
