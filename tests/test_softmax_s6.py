@@ -123,3 +123,63 @@ def test_bad_input_errors_name_the_argument():
     y, c = ba.better_attention_forward(x, p, num_heads=2)
     with pytest.raises(ValueError, match="dout"):
         ba.better_attention_backward(np.ones((2, 3, 5)), c)
+
+
+# ----------------------------------------------------------------------------------------------
+# Continuum attention over the piecewise-linear curve (refattn/attention/softmax/continuum_pl.py)
+
+ca = importlib.import_module("refattn.attention.softmax.continuum_pl")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("spread", [1.0, 1e-3])
+def test_continuum_gradients_match_finite_differences(causal, spread):
+    # spread=1e-3 puts every neighbouring score difference inside the Taylor branch of F and F'
+    rng = np.random.default_rng(7)
+    q = spread * rng.standard_normal((2, 4, 2))
+    k = rng.standard_normal((2, 5 if not causal else 4, 2))
+    v = rng.standard_normal(k.shape[:-1] + (3,))
+    y, c = ca.continuum_pl_attention_forward(q, k, v, is_causal=causal)
+    G = rng.standard_normal(y.shape)
+    g = ca.continuum_pl_attention_backward(G, c)
+    fd = _fd_grads(lambda: float(np.sum(G * ca.continuum_pl_attention(q, k, v, is_causal=causal))),
+                   {"q": q, "k": k, "v": v})
+    for n in "qkv":
+        np.testing.assert_allclose(g[n], fd[n], rtol=1e-6, atol=1e-9, err_msg=n)
+
+
+def test_continuum_closed_form_matches_quadrature_of_the_curve():
+    rng = np.random.default_rng(8)
+    q, k, v = 2.0 * rng.standard_normal((2, 5, 3)), rng.standard_normal((2, 5, 3)), rng.standard_normal((2, 5, 2))
+    for causal in (True, False):
+        np.testing.assert_allclose(ca.continuum_pl_attention(q, k, v, is_causal=causal),
+                                   ca._reference(q, k, v, is_causal=causal), atol=1e-12)
+
+
+def test_continuum_differs_from_softmax_and_broadcasts_heads():
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((2, 2, 5, 3)) for _ in range(3))
+    y = ca.continuum_pl_attention(q, k, v)
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(3)
+    s = np.where(np.tri(5, dtype=bool), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    assert np.abs(y - (p / p.sum(-1, keepdims=True)) @ v).max() > 1e-3
+    y1, c1 = ca.continuum_pl_attention_forward(q, k[:1], v[:1])   # keys shared over the batch axis
+    g = ca.continuum_pl_attention_backward(np.ones_like(y1), c1)
+    assert g["k"].shape == (1, 2, 5, 3) and g["v"].shape == (1, 2, 5, 3)
+
+
+def test_continuum_bad_input():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 4, 3)) for _ in range(3))
+    with pytest.raises(ValueError, match="N <= M"):
+        ca.continuum_pl_attention(rng.standard_normal((2, 6, 3)), k, v)
+    with pytest.raises(ValueError, match="feature axis"):
+        ca.continuum_pl_attention(rng.standard_normal((2, 4, 2)), k, v)
+    with pytest.raises(ValueError, match="scale"):
+        ca.continuum_pl_attention(q, k, v, scale=-1.0)
+    with pytest.raises(TypeError, match="is_causal"):
+        ca.continuum_pl_attention(q, k, v, is_causal="yes")
+    y, c = ca.continuum_pl_attention_forward(q, k, v)
+    with pytest.raises(ValueError, match="dout"):
+        ca.continuum_pl_attention_backward(np.ones((2, 4, 4)), c)
