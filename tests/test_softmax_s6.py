@@ -183,3 +183,43 @@ def test_continuum_bad_input():
     y, c = ca.continuum_pl_attention_forward(q, k, v)
     with pytest.raises(ValueError, match="dout"):
         ca.continuum_pl_attention_backward(np.ones((2, 4, 4)), c)
+
+
+# ----------------------------------------------------------------------------------------------
+# LRFormer Lipschitz-regularised L2 attention (refattn/attention/softmax/lipschitz_l2.py)
+
+lr = importlib.import_module("refattn.attention.softmax.lipschitz_l2")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_lrformer_gradients_match_finite_differences(tied):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 3, 3))
+    x[:, 1] *= 3.0                      # a unique max-norm token per sample (the bound's selection)
+    p = lr.init_lipschitz_l2_params(rng, 3, 2, 2, tied=tied)
+    y, c = lr.lipschitz_l2_attention_forward(x, p, num_heads=2, alpha=4.0, tied=tied)
+    G = rng.standard_normal(y.shape)
+    g = lr.lipschitz_l2_attention_backward(G, c)
+    arrays = {"x": x, **p}
+    fd = _fd_grads(lambda: float(np.sum(G * lr.lipschitz_l2_attention(x, p, num_heads=2, alpha=4.0, tied=tied))),
+                   arrays)
+    assert set(g) == set(arrays)
+    for key in arrays:
+        np.testing.assert_allclose(g[key], fd[key], rtol=1e-6, atol=1e-9, err_msg=key)
+
+
+def test_lrformer_bad_input():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 4))
+    p = lr.init_lipschitz_l2_params(rng, 4, 2, 2)
+    with pytest.raises(ValueError, match="alpha"):
+        lr.lipschitz_l2_attention(x, p, num_heads=2, alpha=0.0)
+    with pytest.raises(ValueError, match="k_proj.weight"):
+        lr.lipschitz_l2_attention(x, p, num_heads=2, tied=False)
+    with pytest.raises(ValueError, match="num_heads"):
+        lr.lipschitz_l2_attention(x, p, num_heads=3)
+    with pytest.raises(TypeError, match="tied"):
+        lr.lipschitz_l2_attention(x, p, num_heads=2, tied=1)
+    y, c = lr.lipschitz_l2_attention_forward(x, p, num_heads=2)
+    with pytest.raises(ValueError, match="dout"):
+        lr.lipschitz_l2_attention_backward(np.ones((2, 3, 3)), c)

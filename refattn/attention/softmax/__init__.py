@@ -79,6 +79,9 @@ latent_alignment
     Latent alignment attention: the exact marginal likelihood over a categorical alignment, the
     variational (enumerated) ELBO with an inference network's alignment posterior, and soft
     attention as the baseline (``latent_alignment_attention``).
+lipschitz_l2
+    LRFormer's Lipschitz-regularised attention: negative squared L2 distance scores normalised by a
+    contractive Lipschitz bound (``lrformer_lipschitz_attention``).
 location_relative
     Location-relative attention for long-form speech synthesis: GMM attention (V0, V1, V2) and
     Dynamic Convolution Attention (DCA), recurrent over decoder steps, with the backward through
@@ -345,6 +348,12 @@ from .latent_alignment import (  # noqa: F401
     latent_alignment_backward,
     latent_alignment_forward,
     latent_alignment_param_spec,
+)
+from .lipschitz_l2 import (  # noqa: F401
+    init_lipschitz_l2_params,
+    lipschitz_l2_attention,
+    lipschitz_l2_attention_backward,
+    lipschitz_l2_attention_forward,
 )
 from .location_relative import (  # noqa: F401
     GMM_VERSIONS,
@@ -622,17 +631,18 @@ __all__ = [
     "irpe_piecewise_index", "init_key_value_params", "key_value_attention", "key_value_attention_backward",
     "key_value_attention_forward", "positional_encoding_2d", "LATENT_ATTN_TYPES", "LATENT_MODES",
     "init_latent_alignment_params", "latent_alignment", "latent_alignment_backward", "latent_alignment_forward",
-    "latent_alignment_param_spec", "GMM_VERSIONS", "LOCATION_KINDS", "dca_attention_backward", "dca_attention_forward",
-    "dca_param_spec", "dca_prior_filter", "gmm_attention_backward", "gmm_attention_forward", "gmm_param_spec",
-    "init_dca_params", "init_gmm_params", "location_relative_attention", "location_relative_attention_backward",
-    "location_relative_attention_forward", "MAGLAP_ACTIVATIONS", "MAGLAP_PHASE_CONVENTIONS", "init_maglap_pe_params",
-    "maglap_pe", "maglap_pe_backward", "maglap_pe_forward", "maglap_pe_param_spec", "maglap_stack",
-    "magnetic_laplacian_eigenpairs", "magnetic_laplacian_matrix", "MASK_KINDS", "band_mask", "block_diagonal_mask",
-    "build_mask", "causal_mask", "masked_attention_backward", "masked_attention_forward", "padding_mask",
-    "sliding_window_mask", "to_additive", "LOG2E", "attention_energy", "chunk_summary", "flash_attention",
-    "flash_attention_backward", "flash_attention_forward", "merge_summaries", "rabe_staats_backward",
-    "rabe_staats_forward", "tree_attention_backward", "tree_attention_forward", "tree_reduce", "MHA_ROPE_KEYS",
-    "MHA_WEIGHTS", "init_mha_params", "mha", "mha_backward", "mha_forward", "STEP_ACTIVATIONS",
+    "latent_alignment_param_spec", "init_lipschitz_l2_params", "lipschitz_l2_attention",
+    "lipschitz_l2_attention_backward", "lipschitz_l2_attention_forward", "GMM_VERSIONS", "LOCATION_KINDS",
+    "dca_attention_backward", "dca_attention_forward", "dca_param_spec", "dca_prior_filter", "gmm_attention_backward",
+    "gmm_attention_forward", "gmm_param_spec", "init_dca_params", "init_gmm_params", "location_relative_attention",
+    "location_relative_attention_backward", "location_relative_attention_forward", "MAGLAP_ACTIVATIONS",
+    "MAGLAP_PHASE_CONVENTIONS", "init_maglap_pe_params", "maglap_pe", "maglap_pe_backward", "maglap_pe_forward",
+    "maglap_pe_param_spec", "maglap_stack", "magnetic_laplacian_eigenpairs", "magnetic_laplacian_matrix", "MASK_KINDS",
+    "band_mask", "block_diagonal_mask", "build_mask", "causal_mask", "masked_attention_backward",
+    "masked_attention_forward", "padding_mask", "sliding_window_mask", "to_additive", "LOG2E", "attention_energy",
+    "chunk_summary", "flash_attention", "flash_attention_backward", "flash_attention_forward", "merge_summaries",
+    "rabe_staats_backward", "rabe_staats_forward", "tree_attention_backward", "tree_attention_forward", "tree_reduce",
+    "MHA_ROPE_KEYS", "MHA_WEIGHTS", "init_mha_params", "mha", "mha_backward", "mha_forward", "STEP_ACTIVATIONS",
     "init_monotonic_location_params", "monotonic_location_attention", "monotonic_location_backward",
     "monotonic_location_forward", "monotonic_location_param_spec", "reverse_within_length", "MHE_MODES",
     "init_mhe_params", "mhe_attention", "mhe_attention_backward", "mhe_attention_forward", "NATS_GLOBAL", "NATS_LOCAL",
