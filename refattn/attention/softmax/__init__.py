@@ -23,6 +23,9 @@ additive_bias
 alibi
     ALiBi: Attention with Linear Biases (reference slopes, symmetric option, learnable slopes)
     (``alibi``).
+better_attention
+    Optimised, Efficient and Super Attention (Hosseini & Hosseini, "You Need to Pay Better
+    Attention") (``optimised_efficient_super_attention``).
 bidaf
     Bi-directional attention flow (BiDAF): the trilinear similarity, context-to-query and
     query-to-context attention, and the query-aware context representation $G$
@@ -36,6 +39,9 @@ chiral_rope
 coca
     CoCA: Collinear Constrained Attention (the Llama attention layer with ``t_proj`` instead of
     ``k_proj``) (``coca_collinear_attention``).
+continuum_pl
+    Continuum Attention over a piecewise-linear key/value curve (exact exponential moments)
+    (``continuum_attention_piecewise_linear``).
 core
     Helpers shared by the softmax-attention family (and the families built on it), under public
     names.
@@ -73,6 +79,9 @@ latent_alignment
     Latent alignment attention: the exact marginal likelihood over a categorical alignment, the
     variational (enumerated) ELBO with an inference network's alignment posterior, and soft
     attention as the baseline (``latent_alignment_attention``).
+lipschitz_l2
+    LRFormer's Lipschitz-regularised attention: negative squared L2 distance scores normalised by a
+    contractive Lipschitz bound (``lrformer_lipschitz_attention``).
 location_relative
     Location-relative attention for long-form speech synthesis: GMM attention (V0, V1, V2) and
     Dynamic Convolution Attention (DCA), recurrent over decoder steps, with the backward through
@@ -194,6 +203,12 @@ from .alibi import (  # noqa: F401
     alibi_layer_forward,
     alibi_slopes,
 )
+from .better_attention import (  # noqa: F401
+    better_attention,
+    better_attention_backward,
+    better_attention_forward,
+    init_better_attention_params,
+)
 from .bidaf import (  # noqa: F401
     bidaf_attention,
     bidaf_attention_backward,
@@ -229,6 +244,13 @@ from .coca import (  # noqa: F401
     coca_position_angles,
     coca_scores,
     init_coca_params,
+)
+from .continuum_pl import (  # noqa: F401
+    continuum_pl_attention,
+    continuum_pl_attention_backward,
+    continuum_pl_attention_forward,
+    exp_moment_f,
+    exp_moment_f_prime,
 )
 from .core import (  # noqa: F401
     CAUSAL_ALIGNMENTS,
@@ -326,6 +348,12 @@ from .latent_alignment import (  # noqa: F401
     latent_alignment_backward,
     latent_alignment_forward,
     latent_alignment_param_spec,
+)
+from .lipschitz_l2 import (  # noqa: F401
+    init_lipschitz_l2_params,
+    lipschitz_l2_attention,
+    lipschitz_l2_attention_backward,
+    lipschitz_l2_attention_forward,
 )
 from .location_relative import (  # noqa: F401
     GMM_VERSIONS,
@@ -578,56 +606,60 @@ __all__ = [
     "init_soft_attention_params", "soft_attention", "soft_attention_backward", "soft_attention_forward",
     "soft_attention_param_spec", "biased_attention_backward", "biased_attention_forward", "gather_bias",
     "scatter_bias_grad", "alibi_attention_backward", "alibi_attention_forward", "alibi_bias", "alibi_layer",
-    "alibi_layer_backward", "alibi_layer_forward", "alibi_slopes", "bidaf_attention", "bidaf_attention_backward",
+    "alibi_layer_backward", "alibi_layer_forward", "alibi_slopes", "better_attention", "better_attention_backward",
+    "better_attention_forward", "init_better_attention_params", "bidaf_attention", "bidaf_attention_backward",
     "bidaf_attention_forward", "bidaf_param_spec", "bidaf_similarity", "init_bidaf_params", "class_attention_block",
     "class_attention_block_backward", "class_attention_block_forward", "class_attention_param_spec",
     "init_class_attention_params", "talking_heads_attention", "talking_heads_attention_backward",
     "talking_heads_attention_forward", "talking_heads_param_spec", "chiral_rope_attention",
     "chiral_rope_attention_backward", "chiral_rope_attention_forward", "validate_chirality", "COCA_MODES",
     "coca_attention", "coca_attention_backward", "coca_attention_forward", "coca_key_magnitudes", "coca_param_spec",
-    "coca_position_angles", "coca_scores", "init_coca_params", "CAUSAL_ALIGNMENTS", "KV_GROUP_MAPS",
-    "attention_core_backward", "attention_core_forward", "causal_keep", "check_size", "expand_kv", "naive_attention",
-    "reduce_kv", "relative_positions", "sdpa_reference", "sum_to_shape", "validate_attention_config",
-    "validate_qkv_config", "crate_block", "crate_block_backward", "crate_block_forward", "init_crate_params",
-    "DIFFQKV_ACTIVATIONS", "diffqkv_attention", "diffqkv_attention_backward", "diffqkv_attention_forward",
-    "init_diffqkv_params", "DUOFORMER_STAGES", "duoformer_attention", "duoformer_attention_backward",
-    "duoformer_attention_forward", "duoformer_param_spec", "init_duoformer_params", "HAT_BLOCKS", "hab_backward",
-    "hab_forward", "hab_param_spec", "hat_block", "hat_block_backward", "hat_block_forward", "init_hat_params",
-    "oca_relative_position_index", "oca_window_sizes", "ocab_backward", "ocab_forward", "ocab_param_spec", "hoa",
-    "hoa_backward", "hoa_forward", "hoa_param_spec", "init_hoa_params", "HOA_VQA_MODALITIES", "hoa_vqa",
-    "hoa_vqa_backward", "hoa_vqa_forward", "hoa_vqa_param_spec", "init_hoa_vqa_params", "IRPE_METHODS", "IRPE_MODES",
-    "IRPE_TARGETS", "init_irpe_params", "irpe_attention", "irpe_attention_backward", "irpe_attention_forward",
-    "irpe_bucket_ids", "irpe_coefficients", "irpe_num_buckets", "irpe_param_spec", "irpe_piecewise_index",
-    "init_key_value_params", "key_value_attention", "key_value_attention_backward", "key_value_attention_forward",
-    "positional_encoding_2d", "LATENT_ATTN_TYPES", "LATENT_MODES", "init_latent_alignment_params", "latent_alignment",
-    "latent_alignment_backward", "latent_alignment_forward", "latent_alignment_param_spec", "GMM_VERSIONS",
-    "LOCATION_KINDS", "dca_attention_backward", "dca_attention_forward", "dca_param_spec", "dca_prior_filter",
-    "gmm_attention_backward", "gmm_attention_forward", "gmm_param_spec", "init_dca_params", "init_gmm_params",
-    "location_relative_attention", "location_relative_attention_backward", "location_relative_attention_forward",
-    "MAGLAP_ACTIVATIONS", "MAGLAP_PHASE_CONVENTIONS", "init_maglap_pe_params", "maglap_pe", "maglap_pe_backward",
-    "maglap_pe_forward", "maglap_pe_param_spec", "maglap_stack", "magnetic_laplacian_eigenpairs",
-    "magnetic_laplacian_matrix", "MASK_KINDS", "band_mask", "block_diagonal_mask", "build_mask", "causal_mask",
-    "masked_attention_backward", "masked_attention_forward", "padding_mask", "sliding_window_mask", "to_additive",
-    "LOG2E", "attention_energy", "chunk_summary", "flash_attention", "flash_attention_backward",
-    "flash_attention_forward", "merge_summaries", "rabe_staats_backward", "rabe_staats_forward",
-    "tree_attention_backward", "tree_attention_forward", "tree_reduce", "MHA_ROPE_KEYS", "MHA_WEIGHTS",
-    "init_mha_params", "mha", "mha_backward", "mha_forward", "STEP_ACTIVATIONS", "init_monotonic_location_params",
-    "monotonic_location_attention", "monotonic_location_backward", "monotonic_location_forward",
-    "monotonic_location_param_spec", "reverse_within_length", "MHE_MODES", "init_mhe_params", "mhe_attention",
-    "mhe_attention_backward", "mhe_attention_forward", "NATS_GLOBAL", "NATS_LOCAL", "NATS_SLIDING", "nats_attention",
-    "nats_attention_backward", "nats_attention_forward", "nats_keep_mask", "nats_next_global", "nats_token_types",
-    "init_neural_attention_params", "neural_attention", "neural_attention_backward", "neural_attention_forward",
-    "neural_attention_param_spec", "neural_attention_qkv_columns", "LEGENDRE_NORMALIZATIONS", "legendre_basis",
-    "legendre_pe", "legendre_pe_backward", "legendre_pe_forward", "init_persistent_memory_params",
-    "persistent_memory_attention", "persistent_memory_attention_backward", "persistent_memory_attention_forward",
-    "init_plga_params", "plga_attention", "plga_attention_backward", "plga_attention_forward", "POLY_ATTENTION_TYPES",
-    "poly_encoder_attention", "poly_encoder_attention_backward", "poly_encoder_attention_forward",
-    "coupled_addition_position_ids", "coupling_start_bounds", "init_position_coupling_params", "pad_position_ids",
-    "position_coupling_embed", "position_coupling_embed_backward", "position_coupling_embed_forward",
-    "position_coupling_param_spec", "sample_coupling_start", "box_relation_encoding", "init_relation_detr_params",
-    "position_relation_bias", "relation_detr_attention", "relation_detr_attention_backward",
-    "relation_detr_attention_forward", "relation_detr_param_spec", "relation_sine_frequencies", "SYMBOL_RETRIEVERS",
-    "dual_attention", "dual_attention_backward", "dual_attention_forward", "relational_attention_backward",
+    "coca_position_angles", "coca_scores", "init_coca_params", "continuum_pl_attention",
+    "continuum_pl_attention_backward", "continuum_pl_attention_forward", "exp_moment_f", "exp_moment_f_prime",
+    "CAUSAL_ALIGNMENTS", "KV_GROUP_MAPS", "attention_core_backward", "attention_core_forward", "causal_keep",
+    "check_size", "expand_kv", "naive_attention", "reduce_kv", "relative_positions", "sdpa_reference", "sum_to_shape",
+    "validate_attention_config", "validate_qkv_config", "crate_block", "crate_block_backward", "crate_block_forward",
+    "init_crate_params", "DIFFQKV_ACTIVATIONS", "diffqkv_attention", "diffqkv_attention_backward",
+    "diffqkv_attention_forward", "init_diffqkv_params", "DUOFORMER_STAGES", "duoformer_attention",
+    "duoformer_attention_backward", "duoformer_attention_forward", "duoformer_param_spec", "init_duoformer_params",
+    "HAT_BLOCKS", "hab_backward", "hab_forward", "hab_param_spec", "hat_block", "hat_block_backward",
+    "hat_block_forward", "init_hat_params", "oca_relative_position_index", "oca_window_sizes", "ocab_backward",
+    "ocab_forward", "ocab_param_spec", "hoa", "hoa_backward", "hoa_forward", "hoa_param_spec", "init_hoa_params",
+    "HOA_VQA_MODALITIES", "hoa_vqa", "hoa_vqa_backward", "hoa_vqa_forward", "hoa_vqa_param_spec", "init_hoa_vqa_params",
+    "IRPE_METHODS", "IRPE_MODES", "IRPE_TARGETS", "init_irpe_params", "irpe_attention", "irpe_attention_backward",
+    "irpe_attention_forward", "irpe_bucket_ids", "irpe_coefficients", "irpe_num_buckets", "irpe_param_spec",
+    "irpe_piecewise_index", "init_key_value_params", "key_value_attention", "key_value_attention_backward",
+    "key_value_attention_forward", "positional_encoding_2d", "LATENT_ATTN_TYPES", "LATENT_MODES",
+    "init_latent_alignment_params", "latent_alignment", "latent_alignment_backward", "latent_alignment_forward",
+    "latent_alignment_param_spec", "init_lipschitz_l2_params", "lipschitz_l2_attention",
+    "lipschitz_l2_attention_backward", "lipschitz_l2_attention_forward", "GMM_VERSIONS", "LOCATION_KINDS",
+    "dca_attention_backward", "dca_attention_forward", "dca_param_spec", "dca_prior_filter", "gmm_attention_backward",
+    "gmm_attention_forward", "gmm_param_spec", "init_dca_params", "init_gmm_params", "location_relative_attention",
+    "location_relative_attention_backward", "location_relative_attention_forward", "MAGLAP_ACTIVATIONS",
+    "MAGLAP_PHASE_CONVENTIONS", "init_maglap_pe_params", "maglap_pe", "maglap_pe_backward", "maglap_pe_forward",
+    "maglap_pe_param_spec", "maglap_stack", "magnetic_laplacian_eigenpairs", "magnetic_laplacian_matrix", "MASK_KINDS",
+    "band_mask", "block_diagonal_mask", "build_mask", "causal_mask", "masked_attention_backward",
+    "masked_attention_forward", "padding_mask", "sliding_window_mask", "to_additive", "LOG2E", "attention_energy",
+    "chunk_summary", "flash_attention", "flash_attention_backward", "flash_attention_forward", "merge_summaries",
+    "rabe_staats_backward", "rabe_staats_forward", "tree_attention_backward", "tree_attention_forward", "tree_reduce",
+    "MHA_ROPE_KEYS", "MHA_WEIGHTS", "init_mha_params", "mha", "mha_backward", "mha_forward", "STEP_ACTIVATIONS",
+    "init_monotonic_location_params", "monotonic_location_attention", "monotonic_location_backward",
+    "monotonic_location_forward", "monotonic_location_param_spec", "reverse_within_length", "MHE_MODES",
+    "init_mhe_params", "mhe_attention", "mhe_attention_backward", "mhe_attention_forward", "NATS_GLOBAL", "NATS_LOCAL",
+    "NATS_SLIDING", "nats_attention", "nats_attention_backward", "nats_attention_forward", "nats_keep_mask",
+    "nats_next_global", "nats_token_types", "init_neural_attention_params", "neural_attention",
+    "neural_attention_backward", "neural_attention_forward", "neural_attention_param_spec",
+    "neural_attention_qkv_columns", "LEGENDRE_NORMALIZATIONS", "legendre_basis", "legendre_pe", "legendre_pe_backward",
+    "legendre_pe_forward", "init_persistent_memory_params", "persistent_memory_attention",
+    "persistent_memory_attention_backward", "persistent_memory_attention_forward", "init_plga_params", "plga_attention",
+    "plga_attention_backward", "plga_attention_forward", "POLY_ATTENTION_TYPES", "poly_encoder_attention",
+    "poly_encoder_attention_backward", "poly_encoder_attention_forward", "coupled_addition_position_ids",
+    "coupling_start_bounds", "init_position_coupling_params", "pad_position_ids", "position_coupling_embed",
+    "position_coupling_embed_backward", "position_coupling_embed_forward", "position_coupling_param_spec",
+    "sample_coupling_start", "box_relation_encoding", "init_relation_detr_params", "position_relation_bias",
+    "relation_detr_attention", "relation_detr_attention_backward", "relation_detr_attention_forward",
+    "relation_detr_param_spec", "relation_sine_frequencies", "SYMBOL_RETRIEVERS", "dual_attention",
+    "dual_attention_backward", "dual_attention_forward", "relational_attention_backward",
     "relational_attention_forward", "symbol_retrieval_backward", "symbol_retrieval_forward", "RPE_KINDS",
     "relative_position_attention_backward", "relative_position_attention_forward", "shaw_attention_backward",
     "shaw_attention_forward", "t5_attention_backward", "t5_attention_forward", "t5_attention_layer",
