@@ -301,3 +301,6 @@ print(f"test relative L2 error: Galerkin attention {rel_l2(pred_g, teT):.3f}, "
 #   you assemble yourself from refattn's layer pairs, as the Transolver model above.
 # * Upstream conventions of operator layers (norm axes, $1/N$ vs $1/\sqrt d$, quadrature weights,
 #   FFT normalisation …) are tabulated on the [conventions page](../conventions.md#operator-attention-and-neural-operator-layers).
+#
+# **Next:** [tutorial 10](10_operators_darcy.ipynb) trains FNO, Transolver (on a structured mesh)
+# and FUNCATTN on a second PDE, 2-D Darcy flow, and compares their test errors.
