@@ -91,6 +91,24 @@ def exp_moment_f_prime(x):
     return np.where(small, ser, (np.exp(xl) * (xl - 2.0) + xl + 2.0) / xl ** 3)
 
 
+def _exp_times_f(s, d):
+    r"""$e^{s}F(d)$ without overflow where $s \le 0$ and $s + d \le 0$ (max-shifted logits of two
+    neighbouring keys): $(e^{s+d} - e^{s}(1+d))/d^2$ for $|d| \ge 1/2$, the series otherwise. The
+    plain product overflows in $e^{d}$ once a neighbour's logit exceeds the key's by ~710."""
+    small = np.abs(d) < _TAYLOR
+    dl = np.where(small, 1.0, d)
+    big = (np.exp(s + dl) - np.exp(s) * (1.0 + dl)) / (dl * dl)
+    return np.where(small, np.exp(s) * exp_moment_f(np.where(small, d, 0.0)), big)
+
+
+def _exp_times_f_prime(s, d):
+    r"""$e^{s}F'(d) = (e^{s+d}(d-2) + e^{s}(d+2))/d^3$, stable as :func:`_exp_times_f`."""
+    small = np.abs(d) < _TAYLOR
+    dl = np.where(small, 1.0, d)
+    big = (np.exp(s + dl) * (dl - 2.0) + np.exp(s) * (dl + 2.0)) / dl ** 3
+    return np.where(small, np.exp(s) * exp_moment_f_prime(np.where(small, d, 0.0)), big)
+
+
 def _validate(q, k, v):
     q = as_float(q, "q", min_ndim=2)
     k = as_float(k, "k", min_ndim=2)
@@ -145,23 +163,26 @@ def continuum_pl_attention_forward(q, k, v, *, is_causal: bool = True, scale=Non
     dr = np.where(has_r, np.concatenate([s[..., 1:], s[..., -1:]], axis=-1) - s, 0.0)
     dl = np.where(has_l, np.concatenate([s[..., :1], s[..., :-1]], axis=-1) - s, 0.0)
     e = np.where(valid, np.exp(s), 0.0)
-    bracket = np.where(has_r, exp_moment_f(dr), 0.0) + np.where(has_l, exp_moment_f(dl), 0.0) + ends
-    w = (e * bracket).astype(dt, copy=False)
+    # w_j = e^{s_j} (F(dr_j) [j has a right neighbour] + F(dl_j) [left] + ends_j), each product taken
+    # in the overflow-free form (a neighbour's logit may exceed s_j by far more than 710)
+    w = (np.where(has_r, _exp_times_f(s, dr), 0.0) + np.where(has_l, _exp_times_f(s, dl), 0.0)
+         + e * ends).astype(dt, copy=False)
     z = w.sum(axis=-1, keepdims=True)
     out = (w @ v) / z
-    cache = {"q": q, "k": k, "v": v, "e": e.astype(dt, copy=False), "w": w, "z": z, "y": out.copy(),
-             "dr": dr, "dl": dl, "has_r": has_r, "has_l": has_l, "scale": sc}
+    cache = {"q": q, "k": k, "v": v, "w": w, "z": z, "y": out.copy(),
+             "s": s, "dr": dr, "dl": dl, "has_r": has_r, "has_l": has_l, "scale": sc}
     return out, cache
 
 
 def continuum_pl_attention_backward(dout, cache):
     r"""Gradient of :func:`continuum_pl_attention_forward`: ``{"q", "k", "v"}`` (module docstring)."""
-    q, k, v, e, w, z, y = (cache[n] for n in ("q", "k", "v", "e", "w", "z", "y"))
+    q, k, v, w, z, y = (cache[n] for n in ("q", "k", "v", "w", "z", "y"))
     dt = w.dtype
     g = as_dout(dout, y.shape, dt)
     a = (g @ np.swapaxes(v, -1, -2) - np.sum(g * y, axis=-1, keepdims=True)) / z
-    r = np.where(cache["has_r"], a * e * exp_moment_f_prime(cache["dr"]), 0.0)
-    ll = np.where(cache["has_l"], a * e * exp_moment_f_prime(cache["dl"]), 0.0)
+    s = cache["s"]
+    r = np.where(cache["has_r"], a * _exp_times_f_prime(s, cache["dr"]), 0.0)
+    ll = np.where(cache["has_l"], a * _exp_times_f_prime(s, cache["dl"]), 0.0)
     zero = np.zeros_like(r[..., :1])
     ds = (a * w - r - ll + np.concatenate([zero, r[..., :-1]], axis=-1)
           + np.concatenate([ll[..., 1:], zero], axis=-1)).astype(dt, copy=False)
