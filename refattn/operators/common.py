@@ -66,6 +66,7 @@ from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_v
 from ..nn.softmax import softmax_lse, softmax_vjp
 
 __all__ = [
+    "physics_front_mesh",
     "swap_last",
     "xavier_uniform",
     "orthogonal_init",
@@ -301,6 +302,33 @@ def physics_front_spec(c, n_head, d, g):
             "in_project_fx.weight": (c, n_head * d), "in_project_fx.bias": (n_head * d,),
             "in_project_slice.weight": (d, g), "in_project_slice.bias": (g,),
             "temperature": (n_head,)}
+
+
+def physics_front_mesh(params, n_points, mesh_shape):
+    """Read what a slice-front layer's params say about its shape: the output width from
+    ``to_out.0.weight`` (None: the input width) and, on a structured mesh, the validated
+    ``mesh_shape`` and the conv kernel ``k`` of ``in_project_x.weight`` ``(H D, C, *k)`` (None on an
+    irregular mesh). Shared by Transolver and FUNCATTN. Returns ``(c_out, mesh_shape, k)``."""
+    c_out = None
+    w_out = params.get("to_out.0.weight") if isinstance(params, dict) else None
+    if w_out is not None and np.ndim(w_out) == 2:
+        c_out = np.shape(w_out)[1]
+    k = None
+    if mesh_shape is not None:
+        if not isinstance(mesh_shape, (tuple, list)) or not mesh_shape:
+            raise TypeError(f"mesh_shape must be a tuple of grid sizes (H, W) or (H, W, D); got {mesh_shape!r}")
+        mesh_shape = tuple(check_int(m, "mesh_shape", minimum=1) for m in mesh_shape)
+        if int(np.prod(mesh_shape)) != n_points:
+            raise ValueError(f"mesh_shape {mesh_shape} holds {int(np.prod(mesh_shape))} points; x has {n_points}")
+        w_x = params.get("in_project_x.weight") if isinstance(params, dict) else None
+        if w_x is None or np.ndim(w_x) != 2 + len(mesh_shape):
+            raise ValueError(f"with mesh_shape={mesh_shape} (a {len(mesh_shape)}-D structured mesh) in_project_x.weight "
+                             f"must be a conv weight "
+                             f"(H*D, C, {', '.join('k' * len(mesh_shape))}); got shape {np.shape(w_x)}")
+        k = tuple(np.shape(w_x)[2:])
+        if any(kk % 2 == 0 for kk in k):
+            raise ValueError(f"conv kernel sizes must be odd (padding k//2 keeps the mesh); got {k}")
+    return c_out, mesh_shape, k
 
 
 def validate_physics_front(x, params, n_head, tau_clamp, slice_eps, extra_spec, optional=()):

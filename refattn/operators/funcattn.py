@@ -74,7 +74,14 @@ from ..nn.activations import sigmoid
 from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..registry import Mechanism, Sample, register
 from ._samples import check_point_permutation, check_uniform_refinement, perturb_params, slice_sizes
-from .common import physics_front_backward, physics_front_forward, physics_front_init, swap_last, validate_physics_front
+from .common import (
+    physics_front_backward,
+    physics_front_forward,
+    physics_front_init,
+    physics_front_mesh,
+    swap_last,
+    validate_physics_front,
+)
 
 __all__ = [
     "funcattn_forward",
@@ -86,24 +93,7 @@ __all__ = [
 
 def _funcattn_spec(params, n_points, mesh_shape):
     """Extra parameter shapes beyond the slice front, and the validated ``mesh_shape``."""
-    c_out = None
-    w_out = params.get("to_out.0.weight") if isinstance(params, dict) else None
-    if w_out is not None and np.ndim(w_out) == 2:
-        c_out = np.shape(w_out)[1]
-    k = None
-    if mesh_shape is not None:
-        if not isinstance(mesh_shape, (tuple, list)) or not mesh_shape:
-            raise TypeError(f"mesh_shape must be a tuple of grid sizes (H, W); got {mesh_shape!r}")
-        mesh_shape = tuple(check_int(m, "mesh_shape", minimum=1) for m in mesh_shape)
-        if int(np.prod(mesh_shape)) != n_points:
-            raise ValueError(f"mesh_shape {mesh_shape} holds {int(np.prod(mesh_shape))} points; x has {n_points}")
-        w_x = params.get("in_project_x.weight") if isinstance(params, dict) else None
-        if w_x is None or np.ndim(w_x) != 2 + len(mesh_shape):
-            raise ValueError(f"with mesh_shape, in_project_x.weight must be a conv weight (H*D, C, *k) of "
-                             f"{2 + len(mesh_shape)} dims; got shape {np.shape(w_x)}")
-        k = tuple(np.shape(w_x)[2:])
-        if any(kk % 2 == 0 for kk in k):
-            raise ValueError(f"conv kernel sizes must be odd (padding k//2 keeps the mesh); got {k}")
+    c_out, mesh_shape, k = physics_front_mesh(params, n_points, mesh_shape)
 
     def spec(c, n_head, d, g):
         co = c if c_out is None else c_out
