@@ -72,6 +72,18 @@ def check_uniform_refinement(fwd, sample, **extra):
 # Axial kernels (factformer.py, ifactformer.py)
 
 
+def check_conv1x1_matches_linear(layer, init_params, rng):
+    """A slice-front layer on a structured mesh with 1x1 conv projections equals the same layer on
+    the irregular mesh with the equivalent Linear projections (``layer(x, params, n_head=, mesh_shape=)``,
+    ``init_params(rng, dim, n_head, dim_head, slice_num, mesh_ndim=, kernel=)``). Returns the error."""
+    p = init_params(rng, 3, 2, 2, 3, mesh_ndim=2, kernel=1)
+    lin = {**p, **{f"in_project_{t}.weight": p[f"in_project_{t}.weight"][:, :, 0, 0].T for t in ("x", "fx")}}
+    x = rng.standard_normal((2, 12, 3))
+    err = float(np.abs(layer(x, p, n_head=2, mesh_shape=(3, 4)) - layer(x, lin, n_head=2)).max())
+    assert err < 1e-13, f"1x1 conv projections differ from the Linear ones: {err:.2e}"
+    return err
+
+
 def sample_axial(rng, size, **config):
     """``v, q_x, k_x, q_y, k_y`` of a FactFormer-style axial core, scales 0.7 / 1.3, plus ``config``."""
     if size == "tiny":

@@ -73,7 +73,13 @@ from .._checks import as_dout, as_float, cast_all, check_int, compute_dtype
 from ..nn.activations import sigmoid
 from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..registry import Mechanism, Sample, register
-from ._samples import check_point_permutation, check_uniform_refinement, perturb_params, slice_sizes
+from ._samples import (
+    check_conv1x1_matches_linear,
+    check_point_permutation,
+    check_uniform_refinement,
+    perturb_params,
+    slice_sizes,
+)
 from .common import (
     physics_front_backward,
     physics_front_forward,
@@ -256,12 +262,7 @@ def _check_structured_mesh(rng):
     s = Sample(inputs={"x": rng.standard_normal((2, 4, 2))}, params=p,
                config={"n_head": 1, "mesh_shape": (2, 2)})
     worst = gradcheck(funcattn_forward, funcattn_backward, s).max_rel
-    p = funcattn_init_params(rng, 3, 2, 2, 3, mesh_ndim=2, kernel=1)
-    lin = {**p, **{f"in_project_{t}.weight": p[f"in_project_{t}.weight"][:, :, 0, 0].T for t in ("x", "fx")}}
-    x = rng.standard_normal((2, 12, 3))
-    err = float(np.abs(funcattn_functional_attention(x, p, n_head=2, mesh_shape=(3, 4))
-                       - funcattn_functional_attention(x, lin, n_head=2)).max())
-    assert err < 1e-13, f"1x1 conv projections differ from the Linear ones: {err:.2e}"
+    err = check_conv1x1_matches_linear(funcattn_functional_attention, funcattn_init_params, rng)
     return max(worst, err)
 
 

@@ -43,7 +43,13 @@ from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse
 from ..registry import Mechanism, Sample, register
-from ._samples import check_point_permutation, check_uniform_refinement, perturb_params, slice_sizes
+from ._samples import (
+    check_conv1x1_matches_linear,
+    check_point_permutation,
+    check_uniform_refinement,
+    perturb_params,
+    slice_sizes,
+)
 from .common import (
     physics_front_backward,
     physics_front_forward,
@@ -250,12 +256,7 @@ def _check_structured_mesh(rng):
                    config={"n_head": 2, "mesh_shape": mesh, "tau_clamp": (0.1, 5)})
         worst = max(worst, gradcheck(transolver_physics_attention_forward, transolver_physics_attention_backward,
                                      s).max_rel)
-    p = transolver_init_params(rng, 3, 2, 2, 3, mesh_ndim=2, kernel=1)
-    lin = {**p, **{f"in_project_{t}.weight": p[f"in_project_{t}.weight"][:, :, 0, 0].T for t in ("x", "fx")}}
-    x = rng.standard_normal((2, 12, 3))
-    err = float(np.abs(transolver_physics_attention(x, p, n_head=2, mesh_shape=(3, 4))
-                       - transolver_physics_attention(x, lin, n_head=2)).max())
-    assert err < 1e-13, f"1x1 conv projections differ from the Linear ones: {err:.2e}"
+    err = check_conv1x1_matches_linear(transolver_physics_attention, transolver_init_params, rng)
     return max(worst, err)
 
 

@@ -32,8 +32,8 @@ Tree Emerges from Reversed Attention", CVPR 2023, arXiv 2304.03282. The official
 named in the paper, dingmyu/DependencyViT @ 3dcf35910bfc9f013f752a09aa99b56f21e2ee78, holds only a
 LICENSE and a .gitignore. The layer here follows the from-scratch timm port,
 huggingface/pytorch-image-models ``timm/models/dependencyvit.py`` (``ReversedAttention``) @
-f63d2e8071666d631909dc5bda553b13daf9dbcc (a work-in-progress side branch, marked "FIXME verify
-against reference impl"): head selector ``Linear(C, H, bias=False)`` with temperature 0.1 (the
+f63d2e8071666d631909dc5bda553b13daf9dbcc, a side branch whose own header says it is not yet
+verified against a reference implementation (none is public): head selector ``Linear(C, H, bias=False)`` with temperature 0.1 (the
 paper's appendix D.1), message controller ``Mlp(C, C/2, 1, GELU, bias=False)``, ``qkv`` without
 bias, ``proj`` with bias. Parameter names are that port's. ``head_selector`` and
 ``message_controller`` switch the two factors off (the bare reversed attention $A^\top V$).
