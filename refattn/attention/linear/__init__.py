@@ -406,10 +406,13 @@ from .stack_attention import (  # noqa: F401
     superposition_stack_forward,
 )
 from .titans import (  # noqa: F401
+    memory_l2,
+    memory_l2_vjp,
     titans_memory,
     titans_memory_backward,
     titans_memory_forward,
     titans_memory_scan,
+    validate_memory_params,
 )
 from .topk_attention import (  # noqa: F401
     mips_to_nns,
@@ -512,14 +515,14 @@ __all__ = [
     "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp", "spectraformer_attention",
     "spectraformer_backward", "spectraformer_features_backward", "spectraformer_features_forward",
     "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard", "stack_attention",
-    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "titans_memory",
-    "titans_memory_backward", "titans_memory_forward", "titans_memory_scan", "mips_to_nns", "topk_attention",
-    "topk_attention_backward", "topk_attention_forward", "topk_selection", "TRANSNORMER_FEATURE_MAPS",
-    "TRANSNORMER_NORMS", "diag_attention_backward", "diag_attention_forward", "transnormer", "transnormer_backward",
-    "transnormer_forward", "transnormer_layer", "transnormer_layer_backward", "transnormer_layer_forward",
-    "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention", "udit_attention_backward", "udit_attention_forward",
-    "udit_polyphase_merge", "udit_polyphase_split", "udit_rope2d_angles", "VCC_SCORE_GRADIENTS", "vcc_block_relevance",
-    "vcc_layer", "vcc_layer_backward", "vcc_layer_forward", "vcc_sort_tokens", "WAVELET_BOUNDARIES",
-    "daubechies_filter", "wavedec", "wavedec_vjp", "wavelet_qmf", "waverec", "waverec_vjp", "wavspa_attention",
-    "wavspa_attention_backward", "wavspa_attention_forward",
+    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "memory_l2", "memory_l2_vjp",
+    "titans_memory", "titans_memory_backward", "titans_memory_forward", "titans_memory_scan", "validate_memory_params",
+    "mips_to_nns", "topk_attention", "topk_attention_backward", "topk_attention_forward", "topk_selection",
+    "TRANSNORMER_FEATURE_MAPS", "TRANSNORMER_NORMS", "diag_attention_backward", "diag_attention_forward", "transnormer",
+    "transnormer_backward", "transnormer_forward", "transnormer_layer", "transnormer_layer_backward",
+    "transnormer_layer_forward", "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention", "udit_attention_backward",
+    "udit_attention_forward", "udit_polyphase_merge", "udit_polyphase_split", "udit_rope2d_angles",
+    "VCC_SCORE_GRADIENTS", "vcc_block_relevance", "vcc_layer", "vcc_layer_backward", "vcc_layer_forward",
+    "vcc_sort_tokens", "WAVELET_BOUNDARIES", "daubechies_filter", "wavedec", "wavedec_vjp", "wavelet_qmf", "waverec",
+    "waverec_vjp", "wavspa_attention", "wavspa_attention_backward", "wavspa_attention_forward",
 ]

@@ -45,16 +45,14 @@ rel error $\le$ 1.4e-15, gradients of ``x`` and all twelve parameters max rel $\
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..._checks import as_dout, as_float, check_int, check_positive
 from ...nn.activations import sigmoid, sigmoid_grad
 from ...nn.linear import linear_prefixed, linear_prefixed_vjp
-from ...nn.norms import normalize_backward, normalize_forward
 from ...registry import Mechanism, Sample, register
 from ._samples import fd_max_rel
+from .titans import memory_l2, memory_l2_vjp, validate_memory_params
 
 __all__ = ["omega_rule_scan", "atlas_omega_forward", "atlas_omega_backward", "atlas_omega"]
 
@@ -77,12 +75,6 @@ def omega_rule_scan(q, k, v, alpha, eta, gamma, window: int):
     return y, M
 
 
-def _l2(u, eps):
-    d = u.shape[-1]
-    uh, stats = normalize_forward(u, (u.ndim - 1,), eps / d, center=False)
-    return uh / math.sqrt(d), (uh, stats)
-
-
 def _poly(u, a):
     return sum(a[j] * u ** (j + 1) for j in range(a.shape[0]))
 
@@ -103,33 +95,14 @@ def atlas_omega_forward(x, params, *, window: int = 4, normalize_qk: bool = True
     x = as_float(x, "x", ndim=3)
     window = check_int(window, "window", minimum=1)
     check_positive(eps, "eps")
-    if not isinstance(params, dict):
-        raise TypeError(f"params must be a dict of arrays, got {type(params).__name__}")
-    d = x.shape[-1]
-    need = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "poly_coeffs"]
-    need += [f"{g}.{s}" for g in _GATES for s in ("weight", "bias")]
-    for key in need:
-        if key not in params:
-            raise ValueError(f"params is missing {key!r}")
-    p = {key: as_float(val, key) for key, val in params.items()}
-    dk = p["k_proj.weight"].shape[-1] if p["k_proj.weight"].ndim == 2 else -1
-    for key in ("q_proj.weight", "k_proj.weight"):
-        if p[key].shape != (d, dk) or dk < 1:
-            raise ValueError(f"params[{key!r}] must have shape ({d}, d_k) (the same for q and k); got {p[key].shape}")
-    if p["v_proj.weight"].ndim != 2 or p["v_proj.weight"].shape[0] != d:
-        raise ValueError(f"params['v_proj.weight'] must have shape ({d}, d_v); got {p['v_proj.weight'].shape}")
+    dt = x.dtype
+    p = validate_memory_params(x, params, _GATES, extra=("poly_coeffs",))
     if p["poly_coeffs"].ndim != 1:
         raise ValueError(f"params['poly_coeffs'] must have shape (p,); got {p['poly_coeffs'].shape}")
-    for g in _GATES:
-        if p[f"{g}.weight"].shape != (d, 1) or p[f"{g}.bias"].shape != (1,):
-            raise ValueError(f"params['{g}.weight'] / ['{g}.bias'] must have shapes ({d}, 1) / (1,); got "
-                             f"{p[f'{g}.weight'].shape} / {p[f'{g}.bias'].shape}")
-    dt = x.dtype
-    p = {key: val.astype(dt, copy=False) for key, val in p.items()}
     q0, k0, v = (linear_prefixed(p, f"{n}_proj", x) for n in "qkv")
     if normalize_qk:
-        qn, qst = _l2(q0, eps)
-        kn, kst = _l2(k0, eps)
+        qn, qst = memory_l2(q0, eps)
+        kn, kst = memory_l2(k0, eps)
     else:
         qn, kn, qst, kst = q0, k0, None, None
     a = p["poly_coeffs"]
@@ -173,8 +146,8 @@ def atlas_omega_backward(dout, cache) -> dict:
     dqn, da_q = _poly_vjp(dq, cache["qn"], a)
     dkn, da_k = _poly_vjp(dk, cache["kn"], a)
     if cache["qst"] is not None:
-        dqn = normalize_backward(dqn / math.sqrt(dqn.shape[-1]), *cache["qst"])
-        dkn = normalize_backward(dkn / math.sqrt(dkn.shape[-1]), *cache["kst"])
+        dqn = memory_l2_vjp(dqn, cache["qst"])
+        dkn = memory_l2_vjp(dkn, cache["kst"])
     grads: dict = {"poly_coeffs": da_q + da_k}
     dx = np.zeros_like(x)
     for n, g in (("q", dqn), ("k", dkn), ("v", dv)):

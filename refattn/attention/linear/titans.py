@@ -55,7 +55,8 @@ from ...nn.norms import normalize_backward, normalize_forward
 from ...registry import Mechanism, Sample, register
 from ._samples import fd_max_rel
 
-__all__ = ["titans_memory_scan", "titans_memory_forward", "titans_memory_backward", "titans_memory"]
+__all__ = ["titans_memory_scan", "titans_memory_forward", "titans_memory_backward", "titans_memory", "memory_l2",
+           "memory_l2_vjp", "validate_memory_params"]
 
 _GATES = ("alpha_proj", "eta_proj", "theta_proj")
 
@@ -77,15 +78,45 @@ def titans_memory_scan(q, k, v, alpha, eta, theta):
     return y, M, S
 
 
-def _l2(u, eps):
+def memory_l2(u, eps):
+    """Unit-L2 rows of ``u`` (``u / sqrt(|u|^2 + eps)``), and the cache for :func:`memory_l2_vjp`.
+    Shared by the Titans and ATLAS memories for their query/key normalisation."""
     d = u.shape[-1]
     uh, stats = normalize_forward(u, (u.ndim - 1,), eps / d, center=False)
     return uh / math.sqrt(d), (uh, stats)
 
 
-def _l2_vjp(g, st):
+def memory_l2_vjp(g, st):
+    """VJP of :func:`memory_l2`."""
     uh, stats = st
     return normalize_backward(g / math.sqrt(uh.shape[-1]), uh, stats)
+
+
+def validate_memory_params(x, params, gates, extra=()):
+    """Check a neural-memory layer's params against ``x (B, L, d)`` and return them cast to x's dtype:
+    ``q_proj.weight``/``k_proj.weight`` ``(d, d_k)``, ``v_proj.weight`` ``(d, d_v)``, for each gate
+    ``.weight (d, 1)`` and ``.bias (1,)``, and the ``extra`` keys present (their shapes are the
+    caller's to check). Shared by the Titans and ATLAS memories."""
+    if not isinstance(params, dict):
+        raise TypeError(f"params must be a dict of arrays, got {type(params).__name__}")
+    d = x.shape[-1]
+    need = ["q_proj.weight", "k_proj.weight", "v_proj.weight", *extra]
+    need += [f"{g}.{s}" for g in gates for s in ("weight", "bias")]
+    for key in need:
+        if key not in params:
+            raise ValueError(f"params is missing {key!r}")
+    p = {key: as_float(val, key) for key, val in params.items()}
+    dk = p["k_proj.weight"].shape[-1] if p["k_proj.weight"].ndim == 2 else -1
+    for key in ("q_proj.weight", "k_proj.weight"):
+        if p[key].shape != (d, dk) or dk < 1:
+            raise ValueError(f"params[{key!r}] must have shape ({d}, d_k) (the same for q and k); got {p[key].shape}")
+    if p["v_proj.weight"].ndim != 2 or p["v_proj.weight"].shape[0] != d:
+        raise ValueError(f"params['v_proj.weight'] must have shape ({d}, d_v); got {p['v_proj.weight'].shape}")
+    for g in gates:
+        if p[f"{g}.weight"].shape != (d, 1) or p[f"{g}.bias"].shape != (1,):
+            raise ValueError(f"params['{g}.weight'] / ['{g}.bias'] must have shapes ({d}, 1) / (1,); got "
+                             f"{p[f'{g}.weight'].shape} / {p[f'{g}.bias'].shape}")
+    return {key: val.astype(x.dtype, copy=False) for key, val in p.items()}
 
 
 def titans_memory_forward(x, params, *, normalize_qk: bool = True, eps: float = 1e-6):
@@ -97,30 +128,12 @@ def titans_memory_forward(x, params, *, normalize_qk: bool = True, eps: float = 
     """
     x = as_float(x, "x", ndim=3)
     check_positive(eps, "eps")
-    if not isinstance(params, dict):
-        raise TypeError(f"params must be a dict of arrays, got {type(params).__name__}")
-    d = x.shape[-1]
-    need = ["q_proj.weight", "k_proj.weight", "v_proj.weight"] + [f"{g}.{s}" for g in _GATES for s in ("weight", "bias")]
-    for key in need:
-        if key not in params:
-            raise ValueError(f"params is missing {key!r}")
-    p = {key: as_float(val, key) for key, val in params.items()}
-    dk = p["k_proj.weight"].shape[-1] if p["k_proj.weight"].ndim == 2 else -1
-    for key, shape in (("q_proj.weight", (d, dk)), ("k_proj.weight", (d, dk))):
-        if p[key].shape != shape or dk < 1:
-            raise ValueError(f"params[{key!r}] must have shape ({d}, d_k) (the same for q and k); got {p[key].shape}")
-    if p["v_proj.weight"].ndim != 2 or p["v_proj.weight"].shape[0] != d:
-        raise ValueError(f"params['v_proj.weight'] must have shape ({d}, d_v); got {p['v_proj.weight'].shape}")
-    for g in _GATES:
-        if p[f"{g}.weight"].shape != (d, 1) or p[f"{g}.bias"].shape != (1,):
-            raise ValueError(f"params['{g}.weight'] / ['{g}.bias'] must have shapes ({d}, 1) / (1,); got "
-                             f"{p[f'{g}.weight'].shape} / {p[f'{g}.bias'].shape}")
     dt = x.dtype
-    p = {key: val.astype(dt, copy=False) for key, val in p.items()}
+    p = validate_memory_params(x, params, _GATES)
     q0, k0, v = (linear_prefixed(p, f"{n}_proj", x) for n in "qkv")
     if normalize_qk:
-        q, qst = _l2(q0, eps)
-        k, kst = _l2(k0, eps)
+        q, qst = memory_l2(q0, eps)
+        k, kst = memory_l2(k0, eps)
     else:
         q, k, qst, kst = q0, k0, None, None
     z = {g: linear_prefixed(p, g, x)[..., 0] for g in _GATES}
@@ -158,8 +171,8 @@ def titans_memory_backward(dout, cache) -> dict:
         dM = (1.0 - alpha[:, t, None, None]) * dM + de[:, :, None] * k[:, t, None, :]
         dS = eta[:, t, None, None] * dS
     if cache["qst"] is not None:
-        dq = _l2_vjp(dq, cache["qst"])
-        dk = _l2_vjp(dk, cache["kst"])
+        dq = memory_l2_vjp(dq, cache["qst"])
+        dk = memory_l2_vjp(dk, cache["kst"])
     p, x = cache["p"], cache["x"]
     grads: dict = {}
     dx = np.zeros_like(x)
