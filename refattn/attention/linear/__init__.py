@@ -89,6 +89,11 @@ rpe_fft
     Kernelized attention with relative positional encoding via FFT (Luo et al.): Performer features
     weighted by a Toeplitz matrix $e^{b_{j-i}}$, applied in $O(N\log N)$ by FFT
     (``kernelized_attention_rpe_fft``).
+seqcond
+    SeqCond Attention (SCA): a linear-time spectral sequence operator whose state is a running,
+    score-weighted average of each key's complex phase $k\,e^{i\varphi(k)}$, read out by complex
+    queries, then a gated RMSNorm, a per-head SwiGLU readout and an output projection
+    (``seqcond_attention``).
 set_transformer
     Set Transformer blocks: MAB, SAB, ISAB (inducing points) and PMA, with hand-derived backwards
     (``set_transformer_blocks``).
@@ -355,6 +360,13 @@ from .rpe_fft import (  # noqa: F401
     toeplitz_dense,
     toeplitz_matvec_fft,
 )
+from .seqcond import (  # noqa: F401
+    init_seqcond_params,
+    seqcond_attention,
+    seqcond_attention_backward,
+    seqcond_attention_forward,
+    seqcond_sizes,
+)
 from .set_transformer import (  # noqa: F401
     BLOCKS,
     mab_backward,
@@ -506,7 +518,8 @@ __all__ = [
     "reformer_lsh_attention", "reformer_lsh_attention_backward", "reformer_lsh_attention_forward", "CAUSAL_RULES",
     "routing_assignments", "routing_attention", "routing_attention_backward", "routing_attention_forward",
     "routing_kmeans_ema_update", "kernelized_rpe", "kernelized_rpe_backward", "kernelized_rpe_forward",
-    "toeplitz_correlation_fft", "toeplitz_dense", "toeplitz_matvec_fft", "BLOCKS", "mab_backward", "mab_forward",
+    "toeplitz_correlation_fft", "toeplitz_dense", "toeplitz_matvec_fft", "init_seqcond_params", "seqcond_attention",
+    "seqcond_attention_backward", "seqcond_attention_forward", "seqcond_sizes", "BLOCKS", "mab_backward", "mab_forward",
     "set_transformer", "set_transformer_backward", "set_transformer_forward", "sinkformer_attention",
     "sinkformer_backward", "sinkformer_forward", "sinkformer_layer", "sinkformer_layer_backward",
     "sinkformer_layer_forward", "sinkhorn_log", "sinkhorn_log_vjp", "SPARSEK_GATES", "sparsek_attention",
