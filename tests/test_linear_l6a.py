@@ -74,3 +74,99 @@ def test_seqcond_float32_and_bad_input():
         seqcond_attention(x, p, **dict(_SC, num_anchor_heads=5))
     with pytest.raises(ValueError, match="theta_d_raw"):
         seqcond_attention(x, p, **dict(_SC, num_thetas=2))
+
+
+# ---------------------------------------------------------------------------------------------
+# FlatFormer
+
+from refattn.attention.linear.flatformer import (  # noqa: E402
+    FLATFORMER_BLOCK_ORDERS,
+    equal_size_groups,
+    flatformer_block,
+    flatformer_block_backward,
+    flatformer_block_forward,
+    flatformer_layer,
+    flattened_window_order,
+    init_flatformer_params,
+)
+from refattn.registry import Sample  # noqa: E402
+from refattn.testing import directional_check  # noqa: E402
+
+_FF = {"num_heads": 2, "group_size": 4, "window_shape": (3, 2, 1), "sparse_shape": (8, 7, 1)}
+
+
+def _ff_coords(rng, B, N, sx=8, sy=7):
+    flat = np.stack([rng.choice(sx * sy, N, replace=False) for _ in range(B)])
+    return np.stack([flat // sx, flat % sx], axis=-1)
+
+
+def test_flatformer_output_depends_only_on_own_group():
+    """The selection held fixed: out_i changes under a perturbation of x_j iff j is a key of i's
+    group (brute-force group sets from the order), in both last-group modes."""
+    rng = np.random.default_rng(3)
+    N = 10
+    x = rng.standard_normal((1, N, 4))
+    c = _ff_coords(rng, 1, N)
+    p = init_flatformer_params(rng, 4)
+    for mode in ("duplicate", "mask"):
+        cfg = dict(_FF, axis="x", shifted=True, last_group=mode)
+        perm = flattened_window_order(c, window_shape=_FF["window_shape"], sparse_shape=_FF["sparse_shape"],
+                                      axis="x", shifted=True)[0]
+        rank = np.argsort(perm)
+        base = flatformer_layer(x, c, p, **cfg)
+        for j in range(N):
+            xp = x.copy()
+            xp[0, j] += 0.5
+            changed = np.abs(flatformer_layer(xp, c, p, **cfg) - base).max(-1)[0] > 1e-12
+            for i in range(N):
+                ri, rj = rank[i], rank[j]
+                if ri >= 8:  # last (partial) group: 2 tokens of 10 with G = 4
+                    lo = 8 if mode == "mask" else 6
+                    expect = rj >= lo
+                else:
+                    expect = ri // 4 == rj // 4
+                assert changed[i] == (expect or i == j), (mode, i, j)
+
+
+def test_flatformer_permuting_tokens_permutes_outputs():
+    rng = np.random.default_rng(4)
+    x, c = rng.standard_normal((2, 9, 4)), _ff_coords(rng, 2, 9)
+    p = init_flatformer_params(rng, 4)
+    sigma = rng.permutation(9)
+    y = flatformer_layer(x, c, p, **_FF)
+    np.testing.assert_allclose(flatformer_layer(x[:, sigma], c[:, sigma], p, **_FF), y[:, sigma], atol=1e-13)
+
+
+def test_flatformer_block_is_four_layers_in_upstream_orders_and_its_gradient():
+    rng = np.random.default_rng(5)
+    x, c = rng.standard_normal((2, 9, 4)), _ff_coords(rng, 2, 9)
+    pb = init_flatformer_params(rng, 4, block=True)
+    h = x
+    for k, (axis, shifted) in enumerate(FLATFORMER_BLOCK_ORDERS):
+        pk = {key.split(".", 2)[2]: v for key, v in pb.items() if key.startswith(f"block.{k}.")}
+        h = flatformer_layer(h, c, pk, axis=axis, shifted=shifted, **_FF)
+    np.testing.assert_allclose(flatformer_block(x, c, pb, **_FF), h, atol=1e-14)
+    s = Sample(inputs={"x": x}, params=pb, config={"coords": c, **_FF})
+    assert directional_check(flatformer_block_forward, flatformer_block_backward, s).max_rel < 1e-6
+
+
+def test_flatformer_group_partition_small_n_and_bad_input():
+    idx, own, keep = equal_size_groups(3, 5)
+    assert idx.shape == (1, 3) and np.array_equal(own, [0, 1, 2])
+    _, _, keep = equal_size_groups(7, 3, "mask")
+    assert keep.tolist() == [[True] * 3, [True] * 3, [False, False, True]]
+    rng = np.random.default_rng(6)
+    x, c = rng.standard_normal((2, 6, 4)), _ff_coords(rng, 2, 6)
+    p = init_flatformer_params(rng, 4)
+    bad = c.copy()
+    bad[0, 1] = bad[0, 0]
+    with pytest.raises(ValueError, match="repeat a location"):
+        flatformer_layer(x, bad, p, **_FF)
+    with pytest.raises(TypeError, match="integer"):
+        flatformer_layer(x, c.astype(float), p, **_FF)
+    with pytest.raises(ValueError, match="sparse_shape"):
+        flatformer_layer(x, c + 8, p, **_FF)
+    with pytest.raises(ValueError, match="num_heads"):
+        flatformer_layer(x, c, p, **dict(_FF, num_heads=3))
+    y32 = flatformer_layer(x.astype(np.float32), c, p, **_FF)
+    assert y32.dtype == np.float32

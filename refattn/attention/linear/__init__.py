@@ -35,6 +35,12 @@ efficient
 fastmax
     Fastmax (FAST): factorisable polynomial-kernel attention, the truncated Taylor series of softmax
     (``fastmax_polynomial_attention``).
+flatformer
+    FlatFormer: flattened window attention — points sorted window by window, split into groups of
+    EQUAL SIZE (not equal-shape windows), softmax attention within each group, un-permuted; the full
+    FlatFormer layer (group attention with a coordinate encoding on queries and keys, post-norm
+    residual, GELU MLP) and the four-layer block that alternates the sorting axis and shifts
+    (``flatformer_flattened_window_attention``).
 fourier_dct
     Fourier Transformer: DCT-based sequence truncation before softmax attention
     (``fourier_transformer_dct``).
@@ -92,8 +98,8 @@ rpe_fft
 seqcond
     SeqCond Attention (SCA): a linear-time spectral sequence operator whose state is a running,
     score-weighted average of each key's complex phase $k\,e^{i\varphi(k)}$, read out by complex
-    queries, then a gated RMSNorm, a per-head SwiGLU readout and an output projection
-    (``seqcond_attention``).
+    queries, then a gated RMSNorm, a per-head sigmoid-gated readout (upstream's "SwiGLU") and an
+    output projection (``seqcond_attention``).
 set_transformer
     Set Transformer blocks: MAB, SAB, ISAB (inducing points) and PMA, with hand-derived backwards
     (``set_transformer_blocks``).
@@ -201,6 +207,19 @@ from .fastmax import (  # noqa: F401
     fastmax_forward,
     fastmax_normalize_backward,
     fastmax_normalize_forward,
+)
+from .flatformer import (  # noqa: F401
+    FLATFORMER_BLOCK_ORDERS,
+    equal_size_groups,
+    flatformer_block,
+    flatformer_block_backward,
+    flatformer_block_forward,
+    flatformer_layer,
+    flatformer_layer_backward,
+    flatformer_layer_forward,
+    flatformer_positional_embedding,
+    flattened_window_order,
+    init_flatformer_params,
 )
 from .fourier_dct import (  # noqa: F401
     dct_ortho,
@@ -489,13 +508,16 @@ __all__ = [
     "efficient_attention", "efficient_attention_backward", "efficient_attention_forward", "efficient_attention_layer",
     "efficient_attention_layer_backward", "efficient_attention_layer_forward", "FASTMAX_NORMALIZE", "fastmax_attention",
     "fastmax_backward", "fastmax_features", "fastmax_forward", "fastmax_normalize_backward",
-    "fastmax_normalize_forward", "dct_ortho", "dct_truncate", "dct_truncate_vjp", "fourier_dct_attention",
-    "fourier_dct_attention_backward", "fourier_dct_attention_forward", "idct_ortho", "causal_fft_conv",
-    "causal_fft_conv_vjp", "hyena_filter_backward", "hyena_filter_forward", "hyena_modulation_deltas", "hyena_operator",
-    "hyena_operator_backward", "hyena_operator_forward", "hyena_positional_embedding", "init_hyena_operator_params",
-    "focus_map_backward", "focus_map_forward", "hypformer_attention", "hypformer_attention_backward",
-    "hypformer_attention_forward", "lorentz_lift", "lorentz_lift_backward", "informer_attention",
-    "informer_attention_backward", "informer_attention_forward", "informer_distil_backward", "informer_distil_forward",
+    "fastmax_normalize_forward", "FLATFORMER_BLOCK_ORDERS", "equal_size_groups", "flatformer_block",
+    "flatformer_block_backward", "flatformer_block_forward", "flatformer_layer", "flatformer_layer_backward",
+    "flatformer_layer_forward", "flatformer_positional_embedding", "flattened_window_order", "init_flatformer_params",
+    "dct_ortho", "dct_truncate", "dct_truncate_vjp", "fourier_dct_attention", "fourier_dct_attention_backward",
+    "fourier_dct_attention_forward", "idct_ortho", "causal_fft_conv", "causal_fft_conv_vjp", "hyena_filter_backward",
+    "hyena_filter_forward", "hyena_modulation_deltas", "hyena_operator", "hyena_operator_backward",
+    "hyena_operator_forward", "hyena_positional_embedding", "init_hyena_operator_params", "focus_map_backward",
+    "focus_map_forward", "hypformer_attention", "hypformer_attention_backward", "hypformer_attention_forward",
+    "lorentz_lift", "lorentz_lift_backward", "informer_attention", "informer_attention_backward",
+    "informer_attention_forward", "informer_distil_backward", "informer_distil_forward",
     "probsparse_attention_backward", "probsparse_attention_forward", "probsparse_index_sample", "probsparse_measure",
     "probsparse_sizes", "INFSA_VARIANTS", "infsa_attention", "infsa_attention_backward", "infsa_attention_forward",
     "infsa_scores_backward", "infsa_scores_forward", "causal_linear_attention_backward",
