@@ -170,3 +170,87 @@ def test_flatformer_group_partition_small_n_and_bad_input():
         flatformer_layer(x, c, p, **dict(_FF, num_heads=3))
     y32 = flatformer_layer(x.astype(np.float32), c, p, **_FF)
     assert y32.dtype == np.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# ETC global-local attention
+
+from refattn.attention.linear.etc_attention import (  # noqa: E402
+    etc_band_indices,
+    etc_global_local_attention,
+    etc_global_local_attention_backward,
+    etc_global_local_attention_forward,
+    init_etc_params,
+)
+from refattn.registry import get  # noqa: E402
+
+
+def _sample_etc(rng, size):
+    return get("etc_global_local_attention").sample(rng, size)
+
+
+def test_etc_band_indices_brute_force():
+    for n, r in ((1, 1), (5, 1), (7, 3), (4, 6)):
+        idx, inside = etc_band_indices(n, r)
+        for i in range(n):
+            got = sorted(int(idx[i, w]) for w in range(2 * r + 1) if inside[i, w])
+            assert got == [j for j in range(n) if abs(i - j) <= r]
+            assert [int(idx[i, w]) for w in range(2 * r + 1) if inside[i, w]] == got  # slot w is key i - r + w
+
+
+def test_etc_band_adjoint_is_overlap_add():
+    """<gather(x), y> = <x, overlap_add(y)>: the backward's band adjoint, via the l2l value path."""
+    rng = np.random.default_rng(7)
+    n, r = 6, 2
+    idx, inside = etc_band_indices(n, r)
+    x, y = rng.standard_normal((n, 3)), rng.standard_normal((n, 2 * r + 1, 3)) * inside[..., None]
+    acc = np.zeros_like(x)
+    np.add.at(acc, idx, y)
+    assert abs(np.sum(x[idx] * y) - np.sum(x * acc)) < 1e-12
+
+
+def test_etc_sharing_variants_gradients():
+    from refattn.testing import directional_check
+
+    rng = np.random.default_rng(8)
+    for flags in ({"share_qkv_projections": True, "share_att_output_projection": True}, {"share_kv_projections": True}):
+        s = _sample_etc(rng, "small")
+        s.params = init_etc_params(rng, 8, 2, relative_vocab_size=7, **flags)
+        s.config = {k: v for k, v in s.config.items() if not k.startswith("share")} | flags
+        assert directional_check(etc_global_local_attention_forward, etc_global_local_attention_backward,
+                                 s).max_rel < 1e-6
+
+
+def test_etc_masked_key_has_no_weight_and_bad_input():
+    rng = np.random.default_rng(9)
+    s = _sample_etc(rng, "small")
+    cfg = dict(s.config)
+    y = etc_global_local_attention(**s.inputs, params=s.params, **cfg)
+    # changing a global token that every long and global query has masked out changes nothing
+    cfg["l2g_att_mask"] = cfg["l2g_att_mask"].copy()
+    cfg["g2g_att_mask"] = cfg["g2g_att_mask"].copy()
+    cfg["l2g_att_mask"][:, :, 0] = 0
+    cfg["g2g_att_mask"][:, :, 0] = 0
+    cfg["g2g_att_mask"][:, 1:, 1] = 1
+    cfg["g2g_att_mask"][:, 0, 1] = 1
+    y1 = etc_global_local_attention(**s.inputs, params=s.params, **cfg)
+    xg = s.inputs["global_input"].copy()
+    xg[:, 0] += 3.0
+    y2 = etc_global_local_attention(s.inputs["long_input"], xg, s.params, **cfg)
+    Ng = xg.shape[1]
+    np.testing.assert_allclose(y2[:, 1:], y1[:, 1:], atol=1e-13)   # every row but global token 0's own
+    assert np.max(np.abs(y1 - y)) > 1e-6
+    y32 = etc_global_local_attention(s.inputs["long_input"].astype(np.float32), s.inputs["global_input"].astype(np.float32),
+                                     s.params, **s.config)
+    assert y32.dtype == np.float32 and y32.shape == (2, Ng + 11, 8)
+    bad = dict(s.config, l2g_att_mask=s.config["l2g_att_mask"] * 2)
+    with pytest.raises(ValueError, match="l2g_att_mask"):
+        etc_global_local_attention(**s.inputs, params=s.params, **bad)
+    bad = dict(s.config, g2l_relative_att_ids=s.config["g2l_relative_att_ids"] + 7)
+    with pytest.raises(ValueError, match="g2l_relative_att_ids"):
+        etc_global_local_attention(**s.inputs, params=s.params, **bad)
+    bad = dict(s.config, l2g_relative_att_ids=None)
+    with pytest.raises(ValueError, match="both given"):
+        etc_global_local_attention(**s.inputs, params=s.params, **bad)
+    with pytest.raises(ValueError, match="global_input"):
+        etc_global_local_attention(s.inputs["long_input"], s.inputs["global_input"][..., :4], s.params, **s.config)

@@ -32,6 +32,11 @@ ecoformer
 efficient
     Efficient Attention (Shen et al.): softmax over each query's features and over each key
     feature's positions, so attention costs $O(Md\,d_v)$ (``efficient_attention_shen``).
+etc_attention
+    ETC global–local attention: a few global tokens attend to everything, long tokens attend to a
+    band of radius $r$ of long tokens plus all global tokens, with Shaw-style relative position ids
+    in every piece (g2g, g2l, l2g, l2l) — upstream's ``FusedGlobalLocalAttention``
+    (``etc_global_local_attention``).
 fastmax
     Fastmax (FAST): factorisable polynomial-kernel attention, the truncated Taylor series of softmax
     (``fastmax_polynomial_attention``).
@@ -198,6 +203,16 @@ from .efficient import (  # noqa: F401
     efficient_attention_layer,
     efficient_attention_layer_backward,
     efficient_attention_layer_forward,
+)
+from .etc_attention import (  # noqa: F401
+    ETC_ROLES,
+    etc_band_indices,
+    etc_global_local_attention,
+    etc_global_local_attention_backward,
+    etc_global_local_attention_forward,
+    etc_local_relative_position_ids,
+    etc_relative_position_ids,
+    init_etc_params,
 )
 from .fastmax import (  # noqa: F401
     FASTMAX_NORMALIZE,
@@ -506,8 +521,10 @@ __all__ = [
     "dynamic_mask_bias", "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
     "ecoformer_attention_backward", "ecoformer_attention_forward", "ecoformer_hash_backward", "ecoformer_hash_forward",
     "efficient_attention", "efficient_attention_backward", "efficient_attention_forward", "efficient_attention_layer",
-    "efficient_attention_layer_backward", "efficient_attention_layer_forward", "FASTMAX_NORMALIZE", "fastmax_attention",
-    "fastmax_backward", "fastmax_features", "fastmax_forward", "fastmax_normalize_backward",
+    "efficient_attention_layer_backward", "efficient_attention_layer_forward", "ETC_ROLES", "etc_band_indices",
+    "etc_global_local_attention", "etc_global_local_attention_backward", "etc_global_local_attention_forward",
+    "etc_local_relative_position_ids", "etc_relative_position_ids", "init_etc_params", "FASTMAX_NORMALIZE",
+    "fastmax_attention", "fastmax_backward", "fastmax_features", "fastmax_forward", "fastmax_normalize_backward",
     "fastmax_normalize_forward", "FLATFORMER_BLOCK_ORDERS", "equal_size_groups", "flatformer_block",
     "flatformer_block_backward", "flatformer_block_forward", "flatformer_layer", "flatformer_layer_backward",
     "flatformer_layer_forward", "flatformer_positional_embedding", "flattened_window_order", "init_flatformer_params",
