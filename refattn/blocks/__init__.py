@@ -19,6 +19,9 @@ core
 deep_delta
     Deep Delta Learning residual (DDL) and the depth-wise residual attention read (ShortSWA over
     depth) (``depth_attention_delta_residual``).
+deepscalelm
+    DeepScaleLM: a transformer layer with moment-preserving residual scaling, and its initialisation
+    (``deepscalelm_residual_scaling``).
 deformable_merging
     LIT deformable token merging: a deformable convolution with kernel = stride = patch, then
     BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling points
@@ -184,6 +187,14 @@ from .deep_delta import (  # noqa: F401
     deep_delta_residual_forward,
     depth_window_attention_backward,
     depth_window_attention_forward,
+)
+from .deepscalelm import (  # noqa: F401
+    DSLM_NORM_POSITIONS,
+    deepscalelm_block,
+    deepscalelm_block_backward,
+    deepscalelm_block_forward,
+    deepscalelm_gains,
+    deepscalelm_init,
 )
 from .deformable_merging import (  # noqa: F401
     deform_conv2d_apply,
@@ -451,16 +462,17 @@ __all__ = [
     "param_dim", "resolve_attention_core", "resolve_sublayer", "split_block_params", "transformer_block_backward",
     "transformer_block_forward", "transformer_block_spec", "deep_delta_residual", "deep_delta_residual_backward",
     "deep_delta_residual_forward", "depth_window_attention_backward", "depth_window_attention_forward",
-    "deform_conv2d_apply", "deform_conv2d_vjp", "deformable_token_merging", "deformable_token_merging_backward",
-    "deformable_token_merging_forward", "delight_block_scaling", "dextra", "dextra_backward", "dextra_config",
-    "dextra_forward", "denseformer_dwa", "denseformer_dwa_backward", "denseformer_dwa_forward", "denseformer_dwa_init",
-    "dwa_read_indices", "compact_channel_attention_backward", "compact_channel_attention_forward", "dico_conv_module",
-    "dico_conv_module_backward", "dico_conv_module_forward", "DRA_PARAMS", "dra", "dra_backward", "dra_forward",
-    "DYDIT_ESTIMATORS", "dydit_block", "dydit_block_backward", "dydit_block_forward", "DYT_ALPHA_INIT", "dynamic_tanh",
-    "dynamic_tanh_backward", "dynamic_tanh_forward", "SLN_NORM_TYPES", "degree_index",
-    "equiformer_attention_weights_backward", "equiformer_attention_weights_forward", "separable_layer_norm",
-    "separable_layer_norm_backward", "separable_layer_norm_forward", "GLU_VARIANTS", "LLAMA_MLP_NAMES",
-    "glu_activation", "glu_ffn", "glu_ffn_backward", "glu_ffn_forward", "gated_memory_unit",
+    "DSLM_NORM_POSITIONS", "deepscalelm_block", "deepscalelm_block_backward", "deepscalelm_block_forward",
+    "deepscalelm_gains", "deepscalelm_init", "deform_conv2d_apply", "deform_conv2d_vjp", "deformable_token_merging",
+    "deformable_token_merging_backward", "deformable_token_merging_forward", "delight_block_scaling", "dextra",
+    "dextra_backward", "dextra_config", "dextra_forward", "denseformer_dwa", "denseformer_dwa_backward",
+    "denseformer_dwa_forward", "denseformer_dwa_init", "dwa_read_indices", "compact_channel_attention_backward",
+    "compact_channel_attention_forward", "dico_conv_module", "dico_conv_module_backward", "dico_conv_module_forward",
+    "DRA_PARAMS", "dra", "dra_backward", "dra_forward", "DYDIT_ESTIMATORS", "dydit_block", "dydit_block_backward",
+    "dydit_block_forward", "DYT_ALPHA_INIT", "dynamic_tanh", "dynamic_tanh_backward", "dynamic_tanh_forward",
+    "SLN_NORM_TYPES", "degree_index", "equiformer_attention_weights_backward", "equiformer_attention_weights_forward",
+    "separable_layer_norm", "separable_layer_norm_backward", "separable_layer_norm_forward", "GLU_VARIANTS",
+    "LLAMA_MLP_NAMES", "glu_activation", "glu_ffn", "glu_ffn_backward", "glu_ffn_forward", "gated_memory_unit",
     "gated_memory_unit_backward", "gated_memory_unit_forward", "head_importance", "headmask_attention",
     "headmask_attention_backward", "headmask_attention_forward", "headmask_important", "headmask_random",
     "layerscale_block", "layerscale_block_backward", "layerscale_block_forward", "layerscale_init_value",
