@@ -11,6 +11,8 @@ module's other names from the module itself (``from package.sdpa import sdpa_for
 
 Modules
 -------
+algebra_ffn
+    Associative-algebra product FFN projection — registered as **not implemented** (T3).
 bcos
     B-cos transform: a unit-norm linear map rescaled by the input-weight cosine to the power B-1
     (``bcos_transform``).
