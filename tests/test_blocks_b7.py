@@ -93,3 +93,56 @@ def test_deepscalelm_rejects_bad_gains():
         deepscalelm_block_forward(x, p, beta=1.5, attention_config=acfg)
     with pytest.raises(ValueError, match="norm_position"):
         deepscalelm_block_forward(x, p, num_layers=4, norm_position="mid", attention_config=acfg)
+
+
+# --------------------------------------------------------------------------------------------
+# 2-D SSM
+
+
+def test_ssm2d_kernel_matches_loop_reference():
+    # The vectorised kernel (closed-form halving masks) equals the scalar-loop kernel that applies
+    # upstream's rule dynamically, with and without the kernel normalisation, for several sides.
+    from refattn.blocks.ssm2d import _params, _reference_kernel, ssm_2d_kernel
+
+    rng = np.random.default_rng(2)
+    for side in (1, 2, 3, 5):
+        p = _params(rng, 2, 4, 1, 2, False, False)
+        for kn in (True, False):
+            k, _ = ssm_2d_kernel(p, side, kernel_normalization=kn)
+            np.testing.assert_allclose(k, _reference_kernel(p, side, kn), rtol=1e-13, atol=1e-14)
+
+
+def test_ssm2d_normalisation_changes_the_kernel():
+    # The halving rule is not a no-op beyond the origin's neighbours (side >= 3).
+    from refattn.blocks.ssm2d import _params, ssm_2d_kernel
+
+    p = _params(np.random.default_rng(4), 2, 2, 1, 2, False, False)
+    k1, _ = ssm_2d_kernel(p, 3)
+    k0, _ = ssm_2d_kernel(p, 3, kernel_normalization=False)
+    assert k1[0, 0].tolist() == k0[0, 0].tolist()
+    assert np.abs(k1[2, 2] - k0[2, 2]).max() > 1e-3
+
+
+def test_ssm2d_rejects_bad_input_and_keeps_inputs():
+    from refattn.blocks.ssm2d import _params, ssm_2d_backward, ssm_2d_forward
+
+    rng = np.random.default_rng(1)
+    p = _params(rng, 2, 4, 1, 2, True, True)
+    x = rng.standard_normal((2, 9, 2))
+    with pytest.raises(ValueError, match="L = S\\^2"):
+        ssm_2d_forward(rng.standard_normal((2, 8, 2)), p, use_residual=True, normalize=True)
+    with pytest.raises(ValueError, match="directions"):
+        ssm_2d_forward(x, p, directions=3, use_residual=True, normalize=True)
+    with pytest.raises(ValueError, match="C_1"):
+        ssm_2d_forward(x, dict(p, C_1=np.ones((3, 2))), use_residual=True, normalize=True)
+    with pytest.raises(ValueError, match="omega"):
+        ssm_2d_forward(x, {k: v for k, v in p.items() if k != "omega"}, use_residual=True, normalize=True)
+    x0, p0 = x.copy(), {k: v.copy() for k, v in p.items()}
+    y, cache = ssm_2d_forward(x, p, use_residual=True, normalize=True)
+    y[...] = 0.0
+    ssm_2d_backward(np.ones_like(y), cache)
+    np.testing.assert_array_equal(x, x0)
+    for k in p:
+        np.testing.assert_array_equal(p[k], p0[k])
+    np.testing.assert_array_equal(ssm_2d_forward(x, p, use_residual=True, normalize=True)[0],
+                                  ssm_2d_forward(x, p, use_residual=True, normalize=True)[0])

@@ -127,6 +127,9 @@ shallow_ffn
 simplified
     Simplified Transformer block (He & Hofmann): parallel, skipless, value/projection-free
     (``simplified_block_he_hofmann``).
+ssm2d
+    2-D SSM: a two-dimensional (Roesser) state-space layer materialised as a causal 2-D convolution
+    kernel (``ssm_2d_layer``).
 stn
     Spatial transformer: a localisation network regresses an affine map, ``affine_grid`` turns it
     into a sampling grid and ``grid_sample`` reads the input there (bilinear)
@@ -432,6 +435,13 @@ from .simplified import (  # noqa: F401
     simplified_block_he_hofmann_backward,
     simplified_block_he_hofmann_forward,
 )
+from .ssm2d import (  # noqa: F401
+    SSM2D_A_KEYS,
+    ssm_2d,
+    ssm_2d_backward,
+    ssm_2d_forward,
+    ssm_2d_kernel,
+)
 from .stn import (  # noqa: F401
     LOCALIZATIONS,
     localization_backward,
@@ -505,8 +515,9 @@ __all__ = [
     "router_z_loss_backward", "router_z_loss_forward", "threshold_mask", "topk_mask", "shallow_ffn_mixer",
     "shallow_ffn_mixer_backward", "shallow_ffn_mixer_forward", "shaped_attention_sublayer_backward",
     "shaped_attention_sublayer_forward", "simplified_block_he_hofmann", "simplified_block_he_hofmann_backward",
-    "simplified_block_he_hofmann_forward", "LOCALIZATIONS", "localization_backward", "localization_forward",
-    "spatial_transformer", "spatial_transformer_backward", "spatial_transformer_forward", "TNT_INNER", "TNT_OUTER",
-    "tnt_block", "tnt_block_backward", "tnt_block_forward", "TOKEN_POOLING_METHODS", "token_pooling",
-    "token_pooling_backward", "token_pooling_clusters", "token_pooling_forward",
+    "simplified_block_he_hofmann_forward", "SSM2D_A_KEYS", "ssm_2d", "ssm_2d_backward", "ssm_2d_forward",
+    "ssm_2d_kernel", "LOCALIZATIONS", "localization_backward", "localization_forward", "spatial_transformer",
+    "spatial_transformer_backward", "spatial_transformer_forward", "TNT_INNER", "TNT_OUTER", "tnt_block",
+    "tnt_block_backward", "tnt_block_forward", "TOKEN_POOLING_METHODS", "token_pooling", "token_pooling_backward",
+    "token_pooling_clusters", "token_pooling_forward",
 ]
