@@ -146,3 +146,53 @@ def test_ssm2d_rejects_bad_input_and_keeps_inputs():
         np.testing.assert_array_equal(p[k], p0[k])
     np.testing.assert_array_equal(ssm_2d_forward(x, p, use_residual=True, normalize=True)[0],
                                   ssm_2d_forward(x, p, use_residual=True, normalize=True)[0])
+
+
+# --------------------------------------------------------------------------------------------
+# Hybrid Gated Flow
+
+
+@pytest.mark.parametrize("estimator", ["ste", "fixed"])
+def test_hgf_matches_torch_ste(estimator):
+    # BitNet b1.58's weight_quant with the straight-through estimator (or the fixed-code
+    # derivative) written in torch: forward and every gradient in float64.
+    torch = pytest.importorskip("torch")
+    from refattn.blocks.hgf import _params, hgf_linear_backward, hgf_linear_forward
+
+    rng = np.random.default_rng(7)
+    p = _params(rng, 8, 6, 3)
+    x = rng.standard_normal((2, 5, 8))
+    y, cache = hgf_linear_forward(x, p, gate_activation="sigmoid", estimator=estimator)
+    dy = rng.standard_normal(y.shape)
+    g = hgf_linear_backward(dy, cache)
+    t = {k: torch.tensor(v, requires_grad=True) for k, v in p.items()}
+    tx = torch.tensor(x, requires_grad=True)
+    w = t["weight"]
+    if estimator == "ste":
+        s = 1.0 / w.abs().mean().clamp(min=1e-5)
+        w_hat = w + ((w * s).round().clamp(-1, 1) / s - w).detach()
+    else:
+        gam = w.abs().mean()
+        w_hat = gam * (w / gam).round().clamp(-1, 1).detach()
+    ty = tx @ w_hat + t["bias"] + torch.sigmoid(t["gate"][0]) * ((tx @ t["lora_A.weight"]) @ t["lora_B.weight"])
+    ty.backward(torch.tensor(dy))
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(g["x"], tx.grad.numpy(), rtol=1e-12, atol=1e-13)
+    for k in p:
+        np.testing.assert_allclose(g[k], t[k].grad.numpy(), rtol=1e-12, atol=1e-13, err_msg=k)
+
+
+def test_hgf_rejects_bad_input():
+    from refattn.blocks.hgf import _params, hgf_linear_forward
+
+    rng = np.random.default_rng(0)
+    p = _params(rng, 4, 3, 2)
+    x = rng.standard_normal((2, 3, 4))
+    with pytest.raises(ValueError, match="C_in"):
+        hgf_linear_forward(rng.standard_normal((2, 3, 5)), p)
+    with pytest.raises(ValueError, match="estimator"):
+        hgf_linear_forward(x, p, estimator="soft")
+    with pytest.raises(ValueError, match="lora_B.weight"):
+        hgf_linear_forward(x, dict(p, **{"lora_B.weight": np.ones((3, 3))}))
+    with pytest.raises(ValueError, match="gate"):
+        hgf_linear_forward(x, dict(p, gate=np.ones(2)))

@@ -58,6 +58,9 @@ gmu
 headmask
     HeadMask: multi-head attention with training-time head masks (random or importance-based)
     (``headmask``).
+hgf
+    Hybrid Gated Flow: a ternary (1.58-bit) linear layer plus a gated low-rank full-precision
+    correction (``hybrid_gated_flow_ternary``).
 layerscale
     LayerScale: a pre-norm block whose two residual branches are scaled per channel (CaiT)
     (``layerscale``).
@@ -277,6 +280,14 @@ from .headmask import (  # noqa: F401
     headmask_important,
     headmask_random,
 )
+from .hgf import (  # noqa: F401
+    HGF_ESTIMATORS,
+    HGF_GATE_ACTIVATIONS,
+    hgf_linear,
+    hgf_linear_backward,
+    hgf_linear_forward,
+    ternary_quantize,
+)
 from .layerscale import (  # noqa: F401
     layerscale_block,
     layerscale_block_backward,
@@ -487,17 +498,18 @@ __all__ = [
     "LLAMA_MLP_NAMES", "glu_activation", "glu_ffn", "glu_ffn_backward", "glu_ffn_forward", "gated_memory_unit",
     "gated_memory_unit_backward", "gated_memory_unit_forward", "head_importance", "headmask_attention",
     "headmask_attention_backward", "headmask_attention_forward", "headmask_important", "headmask_random",
-    "layerscale_block", "layerscale_block_backward", "layerscale_block_forward", "layerscale_init_value",
-    "legendre_state_space", "lmu_impulse_response", "lmu_token_mixer", "lmu_token_mixer_backward",
-    "lmu_token_mixer_forward", "LOOP_INJECTIONS", "looped_transformer", "looped_transformer_backward",
-    "looped_transformer_forward", "low_rank_from_dense", "low_rank_linear", "low_rank_linear_backward",
-    "low_rank_linear_forward", "MACARON_STEPS", "macaron_block", "macaron_block_backward", "macaron_block_forward",
-    "MAGNETO_INIT_SCHEMES", "MAGNETO_SCALED", "magneto_gain", "magneto_init", "magneto_layer", "magneto_layer_backward",
-    "magneto_layer_forward", "MINDSKIP_ESTIMATORS", "MINDSKIP_ROUTE_LEVELS", "mindskip_attention",
-    "mindskip_attention_backward", "mindskip_attention_forward", "MIXTRAL_EXPERT_CONFIG", "MIXTRAL_MOE_NAMES",
-    "moe_topk_gating", "moe_topk_gating_backward", "moe_topk_gating_forward", "mixture_of_head_attention",
-    "mixture_of_head_attention_backward", "mixture_of_head_attention_forward", "NGPT_ROPE", "ngpt_attention_backward",
-    "ngpt_attention_forward", "ngpt_normalized_block", "ngpt_normalized_block_backward",
+    "HGF_ESTIMATORS", "HGF_GATE_ACTIVATIONS", "hgf_linear", "hgf_linear_backward", "hgf_linear_forward",
+    "ternary_quantize", "layerscale_block", "layerscale_block_backward", "layerscale_block_forward",
+    "layerscale_init_value", "legendre_state_space", "lmu_impulse_response", "lmu_token_mixer",
+    "lmu_token_mixer_backward", "lmu_token_mixer_forward", "LOOP_INJECTIONS", "looped_transformer",
+    "looped_transformer_backward", "looped_transformer_forward", "low_rank_from_dense", "low_rank_linear",
+    "low_rank_linear_backward", "low_rank_linear_forward", "MACARON_STEPS", "macaron_block", "macaron_block_backward",
+    "macaron_block_forward", "MAGNETO_INIT_SCHEMES", "MAGNETO_SCALED", "magneto_gain", "magneto_init", "magneto_layer",
+    "magneto_layer_backward", "magneto_layer_forward", "MINDSKIP_ESTIMATORS", "MINDSKIP_ROUTE_LEVELS",
+    "mindskip_attention", "mindskip_attention_backward", "mindskip_attention_forward", "MIXTRAL_EXPERT_CONFIG",
+    "MIXTRAL_MOE_NAMES", "moe_topk_gating", "moe_topk_gating_backward", "moe_topk_gating_forward",
+    "mixture_of_head_attention", "mixture_of_head_attention_backward", "mixture_of_head_attention_forward", "NGPT_ROPE",
+    "ngpt_attention_backward", "ngpt_attention_forward", "ngpt_normalized_block", "ngpt_normalized_block_backward",
     "ngpt_normalized_block_forward", "ngpt_rope_tables", "unit_norm_backward", "unit_norm_forward",
     "multiscale_embedding", "multiscale_embedding_backward", "multiscale_embedding_forward", "nutime_scales",
     "nutime_window_embedding", "nutime_window_embedding_backward", "nutime_window_embedding_forward",
