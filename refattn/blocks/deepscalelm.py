@@ -40,8 +40,12 @@ hold its abstract and introduction only), so the initialisation is derived from 
 states — every block outputs unit variance at initialisation — with the standard moment rules
 (a linear map of fan-in $n$ multiplies the second moment by $n\sigma_w^2$; ReLU halves it;
 inverted dropout of rate $p$ multiplies it by $1/(1-p)$). The MLP input is LayerNorm output (unit
-second moment), so $W_1\sim\mathcal N(0, 2/C)$ gives a unit second moment after the ReLU,
-$W_2\sim\mathcal N(0, (1-p)/F)$ a unit-variance output; the attention's $W_Q, W_K, W_V, W_O$
+second moment), so its output variance is $C\sigma_1^2\cdot\tfrac12\cdot F\sigma_2^2/(1-p)$, and unit
+output variance fixes the product $\sigma_1^2\sigma_2^2 = 2(1-p)/(CF)$. ``ffn_split="equal"``
+(default) takes equal variances, $\sigma_1^2 = \sigma_2^2 = \sqrt{2(1-p)/(CF)}$ (for $F = 4C$:
+$\sqrt{(1-p)/2}/C$; a third-party port of the scheme also uses equal FFN variances), and
+``"he"`` puts the ReLU factor on the first layer, $\sigma_1^2 = 2/C$, $\sigma_2^2 = (1-p)/F$. The
+attention's $W_Q, W_K, W_V, W_O$
 take $\mathcal N(0, 1/C)$; biases 0, norms 1/0.
 The attention output's variance then depends on the inter-token correlation (the paper's
 correlation analysis), so only the MLP block is exactly unit-variance; this is a documented
@@ -73,7 +77,7 @@ Agreement with upstream
 No upstream code exists. A float64 torch scratch transcription of the two residual steps
 (``nn.LayerNorm``, ``nn.MultiheadAttention``-style per-head softmax attention, ``nn.Linear``,
 autograd, ``scaled_dot_product_attention``) agrees with the forward and every gradient to
-$1.4\times10^{-15}$ relative (Pre-LN $7.5\times10^{-16}$, Post-LN $1.4\times10^{-15}$; $N = 24$,
+$1.4\times10^{-15}$ relative (Pre-LN $8.8\times10^{-16}$, Post-LN $1.4\times10^{-15}$; $N = 24$,
 $k = 2$); the key-bias gradient, zero in theory, is rounding noise below $1.2\times10^{-15}$ on both
 sides.
 """
@@ -99,9 +103,10 @@ from .core import (
 )
 
 __all__ = ["deepscalelm_gains", "deepscalelm_init", "deepscalelm_block_forward", "deepscalelm_block_backward",
-           "deepscalelm_block", "DSLM_NORM_POSITIONS"]
+           "deepscalelm_block", "DSLM_NORM_POSITIONS", "DSLM_FFN_SPLITS"]
 
 DSLM_NORM_POSITIONS = ("pre", "post")
+DSLM_FFN_SPLITS = ("equal", "he")
 
 
 def deepscalelm_gains(num_layers: int, *, k: float = 2.0) -> tuple[float, float]:
@@ -114,11 +119,13 @@ def deepscalelm_gains(num_layers: int, *, k: float = 2.0) -> tuple[float, float]
     return float(np.sqrt(1.0 - b2)), float(np.sqrt(b2))
 
 
-def deepscalelm_init(rng, width: int, hidden: int, *, num_heads: int = 1, dropout: float = 0.0) -> tuple[dict, dict]:
+def deepscalelm_init(rng, width: int, hidden: int, *, num_heads: int = 1, dropout: float = 0.0,
+                     ffn_split: str = "equal") -> tuple[dict, dict]:
     r"""Initial ``(params, attention_config)`` of one DSLM layer (module docstring, reconstruction).
 
-    MLP: ``mlp.fc1.weight`` $\sim\mathcal N(0, 2/C)$, ``mlp.fc2.weight`` $\sim\mathcal N(0, (1-p)/F)$;
-    attention ``attn.{q,k,v,out}_proj`` $\sim\mathcal N(0, 1/\text{fan-in})$; biases 0; norms 1 and 0.
+    MLP weights with $\sigma_1^2\sigma_2^2 = 2(1-p)/(CF)$ (unit output variance): equal variances
+    (``ffn_split="equal"``) or $\sigma_1^2 = 2/C$, $\sigma_2^2 = (1-p)/F$ (``"he"``); attention
+    ``attn.{q,k,v,out}_proj`` $\sim\mathcal N(0, 1/C)$; biases 0; norms 1 and 0.
     """
     c = check_int(width, "width", minimum=1)
     f = check_int(hidden, "hidden", minimum=1)
@@ -128,8 +135,13 @@ def deepscalelm_init(rng, width: int, hidden: int, *, num_heads: int = 1, dropou
         raise ValueError(f"dropout must be in [0, 1); got {dropout}")
     if c % h:
         raise ValueError(f"width={c} must be a multiple of num_heads={h}")
-    p = {"mlp.fc1.weight": rng.normal(0.0, np.sqrt(2.0 / c), (c, f)), "mlp.fc1.bias": np.zeros(f),
-         "mlp.fc2.weight": rng.normal(0.0, np.sqrt((1.0 - p_drop) / f), (f, c)), "mlp.fc2.bias": np.zeros(c)}
+    check_choice(ffn_split, "ffn_split", DSLM_FFN_SPLITS)
+    if ffn_split == "equal":
+        v1 = v2 = float(np.sqrt(2.0 * (1.0 - p_drop) / (c * f)))
+    else:
+        v1, v2 = 2.0 / c, (1.0 - p_drop) / f
+    p = {"mlp.fc1.weight": rng.normal(0.0, np.sqrt(v1), (c, f)), "mlp.fc1.bias": np.zeros(f),
+         "mlp.fc2.weight": rng.normal(0.0, np.sqrt(v2), (f, c)), "mlp.fc2.bias": np.zeros(c)}
     for n in ("norm1", "norm2"):
         p[f"{n}.weight"], p[f"{n}.bias"] = np.ones(c), np.zeros(c)
     for n in ("q_proj", "k_proj", "v_proj", "out_proj"):
@@ -301,15 +313,15 @@ def _check_gains(rng):
 
 def _check_mlp_unit_output_variance(rng):
     # The initialised MLP maps a LayerNorm output (unit second moment) to unit variance (Monte Carlo
-    # over 12 weight draws, 128 tokens, C = 32, F = 128): within 0.1 of 1, for dropout 0 and 0.2
-    # (inverted dropout applied to the hidden layer, as in training).
+    # over 48 weight draws, 32 tokens, C = 16, F = 64): within 0.1 of 1, for dropout 0 and 0.2
+    # (inverted dropout applied to the hidden layer, as in training), both FFN variance splits.
     r = np.random.default_rng(7)
     worst = 0.0
-    for p_drop in (0.0, 0.2):
+    for p_drop, split in ((0.0, "equal"), (0.2, "equal"), (0.2, "he")):
         acc = []
-        for _ in range(12):
-            p, _ = deepscalelm_init(r, 32, 128, dropout=p_drop)
-            z = r.standard_normal((128, 32))
+        for _ in range(48):
+            p, _ = deepscalelm_init(r, 16, 64, dropout=p_drop, ffn_split=split)
+            z = r.standard_normal((32, 16))
             z = (z - z.mean(-1, keepdims=True)) / z.std(-1, keepdims=True)
             hid = np.maximum(z @ p["mlp.fc1.weight"], 0.0)
             hid = hid * (r.random(hid.shape) >= p_drop) / (1.0 - p_drop)
