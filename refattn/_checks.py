@@ -30,6 +30,7 @@ __all__ = [
     "check_param_keys",
     "check_params",
     "weight_shape_hint",
+    "check_weight_in",
     "cast_all",
 ]
 
@@ -343,10 +344,36 @@ def weight_shape_hint(key: str, got: tuple, expected: tuple) -> str:
         return ""
     width = f"axis 0 is the input width: this weight takes {got[0]} features where {expected[0]} arrive"
     if got == expected[::-1] or (got[1] == expected[0] and got[1] != expected[1]):
-        return f" ({transpose})"
+        return f" ({transpose}, of shape {got[::-1]})"
     if got[1] == expected[0]:  # (c, a) for (a, a): a changed input, or a transposed (a, c) weight
         return f" ({width}; did the last axis of an input change? If this is {transpose})"
     return f" ({width}; did the last axis of an input change?)"
+
+
+def check_weight_in(params, key: str, width: int, *, input_name: str = "the input") -> tuple:
+    """The shape ``(width, out)`` of the 2-D ``(in, out)`` weight ``params[key]``, checked on its
+    input axis BEFORE a caller reads head counts or head widths off its output axis.
+
+    A module that infers ``d`` from ``W.shape[1]`` and checks afterwards names a wrong expected shape
+    for PyTorch's untransposed ``(out, in)`` weight (a ``(48, 24)`` ``q_proj`` read as ``d = 6``
+    "must have shape (24, 24)"). Call this first: the message then says ``(24, out)`` and, where
+    axis 1 is the input width, "pass its transpose, of shape (24, 48)". A missing key is left to
+    :func:`check_params` (it lists every missing key at once); ``()`` is returned then.
+    """
+    if not isinstance(params, dict) or params.get(key) is None:
+        return ()
+    shp = tuple(np.shape(params[key]))
+    if len(shp) == 2 and shp[0] == width:
+        return shp
+    if len(shp) == 2 and shp[1] == width:
+        why = (f" (PyTorch's nn.Linear.weight is (out, in): pass its transpose, of shape ({width}, {shp[0]}))")
+    elif len(shp) == 2:
+        why = (f" (axis 0 is the input width: this weight takes {shp[0]} features where {width} arrive; "
+               f"did the last axis of an input change?)")
+    else:
+        why = " (a Linear weight is 2-D)"
+    raise ValueError(f"{key} must have shape ({width}, out): refattn weights are (in, out) and {input_name} has "
+                     f"{width} features; got {shp}{why}")
 
 
 def cast_all(dt, d: dict) -> dict:
