@@ -1,6 +1,6 @@
 r"""DIFF Transformer V2: per-token, per-head $\lambda = \sigma(xW_\lambda)$, shared K/V within a GQA group.
 
-microsoft/unilm ``Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py``
+microsoft/unilm ``Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py``@31646c5
 (``MultiheadFlashDiffV2`` with ``use_diff_v2=True``; README of the same folder; no paper id):
 $2H$ query heads of full width $d$, one attention call over all of them, then per token $t$ and
 output head $i$
