@@ -91,6 +91,7 @@ def test_a_transposed_weight_is_never_accepted(slug):
     for key, _, s, params in _transposed_cases(rec):
         with pytest.raises((ValueError, TypeError)):
             registry.call_forward(rec, s.inputs, params, s.config)
+            pytest.fail(f"{slug}: {key} transposed was accepted")
 
 
 @pytest.mark.parametrize("slug", [r.slug for r in registry.all(implemented=True, family="2")
