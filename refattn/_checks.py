@@ -30,6 +30,7 @@ __all__ = [
     "check_param_keys",
     "check_params",
     "weight_shape_hint",
+    "shape_message",
     "check_weight_in",
     "cast_all",
 ]
@@ -327,9 +328,25 @@ def check_params(params, spec: dict, *, name: str = "params", optional=(), where
             continue
         arr = as_float(params[key], key)
         if arr.shape != tuple(shape):
-            raise ValueError(f"{key} must have shape {tuple(shape)}; got {arr.shape}{weight_shape_hint(key, arr.shape, shape)}")
+            raise ValueError(shape_message(key, arr.shape, tuple(shape)))
         out[key] = arr
     return out
+
+
+def shape_message(key: str, got: tuple, expected: tuple) -> str:
+    """``"<key> must have shape <expected>; got <given>"`` plus :func:`weight_shape_hint`'s reason,
+    except where a 2-D ``*weight`` reads as PyTorch's ``(out, in)`` layout (its axis 1 is the
+    expected input width, its axis 0 is not): then the message leads with the transpose and does
+    not state ``expected``'s output width, which a caller may have read off the wrong axis of this
+    very weight (a transposed ``fc1 (C, hidden)`` makes a layer expect ``(C, C)``)."""
+    got, expected = tuple(got), tuple(expected)
+    if (key.endswith("weight") and len(got) == 2 and len(expected) == 2 and got[0] != expected[0]
+            and got[1] == expected[0] and got != expected[::-1] and got[1] == expected[1]):
+        return (f"{key} must have {expected[0]} rows (refattn weights are (in, out) and {expected[0]} features "
+                f"arrive); got {got}: if this is PyTorch's nn.Linear.weight (out, in), pass its transpose, of "
+                f"shape {got[::-1]}; if it is already (in, out), axis 0 is the input width: this weight takes "
+                f"{got[0]} features, so did the last axis of an input change?")
+    return f"{key} must have shape {expected}; got {got}{weight_shape_hint(key, got, expected)}"
 
 
 def weight_shape_hint(key: str, got: tuple, expected: tuple) -> str:
