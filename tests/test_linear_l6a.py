@@ -254,3 +254,72 @@ def test_etc_masked_key_has_no_weight_and_bad_input():
         etc_global_local_attention(**s.inputs, params=s.params, **bad)
     with pytest.raises(ValueError, match="global_input"):
         etc_global_local_attention(s.inputs["long_input"], s.inputs["global_input"][..., :4], s.params, **s.config)
+
+
+# ---------------------------------------------------------------------------------------------
+# ConDaFormer
+
+from refattn.attention.linear.condaformer import (  # noqa: E402
+    condaformer_attention,
+    condaformer_attention_backward,
+    condaformer_attention_forward,
+    init_condaformer_params,
+)
+
+
+def _cd_sample(rng, size="small"):
+    return get("condaformer_planar_window_attention").sample(rng, size)
+
+
+def _group_out(cache, pl, N):
+    """The attention output of head group ``pl`` (before the post convs), from the cached windows."""
+    o = np.zeros((N, 2, 2))
+    for _b, plane, idx, valid, _rel, _tq, _tk, TV, _qg, _kg, vg, pr in cache["wins"]:
+        if plane == pl:
+            og = np.einsum("whij,wjhd->wihd", pr, vg) + np.einsum("whij,wijhd->wihd", pr, TV)
+            o[idx[valid]] = og[valid]
+    return o
+
+
+def test_condaformer_head_groups_see_only_their_planar_window():
+    """With 1x1x1 enhancement convs (they do not mix points), perturbing point j changes the
+    attention output of head group g at point i exactly when j shares i's window in plane g
+    (brute force over all pairs)."""
+    rng = np.random.default_rng(10)
+    s = _cd_sample(rng)
+    cfg = dict(s.config)
+    x = s.inputs["x"][:1]
+    cfg["coords"], cfg["xyz"] = cfg["coords"][:1], cfg["xyz"][:1]
+    p = init_condaformer_params(rng, 12, 6, window_size=2.0, quant_size=0.5, kernel_size=1)
+    _, cache = condaformer_attention_forward(x, p, **cfg)
+    from refattn.attention.linear.condaformer import condaformer_plane_windows
+
+    N = x.shape[1]
+    for j in range(N):
+        xp = x.copy()
+        xp[0, j] += 0.7
+        _, cj = condaformer_attention_forward(xp, p, **cfg)
+        for pl, name in enumerate(("xy", "xz", "yz")):
+            win, _ = condaformer_plane_windows(cfg["xyz"][0], name, window_size=2.0, quant_size=0.5, shift=cfg["shift"])
+            base = _group_out(cache, pl, N)
+            changed = np.abs(_group_out(cj, pl, N) - base).max(axis=(1, 2)) > 1e-12
+            assert np.array_equal(changed, win == win[j]), (j, name)
+
+
+def test_condaformer_float32_and_bad_input():
+    rng = np.random.default_rng(11)
+    s = _cd_sample(rng)
+    y = condaformer_attention(**s.inputs, params=s.params, **s.config)
+    y32 = condaformer_attention(s.inputs["x"].astype(np.float32), s.params, **s.config)
+    assert y32.dtype == np.float32 and np.max(np.abs(y32 - y)) < 1e-3 * np.max(np.abs(y)) + 1e-4
+    g = condaformer_attention_backward(np.ones_like(y), condaformer_attention_forward(**s.inputs, params=s.params,
+                                                                                       **s.config)[1])
+    assert set(g) == {"x", *s.params}
+    bad = dict(s.config, coords=s.config["coords"].copy())
+    bad["coords"][0, 1] = bad["coords"][0, 0]
+    with pytest.raises(ValueError, match="repeat a voxel"):
+        condaformer_attention(**s.inputs, params=s.params, **bad)
+    with pytest.raises(ValueError, match="num_heads"):
+        condaformer_attention(**s.inputs, params=s.params, **dict(s.config, num_heads=4))
+    with pytest.raises(ValueError, match="xyz"):
+        condaformer_attention(**s.inputs, params=s.params, **dict(s.config, xyz=s.config["xyz"][:, :, :2]))

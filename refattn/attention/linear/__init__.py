@@ -17,6 +17,12 @@ atlas_omega
 combiner
     Combiner: full (causal) attention through a structured factorisation of the attention
     distribution (``combiner_attention``).
+condaformer
+    ConDaFormer disassembled window attention: the cubic window of a 3-D point-cloud transformer
+    split into three orthogonal planar windows (xy, xz, yz), a third of the heads on each, with
+    contextual relative position encodings, and the "local structure enhancement" — sparse depthwise
+    convolutions before and after the attention — of upstream's ``Window_Attention``
+    (``condaformer_planar_window_attention``).
 core
     Helpers shared by the linear / kernel attention family, under public names: feature maps, the
     linear-attention core (non-causal form and causal prefix-state scan) and input validation.
@@ -158,6 +164,14 @@ from .combiner import (  # noqa: F401
     combiner_core_forward,
     combiner_dense_matrix,
     combiner_region_summaries,
+)
+from .condaformer import (  # noqa: F401
+    CONDAFORMER_PLANES,
+    condaformer_attention,
+    condaformer_attention_backward,
+    condaformer_attention_forward,
+    condaformer_plane_windows,
+    init_condaformer_params,
 )
 from .core import (  # noqa: F401
     FEATURE_MAPS,
@@ -514,11 +528,13 @@ __all__ = [
     "atlas_omega", "atlas_omega_backward", "atlas_omega_forward", "omega_rule_scan", "COMBINER_POOLING",
     "COMBINER_VARIANTS", "combiner_attention", "combiner_attention_backward", "combiner_attention_forward",
     "combiner_core_backward", "combiner_core_forward", "combiner_dense_matrix", "combiner_region_summaries",
-    "FEATURE_MAPS", "feature_map_backward", "feature_map_forward", "gather_rows", "l2_normalize", "l2_normalize_vjp",
-    "linear_core_backward", "linear_core_forward", "mT", "scatter_add_rows", "topk_keep", "validate_linear_qkv",
-    "DRSFORMER_RATIOS", "drsformer_tksa", "drsformer_tksa_backward", "drsformer_tksa_forward", "drsformer_topk_sizes",
-    "BIAS_FORMS", "dynamic_mask_attention", "dynamic_mask_attention_backward", "dynamic_mask_attention_forward",
-    "dynamic_mask_bias", "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
+    "CONDAFORMER_PLANES", "condaformer_attention", "condaformer_attention_backward", "condaformer_attention_forward",
+    "condaformer_plane_windows", "init_condaformer_params", "FEATURE_MAPS", "feature_map_backward",
+    "feature_map_forward", "gather_rows", "l2_normalize", "l2_normalize_vjp", "linear_core_backward",
+    "linear_core_forward", "mT", "scatter_add_rows", "topk_keep", "validate_linear_qkv", "DRSFORMER_RATIOS",
+    "drsformer_tksa", "drsformer_tksa_backward", "drsformer_tksa_forward", "drsformer_topk_sizes", "BIAS_FORMS",
+    "dynamic_mask_attention", "dynamic_mask_attention_backward", "dynamic_mask_attention_forward", "dynamic_mask_bias",
+    "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
     "ecoformer_attention_backward", "ecoformer_attention_forward", "ecoformer_hash_backward", "ecoformer_hash_forward",
     "efficient_attention", "efficient_attention_backward", "efficient_attention_forward", "efficient_attention_layer",
     "efficient_attention_layer_backward", "efficient_attention_layer_forward", "ETC_ROLES", "etc_band_indices",
