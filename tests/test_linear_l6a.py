@@ -323,3 +323,27 @@ def test_condaformer_float32_and_bad_input():
         condaformer_attention(**s.inputs, params=s.params, **dict(s.config, num_heads=4))
     with pytest.raises(ValueError, match="xyz"):
         condaformer_attention(**s.inputs, params=s.params, **dict(s.config, xyz=s.config["xyz"][:, :, :2]))
+
+
+# ---------------------------------------------------------------------------------------------
+# TCNCA
+
+from refattn.attention.linear.tcnca import init_tcnca_params, tcnca_attention, tcnca_attention_forward  # noqa: E402
+
+
+def test_tcnca_single_chunk_is_full_attention_and_bad_input():
+    """chunk_size >= L: one chunk, i.e. MEGA's full (non-chunked) attention; the relative bias
+    then uses the centre 2L-1 entries of the table as upstream with max_positions = chunk_size."""
+    rng = np.random.default_rng(12)
+    p = init_tcnca_params(rng, 4, zdim=2, hdim=3, chunk_size=8, tcn_layers=2)
+    x = rng.standard_normal((2, 5, 4))
+    ref = get("tcnca_chunked_attention").reference(x, p, chunk_size=8, causal=False)
+    np.testing.assert_allclose(tcnca_attention(x, p, chunk_size=8, causal=False), ref, atol=1e-13)
+    with pytest.raises(ValueError, match="multiple of chunk_size"):
+        tcnca_attention(rng.standard_normal((2, 10, 4)), p, chunk_size=8)
+    y32, _ = tcnca_attention_forward(x.astype(np.float32), p, chunk_size=8)
+    assert y32.dtype == np.float32
+    bad = dict(p)
+    bad["rel_pos_bias.rel_pos_bias"] = bad["rel_pos_bias.rel_pos_bias"][:-1]
+    with pytest.raises(ValueError, match="rel_pos_bias"):
+        tcnca_attention(x, bad, chunk_size=8)

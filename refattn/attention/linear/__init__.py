@@ -126,6 +126,10 @@ spectraformer
 stack_attention
     Stack attention, superposition variant: a differentiable stack (Joulin & Mikolov) driven by
     per-token push/pop/no-op probabilities, read at the top after every step (``stack_attention``).
+tcnca
+    TCNCA: MEGA's moving-average gated attention with the exponential moving average replaced by a
+    dilated temporal convolutional network, and softmax attention restricted to non-overlapping
+    chunks (block-diagonal), so the layer costs $O(L)$ (``tcnca_chunked_attention``).
 titans
     Titans neural long-term memory, linear-memory case: a matrix memory trained at test time by
     gradient descent with momentum ("surprise") and forgetting, read with the queries
@@ -465,6 +469,13 @@ from .stack_attention import (  # noqa: F401
     stack_attention_forward,
     superposition_stack_forward,
 )
+from .tcnca import (  # noqa: F401
+    init_tcnca_params,
+    tcn_forward,
+    tcnca_attention,
+    tcnca_attention_backward,
+    tcnca_attention_forward,
+)
 from .titans import (  # noqa: F401
     memory_l2,
     memory_l2_vjp,
@@ -583,14 +594,16 @@ __all__ = [
     "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp", "spectraformer_attention",
     "spectraformer_backward", "spectraformer_features_backward", "spectraformer_features_forward",
     "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard", "stack_attention",
-    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "memory_l2", "memory_l2_vjp",
-    "titans_memory", "titans_memory_backward", "titans_memory_forward", "titans_memory_scan", "validate_memory_params",
-    "mips_to_nns", "topk_attention", "topk_attention_backward", "topk_attention_forward", "topk_selection",
-    "TRANSNORMER_FEATURE_MAPS", "TRANSNORMER_NORMS", "diag_attention_backward", "diag_attention_forward", "transnormer",
-    "transnormer_backward", "transnormer_forward", "transnormer_layer", "transnormer_layer_backward",
-    "transnormer_layer_forward", "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention", "udit_attention_backward",
-    "udit_attention_forward", "udit_polyphase_merge", "udit_polyphase_split", "udit_rope2d_angles",
-    "VCC_SCORE_GRADIENTS", "vcc_block_relevance", "vcc_layer", "vcc_layer_backward", "vcc_layer_forward",
-    "vcc_sort_tokens", "WAVELET_BOUNDARIES", "daubechies_filter", "wavedec", "wavedec_vjp", "wavelet_qmf", "waverec",
-    "waverec_vjp", "wavspa_attention", "wavspa_attention_backward", "wavspa_attention_forward",
+    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "init_tcnca_params",
+    "tcn_forward", "tcnca_attention", "tcnca_attention_backward", "tcnca_attention_forward", "memory_l2",
+    "memory_l2_vjp", "titans_memory", "titans_memory_backward", "titans_memory_forward", "titans_memory_scan",
+    "validate_memory_params", "mips_to_nns", "topk_attention", "topk_attention_backward", "topk_attention_forward",
+    "topk_selection", "TRANSNORMER_FEATURE_MAPS", "TRANSNORMER_NORMS", "diag_attention_backward",
+    "diag_attention_forward", "transnormer", "transnormer_backward", "transnormer_forward", "transnormer_layer",
+    "transnormer_layer_backward", "transnormer_layer_forward", "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention",
+    "udit_attention_backward", "udit_attention_forward", "udit_polyphase_merge", "udit_polyphase_split",
+    "udit_rope2d_angles", "VCC_SCORE_GRADIENTS", "vcc_block_relevance", "vcc_layer", "vcc_layer_backward",
+    "vcc_layer_forward", "vcc_sort_tokens", "WAVELET_BOUNDARIES", "daubechies_filter", "wavedec", "wavedec_vjp",
+    "wavelet_qmf", "waverec", "waverec_vjp", "wavspa_attention", "wavspa_attention_backward",
+    "wavspa_attention_forward",
 ]
