@@ -347,3 +347,28 @@ def test_tcnca_single_chunk_is_full_attention_and_bad_input():
     bad["rel_pos_bias.rel_pos_bias"] = bad["rel_pos_bias.rel_pos_bias"][:-1]
     with pytest.raises(ValueError, match="rel_pos_bias"):
         tcnca_attention(x, bad, chunk_size=8)
+
+
+# ---------------------------------------------------------------------------------------------
+# DAS
+
+from refattn.attention.linear.das_gate import das_attention_gate, das_attention_gate_forward, init_das_params  # noqa: E402
+
+
+def test_das_gate_bounds_and_spatial_gate_broadcast():
+    """0 < y / x < 1 elementwise (a sigmoid gate); with C_g = 1 every channel of a pixel gets the
+    same gate; bad shapes raise."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, 4, 6, 6))
+    p = init_das_params(rng, 4, reduced=2, gate_channels=1)
+    y, c = das_attention_gate_forward(x, p)
+    ratio = y / x
+    assert np.all((ratio > 0) & (ratio < 1))
+    np.testing.assert_allclose(ratio, np.broadcast_to(ratio[:, :1], ratio.shape), rtol=1e-12)
+    with pytest.raises(ValueError, match="C_g"):
+        das_attention_gate(x, init_das_params(rng, 4, reduced=2, gate_channels=3))
+    with pytest.raises(ValueError, match="odd"):
+        das_attention_gate(x, init_das_params(rng, 4, reduced=2, kernel_size=2))
+    with pytest.raises(ValueError, match="activation"):
+        das_attention_gate(x, p, activation="tanh")
+    assert das_attention_gate(x.astype(np.float32), p).dtype == np.float32

@@ -26,6 +26,11 @@ condaformer
 core
     Helpers shared by the linear / kernel attention family, under public names: feature maps, the
     linear-attention core (non-causal form and causal prefix-state scan) and input validation.
+das_gate
+    DAS: a deformable-convolution attention gate for CNNs — a depthwise-separable convolution, then
+    a deformable convolution that reads the feature map at learned, input-dependent points, whose
+    sigmoid gates the input: $y = x\odot\sigma(\mathrm{DeformConv}(\mathrm{DSConv}(x)))$, $O(n)$ in
+    the number of pixels (``das_deformable_attention_gate``).
 drsformer_tksa
     DRSformer TKSA: top-k sparse channel ("transposed") attention with mixed sparsity ratios
     (``drsformer_topk_channel_attention``).
@@ -190,6 +195,13 @@ from .core import (  # noqa: F401
     scatter_add_rows,
     topk_keep,
     validate_linear_qkv,
+)
+from .das_gate import (  # noqa: F401
+    das_attention_gate,
+    das_attention_gate_backward,
+    das_attention_gate_forward,
+    das_sampling_points,
+    init_das_params,
 )
 from .drsformer_tksa import (  # noqa: F401
     DRSFORMER_RATIOS,
@@ -542,10 +554,11 @@ __all__ = [
     "CONDAFORMER_PLANES", "condaformer_attention", "condaformer_attention_backward", "condaformer_attention_forward",
     "condaformer_plane_windows", "init_condaformer_params", "FEATURE_MAPS", "feature_map_backward",
     "feature_map_forward", "gather_rows", "l2_normalize", "l2_normalize_vjp", "linear_core_backward",
-    "linear_core_forward", "mT", "scatter_add_rows", "topk_keep", "validate_linear_qkv", "DRSFORMER_RATIOS",
-    "drsformer_tksa", "drsformer_tksa_backward", "drsformer_tksa_forward", "drsformer_topk_sizes", "BIAS_FORMS",
-    "dynamic_mask_attention", "dynamic_mask_attention_backward", "dynamic_mask_attention_forward", "dynamic_mask_bias",
-    "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
+    "linear_core_forward", "mT", "scatter_add_rows", "topk_keep", "validate_linear_qkv", "das_attention_gate",
+    "das_attention_gate_backward", "das_attention_gate_forward", "das_sampling_points", "init_das_params",
+    "DRSFORMER_RATIOS", "drsformer_tksa", "drsformer_tksa_backward", "drsformer_tksa_forward", "drsformer_topk_sizes",
+    "BIAS_FORMS", "dynamic_mask_attention", "dynamic_mask_attention_backward", "dynamic_mask_attention_forward",
+    "dynamic_mask_bias", "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
     "ecoformer_attention_backward", "ecoformer_attention_forward", "ecoformer_hash_backward", "ecoformer_hash_forward",
     "efficient_attention", "efficient_attention_backward", "efficient_attention_forward", "efficient_attention_layer",
     "efficient_attention_layer_backward", "efficient_attention_layer_forward", "ETC_ROLES", "etc_band_indices",
