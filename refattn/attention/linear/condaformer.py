@@ -463,6 +463,16 @@ def _check_tables_zero_no_lse_is_plane_attention(rng):
     return err
 
 
+def _check_gradients_equal_dense_form(rng):
+    """The fast form's hand-derived gradients equal the explicit form's (central difference of
+    the registry reference along a random direction over every input and parameter)."""
+    from ._samples import reference_gradient_error
+
+    err = reference_gradient_error(condaformer_attention_forward, condaformer_attention_backward, _reference_condaformer, _sample_condaformer(rng, "small"), rng)
+    assert err < 1e-6, err
+    return err
+
+
 register(
     Mechanism(
         slug="condaformer_planar_window_attention", family="4-linear-kernel-sparse", tier="T2",
@@ -474,6 +484,7 @@ register(
         forward=condaformer_attention_forward, backward=condaformer_attention_backward,
         sample=_sample_condaformer, reference=_reference_condaformer,
         checks={"windows_are_brute_force_cell_groups": _check_windows_brute_force,
+                "gradients_equal_dense_form": _check_gradients_equal_dense_form,
                 "zero_tables_is_plain_attention_per_plane_window": _check_tables_zero_no_lse_is_plane_attention},
         docs="linear/l6a.md#condaformer-planar-window-attention",
     ),

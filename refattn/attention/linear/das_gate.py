@@ -275,6 +275,16 @@ def _check_integer_offsets_shift_reads(rng):
     return err
 
 
+def _check_gradients_equal_dense_form(rng):
+    """The fast form's hand-derived gradients equal the explicit form's (central difference of
+    the registry reference along a random direction over every input and parameter)."""
+    from ._samples import reference_gradient_error
+
+    err = reference_gradient_error(das_attention_gate_forward, das_attention_gate_backward, _reference_das, _sample_das(rng, "small"), rng)
+    assert err < 1e-6, err
+    return err
+
+
 register(
     Mechanism(
         slug="das_deformable_attention_gate", family="4-linear-kernel-sparse", tier="T3",
@@ -285,6 +295,7 @@ register(
         forward=das_attention_gate_forward, backward=das_attention_gate_backward, sample=_sample_das,
         reference=_reference_das,
         checks={"zero_offsets_is_plain_conv_gate": _check_zero_offsets_is_plain_conv_gate,
+                "gradients_equal_dense_form": _check_gradients_equal_dense_form,
                 "integer_offsets_shift_the_reads": _check_integer_offsets_shift_reads},
         docs="linear/l6a.md#das-deformable-attention-gate",
     ),

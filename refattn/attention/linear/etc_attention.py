@@ -469,22 +469,11 @@ def _check_relative_ids_match_upstream_examples(rng):
 def _check_gradients_equal_dense_form(rng):
     """The band (fast) form's gradients equal the dense form's, by central differences of the
     dense reference along a random direction (forward equality is the registry reference)."""
-    s = _sample_etc(rng, "small")
-    arrays = s.arrays()
-    out, cache = etc_global_local_attention_forward(**s.inputs, params=s.params, **s.config)
-    G = rng.standard_normal(out.shape)
-    g = etc_global_local_attention_backward(G, cache)
-    u = {k: rng.standard_normal(np.shape(v)) for k, v in arrays.items()}
+    from ._samples import reference_gradient_error
 
-    def dense(t):
-        a = {k: v + t * u[k] for k, v in arrays.items()}
-        return np.sum(G * _dense_etc(a["long_input"], a["global_input"], {k: a[k] for k in s.params}, **s.config))
-
-    eps = 1e-5
-    fd = (dense(eps) - dense(-eps)) / (2 * eps)
-    an = sum(float(np.sum(g[k] * u[k])) for k in arrays)
-    err = abs(fd - an) / max(abs(an), 1e-12)
-    assert err < 1e-7, err
+    err = reference_gradient_error(etc_global_local_attention_forward, etc_global_local_attention_backward, _dense_etc,
+                                   _sample_etc(rng, "small"), rng)
+    assert err < 1e-6, err
     return err
 
 

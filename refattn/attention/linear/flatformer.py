@@ -480,6 +480,16 @@ def _check_flatformer_mask_mode_fd(rng):
     return max(err, e2)
 
 
+def _check_gradients_equal_dense_form(rng):
+    """The fast form's hand-derived gradients equal the explicit form's (central difference of
+    the registry reference along a random direction over every input and parameter)."""
+    from ._samples import reference_gradient_error
+
+    err = reference_gradient_error(flatformer_layer_forward, flatformer_layer_backward, _reference_flatformer, _sample_flatformer(rng, "small"), rng)
+    assert err < 1e-6, err
+    return err
+
+
 register(
     Mechanism(
         slug="flatformer_flattened_window_attention", family="4-linear-kernel-sparse", tier="T2",
@@ -492,6 +502,7 @@ register(
         forward=flatformer_layer_forward, backward=flatformer_layer_backward, sample=_sample_flatformer,
         reference=_reference_flatformer,
         checks={"order_is_brute_force_tuple_sort": _check_order_is_brute_force_sort,
+                "gradients_equal_dense_form": _check_gradients_equal_dense_form,
                 "groups_equal_size_and_cover": _check_groups_equal_size_and_cover,
                 "mask_mode_directional_and_dense_reference": _check_flatformer_mask_mode_fd},
         docs="linear/l6a.md#flatformer-flattened-window-attention",

@@ -319,6 +319,16 @@ def _check_causal_and_chunk_local(rng):
     return 0.0
 
 
+def _check_gradients_equal_dense_form(rng):
+    """The fast form's hand-derived gradients equal the explicit form's (central difference of
+    the registry reference along a random direction over every input and parameter)."""
+    from ._samples import reference_gradient_error
+
+    err = reference_gradient_error(tcnca_attention_forward, tcnca_attention_backward, _reference_tcnca, _sample_tcnca(rng, "small"), rng)
+    assert err < 1e-6, err
+    return err
+
+
 register(
     Mechanism(
         slug="tcnca_chunked_attention", family="4-linear-kernel-sparse", tier="T2",
@@ -330,6 +340,7 @@ register(
         forward=tcnca_attention_forward, backward=tcnca_attention_backward, sample=_sample_tcnca,
         reference=_reference_tcnca,
         checks={"tcn_receptive_field_brute_force": _check_tcn_receptive_field,
+                "gradients_equal_dense_form": _check_gradients_equal_dense_form,
                 "causal_and_chunk_local": _check_causal_and_chunk_local},
         docs="linear/l6a.md#tcnca-chunked-attention",
     ),
