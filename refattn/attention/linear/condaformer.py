@@ -113,8 +113,10 @@ def _plane_windows(xyz, plane, S, rho, shift):
     w[2 - plane] = 1.0                           # xy: thin z; xz: thin y; yz: thin x
     s = w / 2 if shift else np.zeros(3)
     p0 = xyz.min(axis=0)
-    cells = np.floor((xyz + s - p0) / w).astype(np.int64)
-    _, win = np.unique(cells, axis=0, return_inverse=True)
+    cells = np.floor((xyz + s - p0) / w).astype(np.int64)          # >= 0
+    span = cells.max(axis=0) + 1
+    key = (cells[:, 0] * span[1] + cells[:, 1]) * span[2] + cells[:, 2]   # lexicographic order of the cells
+    _, win = np.unique(key, return_inverse=True)
     quant = np.floor(np.mod(xyz - p0 + s, w) / rho)
     return win.reshape(-1), quant
 
