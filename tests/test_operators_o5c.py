@@ -63,3 +63,42 @@ def test_aroma_float32_and_errors():
     out, cache = aroma_forward(u, x, q, p, **cfg)
     with pytest.raises(ValueError, match="dout"):
         aroma_backward(np.ones((2, 2, 1)), cache)
+
+
+def test_gnp_layer_converges_under_refinement():
+    # One GNP layer on nested uniform 1-D grids with the radius graph of the points: the neighbour
+    # mean is a quadrature of the ball average, so the output at the common nodes converges.
+    from refattn.operators.gnp import gnp, gnp_init_params, gnp_radius_graph
+    rng = np.random.default_rng(2)
+    p = gnp_init_params(rng, 1, 2, 1, [2, 2], num_channels=1, neurons=3)
+    p["lift.weight"][:] = [[1.0, 0.0]]
+    p["lift.bias"][:] = [0.0, 1.0]
+
+    def run(n):
+        t = np.linspace(0.0, 1.0, n + 1)
+        x = np.sin(2 * np.pi * t)[None, :, None]
+        out = gnp(x, t[None, :, None], p, num_channels=1, nonlinearity="Tanh",
+                  edge_index=gnp_radius_graph(t[:, None], 0.2 + 0.5 / n))
+        return out[0, :, 0][:: n // 8]
+
+    # radius 0.2 is a whole number of grid steps: the discrete ball is the closed ball, and the
+    # mean over it is a trapezoid-like rule with first-order end corrections
+    ref = run(2560)
+    errs = [float(np.abs(run(n) - ref).max()) for n in (80, 160, 320)]
+    assert errs[0] > 1e-6
+    assert errs[1] < errs[0] / 1.7 and errs[2] < errs[1] / 1.7, errs
+
+
+def test_gnp_errors():
+    from refattn.operators.gnp import gnp, gnp_init_params
+    rng = np.random.default_rng(3)
+    p = gnp_init_params(rng, 2, 2, 1, [4, 4], num_channels=2, neurons=3)
+    x, e = rng.standard_normal((2, 5, 2)), rng.standard_normal((2, 5, 1))
+    with pytest.raises(ValueError, match="exactly one"):
+        gnp(x, e, p, num_channels=2)
+    with pytest.raises(ValueError, match="edge_index"):
+        gnp(x, e, p, num_channels=2, edge_index=np.array([[0, 7], [1, 2]]))
+    with pytest.raises(ValueError, match="num_channels"):
+        gnp(x, e, p, num_channels=3, radius=1.0)
+    with pytest.raises(ValueError, match="edge_data"):
+        gnp(x, e[:, :4], p, num_channels=2, radius=1.0)

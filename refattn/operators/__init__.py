@@ -75,6 +75,9 @@ gnot
 gnot_moe
     GNOT geometric gating: a mixture-of-experts FFN gated by the point coordinates
     (``gnot_geometric_gating_moe``).
+gnp
+    Geometric Neural Operator (GNP): block-factorised kernel integral on a point-cloud radius graph
+    (``gnp_geometric_neural_operator``).
 ho_fno
     HO-FNO: the higher-order (n-linear) spectral convolution and the HO-FNO block
     (``ho_fno_higher_order_spectral_conv``).
@@ -331,6 +334,13 @@ from .gnot_moe import (  # noqa: F401
     gnot_geometric_gating_moe_forward,
     gnot_moe_init_params,
 )
+from .gnp import (  # noqa: F401
+    gnp,
+    gnp_backward,
+    gnp_forward,
+    gnp_init_params,
+    gnp_radius_graph,
+)
 from .ho_fno import (  # noqa: F401
     ho_block,
     ho_block_backward,
@@ -526,32 +536,33 @@ __all__ = [
     "gno_kernel_integral_backward", "gno_kernel_integral_forward", "init_gno_params", "radius_neighbors",
     "sinusoidal_embedding", "sinusoidal_embedding_vjp", "gnot_hna_attention", "gnot_hna_attention_backward",
     "gnot_hna_attention_forward", "gnot_hna_init_params", "gnot_geometric_gating_moe",
-    "gnot_geometric_gating_moe_backward", "gnot_geometric_gating_moe_forward", "gnot_moe_init_params", "ho_block",
-    "ho_block_backward", "ho_block_forward", "ho_spectral_conv", "ho_spectral_conv_backward",
-    "ho_spectral_conv_forward", "two_thirds_padding", "hodgeformer_backward", "hodgeformer_forward",
-    "hodgeformer_hodge_attention", "hodgeformer_init_params", "hodgeformer_split", "ifactformer_m_attention",
-    "ifactformer_m_attention_backward", "ifactformer_m_attention_forward", "ifactformer_m_axial",
-    "ifactformer_m_axial_backward", "ifactformer_m_axial_forward", "ipot_inducing_point_operator",
-    "ipot_inducing_point_operator_backward", "ipot_inducing_point_operator_forward", "ipot_init_params",
-    "ipot_model_backward", "ipot_model_forward", "pos2fourier_backward", "pos2fourier_forward", "linear_no_attention",
-    "linear_no_attention_backward", "linear_no_attention_forward", "linear_no_init_params", "linear_scan",
-    "selective_scan", "selective_scan_backward", "selective_scan_forward", "softplus", "init_mno_ss2d_params",
-    "mno_ss2d", "mno_ss2d_backward", "mno_ss2d_forward", "scan_order_permutations", "init_mano_params",
-    "mano_attention", "mano_attention_backward", "mano_attention_forward", "mano_levels", "init_mgno_params",
-    "mgno_layer", "mgno_layer_backward", "mgno_layer_forward", "mgno_param_shapes", "mgno_vcycle",
-    "init_mino_encoder_params", "init_perceiver_block_params", "mino_encoder", "mino_encoder_backward",
-    "mino_encoder_forward", "mino_perceiver_block_backward", "mino_perceiver_block_forward", "mino_sincos_embedding",
-    "perceiver_block_spec", "cotap", "cotap_backward", "cotap_forward", "cotap_project", "init_cotap_params",
-    "init_mwt_cz1d_params", "multiwavelet_filters", "mwt_cz1d", "mwt_cz1d_backward", "mwt_cz1d_forward",
-    "mwt_decompose", "mwt_reconstruct", "oformer_attention", "oformer_attention_backward", "oformer_attention_forward",
-    "oformer_init_params", "cholesky_vjp", "ono_attention", "ono_attention_backward", "ono_attention_forward",
-    "psd_safe_cholesky", "init_pde_channel_attention_params", "pde_channel_attention", "pde_channel_attention_backward",
-    "pde_channel_attention_forward", "PHYSGTO_VARIANTS", "init_physgto_attention_params", "physgto_attention",
-    "physgto_attention_backward", "physgto_attention_forward", "init_pinnsformer_params", "make_time_sequence",
-    "pinnsformer", "pinnsformer_backward", "pinnsformer_forward", "pinnsformer_param_shapes", "wave_activation",
-    "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto", "pinto_backward",
-    "pinto_forward", "coarse_hat_basis", "overlapping_subdomains", "partition_of_unity", "schwarz_attention",
-    "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm", "init_scot_params",
-    "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "transolver_init_params",
-    "transolver_physics_attention", "transolver_physics_attention_backward", "transolver_physics_attention_forward",
+    "gnot_geometric_gating_moe_backward", "gnot_geometric_gating_moe_forward", "gnot_moe_init_params", "gnp",
+    "gnp_backward", "gnp_forward", "gnp_init_params", "gnp_radius_graph", "ho_block", "ho_block_backward",
+    "ho_block_forward", "ho_spectral_conv", "ho_spectral_conv_backward", "ho_spectral_conv_forward",
+    "two_thirds_padding", "hodgeformer_backward", "hodgeformer_forward", "hodgeformer_hodge_attention",
+    "hodgeformer_init_params", "hodgeformer_split", "ifactformer_m_attention", "ifactformer_m_attention_backward",
+    "ifactformer_m_attention_forward", "ifactformer_m_axial", "ifactformer_m_axial_backward",
+    "ifactformer_m_axial_forward", "ipot_inducing_point_operator", "ipot_inducing_point_operator_backward",
+    "ipot_inducing_point_operator_forward", "ipot_init_params", "ipot_model_backward", "ipot_model_forward",
+    "pos2fourier_backward", "pos2fourier_forward", "linear_no_attention", "linear_no_attention_backward",
+    "linear_no_attention_forward", "linear_no_init_params", "linear_scan", "selective_scan", "selective_scan_backward",
+    "selective_scan_forward", "softplus", "init_mno_ss2d_params", "mno_ss2d", "mno_ss2d_backward", "mno_ss2d_forward",
+    "scan_order_permutations", "init_mano_params", "mano_attention", "mano_attention_backward",
+    "mano_attention_forward", "mano_levels", "init_mgno_params", "mgno_layer", "mgno_layer_backward",
+    "mgno_layer_forward", "mgno_param_shapes", "mgno_vcycle", "init_mino_encoder_params", "init_perceiver_block_params",
+    "mino_encoder", "mino_encoder_backward", "mino_encoder_forward", "mino_perceiver_block_backward",
+    "mino_perceiver_block_forward", "mino_sincos_embedding", "perceiver_block_spec", "cotap", "cotap_backward",
+    "cotap_forward", "cotap_project", "init_cotap_params", "init_mwt_cz1d_params", "multiwavelet_filters", "mwt_cz1d",
+    "mwt_cz1d_backward", "mwt_cz1d_forward", "mwt_decompose", "mwt_reconstruct", "oformer_attention",
+    "oformer_attention_backward", "oformer_attention_forward", "oformer_init_params", "cholesky_vjp", "ono_attention",
+    "ono_attention_backward", "ono_attention_forward", "psd_safe_cholesky", "init_pde_channel_attention_params",
+    "pde_channel_attention", "pde_channel_attention_backward", "pde_channel_attention_forward", "PHYSGTO_VARIANTS",
+    "init_physgto_attention_params", "physgto_attention", "physgto_attention_backward", "physgto_attention_forward",
+    "init_pinnsformer_params", "make_time_sequence", "pinnsformer", "pinnsformer_backward", "pinnsformer_forward",
+    "pinnsformer_param_shapes", "wave_activation", "wave_activation_backward", "wave_activation_forward",
+    "init_pinto_params", "pinto", "pinto_backward", "pinto_forward", "coarse_hat_basis", "overlapping_subdomains",
+    "partition_of_unity", "schwarz_attention", "schwarz_attention_backward", "schwarz_attention_forward",
+    "conditional_layer_norm", "init_scot_params", "scot_layer", "scot_layer_backward", "scot_layer_forward",
+    "scot_param_shapes", "transolver_init_params", "transolver_physics_attention",
+    "transolver_physics_attention_backward", "transolver_physics_attention_forward",
 ]
