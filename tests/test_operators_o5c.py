@@ -102,3 +102,21 @@ def test_gnp_errors():
         gnp(x, e, p, num_channels=3, radius=1.0)
     with pytest.raises(ValueError, match="edge_data"):
         gnp(x, e[:, :4], p, num_channels=2, radius=1.0)
+
+
+def test_nio_errors_and_sample_mean():
+    from refattn.operators.nio import _grid, nio, nio_init_params
+    rng = np.random.default_rng(4)
+    p = nio_init_params(rng, 3, trunk_neurons=4, trunk_hidden_layers=2, width=3, modes=(2, 2), n_layers=1,
+                        fc1_width=4)
+    beta = rng.standard_normal((2, 5, 3))
+    out = nio(beta, p, grid=_grid(6, 6))
+    # the layer only sees the mean of the sample coefficients (the DeepONet is linear in beta)
+    mean_only = nio(np.repeat(beta.mean(axis=1, keepdims=True), 3, axis=1), p, grid=_grid(6, 6))
+    assert np.abs(out - mean_only).max() < 1e-12
+    with pytest.raises(ValueError, match="grid"):
+        nio(beta, p, grid=_grid(6, 6)[..., :1])
+    with pytest.raises(ValueError, match="trunk.output_layer.weight"):
+        nio(beta[..., :2], p, grid=_grid(6, 6))
+    with pytest.raises(ValueError, match="modes"):
+        nio(beta, p, grid=_grid(2, 2))

@@ -117,6 +117,9 @@ multiwavelet
     transform and the 1-D ``MWT_CZ1d`` layer (``multiwavelet_operator``).
 nhmo
     NHMO harmonic-measure boundary kernel — registered as **not implemented** (T3).
+nio
+    NIO: Neural Inverse Operator, a DeepONet over operator samples averaged into an FNO
+    (``nio_neural_inverse_operator``).
 oformer
     OFormer linear attention: Galerkin/Fourier-type attention with quadrature weights, masks and
     RoPE (``oformer_attention``).
@@ -437,6 +440,12 @@ from .multiwavelet import (  # noqa: F401
     mwt_decompose,
     mwt_reconstruct,
 )
+from .nio import (  # noqa: F401
+    nio,
+    nio_backward,
+    nio_forward,
+    nio_init_params,
+)
 from .oformer import (  # noqa: F401
     oformer_attention,
     oformer_attention_backward,
@@ -553,16 +562,16 @@ __all__ = [
     "mino_encoder", "mino_encoder_backward", "mino_encoder_forward", "mino_perceiver_block_backward",
     "mino_perceiver_block_forward", "mino_sincos_embedding", "perceiver_block_spec", "cotap", "cotap_backward",
     "cotap_forward", "cotap_project", "init_cotap_params", "init_mwt_cz1d_params", "multiwavelet_filters", "mwt_cz1d",
-    "mwt_cz1d_backward", "mwt_cz1d_forward", "mwt_decompose", "mwt_reconstruct", "oformer_attention",
-    "oformer_attention_backward", "oformer_attention_forward", "oformer_init_params", "cholesky_vjp", "ono_attention",
-    "ono_attention_backward", "ono_attention_forward", "psd_safe_cholesky", "init_pde_channel_attention_params",
-    "pde_channel_attention", "pde_channel_attention_backward", "pde_channel_attention_forward", "PHYSGTO_VARIANTS",
-    "init_physgto_attention_params", "physgto_attention", "physgto_attention_backward", "physgto_attention_forward",
-    "init_pinnsformer_params", "make_time_sequence", "pinnsformer", "pinnsformer_backward", "pinnsformer_forward",
-    "pinnsformer_param_shapes", "wave_activation", "wave_activation_backward", "wave_activation_forward",
-    "init_pinto_params", "pinto", "pinto_backward", "pinto_forward", "coarse_hat_basis", "overlapping_subdomains",
-    "partition_of_unity", "schwarz_attention", "schwarz_attention_backward", "schwarz_attention_forward",
-    "conditional_layer_norm", "init_scot_params", "scot_layer", "scot_layer_backward", "scot_layer_forward",
-    "scot_param_shapes", "transolver_init_params", "transolver_physics_attention",
-    "transolver_physics_attention_backward", "transolver_physics_attention_forward",
+    "mwt_cz1d_backward", "mwt_cz1d_forward", "mwt_decompose", "mwt_reconstruct", "nio", "nio_backward", "nio_forward",
+    "nio_init_params", "oformer_attention", "oformer_attention_backward", "oformer_attention_forward",
+    "oformer_init_params", "cholesky_vjp", "ono_attention", "ono_attention_backward", "ono_attention_forward",
+    "psd_safe_cholesky", "init_pde_channel_attention_params", "pde_channel_attention", "pde_channel_attention_backward",
+    "pde_channel_attention_forward", "PHYSGTO_VARIANTS", "init_physgto_attention_params", "physgto_attention",
+    "physgto_attention_backward", "physgto_attention_forward", "init_pinnsformer_params", "make_time_sequence",
+    "pinnsformer", "pinnsformer_backward", "pinnsformer_forward", "pinnsformer_param_shapes", "wave_activation",
+    "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto", "pinto_backward",
+    "pinto_forward", "coarse_hat_basis", "overlapping_subdomains", "partition_of_unity", "schwarz_attention",
+    "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm", "init_scot_params",
+    "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "transolver_init_params",
+    "transolver_physics_attention", "transolver_physics_attention_backward", "transolver_physics_attention_forward",
 ]
