@@ -120,3 +120,22 @@ def test_nio_errors_and_sample_mean():
         nio(beta[..., :2], p, grid=_grid(6, 6))
     with pytest.raises(ValueError, match="modes"):
         nio(beta, p, grid=_grid(2, 2))
+
+
+def test_vano_linear_decoder_is_linear_in_the_latent_and_errors():
+    from refattn.operators.vano import vano_init_params, vano_reconstruct
+    rng = np.random.default_rng(5)
+    p = vano_init_params(rng, 8, 4, 1, enc_layers=1, enc_hidden=6, dec_layers=2, dec_hidden=5)
+    u, y = rng.standard_normal((2, 8)), rng.random((2, 5, 1))
+    e1, e2 = rng.standard_normal((2, 4)), rng.standard_normal((2, 4))
+    f1, f2, f12 = (vano_reconstruct(u, y, p, noise=e) for e in (e1, e2, e1 + e2))
+    f0 = vano_reconstruct(u, y, p, noise=np.zeros((2, 4)))
+    # D(mu + sigma(e1 + e2)) = D(mu + sigma e1) + D(mu + sigma e2) - D(mu) for a linear decoder
+    assert np.abs(f12 - (f1 + f2 - f0)).max() < 1e-12
+    with pytest.raises(ValueError, match="noise"):
+        vano_reconstruct(u, y, p, noise=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="decoder"):
+        vano_reconstruct(u, y, p, noise=e1, decoder="hash")
+    from refattn.operators.vano import vano
+    with pytest.raises(ValueError, match="s must have shape"):
+        vano(u, y, rng.standard_normal((2, 5, 2)), p, noise=e1)

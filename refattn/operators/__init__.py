@@ -148,6 +148,9 @@ scot
 transolver
     Transolver Physics-Attention: slice the points, attend among the slices, deslice
     (``transolver_physics_attention``).
+vano
+    VANO: variational autoencoding neural operator (Gaussian encoder, function decoder, ELBO)
+    (``vano_variational_autoencoding_operator``).
 """
 
 from __future__ import annotations
@@ -511,6 +514,13 @@ from .transolver import (  # noqa: F401
     transolver_physics_attention_backward,
     transolver_physics_attention_forward,
 )
+from .vano import (  # noqa: F401
+    vano,
+    vano_backward,
+    vano_forward,
+    vano_init_params,
+    vano_reconstruct,
+)
 
 __all__ = [
     "afno_mixer", "afno_mixer_backward", "afno_mixer_forward", "init_afno_params", "anie_backward", "anie_forward",
@@ -574,4 +584,5 @@ __all__ = [
     "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm", "init_scot_params",
     "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "transolver_init_params",
     "transolver_physics_attention", "transolver_physics_attention_backward", "transolver_physics_attention_forward",
+    "vano", "vano_backward", "vano_forward", "vano_init_params", "vano_reconstruct",
 ]
