@@ -139,3 +139,22 @@ def test_vano_linear_decoder_is_linear_in_the_latent_and_errors():
     from refattn.operators.vano import vano
     with pytest.raises(ValueError, match="s must have shape"):
         vano(u, y, rng.standard_normal((2, 5, 2)), p, noise=e1)
+
+
+def test_tno_errors():
+    from refattn.operators.tno import _square_complex, tno_init_params, tno_layer
+    rng = np.random.default_rng(6)
+    d0, d1 = _square_complex()
+    p = tno_init_params(rng, 2, 3)
+    h0, h1, h2 = rng.standard_normal((2, 4, 2)), rng.standard_normal((2, 5, 2)), rng.standard_normal((2, 2, 2))
+    assert tno_layer(h0, h1, h2, p, d0=d0, d1=d1).shape == (2, 11, 3)
+    bad = d1.copy()
+    bad[0, 3] = 1.0
+    with pytest.raises(ValueError, match="d1 @ d0"):
+        tno_layer(h0, h1, h2, p, d0=d0, d1=bad)
+    with pytest.raises(ValueError, match="d0"):
+        tno_layer(h0, h1, h2, p, d0=d0[:4], d1=d1)
+    with pytest.raises(ValueError, match="stars"):
+        tno_layer(h0, h1, h2, p, d0=d0, d1=d1, stars=(np.ones(4), -np.ones(5), np.ones(2)))
+    with pytest.raises(ValueError, match="h1"):
+        tno_layer(h0, h1[..., :1], h2, p, d0=d0, d1=d1)

@@ -145,6 +145,9 @@ schwarz_attention
 scot
     Poseidon / scOT block: time-conditioned LayerNorm around SwinV2 (shifted-)window attention
     (``scot_poseidon_block``).
+tno
+    TNO: a topological neural operator layer on a 2-complex (fixed DEC routes, learned transforms)
+    (``tno_topological_neural_operator``).
 transolver
     Transolver Physics-Attention: slice the points, attend among the slices, deslice
     (``transolver_physics_attention``).
@@ -508,6 +511,13 @@ from .scot import (  # noqa: F401
     scot_layer_forward,
     scot_param_shapes,
 )
+from .tno import (  # noqa: F401
+    tno_init_params,
+    tno_layer,
+    tno_layer_backward,
+    tno_layer_forward,
+    tno_split,
+)
 from .transolver import (  # noqa: F401
     transolver_init_params,
     transolver_physics_attention,
@@ -582,7 +592,8 @@ __all__ = [
     "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto", "pinto_backward",
     "pinto_forward", "coarse_hat_basis", "overlapping_subdomains", "partition_of_unity", "schwarz_attention",
     "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm", "init_scot_params",
-    "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "transolver_init_params",
-    "transolver_physics_attention", "transolver_physics_attention_backward", "transolver_physics_attention_forward",
-    "vano", "vano_backward", "vano_forward", "vano_init_params", "vano_reconstruct",
+    "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "tno_init_params", "tno_layer",
+    "tno_layer_backward", "tno_layer_forward", "tno_split", "transolver_init_params", "transolver_physics_attention",
+    "transolver_physics_attention_backward", "transolver_physics_attention_forward", "vano", "vano_backward",
+    "vano_forward", "vano_init_params", "vano_reconstruct",
 ]
