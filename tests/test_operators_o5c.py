@@ -158,3 +158,21 @@ def test_tno_errors():
         tno_layer(h0, h1, h2, p, d0=d0, d1=d1, stars=(np.ones(4), -np.ones(5), np.ones(2)))
     with pytest.raises(ValueError, match="h1"):
         tno_layer(h0, h1[..., :1], h2, p, d0=d0, d1=d1)
+
+
+def test_sni_errors_and_zero_steps():
+    from refattn.operators.sni import sni, sni_interval_decomposition, sni_pointwise_local_operator
+    rng = np.random.default_rng(7)
+    subs, bnds, dix = sni_interval_decomposition(9, 2, 1)
+    p = {"local.0.weight": rng.standard_normal((2, 3)), "local.0.bias": rng.standard_normal(3),
+         "local.2.weight": rng.standard_normal((3, 1)), "local.2.bias": rng.standard_normal(1)}
+    f, g = rng.standard_normal((2, 9, 1)), rng.standard_normal((2, 2))
+    cfg = dict(subdomains=subs, sub_boundaries=bnds, dirichlet_index=dix, local_operator=sni_pointwise_local_operator())
+    u0 = sni(f, g, p, n_iter=0, **cfg)
+    assert np.array_equal(u0[:, [0, 8]], g) and not np.any(u0[:, 1:8])
+    with pytest.raises(TypeError, match="local_operator"):
+        sni(f, g, p, **dict(cfg, local_operator=None))
+    with pytest.raises(ValueError, match="subdomains"):
+        sni(f, g, p, **dict(cfg, subdomains=[np.array([0, 9])] + subs[1:]))
+    with pytest.raises(ValueError, match="g must have shape"):
+        sni(f, g[:, :1], p, **cfg)

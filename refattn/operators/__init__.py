@@ -145,6 +145,9 @@ schwarz_attention
 scot
     Poseidon / scOT block: time-conditioned LayerNorm around SwinV2 (shifted-)window attention
     (``scot_poseidon_block``).
+sni
+    SNI: Schwarz Neural Inference, relaxed additive Schwarz iterations around a local neural
+    operator (``schwarz_neural_inference``).
 tno
     TNO: a topological neural operator layer on a 2-complex (fixed DEC routes, learned transforms)
     (``tno_topological_neural_operator``).
@@ -511,6 +514,14 @@ from .scot import (  # noqa: F401
     scot_layer_forward,
     scot_param_shapes,
 )
+from .sni import (  # noqa: F401
+    sni,
+    sni_backward,
+    sni_exact_poisson1d_local_operator,
+    sni_forward,
+    sni_interval_decomposition,
+    sni_pointwise_local_operator,
+)
 from .tno import (  # noqa: F401
     tno_init_params,
     tno_layer,
@@ -592,8 +603,9 @@ __all__ = [
     "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto", "pinto_backward",
     "pinto_forward", "coarse_hat_basis", "overlapping_subdomains", "partition_of_unity", "schwarz_attention",
     "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm", "init_scot_params",
-    "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "tno_init_params", "tno_layer",
-    "tno_layer_backward", "tno_layer_forward", "tno_split", "transolver_init_params", "transolver_physics_attention",
-    "transolver_physics_attention_backward", "transolver_physics_attention_forward", "vano", "vano_backward",
-    "vano_forward", "vano_init_params", "vano_reconstruct",
+    "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "sni", "sni_backward",
+    "sni_exact_poisson1d_local_operator", "sni_forward", "sni_interval_decomposition", "sni_pointwise_local_operator",
+    "tno_init_params", "tno_layer", "tno_layer_backward", "tno_layer_forward", "tno_split", "transolver_init_params",
+    "transolver_physics_attention", "transolver_physics_attention_backward", "transolver_physics_attention_forward",
+    "vano", "vano_backward", "vano_forward", "vano_init_params", "vano_reconstruct",
 ]
