@@ -349,6 +349,7 @@ register(
         title="Schwarz Neural Inference: K relaxed additive Schwarz steps around a local neural operator",
         paper="Huang, Zhang, Wu, Cheng, Operator Learning with Domain Decomposition for Geometry Generalization "
               "in PDE Solving, arXiv 2504.00510 (2025)",
+        official_code="questionstorer/sni",
         forward=sni_forward, backward=sni_backward, sample=_sample,
         docs="operators/o5c.md#sni-schwarz-neural-inference",
         checks={"exact_local_solver_converges": _check_exact_local_solver_converges,

@@ -365,6 +365,7 @@ register(
         title="VANO: Gaussian encoder, reparameterised latent, function decoder, per-example ELBO",
         paper="Seidman, Kissas, Pappas, Perdikaris, Variational Autoencoding Neural Operators, ICML 2023, "
               "arXiv 2302.10351",
+        official_code="PredictiveIntelligenceLab/VANO",
         forward=vano_forward, backward=vano_backward, sample=_sample,
         docs="operators/o5c.md#vano-gaussian-encoder-function-decoder-and-the-elbo",
         checks={"concat_decoder_and_exact_gelu_gradcheck": _check_concat_and_exact_gelu_fd,
