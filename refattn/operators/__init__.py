@@ -139,6 +139,9 @@ scot
 transolver
     Transolver Physics-Attention: slice the points, attend among the slices, deslice
     (``transolver_physics_attention``).
+vicon
+    VICON: the in-context masked patch transformer of Vision In-Context Operator Networks
+    (``vicon_in_context_operator``).
 """
 
 from __future__ import annotations
@@ -480,6 +483,14 @@ from .transolver import (  # noqa: F401
     transolver_physics_attention_backward,
     transolver_physics_attention_forward,
 )
+from .vicon import (  # noqa: F401
+    in_context_mask,
+    init_vicon_params,
+    vicon,
+    vicon_backward,
+    vicon_forward,
+    vicon_param_shapes,
+)
 
 __all__ = [
     "afno_mixer", "afno_mixer_backward", "afno_mixer_forward", "init_afno_params", "anie_backward", "anie_forward",
@@ -541,4 +552,5 @@ __all__ = [
     "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm", "init_scot_params",
     "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "transolver_init_params",
     "transolver_physics_attention", "transolver_physics_attention_backward", "transolver_physics_attention_forward",
+    "in_context_mask", "init_vicon_params", "vicon", "vicon_backward", "vicon_forward", "vicon_param_shapes",
 ]

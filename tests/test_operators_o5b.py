@@ -1,0 +1,80 @@
+"""Operator slice o5b (issue 17, T3 whole-model entries): what the registry cannot express.
+
+VICON: the encoder stack against ``torch.nn.TransformerEncoder`` with the in-context mask (torch's
+own layers, not upstream code), finite differences with the encodings switched off (their keys get
+zero gradients), and argument errors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refattn.operators.vicon import in_context_mask, init_vicon_params, vicon_backward, vicon_forward
+from refattn.registry import Sample
+from refattn.testing import gradcheck
+
+
+def _vicon_sample(rng, **config):
+    p = init_vicon_params(rng, 1, (1, 2), 2, 4, 1, dim_feedforward=3, demo_num=3)
+    p = {k: v + 0.3 * rng.standard_normal(v.shape) for k, v in p.items()}
+    shape = (2, 2, 1, 2, 4)
+    return Sample(inputs={"init": rng.standard_normal(shape), "end": rng.standard_normal(shape)}, params=p,
+                  config=dict({"num_heads": 2, "patch_num": 2}, **config))
+
+
+def test_vicon_encodings_off_fd_and_zero_gradients():
+    rng = np.random.default_rng(0)
+    s = _vicon_sample(rng, use_patch_pos_encoding=False, use_func_pos_encoding=False)
+    gradcheck(vicon_forward, vicon_backward, s)
+    g = vicon_backward(np.ones((2, 2, 1, 2, 4)), vicon_forward(**s.inputs, params=s.params, **s.config)[1])
+    assert not g["patch_pos_encoding"].any() and not g["func_pos_encoding"].any()
+    # and with them on, the unused func_pos_encoding rows (demo_num 3 > 2 pairs) get zero gradient
+    s_on = _vicon_sample(rng)
+    g = vicon_backward(np.ones((2, 2, 1, 2, 4)), vicon_forward(**s_on.inputs, params=s_on.params, **s_on.config)[1])
+    assert not g["func_pos_encoding"][4:].any() and np.abs(g["func_pos_encoding"][:4]).max() > 1e-8
+
+
+def test_vicon_stack_matches_torch_transformer_encoder():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(1)
+    s = _vicon_sample(rng)
+    p = s.params
+    d, heads, layers = 4, 2, 1
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(d, heads, 3, dropout=0.0, activation="gelu",
+                                                                       batch_first=True, dtype=torch.float64),
+                                      num_layers=layers, enable_nested_tensor=False)
+    sd = {}
+    for k, v in p.items():
+        if k.startswith("transformer."):
+            sd[k[len("transformer."):]] = torch.tensor(v.T.copy() if (k.endswith("weight") and v.ndim == 2) else v)
+    enc.load_state_dict(sd)
+    init, end = s.inputs["init"], s.inputs["end"]
+    b, pairs = init.shape[:2]
+    # tokens as refattn builds them: patches of (1, 2), p = 2 per side, order (pair, role, patch)
+    frames = np.stack([init, end], axis=2).reshape(b * pairs * 2, 1, 2, 4)
+    tok = frames.reshape(-1, 1, 2, 1, 2, 2).transpose(0, 2, 4, 1, 3, 5).reshape(b * pairs * 2, 4, 2)
+    t = tok @ p["pre_proj.weight"] + p["pre_proj.bias"] + p["patch_pos_encoding"]
+    t = t.reshape(b, pairs * 2, 4, d) + p["func_pos_encoding"][:2 * pairs, None]
+    x = torch.tensor(t.reshape(b, -1, d))
+    h = enc(x, mask=torch.tensor(~in_context_mask(pairs, 4, 4))).detach().numpy()
+    y = h.reshape(b, pairs, 2, 4, d)[:, :, 0] @ p["post_proj.weight"] + p["post_proj.bias"]
+    want = y.reshape(b, pairs, 2, 2, 1, 1, 2).transpose(0, 1, 4, 2, 5, 3, 6).reshape(init.shape)
+    got = vicon_forward(init, end, p, num_heads=heads, patch_num=2)[0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+
+
+def test_vicon_errors():
+    rng = np.random.default_rng(2)
+    s = _vicon_sample(rng)
+    with pytest.raises(ValueError, match="init and end"):
+        vicon_forward(s.inputs["init"], s.inputs["end"][:, :1], s.params, num_heads=2, patch_num=2)
+    with pytest.raises(ValueError, match="multiple of patch_num"):
+        vicon_forward(s.inputs["init"], s.inputs["end"], s.params, num_heads=2, patch_num=3)
+    with pytest.raises(ValueError, match="num_heads"):
+        vicon_forward(s.inputs["init"], s.inputs["end"], s.params, num_heads=3, patch_num=2)
+    big = np.zeros((2, 4, 1, 2, 4))
+    with pytest.raises(ValueError, match="func_pos_encoding"):
+        vicon_forward(big, big, s.params, num_heads=2, patch_num=2)
+    with pytest.raises(ValueError, match="num_pairs"):
+        in_context_mask(0, 1, 1)
