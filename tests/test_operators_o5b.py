@@ -3,6 +3,9 @@
 VICON: the encoder stack against ``torch.nn.TransformerEncoder`` with the in-context mask (torch's
 own layers, not upstream code), finite differences with the encodings switched off (their keys get
 zero gradients), and argument errors.
+
+BENO: finite differences with the ELU MLPs (the record samples SiLU), a one-point boundary (the
+circular convolution wraps onto itself), and argument errors.
 """
 
 from __future__ import annotations
@@ -78,3 +81,46 @@ def test_vicon_errors():
         vicon_forward(big, big, s.params, num_heads=2, patch_num=2)
     with pytest.raises(ValueError, match="num_pairs"):
         in_context_mask(0, 1, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# BENO
+
+
+def test_beno_fd_with_elu_mlps():
+    from refattn.operators.beno import _sample, beno_layer_backward, beno_layer_forward
+
+    rng = np.random.default_rng(3)
+    s = _sample(rng, "tiny", activation="elu")
+    gradcheck(beno_layer_forward, beno_layer_backward, s)
+
+
+def test_beno_single_boundary_point_wraps_the_circular_conv():
+    # L = 1: all three taps of the circular token convolution read the same point (the padding
+    # adjoint folds all of them back), and the max pool has one candidate. FD and the formula.
+    from refattn.operators.beno import _reference, _sample, beno_layer, beno_layer_backward, beno_layer_forward
+
+    rng = np.random.default_rng(4)
+    s = _sample(rng, "tiny")
+    s = Sample(inputs=dict(s.inputs, boundary=s.inputs["boundary"][:, :1]), params=s.params, config=s.config)
+    gradcheck(beno_layer_forward, beno_layer_backward, s)
+    np.testing.assert_allclose(beno_layer(**s.inputs, params=s.params, **s.config),
+                               _reference(**s.inputs, params=s.params, **s.config), rtol=0, atol=1e-13)
+
+
+def test_beno_errors():
+    from refattn.operators.beno import _sample, beno_layer
+
+    rng = np.random.default_rng(5)
+    s = _sample(rng, "tiny")
+    ei = s.config["edge_index"]
+    with pytest.raises(ValueError, match="edge_index"):
+        beno_layer(**s.inputs, params=s.params, edge_index=ei[:, :-1])
+    with pytest.raises(ValueError, match="edge_index entries"):
+        beno_layer(**s.inputs, params=s.params, edge_index=ei + 10)
+    with pytest.raises(ValueError, match="edge_index"):
+        beno_layer(**s.inputs, params=s.params, edge_index=ei.astype(float))
+    with pytest.raises(ValueError, match="features per point"):
+        beno_layer(**dict(s.inputs, boundary=s.inputs["boundary"][..., :2]), params=s.params, edge_index=ei)
+    with pytest.raises(ValueError, match="activation"):
+        beno_layer(**s.inputs, params=s.params, edge_index=ei, activation="tanh")

@@ -23,6 +23,9 @@ anisotropic_rbf
 aot_pot
     AOT-POT multi-stream residual mixing: adaptive aggregation, redistribution and
     Sinkhorn-projected stream mixing (``aot_pot_multistream_sinkhorn``).
+beno
+    BENO: the boundary-embedded message-passing layer (a boundary Transformer conditions each GNN
+    step) (``beno_boundary_embedded_operator``).
 cape
     CAPE: channel attention guided by PDE-parameter embeddings (the parameter-embedding block of a
     neural PDE solver) (``cape_parameter_channel_attention``).
@@ -169,6 +172,14 @@ from .aot_pot import (  # noqa: F401
     aot_pot_stream_mixing_backward,
     aot_pot_stream_mixing_forward,
     init_aot_pot_params,
+)
+from .beno import (  # noqa: F401
+    beno_layer,
+    beno_layer_backward,
+    beno_layer_forward,
+    beno_param_shapes,
+    boundary_positional_table,
+    init_beno_params,
 )
 from .cape import (  # noqa: F401
     cape_block,
@@ -496,24 +507,25 @@ __all__ = [
     "afno_mixer", "afno_mixer_backward", "afno_mixer_forward", "init_afno_params", "anie_backward", "anie_forward",
     "anie_solve", "init_anie_params", "anisotropic_rbf", "anisotropic_rbf_backward", "anisotropic_rbf_forward",
     "tangent_frames", "aot_pot_stream_mixing", "aot_pot_stream_mixing_backward", "aot_pot_stream_mixing_forward",
-    "init_aot_pot_params", "cape_block", "cape_block_backward", "cape_block_forward", "init_cape_params",
-    "cno_activation_operators", "cno_block", "cno_block_backward", "cno_block_forward", "cno_lowpass_filter",
-    "cno_resample", "cno_residual_block", "cno_residual_block_backward", "cno_residual_block_forward",
-    "fft_resample_matrix", "kink_margin", "upfirdn_matrix", "codomain_attention", "codomain_attention_backward",
-    "codomain_attention_forward", "FFT_NORMS", "axial_kernel_grads", "axial_kernels", "cast_complex", "check_tau_clamp",
-    "fft_scales", "irfftn_adjoint", "mirror_count", "orthogonal_init", "physics_front_backward",
-    "physics_front_forward", "physics_front_init", "physics_front_mesh", "physics_front_spec", "rfftn_adjoint",
-    "sinkhorn_implicit_vjp", "slice_dims", "slice_tokens_backward", "slice_tokens_forward", "swap_last",
-    "tempered_softmax_backward", "tempered_softmax_forward", "validate_axial_operands", "validate_physics_front",
-    "xavier_uniform", "continuum_attention", "continuum_attention_backward", "continuum_attention_forward",
-    "trapezoid_weights", "FD_PADDINGS", "finite_difference_conv", "finite_difference_conv_backward",
-    "finite_difference_conv_forward", "zero_sum_stencil", "disco_basis", "disco_conv", "disco_conv_backward",
-    "disco_conv_forward", "disco_filter_matrix", "equidistant_disco_conv", "equidistant_disco_conv_backward",
-    "equidistant_disco_conv_forward", "equidistant_disco_kernel", "local_no_kernels", "local_no_kernels_backward",
-    "local_no_kernels_forward", "factformer_attention", "factformer_attention_backward", "factformer_attention_forward",
-    "factformer_block_backward", "factformer_block_forward", "factformer_block_param_shapes",
-    "init_factformer_block_params", "low_rank_kernel", "low_rank_kernel_backward", "low_rank_kernel_forward",
-    "fno_spectral_conv", "fno_spectral_conv_backward", "fno_spectral_conv_centred",
+    "init_aot_pot_params", "beno_layer", "beno_layer_backward", "beno_layer_forward", "beno_param_shapes",
+    "boundary_positional_table", "init_beno_params", "cape_block", "cape_block_backward", "cape_block_forward",
+    "init_cape_params", "cno_activation_operators", "cno_block", "cno_block_backward", "cno_block_forward",
+    "cno_lowpass_filter", "cno_resample", "cno_residual_block", "cno_residual_block_backward",
+    "cno_residual_block_forward", "fft_resample_matrix", "kink_margin", "upfirdn_matrix", "codomain_attention",
+    "codomain_attention_backward", "codomain_attention_forward", "FFT_NORMS", "axial_kernel_grads", "axial_kernels",
+    "cast_complex", "check_tau_clamp", "fft_scales", "irfftn_adjoint", "mirror_count", "orthogonal_init",
+    "physics_front_backward", "physics_front_forward", "physics_front_init", "physics_front_mesh", "physics_front_spec",
+    "rfftn_adjoint", "sinkhorn_implicit_vjp", "slice_dims", "slice_tokens_backward", "slice_tokens_forward",
+    "swap_last", "tempered_softmax_backward", "tempered_softmax_forward", "validate_axial_operands",
+    "validate_physics_front", "xavier_uniform", "continuum_attention", "continuum_attention_backward",
+    "continuum_attention_forward", "trapezoid_weights", "FD_PADDINGS", "finite_difference_conv",
+    "finite_difference_conv_backward", "finite_difference_conv_forward", "zero_sum_stencil", "disco_basis",
+    "disco_conv", "disco_conv_backward", "disco_conv_forward", "disco_filter_matrix", "equidistant_disco_conv",
+    "equidistant_disco_conv_backward", "equidistant_disco_conv_forward", "equidistant_disco_kernel", "local_no_kernels",
+    "local_no_kernels_backward", "local_no_kernels_forward", "factformer_attention", "factformer_attention_backward",
+    "factformer_attention_forward", "factformer_block_backward", "factformer_block_forward",
+    "factformer_block_param_shapes", "init_factformer_block_params", "low_rank_kernel", "low_rank_kernel_backward",
+    "low_rank_kernel_forward", "fno_spectral_conv", "fno_spectral_conv_backward", "fno_spectral_conv_centred",
     "fno_spectral_conv_centred_backward", "fno_spectral_conv_centred_forward", "fno_spectral_conv_explicit",
     "fno_spectral_conv_forward", "init_fno_centred_params", "init_fno_params", "funcattn_backward", "funcattn_forward",
     "funcattn_functional_attention", "funcattn_init_params", "gale_init_params", "geotransolver_gale",
