@@ -124,3 +124,44 @@ def test_beno_errors():
         beno_layer(**dict(s.inputs, boundary=s.inputs["boundary"][..., :2]), params=s.params, edge_index=ei)
     with pytest.raises(ValueError, match="activation"):
         beno_layer(**s.inputs, params=s.params, edge_index=ei, activation="tanh")
+
+
+# --------------------------------------------------------------------------------------------
+# FNO + transformer hybrid
+
+
+def test_fno_vit_hybrid_errors():
+    from refattn.operators.fno_vit_hybrid import _sample, fno_vit_hybrid
+
+    rng = np.random.default_rng(6)
+    s = _sample(rng, "small")
+    x = s.inputs["x"]
+    with pytest.raises(ValueError, match="v_smooth, v_delta"):
+        fno_vit_hybrid(x[:, :1], s.params, num_heads=2)
+    with pytest.raises(ValueError, match="multiple of the patch size"):
+        fno_vit_hybrid(np.zeros((2, 2, 7, 6)), s.params, num_heads=2)
+    with pytest.raises(ValueError, match="num_heads"):
+        fno_vit_hybrid(x, s.params, num_heads=4)
+    p = dict(s.params)
+    del p["smooth_model.projection.weight"]
+    with pytest.raises(ValueError, match="smooth_model.projection.weight"):
+        fno_vit_hybrid(x, p, num_heads=2)
+
+
+def test_fno_vit_hybrid_background_is_the_fno_stack():
+    # The background alone (head zeroed) equals refattn's FNO spectral convolution composed by
+    # hand: lifting, K + skip, projection (one block, no activation after the last).
+    from refattn.operators.fno import fno_spectral_conv
+    from refattn.operators.fno_vit_hybrid import fno_vit_hybrid, init_fno_vit_hybrid_params
+
+    rng = np.random.default_rng(7)
+    p = init_fno_vit_hybrid_params(rng, (8, 8), fno_width=3, fno_layers=1, modes=(2, 3), vit_dim=4, vit_depth=1,
+                                   patch_size=4, mlp_hidden=4)
+    p["contrast_model.head.weight"][:] = 0
+    p["contrast_model.head.bias"][:] = 0
+    x = rng.standard_normal((2, 2, 8, 8))
+    h = x[:, 0, :, :, None] @ p["smooth_model.lifting.weight"] + p["smooth_model.lifting.bias"]
+    spec = {k.split(".")[-1]: v for k, v in p.items() if k.startswith("smooth_model.fno_blocks.0.weights")}
+    h = fno_spectral_conv(h, spec) + h @ p["smooth_model.fno_blocks.0.skip.weight"] + p["smooth_model.fno_blocks.0.skip.bias"]
+    want = np.moveaxis(h @ p["smooth_model.projection.weight"] + p["smooth_model.projection.bias"], -1, 1)
+    np.testing.assert_allclose(fno_vit_hybrid(x, p, num_heads=2), want, rtol=0, atol=1e-13)

@@ -55,6 +55,9 @@ factformer
 fno
     FNO spectral convolution: a per-mode complex channel mix between a real FFT and its inverse
     (``fno_spectral_conv``).
+fno_vit_hybrid
+    Hybrid FNO + transformer scattering operator: smooth background by an FNO, high-contrast
+    correction by a ViT (``fno_vit_scattering_hybrid``).
 funcattn
     Functional Attention (FUNCATTN): attention among slice coefficients as a regularised
     least-squares functional map (``funcattn_functional_attention``).
@@ -282,6 +285,13 @@ from .fno import (  # noqa: F401
     fno_spectral_conv_forward,
     init_fno_centred_params,
     init_fno_params,
+)
+from .fno_vit_hybrid import (  # noqa: F401
+    fno_vit_hybrid,
+    fno_vit_hybrid_backward,
+    fno_vit_hybrid_forward,
+    fno_vit_hybrid_param_shapes,
+    init_fno_vit_hybrid_params,
 )
 from .funcattn import (  # noqa: F401
     funcattn_backward,
@@ -527,10 +537,11 @@ __all__ = [
     "factformer_block_param_shapes", "init_factformer_block_params", "low_rank_kernel", "low_rank_kernel_backward",
     "low_rank_kernel_forward", "fno_spectral_conv", "fno_spectral_conv_backward", "fno_spectral_conv_centred",
     "fno_spectral_conv_centred_backward", "fno_spectral_conv_centred_forward", "fno_spectral_conv_explicit",
-    "fno_spectral_conv_forward", "init_fno_centred_params", "init_fno_params", "funcattn_backward", "funcattn_forward",
-    "funcattn_functional_attention", "funcattn_init_params", "gale_init_params", "geotransolver_gale",
-    "geotransolver_gale_backward", "geotransolver_gale_forward", "fourier_type_attention",
-    "fourier_type_attention_backward", "fourier_type_attention_forward", "galerkin_attention",
+    "fno_spectral_conv_forward", "init_fno_centred_params", "init_fno_params", "fno_vit_hybrid",
+    "fno_vit_hybrid_backward", "fno_vit_hybrid_forward", "fno_vit_hybrid_param_shapes", "init_fno_vit_hybrid_params",
+    "funcattn_backward", "funcattn_forward", "funcattn_functional_attention", "funcattn_init_params",
+    "gale_init_params", "geotransolver_gale", "geotransolver_gale_backward", "geotransolver_gale_forward",
+    "fourier_type_attention", "fourier_type_attention_backward", "fourier_type_attention_forward", "galerkin_attention",
     "galerkin_attention_backward", "galerkin_attention_forward", "init_params", "init_magno_params", "magno",
     "magno_backward", "magno_forward", "magno_geometry_features", "node_pos_encode", "gno_kernel_integral",
     "gno_kernel_integral_backward", "gno_kernel_integral_forward", "init_gno_params", "radius_neighbors",
