@@ -87,6 +87,9 @@ hodgeformer
 ifactformer
     IFactFormer-m's parallel axial attention: two axis integrals of the same values, concatenated
     (``ifactformer_m_parallel_attention``).
+interp_conv
+    NNs-to-NOs: the resolution-adaptive convolution (``InterpConv2d``), a CNN layer turned into a
+    neural operator (``nns_to_nos_recipe``).
 ipot
     IPOT: Inducing Point Operator Transformer (encode -> process latents -> decode anywhere)
     (``ipot_inducing_point_operator``).
@@ -367,6 +370,13 @@ from .ifactformer import (  # noqa: F401
     ifactformer_m_axial_backward,
     ifactformer_m_axial_forward,
 )
+from .interp_conv import (  # noqa: F401
+    interp_conv2d,
+    interp_conv2d_backward,
+    interp_conv2d_forward,
+    interpolated_kernel_size,
+    kernel_resampling_matrices,
+)
 from .ipot import (  # noqa: F401
     ipot_inducing_point_operator,
     ipot_inducing_point_operator_backward,
@@ -552,7 +562,8 @@ __all__ = [
     "ho_spectral_conv_forward", "two_thirds_padding", "hodgeformer_backward", "hodgeformer_forward",
     "hodgeformer_hodge_attention", "hodgeformer_init_params", "hodgeformer_split", "ifactformer_m_attention",
     "ifactformer_m_attention_backward", "ifactformer_m_attention_forward", "ifactformer_m_axial",
-    "ifactformer_m_axial_backward", "ifactformer_m_axial_forward", "ipot_inducing_point_operator",
+    "ifactformer_m_axial_backward", "ifactformer_m_axial_forward", "interp_conv2d", "interp_conv2d_backward",
+    "interp_conv2d_forward", "interpolated_kernel_size", "kernel_resampling_matrices", "ipot_inducing_point_operator",
     "ipot_inducing_point_operator_backward", "ipot_inducing_point_operator_forward", "ipot_init_params",
     "ipot_model_backward", "ipot_model_forward", "pos2fourier_backward", "pos2fourier_forward", "linear_no_attention",
     "linear_no_attention_backward", "linear_no_attention_forward", "linear_no_init_params", "linear_scan",
