@@ -208,3 +208,42 @@ def test_interp_conv_errors():
         interp_conv2d(x, p, scale=0.0)
     with pytest.raises(ValueError, match="channels"):
         interp_conv2d(x[:, :2], p)
+
+
+# --------------------------------------------------------------------------------------------
+# HyPINO decoder
+
+
+def test_hypino_fd_four_stages_two_latent_layers():
+    # The registry's tiny sample has one stage and no latent layer; here all four stage inputs and
+    # two latent (gated) layers, small widths so the full Jacobian stays cheap.
+    from refattn.operators.hypino import hypino_decoder_backward, hypino_decoder_forward, init_hypino_decoder_params
+
+    rng = np.random.default_rng(11)
+    dims = (2, 2, 1, 1)
+    p = init_hypino_decoder_params(rng, dims, in_dim=1, lat_dim=1, n_layers=2, num_fourier_features=1, bias_hidden=2)
+    p = {k: v + 0.3 * rng.standard_normal(v.shape) for k, v in p.items()}
+    inputs = {"xy": rng.uniform(-1, 1, (2, 2, 1))}
+    for i, c in enumerate(dims):
+        inputs[f"skip_{i}"] = rng.standard_normal((2, 2, c))
+    s = Sample(inputs=inputs, params=p, config={"num_heads": (1, 1, 1, 1), "norm_groups": (1, 1, 1, 1, 1),
+                                               "num_fourier_features": 1, "activation": "silu"})
+    gradcheck(hypino_decoder_forward, hypino_decoder_backward, s)
+
+
+def test_hypino_errors():
+    from refattn.operators.hypino import _sample, hypino_decoder
+
+    rng = np.random.default_rng(12)
+    s = _sample(rng, "small")
+    cfg = s.config
+    with pytest.raises(ValueError, match="in order"):
+        hypino_decoder(s.inputs["xy"], s.inputs["skip_0"], s.params, skip_2=s.inputs["skip_1"], **cfg)
+    with pytest.raises(ValueError, match="num_heads"):
+        hypino_decoder(**s.inputs, params=s.params, **dict(cfg, num_heads=(2,)))
+    with pytest.raises(ValueError, match="norm_groups"):
+        hypino_decoder(**s.inputs, params=s.params, **dict(cfg, norm_groups=(1, 1)))
+    with pytest.raises(ValueError, match="Fourier features"):
+        hypino_decoder(**dict(s.inputs, xy=np.zeros((2, 3, 5))), params=s.params, **cfg)
+    with pytest.raises(ValueError, match="batch size"):
+        hypino_decoder(**dict(s.inputs, skip_0=s.inputs["skip_0"][:1]), params=s.params, **cfg)

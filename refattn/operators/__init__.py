@@ -84,6 +84,9 @@ ho_fno
 hodgeformer
     HodgeFormer: multi-head attention heads as learned discrete Hodge stars on a triangle mesh
     (``hodgeformer_hodge_operators``).
+hypino
+    HyPINO: the hypernetwork decoder that turns PDE feature maps into PINN weights, and the
+    generated PINN (``hypino_hypernetwork_pinn``).
 ifactformer
     IFactFormer-m's parallel axial attention: two axis integrals of the same values, concatenated
     (``ifactformer_m_parallel_attention``).
@@ -362,6 +365,14 @@ from .hodgeformer import (  # noqa: F401
     hodgeformer_init_params,
     hodgeformer_split,
 )
+from .hypino import (  # noqa: F401
+    fourier_features,
+    hypino_decoder,
+    hypino_decoder_backward,
+    hypino_decoder_forward,
+    hypino_decoder_param_shapes,
+    init_hypino_decoder_params,
+)
 from .ifactformer import (  # noqa: F401
     ifactformer_m_attention,
     ifactformer_m_attention_backward,
@@ -560,17 +571,18 @@ __all__ = [
     "gnot_geometric_gating_moe_backward", "gnot_geometric_gating_moe_forward", "gnot_moe_init_params", "ho_block",
     "ho_block_backward", "ho_block_forward", "ho_spectral_conv", "ho_spectral_conv_backward",
     "ho_spectral_conv_forward", "two_thirds_padding", "hodgeformer_backward", "hodgeformer_forward",
-    "hodgeformer_hodge_attention", "hodgeformer_init_params", "hodgeformer_split", "ifactformer_m_attention",
-    "ifactformer_m_attention_backward", "ifactformer_m_attention_forward", "ifactformer_m_axial",
-    "ifactformer_m_axial_backward", "ifactformer_m_axial_forward", "interp_conv2d", "interp_conv2d_backward",
-    "interp_conv2d_forward", "interpolated_kernel_size", "kernel_resampling_matrices", "ipot_inducing_point_operator",
-    "ipot_inducing_point_operator_backward", "ipot_inducing_point_operator_forward", "ipot_init_params",
-    "ipot_model_backward", "ipot_model_forward", "pos2fourier_backward", "pos2fourier_forward", "linear_no_attention",
-    "linear_no_attention_backward", "linear_no_attention_forward", "linear_no_init_params", "linear_scan",
-    "selective_scan", "selective_scan_backward", "selective_scan_forward", "softplus", "init_mno_ss2d_params",
-    "mno_ss2d", "mno_ss2d_backward", "mno_ss2d_forward", "scan_order_permutations", "init_mano_params",
-    "mano_attention", "mano_attention_backward", "mano_attention_forward", "mano_levels", "init_mgno_params",
-    "mgno_layer", "mgno_layer_backward", "mgno_layer_forward", "mgno_param_shapes", "mgno_vcycle",
+    "hodgeformer_hodge_attention", "hodgeformer_init_params", "hodgeformer_split", "fourier_features", "hypino_decoder",
+    "hypino_decoder_backward", "hypino_decoder_forward", "hypino_decoder_param_shapes", "init_hypino_decoder_params",
+    "ifactformer_m_attention", "ifactformer_m_attention_backward", "ifactformer_m_attention_forward",
+    "ifactformer_m_axial", "ifactformer_m_axial_backward", "ifactformer_m_axial_forward", "interp_conv2d",
+    "interp_conv2d_backward", "interp_conv2d_forward", "interpolated_kernel_size", "kernel_resampling_matrices",
+    "ipot_inducing_point_operator", "ipot_inducing_point_operator_backward", "ipot_inducing_point_operator_forward",
+    "ipot_init_params", "ipot_model_backward", "ipot_model_forward", "pos2fourier_backward", "pos2fourier_forward",
+    "linear_no_attention", "linear_no_attention_backward", "linear_no_attention_forward", "linear_no_init_params",
+    "linear_scan", "selective_scan", "selective_scan_backward", "selective_scan_forward", "softplus",
+    "init_mno_ss2d_params", "mno_ss2d", "mno_ss2d_backward", "mno_ss2d_forward", "scan_order_permutations",
+    "init_mano_params", "mano_attention", "mano_attention_backward", "mano_attention_forward", "mano_levels",
+    "init_mgno_params", "mgno_layer", "mgno_layer_backward", "mgno_layer_forward", "mgno_param_shapes", "mgno_vcycle",
     "init_mino_encoder_params", "init_perceiver_block_params", "mino_encoder", "mino_encoder_backward",
     "mino_encoder_forward", "mino_perceiver_block_backward", "mino_perceiver_block_forward", "mino_sincos_embedding",
     "perceiver_block_spec", "cotap", "cotap_backward", "cotap_forward", "cotap_project", "init_cotap_params",
