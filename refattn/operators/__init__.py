@@ -49,6 +49,8 @@ disco_conv
     Discrete-continuous (DISCO) convolutions — the localized integral kernel of the local neural
     operator — and the local kernels of ``LocalNOBlocks`` (DISCO + finite-difference) as one layer
     (``local_differential_disco_kernels``).
+enma
+    ENMA irregular-points-to-grid attention encoder — registered as **not implemented** (T3).
 factformer
     FactFormer's axial factorised kernel integral (and the full ``FABlock2D`` around it)
     (``factformer_factorized_attention``).
