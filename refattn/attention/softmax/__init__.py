@@ -36,6 +36,10 @@ cait
 chiral_rope
     Chiral-RoPE: a rotary encoding whose relative rotation is signed by a handedness pseudoscalar
     (``chiral_rope``).
+co4
+    Co4 triadic Q/K/V modulation: the CLS latent modulates the patch tokens, a per-channel top-k
+    pre-selects them, and attention runs over the CLS token and the $k$ selected rows only
+    (``triadic_modulation_co4``).
 coca
     CoCA: Collinear Constrained Attention (the Llama attention layer with ``t_proj`` instead of
     ``k_proj``) (``coca_collinear_attention``).
@@ -233,6 +237,14 @@ from .chiral_rope import (  # noqa: F401
     chiral_rope_attention_backward,
     chiral_rope_attention_forward,
     validate_chirality,
+)
+from .co4 import (  # noqa: F401
+    co4_attention,
+    co4_attention_backward,
+    co4_attention_forward,
+    co4_modulate,
+    co4_param_spec,
+    init_co4_params,
 )
 from .coca import (  # noqa: F401
     COCA_MODES,
@@ -612,9 +624,10 @@ __all__ = [
     "class_attention_block_backward", "class_attention_block_forward", "class_attention_param_spec",
     "init_class_attention_params", "talking_heads_attention", "talking_heads_attention_backward",
     "talking_heads_attention_forward", "talking_heads_param_spec", "chiral_rope_attention",
-    "chiral_rope_attention_backward", "chiral_rope_attention_forward", "validate_chirality", "COCA_MODES",
-    "coca_attention", "coca_attention_backward", "coca_attention_forward", "coca_key_magnitudes", "coca_param_spec",
-    "coca_position_angles", "coca_scores", "init_coca_params", "continuum_pl_attention",
+    "chiral_rope_attention_backward", "chiral_rope_attention_forward", "validate_chirality", "co4_attention",
+    "co4_attention_backward", "co4_attention_forward", "co4_modulate", "co4_param_spec", "init_co4_params",
+    "COCA_MODES", "coca_attention", "coca_attention_backward", "coca_attention_forward", "coca_key_magnitudes",
+    "coca_param_spec", "coca_position_angles", "coca_scores", "init_coca_params", "continuum_pl_attention",
     "continuum_pl_attention_backward", "continuum_pl_attention_forward", "exp_moment_f", "exp_moment_f_prime",
     "CAUSAL_ALIGNMENTS", "KV_GROUP_MAPS", "attention_core_backward", "attention_core_forward", "causal_keep",
     "check_size", "expand_kv", "naive_attention", "reduce_kv", "relative_positions", "sdpa_reference", "sum_to_shape",
