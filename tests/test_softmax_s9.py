@@ -82,3 +82,78 @@ def test_argument_errors():
         CO4.co4_attention_forward(x, {"qkv.weight": p["qkv.weight"].T}, top_k=2)
     with pytest.raises(TypeError, match="top_k"):
         CO4.co4_attention_forward(x, p, top_k=2.0)
+
+
+# ------------------------------------------------------------------------------ Converter
+
+from refattn.attention.softmax import converter as CV  # noqa: E402
+
+
+def _csample(seed, size="tiny", **config):
+    return registry.get("converter_digraph_convolution").sample(np.random.default_rng(seed), size, **config)
+
+
+@pytest.mark.parametrize("stage", ["upper", "lower"])
+def test_dhhp_stage_vjp_matches_torch_autograd(stage):
+    # The stage recurrences transcribed in torch (complex128 autograd) against the hand-written VJPs.
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    b, n, d = 2, 5, 3
+    co = [np.exp(1j * rng.standard_normal((b, n - 1))) * rng.uniform(0.5, 1.5, (b, n - 1)) for _ in range(4)]
+    x = rng.standard_normal((b, n, d)) + 1j * rng.standard_normal((b, n, d))
+    g = rng.standard_normal((b, n, d)) + 1j * rng.standard_normal((b, n, d))
+    fwd, vjp = (CV.dhhp_upper, CV.dhhp_upper_vjp) if stage == "upper" else (CV.dhhp_lower, CV.dhhp_lower_vjp)
+    out, state = fwd(x, *co)
+    gx, gco = vjp(g, x, state, *co)
+    xt = torch.tensor(x, requires_grad=True)
+    ct = [torch.tensor(c, requires_grad=True) for c in co]
+    ii, ij, ji, jj = ct
+    if stage == "upper":
+        h = [torch.zeros_like(xt[:, 0])]
+        for t in range(n - 2, -1, -1):
+            h.insert(0, ii[:, t, None] * xt[:, t] + ij[:, t, None] * h[0])
+        rows = [h[0]] + [ji[:, t - 1, None] * xt[:, t - 1] + jj[:, t - 1, None] * h[t] for t in range(1, n)]
+    else:
+        lv = [torch.zeros_like(xt[:, 0])]
+        for t in range(1, n):
+            lv.append(ji[:, t - 1, None] * lv[-1] + jj[:, t - 1, None] * xt[:, t])
+        rows = [ii[:, t, None] * lv[t] + ij[:, t, None] * xt[:, t + 1] for t in range(n - 1)] + [lv[-1]]
+    yt = torch.stack(rows, 1)
+    np.testing.assert_allclose(yt.detach().numpy(), out, atol=1e-13)
+    (yt * torch.tensor(g).conj()).real.sum().backward()   # L = Re<g, y>: torch's grad is then g-bar convention
+    np.testing.assert_allclose(xt.grad.numpy(), gx, atol=1e-12)
+    for c, gc in zip(ct, gco):
+        np.testing.assert_allclose(c.grad.numpy(), gc, atol=1e-12)
+
+
+def test_permutation_is_upstream_reshuffle():
+    # permutation_dim M: token q*M + m moves to position m*(N/M) + q, and back at the end.
+    n, m = 6, 2
+    perm, inv = CV._permutation(n, m)
+    x = np.arange(n)
+    want = x.reshape(n // m, m).T.reshape(-1)
+    assert list(x[perm]) == list(want)
+    assert list(x[perm][inv]) == list(x)
+
+
+def test_kpm_damping_values():
+    k = 3
+    np.testing.assert_allclose(CV.kpm_damping("fejer", k), [1, 0.75, 0.5, 0.25])
+    np.testing.assert_allclose(CV.kpm_damping("none", k), np.ones(4))
+    lz = CV.kpm_damping("lanczos", k, mu=3)
+    np.testing.assert_allclose(lz[1:], (np.sin(np.pi * np.arange(1, 4) / 4) / (np.pi * np.arange(1, 4) / 4)) ** 3)
+    with pytest.raises(ValueError, match="kernel_type"):
+        CV.kpm_damping("vekic", k)
+
+
+def test_converter_argument_errors():
+    s = _csample(0)
+    x, p = s.inputs["x"], s.params
+    with pytest.raises(ValueError, match="permutation_dim"):
+        CV.converter_block_forward(x, p, permutation_dim=3)
+    with pytest.raises(ValueError, match="at least 2 tokens"):
+        CV.converter_block_forward(x[:, :1], p)
+    with pytest.raises(ValueError, match="cheb_coef"):
+        CV.converter_block_forward(x, dict(p, **{"kernelution.seq_kernel_poly.cheb_coef": np.zeros((3, 3))}))
+    with pytest.raises(ValueError, match="kernel_type"):
+        CV.converter_block_forward(x, p, kernel_type="vekic")
