@@ -36,12 +36,19 @@ cait
 chiral_rope
     Chiral-RoPE: a rotary encoding whose relative rotation is signed by a handedness pseudoscalar
     (``chiral_rope``).
+co4
+    Co4 triadic Q/K/V modulation: the CLS latent modulates the patch tokens, a per-channel top-k
+    pre-selects them, and attention runs over the CLS token and the $k$ selected rows only
+    (``triadic_modulation_co4``).
 coca
     CoCA: Collinear Constrained Attention (the Llama attention layer with ``t_proj`` instead of
     ``k_proj``) (``coca_collinear_attention``).
 continuum_pl
     Continuum Attention over a piecewise-linear key/value curve (exact exponential moments)
     (``continuum_attention_piecewise_linear``).
+converter
+    Converter: synthetic unitary digraph convolution ("Kernelution") in place of self-attention,
+    with the Converter encoder block around it (``converter_digraph_convolution``).
 core
     Helpers shared by the softmax-attention family (and the families built on it), under public
     names.
@@ -234,6 +241,14 @@ from .chiral_rope import (  # noqa: F401
     chiral_rope_attention_forward,
     validate_chirality,
 )
+from .co4 import (  # noqa: F401
+    co4_attention,
+    co4_attention_backward,
+    co4_attention_forward,
+    co4_modulate,
+    co4_param_spec,
+    init_co4_params,
+)
 from .coca import (  # noqa: F401
     COCA_MODES,
     coca_attention,
@@ -251,6 +266,21 @@ from .continuum_pl import (  # noqa: F401
     continuum_pl_attention_forward,
     exp_moment_f,
     exp_moment_f_prime,
+)
+from .converter import (  # noqa: F401
+    KERNEL_TYPES,
+    converter_block,
+    converter_block_backward,
+    converter_block_forward,
+    converter_param_spec,
+    dhhp_lower,
+    dhhp_lower_vjp,
+    dhhp_upper,
+    dhhp_upper_vjp,
+    givens_blocks,
+    givens_blocks_vjp,
+    init_converter_params,
+    kpm_damping,
 )
 from .core import (  # noqa: F401
     CAUSAL_ALIGNMENTS,
@@ -612,26 +642,29 @@ __all__ = [
     "class_attention_block_backward", "class_attention_block_forward", "class_attention_param_spec",
     "init_class_attention_params", "talking_heads_attention", "talking_heads_attention_backward",
     "talking_heads_attention_forward", "talking_heads_param_spec", "chiral_rope_attention",
-    "chiral_rope_attention_backward", "chiral_rope_attention_forward", "validate_chirality", "COCA_MODES",
-    "coca_attention", "coca_attention_backward", "coca_attention_forward", "coca_key_magnitudes", "coca_param_spec",
-    "coca_position_angles", "coca_scores", "init_coca_params", "continuum_pl_attention",
+    "chiral_rope_attention_backward", "chiral_rope_attention_forward", "validate_chirality", "co4_attention",
+    "co4_attention_backward", "co4_attention_forward", "co4_modulate", "co4_param_spec", "init_co4_params",
+    "COCA_MODES", "coca_attention", "coca_attention_backward", "coca_attention_forward", "coca_key_magnitudes",
+    "coca_param_spec", "coca_position_angles", "coca_scores", "init_coca_params", "continuum_pl_attention",
     "continuum_pl_attention_backward", "continuum_pl_attention_forward", "exp_moment_f", "exp_moment_f_prime",
-    "CAUSAL_ALIGNMENTS", "KV_GROUP_MAPS", "attention_core_backward", "attention_core_forward", "causal_keep",
-    "check_size", "expand_kv", "naive_attention", "reduce_kv", "relative_positions", "sdpa_reference", "sum_to_shape",
-    "validate_attention_config", "validate_qkv_config", "crate_block", "crate_block_backward", "crate_block_forward",
-    "init_crate_params", "DIFFQKV_ACTIVATIONS", "diffqkv_attention", "diffqkv_attention_backward",
-    "diffqkv_attention_forward", "init_diffqkv_params", "DUOFORMER_STAGES", "duoformer_attention",
-    "duoformer_attention_backward", "duoformer_attention_forward", "duoformer_param_spec", "init_duoformer_params",
-    "HAT_BLOCKS", "hab_backward", "hab_forward", "hab_param_spec", "hat_block", "hat_block_backward",
-    "hat_block_forward", "init_hat_params", "oca_relative_position_index", "oca_window_sizes", "ocab_backward",
-    "ocab_forward", "ocab_param_spec", "hoa", "hoa_backward", "hoa_forward", "hoa_param_spec", "init_hoa_params",
-    "HOA_VQA_MODALITIES", "hoa_vqa", "hoa_vqa_backward", "hoa_vqa_forward", "hoa_vqa_param_spec", "init_hoa_vqa_params",
-    "IRPE_METHODS", "IRPE_MODES", "IRPE_TARGETS", "init_irpe_params", "irpe_attention", "irpe_attention_backward",
-    "irpe_attention_forward", "irpe_bucket_ids", "irpe_coefficients", "irpe_num_buckets", "irpe_param_spec",
-    "irpe_piecewise_index", "init_key_value_params", "key_value_attention", "key_value_attention_backward",
-    "key_value_attention_forward", "positional_encoding_2d", "LATENT_ATTN_TYPES", "LATENT_MODES",
-    "init_latent_alignment_params", "latent_alignment", "latent_alignment_backward", "latent_alignment_forward",
-    "latent_alignment_param_spec", "init_lipschitz_l2_params", "lipschitz_l2_attention",
+    "KERNEL_TYPES", "converter_block", "converter_block_backward", "converter_block_forward", "converter_param_spec",
+    "dhhp_lower", "dhhp_lower_vjp", "dhhp_upper", "dhhp_upper_vjp", "givens_blocks", "givens_blocks_vjp",
+    "init_converter_params", "kpm_damping", "CAUSAL_ALIGNMENTS", "KV_GROUP_MAPS", "attention_core_backward",
+    "attention_core_forward", "causal_keep", "check_size", "expand_kv", "naive_attention", "reduce_kv",
+    "relative_positions", "sdpa_reference", "sum_to_shape", "validate_attention_config", "validate_qkv_config",
+    "crate_block", "crate_block_backward", "crate_block_forward", "init_crate_params", "DIFFQKV_ACTIVATIONS",
+    "diffqkv_attention", "diffqkv_attention_backward", "diffqkv_attention_forward", "init_diffqkv_params",
+    "DUOFORMER_STAGES", "duoformer_attention", "duoformer_attention_backward", "duoformer_attention_forward",
+    "duoformer_param_spec", "init_duoformer_params", "HAT_BLOCKS", "hab_backward", "hab_forward", "hab_param_spec",
+    "hat_block", "hat_block_backward", "hat_block_forward", "init_hat_params", "oca_relative_position_index",
+    "oca_window_sizes", "ocab_backward", "ocab_forward", "ocab_param_spec", "hoa", "hoa_backward", "hoa_forward",
+    "hoa_param_spec", "init_hoa_params", "HOA_VQA_MODALITIES", "hoa_vqa", "hoa_vqa_backward", "hoa_vqa_forward",
+    "hoa_vqa_param_spec", "init_hoa_vqa_params", "IRPE_METHODS", "IRPE_MODES", "IRPE_TARGETS", "init_irpe_params",
+    "irpe_attention", "irpe_attention_backward", "irpe_attention_forward", "irpe_bucket_ids", "irpe_coefficients",
+    "irpe_num_buckets", "irpe_param_spec", "irpe_piecewise_index", "init_key_value_params", "key_value_attention",
+    "key_value_attention_backward", "key_value_attention_forward", "positional_encoding_2d", "LATENT_ATTN_TYPES",
+    "LATENT_MODES", "init_latent_alignment_params", "latent_alignment", "latent_alignment_backward",
+    "latent_alignment_forward", "latent_alignment_param_spec", "init_lipschitz_l2_params", "lipschitz_l2_attention",
     "lipschitz_l2_attention_backward", "lipschitz_l2_attention_forward", "GMM_VERSIONS", "LOCATION_KINDS",
     "dca_attention_backward", "dca_attention_forward", "dca_param_spec", "dca_prior_filter", "gmm_attention_backward",
     "gmm_attention_forward", "gmm_param_spec", "init_dca_params", "init_gmm_params", "location_relative_attention",
