@@ -23,6 +23,9 @@ additive_bias
 alibi
     ALiBi: Attention with Linear Biases (reference slopes, symmetric option, learnable slopes)
     (``alibi``).
+all_or_here
+    All-or-Here Attention (AHA): a per-(token, head) binary router between full causal and
+    sliding-window attention (``all_or_here_attention``).
 better_attention
     Optimised, Efficient and Super Attention (Hosseini & Hosseini, "You Need to Pay Better
     Attention") (``optimised_efficient_super_attention``).
@@ -202,6 +205,19 @@ from .alibi import (  # noqa: F401
     alibi_layer_backward,
     alibi_layer_forward,
     alibi_slopes,
+)
+from .all_or_here import (  # noqa: F401
+    AHA_GATE_GRADS,
+    AHA_ROUTERS,
+    aha_local_keep,
+    aha_mix_backward,
+    aha_mix_forward,
+    aha_route,
+    aha_sparsity_penalty,
+    all_or_here,
+    all_or_here_backward,
+    all_or_here_forward,
+    init_all_or_here_params,
 )
 from .better_attention import (  # noqa: F401
     better_attention,
@@ -606,7 +622,9 @@ __all__ = [
     "init_soft_attention_params", "soft_attention", "soft_attention_backward", "soft_attention_forward",
     "soft_attention_param_spec", "biased_attention_backward", "biased_attention_forward", "gather_bias",
     "scatter_bias_grad", "alibi_attention_backward", "alibi_attention_forward", "alibi_bias", "alibi_layer",
-    "alibi_layer_backward", "alibi_layer_forward", "alibi_slopes", "better_attention", "better_attention_backward",
+    "alibi_layer_backward", "alibi_layer_forward", "alibi_slopes", "AHA_GATE_GRADS", "AHA_ROUTERS", "aha_local_keep",
+    "aha_mix_backward", "aha_mix_forward", "aha_route", "aha_sparsity_penalty", "all_or_here", "all_or_here_backward",
+    "all_or_here_forward", "init_all_or_here_params", "better_attention", "better_attention_backward",
     "better_attention_forward", "init_better_attention_params", "bidaf_attention", "bidaf_attention_backward",
     "bidaf_attention_forward", "bidaf_param_spec", "bidaf_similarity", "init_bidaf_params", "class_attention_block",
     "class_attention_block_backward", "class_attention_block_forward", "class_attention_param_spec",
