@@ -150,3 +150,79 @@ def test_aha_bad_weights_name_the_parameter():
         aha.all_or_here_forward(x, dict(p, **{"o_proj.weight": p["o_proj.weight"].T}), **cfg)
     with pytest.raises(ValueError, match="gate_logits"):
         aha.aha_mix_forward(np.zeros((1, 2, 3, 2)), np.zeros((1, 1, 3, 2)), np.zeros((1, 1, 3, 2)), np.zeros((1, 3, 2)))
+
+
+tk = importlib.import_module("refattn.attention.softmax.tucker_attention")
+
+
+def _tucker_case(rng, d=6, h=3, ranks=(2, 4, 4), rt=(2, 3, 5), shared=False):
+    x = rng.standard_normal((2, 5, d))
+    p = tk.init_tucker_attention_params(rng, d, h, ranks, rt, shared_kv=shared)
+    return x, {k: v * (1 + 0.3 * rng.standard_normal(v.shape)) for k, v in p.items()}
+
+
+def test_tucker_gqa_special_case():
+    # two kv groups of two heads: U3 = [W^K_1 | W^K_2] (key rank 2 d_H), C_i puts W^Q_i against its group's block
+    rng = np.random.default_rng(10)
+    d, h, g, dh = 8, 4, 2, 2
+    x = rng.standard_normal((2, 5, d))
+    wq, wo = rng.standard_normal((h, d, dh)), rng.standard_normal((h, dh, d))
+    wk, wv = rng.standard_normal((g, d, dh)), rng.standard_normal((g, d, dh))
+    ref = np.zeros_like(x)
+    core, core_t = np.zeros((h, d, g * dh)), np.zeros((h, d, g * dh))
+    for i in range(h):
+        j = i // (h // g)
+        sc = (x @ wq[i]) @ np.swapaxes(x @ wk[j], 1, 2) / np.sqrt(d / h)
+        a = np.exp(sc - sc.max(-1, keepdims=True))
+        ref += (a / a.sum(-1, keepdims=True)) @ (x @ wv[j]) @ wo[i]
+        core[i][:, j * dh:(j + 1) * dh] = wq[i]
+        core_t[i][:, j * dh:(j + 1) * dh] = wo[i].T
+    p = {"core": core, "U1": np.eye(h), "U2": np.eye(d), "U3": np.concatenate(list(wk), 1), "core_tilde": core_t,
+         "U1_tilde": np.eye(h), "U2_tilde": np.eye(d), "U3_tilde": np.concatenate(list(wv), 1)}
+    np.testing.assert_allclose(tk.tucker_attention(x, p), ref, atol=1e-12)
+
+
+def test_tucker_head_rank_one_makes_all_heads_share_one_core():
+    rng = np.random.default_rng(11)
+    x, p = _tucker_case(rng, ranks=(1, 4, 4))
+    b = tk.tucker_head_cores(p["core"], p["U1"])
+    for i in range(1, 3):
+        np.testing.assert_allclose(b[i] * p["U1"][0, 0], b[0] * p["U1"][i, 0], atol=1e-12)
+    w, wt = tk.tucker_weight_tensors(p)
+    assert w.shape == wt.shape == (3, 6, 6)
+    assert np.linalg.matrix_rank(w.reshape(3, -1)) == 1
+
+
+def test_tucker_causal_rows_ignore_future_tokens():
+    rng = np.random.default_rng(12)
+    x, p = _tucker_case(rng)
+    y = tk.tucker_attention(x, p, is_causal=True, rope_base=10.0)
+    x2 = x.copy()
+    x2[:, 3:] = rng.standard_normal(x2[:, 3:].shape)
+    np.testing.assert_allclose(tk.tucker_attention(x2, p, is_causal=True, rope_base=10.0)[:, :3], y[:, :3], atol=1e-13)
+
+
+def test_tucker_interleaved_rope_is_a_permutation_of_rotate_half():
+    from refattn.nn.rope import interleave_permutation
+
+    rng = np.random.default_rng(13)
+    x, p = _tucker_case(rng)
+    perm = interleave_permutation(4)
+    pp = dict(p, core=p["core"][:, :, perm], U3=p["U3"][:, perm])
+    np.testing.assert_allclose(tk.tucker_attention(x, p, rope_base=10.0, rope_interleaved=True),
+                               tk.tucker_attention(x, pp, rope_base=10.0), atol=1e-12)
+
+
+def test_tucker_bad_params_name_the_key():
+    rng = np.random.default_rng(14)
+    x, p = _tucker_case(rng)
+    with pytest.raises(ValueError, match="U2"):
+        tk.tucker_attention(x, dict(p, U2=p["U2"].T))
+    with pytest.raises(ValueError, match="U3_tilde"):
+        tk.tucker_attention(x, {k: v for k, v in p.items() if k != "U3_tilde"})
+    with pytest.raises(ValueError, match="shared_kv"):
+        tk.tucker_attention(x, {k: v for k, v in p.items() if k != "U3_tilde"}, shared_kv=True)
+    with pytest.raises(ValueError, match="r3"):
+        tk.tucker_attention(x, dict(p, core=p["core"][:, :, :3], U3=p["U3"][:, :3]), rope_base=10.0)
+    with pytest.raises(TypeError, match="params"):
+        tk.tucker_attention(x, [p])

@@ -170,6 +170,9 @@ tova
 transposed_channel
     Transposed ("channel") attention: Restormer's MDTA, and the linear-projection form of XCiT / DAT
     (``transposed_channel_attention``).
+tucker_attention
+    Tucker Attention: multi-head attention whose stacked weight tensors are Tucker-factorised
+    (``tucker_attention``).
 urpe
     URPE: universal RPE-based attention — softmax attention with a relative bias, Hadamard-modulated
     by a learnable Toeplitz matrix (``urpe_toeplitz_modulated_attention``).
@@ -598,6 +601,16 @@ from .transposed_channel import (  # noqa: F401
     transposed_channel_attention_backward,
     transposed_channel_attention_forward,
 )
+from .tucker_attention import (  # noqa: F401
+    TUCKER_POST,
+    TUCKER_PRE,
+    init_tucker_attention_params,
+    tucker_attention,
+    tucker_attention_backward,
+    tucker_attention_forward,
+    tucker_head_cores,
+    tucker_weight_tensors,
+)
 from .urpe import (  # noqa: F401
     init_urpe_params,
     urpe_attention,
@@ -693,9 +706,10 @@ __all__ = [
     "swin_window_attention_vjp", "tova_attention", "tova_attention_backward", "tova_attention_forward",
     "tova_keep_mask", "CHANNEL_PROJECTIONS", "channel_attention_apply", "channel_attention_param_spec",
     "channel_attention_vjp", "init_channel_attention_params", "transposed_channel_attention",
-    "transposed_channel_attention_backward", "transposed_channel_attention_forward", "init_urpe_params",
-    "urpe_attention", "urpe_attention_backward", "urpe_attention_forward", "urpe_bucket_ids", "urpe_num_rows",
-    "urpe_param_spec", "urpe_relative_bucket", "PARALLEL_OPS", "init_value_suppression_params",
-    "parallel_edit_coefficients", "value_parallel_suppression", "value_parallel_suppression_backward",
-    "value_parallel_suppression_forward",
+    "transposed_channel_attention_backward", "transposed_channel_attention_forward", "TUCKER_POST", "TUCKER_PRE",
+    "init_tucker_attention_params", "tucker_attention", "tucker_attention_backward", "tucker_attention_forward",
+    "tucker_head_cores", "tucker_weight_tensors", "init_urpe_params", "urpe_attention", "urpe_attention_backward",
+    "urpe_attention_forward", "urpe_bucket_ids", "urpe_num_rows", "urpe_param_spec", "urpe_relative_bucket",
+    "PARALLEL_OPS", "init_value_suppression_params", "parallel_edit_coefficients", "value_parallel_suppression",
+    "value_parallel_suppression_backward", "value_parallel_suppression_forward",
 ]
