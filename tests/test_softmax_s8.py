@@ -226,3 +226,56 @@ def test_tucker_bad_params_name_the_key():
         tk.tucker_attention(x, dict(p, core=p["core"][:, :, :3], U3=p["U3"][:, :3]), rope_base=10.0)
     with pytest.raises(TypeError, match="params"):
         tk.tucker_attention(x, [p])
+
+
+qd = importlib.import_module("refattn.attention.softmax.qada")
+
+
+def test_qada_window_mask_brute_force():
+    for ts, tl in [(0, 1), (2, 3), (4, 2), (10, 10)]:
+        keep = qd.qada_window_keep(9, ts, tl)
+        for i in range(9):
+            for j in range(9):
+                assert keep[i, j] == (j <= i and (j < ts or i - j < tl)), (ts, tl, i, j)
+
+
+def test_qada_labels_brute_force_and_cache():
+    rng = np.random.default_rng(20)
+    q, k, v = rng.standard_normal((2, 4, 14, 3)), rng.standard_normal((2, 2, 14, 3)), rng.standard_normal((2, 2, 14, 3))
+    _, c = qd.qada_attention_forward(q, k, v, t_sink=2, t_local=4, tau=0.3)
+    lab = np.zeros((2, 4, 14), dtype=bool)
+    for b in range(2):
+        for h in range(4):
+            for t in range(14):
+                window = sorted(set(range(min(2, t + 1))) | set(range(max(0, t - 3), t + 1)))
+                n_bulk = t + 1 - len(window)
+                rec = k[b, h // 2, max(0, t - 3): t + 1]
+                cov = np.cov(rec.T, bias=True)
+                qt = q[b, h, t] / np.sqrt(3)
+                est = n_bulk * np.exp(qt @ rec.mean(0) + 0.5 * qt @ cov @ qt)
+                lab[b, h, t] = n_bulk > 0 and est / (est + np.exp(k[b, h // 2, window] @ qt).sum()) > 0.3
+                bulk = [j for j in range(t + 1) if j not in window]
+                exact = np.exp(k[b, h // 2, bulk] @ qt).sum()
+                assert c["p_oracle"][b, h, t] == pytest.approx(exact / (exact + np.exp(k[b, h // 2, window] @ qt).sum()))
+    assert np.array_equal(c["long_context"], lab) and 0 < lab.mean() < 1
+    assert c["sparsity"] == pytest.approx(1 - lab.mean())
+
+
+def test_qada_is_forward_only_and_keeps_float32():
+    from refattn import registry
+
+    rec = registry.get("qada_long_context_head_test")
+    assert rec.backward is None and not rec.differentiable and rec.implemented and "no backward" in rec.notes
+    rng = np.random.default_rng(21)
+    q, k, v = (rng.standard_normal((1, 2, 12, 4)).astype(np.float32) for _ in range(3))
+    assert qd.qada_attention(q, k, v, t_sink=1, t_local=3).dtype == np.float32
+
+
+@pytest.mark.parametrize("kw, msg", [({"tau": 1.0}, "tau"), ({"t_local": 0}, "t_local"), ({"t_sink": -1}, "t_sink"),
+                                     ({"kv_group_map": "x"}, "kv_group_map"), ({"scale": -1.0}, "scale")])
+def test_qada_bad_config(kw, msg):
+    q = k = v = np.zeros((1, 1, 5, 2))
+    with pytest.raises((ValueError, TypeError), match=msg):
+        qd.qada_attention(q, k, v, **kw)
+    with pytest.raises(ValueError, match="same N"):
+        qd.qada_attention(q, np.zeros((1, 1, 4, 2)), np.zeros((1, 1, 4, 2)))

@@ -134,6 +134,9 @@ poly_encoder
 position_coupling
     Position coupling: task-aligned tokens share one position ID of a learned absolute embedding
     (``position_coupling``).
+qada
+    QAdA: query-adaptive test of which heads need the long context, from local keys and a Gaussian
+    bulk model (``qada_long_context_head_test``).
 relation_detr
     Relation-DETR: an explicit position-relation bias for the decoder's self-attention
     (``relation_detr_position_bias``).
@@ -507,6 +510,12 @@ from .position_coupling import (  # noqa: F401
     position_coupling_param_spec,
     sample_coupling_start,
 )
+from .qada import (  # noqa: F401
+    qada_attention,
+    qada_attention_forward,
+    qada_bulk_estimate,
+    qada_window_keep,
+)
 from .relation_detr import (  # noqa: F401
     box_relation_encoding,
     init_relation_detr_params,
@@ -687,29 +696,29 @@ __all__ = [
     "poly_encoder_attention_backward", "poly_encoder_attention_forward", "coupled_addition_position_ids",
     "coupling_start_bounds", "init_position_coupling_params", "pad_position_ids", "position_coupling_embed",
     "position_coupling_embed_backward", "position_coupling_embed_forward", "position_coupling_param_spec",
-    "sample_coupling_start", "box_relation_encoding", "init_relation_detr_params", "position_relation_bias",
-    "relation_detr_attention", "relation_detr_attention_backward", "relation_detr_attention_forward",
-    "relation_detr_param_spec", "relation_sine_frequencies", "SYMBOL_RETRIEVERS", "dual_attention",
-    "dual_attention_backward", "dual_attention_forward", "relational_attention_backward",
-    "relational_attention_forward", "symbol_retrieval_backward", "symbol_retrieval_forward", "RPE_KINDS",
-    "relative_position_attention_backward", "relative_position_attention_forward", "shaw_attention_backward",
-    "shaw_attention_forward", "t5_attention_backward", "t5_attention_forward", "t5_attention_layer",
-    "t5_attention_layer_backward", "t5_attention_layer_forward", "t5_relative_position_bucket",
-    "init_reversed_attention_params", "reversed_attention", "reversed_attention_backward", "reversed_attention_forward",
-    "RPE_KEY_QUERY_TYPES", "gather_rows_at", "init_rpe_key_query_params", "relative_distance_index", "rpe_key_query",
-    "rpe_key_query_backward", "rpe_key_query_forward", "rpe_key_query_param_spec", "scatter_rows_at", "sdpa",
-    "sdpa_backward", "sdpa_forward", "init_skip_layer_params", "skip_layer_attention_backward",
-    "skip_layer_attention_forward", "skip_layer_stack", "skip_layer_stack_backward", "skip_layer_stack_forward",
-    "SWIN_PARAM_NAMES", "SWIN_VERSIONS", "SWIN_WINDOW_RULES", "init_swin_params", "swin_canonical_weights",
-    "swin_named_grads", "swin_param_spec", "swin_window_and_shift", "swin_window_attention",
-    "swin_window_attention_apply", "swin_window_attention_backward", "swin_window_attention_forward",
-    "swin_window_attention_vjp", "tova_attention", "tova_attention_backward", "tova_attention_forward",
-    "tova_keep_mask", "CHANNEL_PROJECTIONS", "channel_attention_apply", "channel_attention_param_spec",
-    "channel_attention_vjp", "init_channel_attention_params", "transposed_channel_attention",
-    "transposed_channel_attention_backward", "transposed_channel_attention_forward", "TUCKER_POST", "TUCKER_PRE",
-    "init_tucker_attention_params", "tucker_attention", "tucker_attention_backward", "tucker_attention_forward",
-    "tucker_head_cores", "tucker_weight_tensors", "init_urpe_params", "urpe_attention", "urpe_attention_backward",
-    "urpe_attention_forward", "urpe_bucket_ids", "urpe_num_rows", "urpe_param_spec", "urpe_relative_bucket",
-    "PARALLEL_OPS", "init_value_suppression_params", "parallel_edit_coefficients", "value_parallel_suppression",
-    "value_parallel_suppression_backward", "value_parallel_suppression_forward",
+    "sample_coupling_start", "qada_attention", "qada_attention_forward", "qada_bulk_estimate", "qada_window_keep",
+    "box_relation_encoding", "init_relation_detr_params", "position_relation_bias", "relation_detr_attention",
+    "relation_detr_attention_backward", "relation_detr_attention_forward", "relation_detr_param_spec",
+    "relation_sine_frequencies", "SYMBOL_RETRIEVERS", "dual_attention", "dual_attention_backward",
+    "dual_attention_forward", "relational_attention_backward", "relational_attention_forward",
+    "symbol_retrieval_backward", "symbol_retrieval_forward", "RPE_KINDS", "relative_position_attention_backward",
+    "relative_position_attention_forward", "shaw_attention_backward", "shaw_attention_forward", "t5_attention_backward",
+    "t5_attention_forward", "t5_attention_layer", "t5_attention_layer_backward", "t5_attention_layer_forward",
+    "t5_relative_position_bucket", "init_reversed_attention_params", "reversed_attention",
+    "reversed_attention_backward", "reversed_attention_forward", "RPE_KEY_QUERY_TYPES", "gather_rows_at",
+    "init_rpe_key_query_params", "relative_distance_index", "rpe_key_query", "rpe_key_query_backward",
+    "rpe_key_query_forward", "rpe_key_query_param_spec", "scatter_rows_at", "sdpa", "sdpa_backward", "sdpa_forward",
+    "init_skip_layer_params", "skip_layer_attention_backward", "skip_layer_attention_forward", "skip_layer_stack",
+    "skip_layer_stack_backward", "skip_layer_stack_forward", "SWIN_PARAM_NAMES", "SWIN_VERSIONS", "SWIN_WINDOW_RULES",
+    "init_swin_params", "swin_canonical_weights", "swin_named_grads", "swin_param_spec", "swin_window_and_shift",
+    "swin_window_attention", "swin_window_attention_apply", "swin_window_attention_backward",
+    "swin_window_attention_forward", "swin_window_attention_vjp", "tova_attention", "tova_attention_backward",
+    "tova_attention_forward", "tova_keep_mask", "CHANNEL_PROJECTIONS", "channel_attention_apply",
+    "channel_attention_param_spec", "channel_attention_vjp", "init_channel_attention_params",
+    "transposed_channel_attention", "transposed_channel_attention_backward", "transposed_channel_attention_forward",
+    "TUCKER_POST", "TUCKER_PRE", "init_tucker_attention_params", "tucker_attention", "tucker_attention_backward",
+    "tucker_attention_forward", "tucker_head_cores", "tucker_weight_tensors", "init_urpe_params", "urpe_attention",
+    "urpe_attention_backward", "urpe_attention_forward", "urpe_bucket_ids", "urpe_num_rows", "urpe_param_spec",
+    "urpe_relative_bucket", "PARALLEL_OPS", "init_value_suppression_params", "parallel_edit_coefficients",
+    "value_parallel_suppression", "value_parallel_suppression_backward", "value_parallel_suppression_forward",
 ]
