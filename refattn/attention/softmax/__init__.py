@@ -57,6 +57,9 @@ diffqkv
 duoformer
     DuoFormer: scale-wise attention inside each patch, patch-wise attention across patches
     (``duoformer_scale_wise_attention``).
+extractors
+    The Extractors (SHE, HE, WE, ME), drop-in replacements for self-attention — registered as **not
+    implemented** (T3).
 gqa
     Grouped-query and multi-query attention (GQA / MQA): the multi-head layer with fewer key/value
     heads than query heads (``gqa_mqa``).
