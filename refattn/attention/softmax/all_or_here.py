@@ -272,9 +272,9 @@ def all_or_here_forward(x, params, *, num_heads: int, num_kv_heads=None, window:
         ``out (B, N, C)``; ``cache["route"]`` (B, N, H) the route used, ``cache["gate_soft"]``
         $\sigma(g)$ (B, N, H) (upstream's ``[B, T, H]`` layout).
     """
-    x, p, h, hkv, d = _validate_layer(x, params, num_heads, num_kv_heads, qk_norm)
     if not isinstance(qk_norm, (bool, np.bool_)):
         raise TypeError(f"qk_norm must be a bool; got {type(qk_norm).__name__}")
+    x, p, h, hkv, d = _validate_layer(x, params, num_heads, num_kv_heads, qk_norm)
     rms_norm_eps = check_positive(rms_norm_eps, "rms_norm_eps")
     if rope_base is not None:
         rope_base = check_positive(rope_base, "rope_base")
