@@ -63,8 +63,8 @@ of shape $(d, r)$, so $XU_2$ is ``x @ U2``.
 Paper: T. Klein, J. Kusch, S. Sager, S. Schnake, S. Schotthöfer, "Tucker Attention: A generalization
 of approximate attention mechanisms", ICML 2026, arXiv 2603.30033. The official code
 (ScSteffen/Tucker-Attention, a Triton kernel ``src/attn/triton/tucker_attn.py`` that takes the latent
-$Q_i$, $K$, $V$ and the per-head cores ``B_pre`` $(n_H, r_q, r_k)$) is neither in the code index nor
-fetchable here, so the definitions above are the paper's (Sec. 2-3: the tensor form, the definition
+$Q_i$, $K$, $V$ and the per-head cores ``B_pre`` $(n_H, r_q, r_k)$) could not be retrieved: it is
+neither in the code index nor fetchable here, so the definitions above are the paper's (Sec. 2-3: the tensor form, the definition
 of Tucker Attention, the KV-cache and latent-RoPE formulas, Theorems B.2-B.4), read from the
 beginning of its arXiv HTML version, a detailed public summary of Sections 2-5 and a public
 reproduction script of Theorem B.4 (which uses the same $1/\sqrt{d_H}$ and factor layout).
