@@ -23,6 +23,9 @@ additive_bias
 alibi
     ALiBi: Attention with Linear Biases (reference slopes, symmetric option, learnable slopes)
     (``alibi``).
+all_or_here
+    All-or-Here Attention (AHA): a per-(token, head) binary router between full causal and
+    sliding-window attention (``all_or_here_attention``).
 better_attention
     Optimised, Efficient and Super Attention (Hosseini & Hosseini, "You Need to Pay Better
     Attention") (``optimised_efficient_super_attention``).
@@ -61,6 +64,9 @@ diffqkv
 duoformer
     DuoFormer: scale-wise attention inside each patch, patch-wise attention across patches
     (``duoformer_scale_wise_attention``).
+extractors
+    The Extractors (SHE, HE, WE, ME), drop-in replacements for self-attention — registered as **not
+    implemented** (T3).
 gqa
     Grouped-query and multi-query attention (GQA / MQA): the multi-head layer with fewer key/value
     heads than query heads (``gqa_mqa``).
@@ -138,6 +144,9 @@ poly_encoder
 position_coupling
     Position coupling: task-aligned tokens share one position ID of a learned absolute embedding
     (``position_coupling``).
+qada
+    QAdA: query-adaptive test of which heads need the long context, from local keys and a Gaussian
+    bulk model (``qada_long_context_head_test``).
 relation_detr
     Relation-DETR: an explicit position-relation bias for the decoder's self-attention
     (``relation_detr_position_bias``).
@@ -174,6 +183,9 @@ tova
 transposed_channel
     Transposed ("channel") attention: Restormer's MDTA, and the linear-projection form of XCiT / DAT
     (``transposed_channel_attention``).
+tucker_attention
+    Tucker Attention: multi-head attention whose stacked weight tensors are Tucker-factorised
+    (``tucker_attention``).
 urpe
     URPE: universal RPE-based attention — softmax attention with a relative bias, Hadamard-modulated
     by a learnable Toeplitz matrix (``urpe_toeplitz_modulated_attention``).
@@ -209,6 +221,19 @@ from .alibi import (  # noqa: F401
     alibi_layer_backward,
     alibi_layer_forward,
     alibi_slopes,
+)
+from .all_or_here import (  # noqa: F401
+    AHA_GATE_GRADS,
+    AHA_ROUTERS,
+    aha_local_keep,
+    aha_mix_backward,
+    aha_mix_forward,
+    aha_route,
+    aha_sparsity_penalty,
+    all_or_here,
+    all_or_here_backward,
+    all_or_here_forward,
+    init_all_or_here_params,
 )
 from .better_attention import (  # noqa: F401
     better_attention,
@@ -518,6 +543,12 @@ from .position_coupling import (  # noqa: F401
     position_coupling_param_spec,
     sample_coupling_start,
 )
+from .qada import (  # noqa: F401
+    qada_attention,
+    qada_attention_forward,
+    qada_bulk_estimate,
+    qada_window_keep,
+)
 from .relation_detr import (  # noqa: F401
     box_relation_encoding,
     init_relation_detr_params,
@@ -612,6 +643,16 @@ from .transposed_channel import (  # noqa: F401
     transposed_channel_attention_backward,
     transposed_channel_attention_forward,
 )
+from .tucker_attention import (  # noqa: F401
+    TUCKER_POST,
+    TUCKER_PRE,
+    init_tucker_attention_params,
+    tucker_attention,
+    tucker_attention_backward,
+    tucker_attention_forward,
+    tucker_head_cores,
+    tucker_weight_tensors,
+)
 from .urpe import (  # noqa: F401
     init_urpe_params,
     urpe_attention,
@@ -636,7 +677,9 @@ __all__ = [
     "init_soft_attention_params", "soft_attention", "soft_attention_backward", "soft_attention_forward",
     "soft_attention_param_spec", "biased_attention_backward", "biased_attention_forward", "gather_bias",
     "scatter_bias_grad", "alibi_attention_backward", "alibi_attention_forward", "alibi_bias", "alibi_layer",
-    "alibi_layer_backward", "alibi_layer_forward", "alibi_slopes", "better_attention", "better_attention_backward",
+    "alibi_layer_backward", "alibi_layer_forward", "alibi_slopes", "AHA_GATE_GRADS", "AHA_ROUTERS", "aha_local_keep",
+    "aha_mix_backward", "aha_mix_forward", "aha_route", "aha_sparsity_penalty", "all_or_here", "all_or_here_backward",
+    "all_or_here_forward", "init_all_or_here_params", "better_attention", "better_attention_backward",
     "better_attention_forward", "init_better_attention_params", "bidaf_attention", "bidaf_attention_backward",
     "bidaf_attention_forward", "bidaf_param_spec", "bidaf_similarity", "init_bidaf_params", "class_attention_block",
     "class_attention_block_backward", "class_attention_block_forward", "class_attention_param_spec",
@@ -689,28 +732,29 @@ __all__ = [
     "poly_encoder_attention_backward", "poly_encoder_attention_forward", "coupled_addition_position_ids",
     "coupling_start_bounds", "init_position_coupling_params", "pad_position_ids", "position_coupling_embed",
     "position_coupling_embed_backward", "position_coupling_embed_forward", "position_coupling_param_spec",
-    "sample_coupling_start", "box_relation_encoding", "init_relation_detr_params", "position_relation_bias",
-    "relation_detr_attention", "relation_detr_attention_backward", "relation_detr_attention_forward",
-    "relation_detr_param_spec", "relation_sine_frequencies", "SYMBOL_RETRIEVERS", "dual_attention",
-    "dual_attention_backward", "dual_attention_forward", "relational_attention_backward",
-    "relational_attention_forward", "symbol_retrieval_backward", "symbol_retrieval_forward", "RPE_KINDS",
-    "relative_position_attention_backward", "relative_position_attention_forward", "shaw_attention_backward",
-    "shaw_attention_forward", "t5_attention_backward", "t5_attention_forward", "t5_attention_layer",
-    "t5_attention_layer_backward", "t5_attention_layer_forward", "t5_relative_position_bucket",
-    "init_reversed_attention_params", "reversed_attention", "reversed_attention_backward", "reversed_attention_forward",
-    "RPE_KEY_QUERY_TYPES", "gather_rows_at", "init_rpe_key_query_params", "relative_distance_index", "rpe_key_query",
-    "rpe_key_query_backward", "rpe_key_query_forward", "rpe_key_query_param_spec", "scatter_rows_at", "sdpa",
-    "sdpa_backward", "sdpa_forward", "init_skip_layer_params", "skip_layer_attention_backward",
-    "skip_layer_attention_forward", "skip_layer_stack", "skip_layer_stack_backward", "skip_layer_stack_forward",
-    "SWIN_PARAM_NAMES", "SWIN_VERSIONS", "SWIN_WINDOW_RULES", "init_swin_params", "swin_canonical_weights",
-    "swin_named_grads", "swin_param_spec", "swin_window_and_shift", "swin_window_attention",
-    "swin_window_attention_apply", "swin_window_attention_backward", "swin_window_attention_forward",
-    "swin_window_attention_vjp", "tova_attention", "tova_attention_backward", "tova_attention_forward",
-    "tova_keep_mask", "CHANNEL_PROJECTIONS", "channel_attention_apply", "channel_attention_param_spec",
-    "channel_attention_vjp", "init_channel_attention_params", "transposed_channel_attention",
-    "transposed_channel_attention_backward", "transposed_channel_attention_forward", "init_urpe_params",
-    "urpe_attention", "urpe_attention_backward", "urpe_attention_forward", "urpe_bucket_ids", "urpe_num_rows",
-    "urpe_param_spec", "urpe_relative_bucket", "PARALLEL_OPS", "init_value_suppression_params",
-    "parallel_edit_coefficients", "value_parallel_suppression", "value_parallel_suppression_backward",
-    "value_parallel_suppression_forward",
+    "sample_coupling_start", "qada_attention", "qada_attention_forward", "qada_bulk_estimate", "qada_window_keep",
+    "box_relation_encoding", "init_relation_detr_params", "position_relation_bias", "relation_detr_attention",
+    "relation_detr_attention_backward", "relation_detr_attention_forward", "relation_detr_param_spec",
+    "relation_sine_frequencies", "SYMBOL_RETRIEVERS", "dual_attention", "dual_attention_backward",
+    "dual_attention_forward", "relational_attention_backward", "relational_attention_forward",
+    "symbol_retrieval_backward", "symbol_retrieval_forward", "RPE_KINDS", "relative_position_attention_backward",
+    "relative_position_attention_forward", "shaw_attention_backward", "shaw_attention_forward", "t5_attention_backward",
+    "t5_attention_forward", "t5_attention_layer", "t5_attention_layer_backward", "t5_attention_layer_forward",
+    "t5_relative_position_bucket", "init_reversed_attention_params", "reversed_attention",
+    "reversed_attention_backward", "reversed_attention_forward", "RPE_KEY_QUERY_TYPES", "gather_rows_at",
+    "init_rpe_key_query_params", "relative_distance_index", "rpe_key_query", "rpe_key_query_backward",
+    "rpe_key_query_forward", "rpe_key_query_param_spec", "scatter_rows_at", "sdpa", "sdpa_backward", "sdpa_forward",
+    "init_skip_layer_params", "skip_layer_attention_backward", "skip_layer_attention_forward", "skip_layer_stack",
+    "skip_layer_stack_backward", "skip_layer_stack_forward", "SWIN_PARAM_NAMES", "SWIN_VERSIONS", "SWIN_WINDOW_RULES",
+    "init_swin_params", "swin_canonical_weights", "swin_named_grads", "swin_param_spec", "swin_window_and_shift",
+    "swin_window_attention", "swin_window_attention_apply", "swin_window_attention_backward",
+    "swin_window_attention_forward", "swin_window_attention_vjp", "tova_attention", "tova_attention_backward",
+    "tova_attention_forward", "tova_keep_mask", "CHANNEL_PROJECTIONS", "channel_attention_apply",
+    "channel_attention_param_spec", "channel_attention_vjp", "init_channel_attention_params",
+    "transposed_channel_attention", "transposed_channel_attention_backward", "transposed_channel_attention_forward",
+    "TUCKER_POST", "TUCKER_PRE", "init_tucker_attention_params", "tucker_attention", "tucker_attention_backward",
+    "tucker_attention_forward", "tucker_head_cores", "tucker_weight_tensors", "init_urpe_params", "urpe_attention",
+    "urpe_attention_backward", "urpe_attention_forward", "urpe_bucket_ids", "urpe_num_rows", "urpe_param_spec",
+    "urpe_relative_bucket", "PARALLEL_OPS", "init_value_suppression_params", "parallel_edit_coefficients",
+    "value_parallel_suppression", "value_parallel_suppression_backward", "value_parallel_suppression_forward",
 ]
