@@ -123,6 +123,9 @@ pde_transformer_channel_attention
 physgto_attention
     PhysGTO projection-inspired attention: learned tokens project the mesh, attend, and re-project
     back (``physgto_projection_attention``).
+pibert_attention
+    PIBERT physics-biased self-attention: softmax attention whose logits are shifted by the norm of
+    a PDE residual at every token (``physics_biased_fourier_wavelet_attention``).
 pinnsformer
     PINNsFormer: pseudo-sequences of collocation points, the Wavelet activation and the
     encoder-decoder PINN transformer built from them (``pinnsformer_wavelet_pseudosequence``,
@@ -441,6 +444,13 @@ from .physgto_attention import (  # noqa: F401
     physgto_attention_backward,
     physgto_attention_forward,
 )
+from .pibert_attention import (  # noqa: F401
+    init_pibert_attention_params,
+    pibert_attention,
+    pibert_attention_backward,
+    pibert_attention_forward,
+    residual_norm_bias,
+)
 from .pinnsformer import (  # noqa: F401
     init_pinnsformer_params,
     make_time_sequence,
@@ -534,11 +544,13 @@ __all__ = [
     "oformer_init_params", "cholesky_vjp", "ono_attention", "ono_attention_backward", "ono_attention_forward",
     "psd_safe_cholesky", "init_pde_channel_attention_params", "pde_channel_attention", "pde_channel_attention_backward",
     "pde_channel_attention_forward", "PHYSGTO_VARIANTS", "init_physgto_attention_params", "physgto_attention",
-    "physgto_attention_backward", "physgto_attention_forward", "init_pinnsformer_params", "make_time_sequence",
-    "pinnsformer", "pinnsformer_backward", "pinnsformer_forward", "pinnsformer_param_shapes", "wave_activation",
-    "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto", "pinto_backward",
-    "pinto_forward", "coarse_hat_basis", "overlapping_subdomains", "partition_of_unity", "schwarz_attention",
-    "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm", "init_scot_params",
-    "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "transolver_init_params",
-    "transolver_physics_attention", "transolver_physics_attention_backward", "transolver_physics_attention_forward",
+    "physgto_attention_backward", "physgto_attention_forward", "init_pibert_attention_params", "pibert_attention",
+    "pibert_attention_backward", "pibert_attention_forward", "residual_norm_bias", "init_pinnsformer_params",
+    "make_time_sequence", "pinnsformer", "pinnsformer_backward", "pinnsformer_forward", "pinnsformer_param_shapes",
+    "wave_activation", "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto",
+    "pinto_backward", "pinto_forward", "coarse_hat_basis", "overlapping_subdomains", "partition_of_unity",
+    "schwarz_attention", "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm",
+    "init_scot_params", "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes",
+    "transolver_init_params", "transolver_physics_attention", "transolver_physics_attention_backward",
+    "transolver_physics_attention_forward",
 ]

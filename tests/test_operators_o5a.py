@@ -1,0 +1,83 @@
+"""Operator slice o5a (issue 17, T3 whole-model entries): what the registry cannot express.
+
+PIBERT physics-biased attention: finite differences with a mask and with lambda <= 0 (the
+residual gradient is then exactly zero), the physics of the bias (a key with a large residual is
+suppressed), and argument errors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from refattn.operators import init_pibert_attention_params
+from refattn.operators.pibert_attention import pibert_attention_backward, pibert_attention_forward
+from refattn.registry import Sample
+from refattn.testing import gradcheck
+
+
+def _pibert_sample(rng, lam=0.7, mask=False):
+    n, c = 4, 4
+    r = rng.standard_normal((2, n, 2))
+    r *= rng.uniform(0.5, 1.5, (2, n, 1)) / np.linalg.norm(r, axis=-1, keepdims=True)
+    cfg = {"num_heads": 2, "lambda_param": lam}
+    if mask:
+        m = rng.random((2, n, n)) < 0.6
+        m[:, np.arange(n), np.arange(n)] = True
+        cfg["attn_mask"] = m
+    return Sample(inputs={"x": rng.standard_normal((2, n, c)), "pde_residuals": r},
+                  params=init_pibert_attention_params(rng, c), config=cfg)
+
+
+def test_pibert_gradcheck_masked():
+    s = _pibert_sample(np.random.default_rng(1), mask=True)
+    assert gradcheck(pibert_attention_forward, pibert_attention_backward, s).max_rel < 1e-6
+
+
+def test_pibert_lambda_nonpositive_zero_residual_grad():
+    s = _pibert_sample(np.random.default_rng(2), lam=-0.5)
+    out, cache = pibert_attention_forward(**s.inputs, params=s.params, **s.config)
+    g = pibert_attention_backward(np.ones_like(out), cache)
+    assert np.array_equal(g["pde_residuals"], np.zeros_like(s.inputs["pde_residuals"]))
+    assert gradcheck(pibert_attention_forward, pibert_attention_backward, s).max_rel < 1e-6
+
+
+def test_pibert_large_residual_key_is_suppressed():
+    # One key with a residual norm 40 larger than the rest gets weight ~exp(-40 * lambda).
+    rng = np.random.default_rng(3)
+    s = _pibert_sample(rng, lam=1.0)
+    r = s.inputs["pde_residuals"].copy()
+    r[:, 2] *= 40.0 / np.linalg.norm(r[:, 2], axis=-1, keepdims=True)
+    _, cache = pibert_attention_forward(s.inputs["x"], r, s.params, num_heads=2, lambda_param=1.0)
+    p = cache["core"]["p"]
+    assert p[..., 2].max() < 1e-12
+    _, cache0 = pibert_attention_forward(s.inputs["x"], None, s.params, num_heads=2)
+    assert cache0["core"]["p"][..., 2].min() > 1e-6
+
+
+def test_pibert_zero_residual_row_has_zero_gradient():
+    s = _pibert_sample(np.random.default_rng(4))
+    r = s.inputs["pde_residuals"].copy()
+    r[0, 1] = 0.0
+    out, cache = pibert_attention_forward(s.inputs["x"], r, s.params, **s.config)
+    g = pibert_attention_backward(np.ones_like(out), cache)
+    assert np.all(np.isfinite(g["pde_residuals"])) and np.all(g["pde_residuals"][0, 1] == 0.0)
+
+
+def test_pibert_bad_input():
+    s = _pibert_sample(np.random.default_rng(5))
+    x, r, p = s.inputs["x"], s.inputs["pde_residuals"], s.params
+    with pytest.raises(ValueError, match="pde_residuals"):
+        pibert_attention_forward(x, r[:, :2], p, num_heads=2)
+    with pytest.raises(ValueError, match="num_heads"):
+        pibert_attention_forward(x, r, p, num_heads=3)
+    with pytest.raises(TypeError, match="lambda_param"):
+        pibert_attention_forward(x, r, p, num_heads=2, lambda_param="1")
+    with pytest.raises(TypeError, match="attn_mask"):
+        pibert_attention_forward(x, r, p, num_heads=2, attn_mask=np.ones((2, 4, 4)))
+    with pytest.raises(ValueError, match="attn_mask"):
+        pibert_attention_forward(x, r, p, num_heads=2, attn_mask=np.ones((2, 4, 3), bool))
+    bad = dict(p)
+    bad["q_proj.weight"] = bad["q_proj.weight"][:, :3]
+    with pytest.raises(ValueError, match="q_proj.weight"):
+        pibert_attention_forward(x, r, bad, num_heads=2)
