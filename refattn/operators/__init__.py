@@ -46,6 +46,10 @@ disco_conv
     Discrete-continuous (DISCO) convolutions — the localized integral kernel of the local neural
     operator — and the local kernels of ``LocalNOBlocks`` (DISCO + finite-difference) as one layer
     (``local_differential_disco_kernels``).
+ditto
+    DiTTO time conditioning: a sinusoidal embedding of the PDE time, an MLP, and a residual
+    convolution block whose normalised features are scaled and shifted by that embedding
+    (``ditto_time_conditioned_operator``).
 factformer
     FactFormer's axial factorised kernel integral (and the full ``FABlock2D`` around it)
     (``factformer_factorized_attention``).
@@ -248,6 +252,13 @@ from .disco_conv import (  # noqa: F401
     local_no_kernels,
     local_no_kernels_backward,
     local_no_kernels_forward,
+)
+from .ditto import (  # noqa: F401
+    ditto_block,
+    ditto_block_backward,
+    ditto_block_forward,
+    init_ditto_block_params,
+    sinusoidal_time_embedding,
 )
 from .factformer import (  # noqa: F401
     factformer_attention,
@@ -509,10 +520,11 @@ __all__ = [
     "finite_difference_conv_forward", "zero_sum_stencil", "disco_basis", "disco_conv", "disco_conv_backward",
     "disco_conv_forward", "disco_filter_matrix", "equidistant_disco_conv", "equidistant_disco_conv_backward",
     "equidistant_disco_conv_forward", "equidistant_disco_kernel", "local_no_kernels", "local_no_kernels_backward",
-    "local_no_kernels_forward", "factformer_attention", "factformer_attention_backward", "factformer_attention_forward",
-    "factformer_block_backward", "factformer_block_forward", "factformer_block_param_shapes",
-    "init_factformer_block_params", "low_rank_kernel", "low_rank_kernel_backward", "low_rank_kernel_forward",
-    "fno_spectral_conv", "fno_spectral_conv_backward", "fno_spectral_conv_centred",
+    "local_no_kernels_forward", "ditto_block", "ditto_block_backward", "ditto_block_forward", "init_ditto_block_params",
+    "sinusoidal_time_embedding", "factformer_attention", "factformer_attention_backward",
+    "factformer_attention_forward", "factformer_block_backward", "factformer_block_forward",
+    "factformer_block_param_shapes", "init_factformer_block_params", "low_rank_kernel", "low_rank_kernel_backward",
+    "low_rank_kernel_forward", "fno_spectral_conv", "fno_spectral_conv_backward", "fno_spectral_conv_centred",
     "fno_spectral_conv_centred_backward", "fno_spectral_conv_centred_forward", "fno_spectral_conv_explicit",
     "fno_spectral_conv_forward", "init_fno_centred_params", "init_fno_params", "funcattn_backward", "funcattn_forward",
     "funcattn_functional_attention", "funcattn_init_params", "gale_init_params", "geotransolver_gale",
