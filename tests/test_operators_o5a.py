@@ -132,3 +132,48 @@ def test_ditto_bad_input():
         ditto_block_forward(x, t, bad, groups=2)
     with pytest.raises(ValueError, match="time_mlp.1.weight"):
         ditto_block_forward(x, t, {k: v for k, v in p.items() if k != "time_mlp.1.weight"}, groups=2)
+
+
+# --------------------------------------------------------------------------------------------
+# PDEformer graph attention
+
+
+def test_pdeformer_table_gradient_is_scatter_against_brute_force():
+    # The table gradients equal a brute-force sum over the pairs that selected each row.
+    from refattn.attention.softmax import attention_core_backward
+    from refattn.operators.pdeformer import _sample, pdeformer_attention_backward, pdeformer_attention_forward
+    rng = np.random.default_rng(9)
+    s = _sample(rng, "small")
+    out, cache = pdeformer_attention_forward(**s.inputs, params=s.params, **s.config)
+    g = rng.standard_normal(out.shape)
+    grads = pdeformer_attention_backward(g, cache)
+    from refattn.nn.linear import split_heads
+    dom = g @ s.params["out_proj.weight"].T
+    ds = attention_core_backward(split_heads(dom, 2), cache["core"])["bias"]
+    sp = s.config["spatial_pos"]
+    want_f = np.zeros_like(grads["spatial_pos_encoder.embedding_table"])
+    want_r = np.zeros_like(want_f)
+    for b in range(sp.shape[0]):
+        for i in range(sp.shape[1]):
+            for j in range(sp.shape[2]):
+                want_f[sp[b, i, j]] += ds[b, :, i, j]
+                want_r[sp[b, j, i]] += ds[b, :, i, j]
+    assert np.allclose(grads["spatial_pos_encoder.embedding_table"], want_f, atol=1e-13)
+    assert np.allclose(grads["spatial_pos_encoder_rev.embedding_table"], want_r, atol=1e-13)
+
+
+def test_pdeformer_no_attn_bias_and_bad_input():
+    from refattn.operators.pdeformer import _sample, pdeformer_attention_backward, pdeformer_attention_forward
+    rng = np.random.default_rng(10)
+    s = _sample(rng, "tiny")
+    out, cache = pdeformer_attention_forward(s.inputs["x"], None, s.params, **s.config)
+    assert "attn_bias" not in pdeformer_attention_backward(np.ones_like(out), cache)
+    x, cfg = s.inputs["x"], dict(s.config)
+    with pytest.raises(ValueError, match=r"spatial_pos entries"):
+        pdeformer_attention_forward(x, None, s.params, **dict(cfg, spatial_pos=cfg["spatial_pos"] + 10))
+    with pytest.raises(TypeError, match="spatial_pos"):
+        pdeformer_attention_forward(x, None, s.params, **dict(cfg, spatial_pos=cfg["spatial_pos"] * 1.0))
+    with pytest.raises(ValueError, match="key_padding_mask pads every node"):
+        pdeformer_attention_forward(x, None, s.params, **dict(cfg, key_padding_mask=np.ones((2, 3), bool)))
+    with pytest.raises(ValueError, match="attn_bias"):
+        pdeformer_attention_forward(x, np.zeros((2, 3, 2)), s.params, **cfg)

@@ -124,6 +124,10 @@ ono
 pde_transformer_channel_attention
     PDE-Transformer (separate channels): channel-wise self-attention between the tokens of the
     physical channels, with adaptive-LayerNorm conditioning (``pde_transformer_channel_attention``).
+pdeformer
+    PDEformer graph-Transformer attention: multi-head self-attention over the nodes of a PDE's
+    computational graph, biased by learned embeddings of the directed shortest-path distance in both
+    directions (``pdeformer_graph_inr``).
 physgto_attention
     PhysGTO projection-inspired attention: learned tokens project the mesh, attend, and re-project
     back (``physgto_projection_attention``).
@@ -448,6 +452,13 @@ from .pde_transformer_channel_attention import (  # noqa: F401
     pde_channel_attention_backward,
     pde_channel_attention_forward,
 )
+from .pdeformer import (  # noqa: F401
+    dag_spatial_bias,
+    init_pdeformer_attention_params,
+    pdeformer_attention,
+    pdeformer_attention_backward,
+    pdeformer_attention_forward,
+)
 from .physgto_attention import (  # noqa: F401
     PHYSGTO_VARIANTS,
     init_physgto_attention_params,
@@ -555,14 +566,15 @@ __all__ = [
     "mwt_decompose", "mwt_reconstruct", "oformer_attention", "oformer_attention_backward", "oformer_attention_forward",
     "oformer_init_params", "cholesky_vjp", "ono_attention", "ono_attention_backward", "ono_attention_forward",
     "psd_safe_cholesky", "init_pde_channel_attention_params", "pde_channel_attention", "pde_channel_attention_backward",
-    "pde_channel_attention_forward", "PHYSGTO_VARIANTS", "init_physgto_attention_params", "physgto_attention",
-    "physgto_attention_backward", "physgto_attention_forward", "init_pibert_attention_params", "pibert_attention",
-    "pibert_attention_backward", "pibert_attention_forward", "residual_norm_bias", "init_pinnsformer_params",
-    "make_time_sequence", "pinnsformer", "pinnsformer_backward", "pinnsformer_forward", "pinnsformer_param_shapes",
-    "wave_activation", "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto",
-    "pinto_backward", "pinto_forward", "coarse_hat_basis", "overlapping_subdomains", "partition_of_unity",
-    "schwarz_attention", "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm",
-    "init_scot_params", "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes",
-    "transolver_init_params", "transolver_physics_attention", "transolver_physics_attention_backward",
-    "transolver_physics_attention_forward",
+    "pde_channel_attention_forward", "dag_spatial_bias", "init_pdeformer_attention_params", "pdeformer_attention",
+    "pdeformer_attention_backward", "pdeformer_attention_forward", "PHYSGTO_VARIANTS", "init_physgto_attention_params",
+    "physgto_attention", "physgto_attention_backward", "physgto_attention_forward", "init_pibert_attention_params",
+    "pibert_attention", "pibert_attention_backward", "pibert_attention_forward", "residual_norm_bias",
+    "init_pinnsformer_params", "make_time_sequence", "pinnsformer", "pinnsformer_backward", "pinnsformer_forward",
+    "pinnsformer_param_shapes", "wave_activation", "wave_activation_backward", "wave_activation_forward",
+    "init_pinto_params", "pinto", "pinto_backward", "pinto_forward", "coarse_hat_basis", "overlapping_subdomains",
+    "partition_of_unity", "schwarz_attention", "schwarz_attention_backward", "schwarz_attention_forward",
+    "conditional_layer_norm", "init_scot_params", "scot_layer", "scot_layer_backward", "scot_layer_forward",
+    "scot_param_shapes", "transolver_init_params", "transolver_physics_attention",
+    "transolver_physics_attention_backward", "transolver_physics_attention_forward",
 ]
