@@ -177,3 +177,43 @@ def test_pdeformer_no_attn_bias_and_bad_input():
         pdeformer_attention_forward(x, None, s.params, **dict(cfg, key_padding_mask=np.ones((2, 3), bool)))
     with pytest.raises(ValueError, match="attn_bias"):
         pdeformer_attention_forward(x, np.zeros((2, 3, 2)), s.params, **cfg)
+
+
+# --------------------------------------------------------------------------------------------
+# PROSE fusion and operator decoder
+
+
+@pytest.mark.parametrize("time_embed,norm_first", [("learnable", True), ("continuous", False)])
+def test_prose_gradcheck_variants(time_embed, norm_first):
+    from refattn.operators.prose import _sample, prose_decoder_backward, prose_decoder_forward
+    s = _sample(np.random.default_rng(11), "tiny", time_embed=time_embed, norm_first=norm_first)
+    if s.inputs["times"] is None:
+        s = Sample(inputs={k: v for k, v in s.inputs.items() if v is not None}, params=s.params,
+                   config=dict(s.config, times=None))
+    assert gradcheck(prose_decoder_forward, prose_decoder_backward, s).max_rel < 1e-6
+
+
+def test_prose_learnable_table_rows_beyond_output_len_get_zero_grad():
+    from refattn.operators.prose import _sample, prose_decoder_backward, prose_decoder_forward
+    s = _sample(np.random.default_rng(12), "small", time_embed="learnable")
+    out, cache = prose_decoder_forward(**s.inputs, params=s.params, **s.config)
+    g = prose_decoder_backward(np.ones_like(out), cache)["time_embed"]
+    nl = s.config["output_len"]
+    assert np.all(g[:, nl:] == 0.0) and np.abs(g[:, :nl]).max() > 0
+
+
+def test_prose_bad_input():
+    from refattn.operators.prose import _sample, prose_decoder_forward
+    s = _sample(np.random.default_rng(13), "small")
+    t, x0, x1 = s.inputs["times"], s.inputs["x0"], s.inputs["x1"]
+    with pytest.raises(ValueError, match="continuous"):
+        prose_decoder_forward(None, x0, x1, s.params, **s.config)
+    with pytest.raises(ValueError, match="x1"):
+        prose_decoder_forward(t, x0, x1[:, :, :4], s.params, **s.config)
+    with pytest.raises(ValueError, match="key padding masks pad every"):
+        prose_decoder_forward(t, x0[:, :0 + 1], x1, s.params, **dict(s.config, key_padding_mask0=np.ones((2, 1), bool),
+                                                                      key_padding_mask1=np.ones((2, 3), bool)))
+    with pytest.raises(TypeError, match="key_padding_mask1"):
+        prose_decoder_forward(t, x0, x1, s.params, **dict(s.config, key_padding_mask1=np.ones((2, 3))))
+    with pytest.raises(ValueError, match="time_embed"):
+        prose_decoder_forward(t, x0, x1, s.params, **dict(s.config, time_embed="fourier"))

@@ -141,6 +141,10 @@ pinnsformer
 pinto
     PINTO: physics-informed transformer neural operator with cross-attention kernel-integral units
     (``pinto_cross_attention_kernel_integral``).
+prose
+    PROSE multimodal operator decoding: data and symbol tokens are fused with modality-type
+    embeddings, and the solution is decoded by cross-attention from query embeddings (output time +
+    patch position) to the fused tokens (``prose_multimodal_operator``).
 schwarz_attention
     Two-level overlapping Schwarz (domain-decomposition) attention
     (``schwarz_domain_decomposition_attention``).
@@ -490,6 +494,13 @@ from .pinto import (  # noqa: F401
     pinto_backward,
     pinto_forward,
 )
+from .prose import (  # noqa: F401
+    PROSE_TIME_EMBEDS,
+    init_prose_decoder_params,
+    prose_decoder,
+    prose_decoder_backward,
+    prose_decoder_forward,
+)
 from .schwarz_attention import (  # noqa: F401
     coarse_hat_basis,
     overlapping_subdomains,
@@ -572,7 +583,8 @@ __all__ = [
     "pibert_attention", "pibert_attention_backward", "pibert_attention_forward", "residual_norm_bias",
     "init_pinnsformer_params", "make_time_sequence", "pinnsformer", "pinnsformer_backward", "pinnsformer_forward",
     "pinnsformer_param_shapes", "wave_activation", "wave_activation_backward", "wave_activation_forward",
-    "init_pinto_params", "pinto", "pinto_backward", "pinto_forward", "coarse_hat_basis", "overlapping_subdomains",
+    "init_pinto_params", "pinto", "pinto_backward", "pinto_forward", "PROSE_TIME_EMBEDS", "init_prose_decoder_params",
+    "prose_decoder", "prose_decoder_backward", "prose_decoder_forward", "coarse_hat_basis", "overlapping_subdomains",
     "partition_of_unity", "schwarz_attention", "schwarz_attention_backward", "schwarz_attention_forward",
     "conditional_layer_norm", "init_scot_params", "scot_layer", "scot_layer_backward", "scot_layer_forward",
     "scot_param_shapes", "transolver_init_params", "transolver_physics_attention",
