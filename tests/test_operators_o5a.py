@@ -217,3 +217,15 @@ def test_prose_bad_input():
         prose_decoder_forward(t, x0, x1, s.params, **dict(s.config, key_padding_mask1=np.ones((2, 3))))
     with pytest.raises(ValueError, match="time_embed"):
         prose_decoder_forward(t, x0, x1, s.params, **dict(s.config, time_embed="fourier"))
+
+
+# --------------------------------------------------------------------------------------------
+# Records left unimplemented (rule: a precise note, never a stub)
+
+
+@pytest.mark.parametrize("slug", ["vito_unet_vit_operator", "echo_generative_trajectory_operator"])
+def test_unimplemented_records_have_precise_notes(slug):
+    from refattn import registry
+    rec = registry.get(slug)
+    assert not rec.implemented and rec.forward is None and rec.backward is None
+    assert rec.notes.startswith("Not implemented:") and len(rec.notes) > 300

@@ -50,6 +50,9 @@ ditto
     DiTTO time conditioning: a sinusoidal embedding of the PDE time, an MLP, and a residual
     convolution block whose normalised features are scaled and shifted by that embedding
     (``ditto_time_conditioned_operator``).
+echo
+    ECHO (generative transformer operator for million-point PDE trajectories): registered as **not
+    implemented** (T3).
 factformer
     FactFormer's axial factorised kernel integral (and the full ``FABlock2D`` around it)
     (``factformer_factorized_attention``).
@@ -154,6 +157,9 @@ scot
 transolver
     Transolver Physics-Attention: slice the points, attend among the slices, deslice
     (``transolver_physics_attention``).
+vito
+    ViTO (U-Net with a vision transformer for inverse PDE problems): registered as **not
+    implemented** (T3).
 """
 
 from __future__ import annotations
