@@ -229,3 +229,75 @@ def test_unimplemented_records_have_precise_notes(slug):
     rec = registry.get(slug)
     assert not rec.implemented and rec.forward is None and rec.backward is None
     assert rec.notes.startswith("Not implemented:") and len(rec.notes) > 300
+
+
+# --------------------------------------------------------------------------------------------
+# PDEformer INR decoder (Poly-INR with scale/shift hypernetworks)
+
+
+def _inr_sample(seed, hyper_num_layers=2):
+    # Redraw until every LeakyReLU / ReLU pre-activation is at least 1e-3 away from its kink, so the
+    # central differences (step 1e-6) never cross one.
+    from refattn.operators.pdeformer import init_pdeformer_inr_params, pdeformer_inr_forward
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        p = init_pdeformer_inr_params(rng, 2, 2, 3, 3, 3, 3, hyper_num_layers)
+        x, z = rng.standard_normal((2, 3, 2)), rng.standard_normal((2, 2, 3))
+        _, c = pdeformer_inr_forward(x, z, p, num_layers=3, hyper_num_layers=hyper_num_layers)
+        pre = [lay["m"] for lay in c["layers"]] + [a for lay in c["layers"] for a in lay["sc_pre"] + lay["sh_pre"]]
+        if min(float(np.abs(a).min()) for a in pre) > 1e-3:
+            return Sample(inputs={"coordinate": x, "hyper_in": z}, params=p,
+                          config={"num_layers": 3, "hyper_num_layers": hyper_num_layers})
+    raise AssertionError("no kink-free sample found")
+
+
+@pytest.mark.parametrize("hyper_num_layers", [1, 2])
+def test_pdeformer_inr_gradcheck(hyper_num_layers):
+    from refattn.operators.pdeformer import pdeformer_inr_backward, pdeformer_inr_forward
+    s = _inr_sample(14, hyper_num_layers)
+    assert gradcheck(pdeformer_inr_forward, pdeformer_inr_backward, s).max_rel < 1e-6
+
+
+def test_pdeformer_inr_against_explicit_loops_and_clamp():
+    from refattn.operators.pdeformer import pdeformer_inr_backward, pdeformer_inr_forward
+    s = _inr_sample(15)
+    p, x, z = s.params, s.inputs["coordinate"], s.inputs["hyper_in"]
+
+    def mlp(kind, lyr, v):
+        h = np.maximum(v @ p[f"{kind}_hypernets.{lyr}.net.0.weight"] + p[f"{kind}_hypernets.{lyr}.net.0.bias"], 0)
+        return h @ p[f"{kind}_hypernets.{lyr}.net.2.weight"] + p[f"{kind}_hypernets.{lyr}.net.2.bias"]
+
+    for scale_x, cl in ((1.0, 256.0), (50.0, 3.0)):
+        want = np.zeros((2, 3, 2))
+        for b in range(2):
+            for n in range(3):
+                h = 1.0
+                for lyr in range(2):
+                    a = x[b, n] * scale_x @ p[f"inr.affines.{lyr}.weight"] + p[f"inr.affines.{lyr}.bias"]
+                    m = (1 + mlp("scale", lyr, z[lyr, b])) * ((h * a) @ p[f"inr.dense_layers.{lyr}.weight"]
+                                                             + p[f"inr.dense_layers.{lyr}.bias"]) + mlp("shift", lyr, z[lyr, b])
+                    h = np.clip(np.where(m > 0, m, 0.2 * m), -cl, cl)
+                want[b, n] = h @ p["inr.last_layer.weight"] + p["inr.last_layer.bias"]
+        out, c = pdeformer_inr_forward(x * scale_x, z, p, num_layers=3, hyper_num_layers=2, clamp=cl)
+        assert np.allclose(out, want, atol=1e-12)
+    # with the clamp active, clamped units pass no gradient
+    assert not c["layers"][1]["live"].all()
+    g = pdeformer_inr_backward(np.ones_like(out), c)
+    assert np.all(np.isfinite(g["coordinate"]))
+
+
+def test_pdeformer_inr_bad_input():
+    from refattn.operators.pdeformer import pdeformer_inr_forward
+    s = _inr_sample(16)
+    x, z, p = s.inputs["coordinate"], s.inputs["hyper_in"], s.params
+    with pytest.raises(ValueError, match="hyper_in"):
+        pdeformer_inr_forward(x, z[:1], p, num_layers=3, hyper_num_layers=2)
+    with pytest.raises(ValueError, match="num_layers"):
+        pdeformer_inr_forward(x, z, p, num_layers=1, hyper_num_layers=2)
+    with pytest.raises(ValueError, match="inr.affines.0.weight"):
+        pdeformer_inr_forward(x[..., :1], z, p, num_layers=3, hyper_num_layers=2)
+    with pytest.raises(ValueError, match="negative_slope"):
+        pdeformer_inr_forward(x, z, p, num_layers=3, hyper_num_layers=2, negative_slope=1.5)
+    with pytest.raises(ValueError, match="scale_hypernets"):
+        pdeformer_inr_forward(x, z, {k: v for k, v in p.items() if k != "scale_hypernets.1.net.2.bias"},
+                              num_layers=3, hyper_num_layers=2)

@@ -18,10 +18,11 @@ PDEformer writes the PDE as a directed acyclic graph (nodes for the unknown fiel
 coefficients, initial/boundary functions), embeds every node (type embedding, in/out-degree
 embeddings, a function encoder for function-valued nodes), runs a Graphormer encoder, and decodes
 the solution with an implicit neural representation (a Poly-INR whose layers are modulated by
-hypernetworks fed with the encoder's node outputs). This module is the encoder's attention with
-its graph bias: the part that carries the graph structure. The node embedding, the position-wise
-feed-forward sublayers and layer norms of the encoder layer, and the INR decoder are standard
-layers left to the docs text.
+hypernetworks fed with the encoder's node outputs). This module implements the two components the
+paper introduces: the encoder's attention with its DAG bias (the registry record: it carries the
+graph structure), and the INR decoder (``pdeformer_inr_forward``/``pdeformer_inr_backward``, the
+Poly-INR with scale/shift hypernetworks, below). The node embedding and the encoder's feed-forward
+sublayers and layer norms are standard layers left to the docs text.
 
 Forward
 -------
@@ -66,6 +67,26 @@ Conventions
 * Upstream casts to float16 for the projections and float32 for the softmax; this runs in the
   input's dtype. Attention dropout is training-only and not applied.
 
+INR decoder
+-----------
+``PolyINRWithHypernet`` with upstream defaults (scale and shift modulations, no affine modulation,
+LeakyReLU(0.2) clamped to $\pm 256$, identity affine activation, one hypernetwork per hidden layer):
+
+$$h_0 = 1,\qquad h_{l+1} = \mathrm{clamp}_{\pm c}\,\mathrm{LReLU}\Big((1+\sigma_l)\odot
+\big((h_l\odot(xA_l + a_l))D_l + d_l\big) + \beta_l\Big),\qquad u = h_{L-1}W + w,$$
+
+with $\sigma_l, \beta_l$ the outputs of ReLU MLPs (``scale_hypernets.{l}``, ``shift_hypernets.{l}``)
+applied to ``hyper_in[l]``, the encoder outputs at the graph's decoder-feeding nodes. Backward: with
+$dm_l = dh_{l+1}\odot\mathrm{LReLU}'(m_l)\odot[\lvert\mathrm{LReLU}(m_l)\rvert\le c]$,
+$d\sigma_l = \sum_n dm_l\odot e_l$ ($e_l$ the dense output), $d\beta_l = \sum_n dm_l$,
+$de_l = (1+\sigma_l)\odot dm_l$, then the dense layer's VJP gives $dp_l$ for $p_l = h_l\odot a_l$:
+$da_l = dp_l\odot h_l$, $dh_l = dp_l\odot a_l$; $dx$ sums the affine layers' input gradients and
+$dz_l$ the two hypernetworks' (ReLU MLP VJPs). At the LeakyReLU/ReLU/clamp kinks the derivative of
+the active branch is taken (autograd's convention); the tests draw kink-free samples.
+Transcribed ``PolyINR.construct``/``PolyINRWithHypernet``/``MLP`` in float64 ($B = 2$, $N = 7$,
+$L = 4$, hidden 6, 2-layer hypernetworks): output 4.6e-16, every gradient <= 1.0e-15 (relative to
+$\max(1, \text{largest entry})$).
+
 Agreement with upstream
 -----------------------
 MindSpore is not installable here, so ``GraphAttnBias`` and ``MultiheadAttention.construct`` were
@@ -80,8 +101,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_int, check_params, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_int, check_params, check_positive, compute_dtype
 from ..attention.softmax import attention_core_backward, attention_core_forward
+from ..nn.activations import relu, relu_grad
 from ..nn.linear import (
     linear_prefixed,
     linear_prefixed_spec,
@@ -92,7 +114,8 @@ from ..nn.linear import (
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["pdeformer_attention_forward", "pdeformer_attention_backward", "pdeformer_attention",
-           "init_pdeformer_attention_params", "dag_spatial_bias"]
+           "init_pdeformer_attention_params", "dag_spatial_bias", "pdeformer_inr_forward", "pdeformer_inr_backward",
+           "init_pdeformer_inr_params"]
 
 _PROJ = ("q_proj", "k_proj", "v_proj", "out_proj")
 _FWD, _REV = "spatial_pos_encoder.embedding_table", "spatial_pos_encoder_rev.embedding_table"
@@ -235,6 +258,169 @@ def init_pdeformer_attention_params(rng, c: int, num_heads: int, num_spatial: in
         p[f"{name}.weight"] = rng.uniform(-bd, bd, (c, c))
         sc = 1.0 / np.sqrt(c)
         p[f"{name}.bias"] = np.zeros(c) if name == "out_proj" else rng.uniform(-sc, sc, c)
+    return {k: np.asarray(v, dtype=dtype) for k, v in p.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# The INR decoder: Poly-INR whose hidden layers are scaled and shifted by hypernetworks
+
+
+def _mlp_keys(prefix, n_layers):
+    if n_layers == 1:
+        return [f"{prefix}.net"]
+    return [f"{prefix}.net.{2 * k}" for k in range(n_layers)]
+
+
+def _mlp_forward(p, prefix, n_layers, z):
+    keys = _mlp_keys(prefix, n_layers)
+    pre = []
+    for i, key in enumerate(keys):
+        z = linear_prefixed(p, key, z)
+        if i < len(keys) - 1:
+            pre.append(z)
+            z = relu(z)
+    return z, pre
+
+
+def _mlp_backward(grads, p, prefix, n_layers, z0, pre, g):
+    keys = _mlp_keys(prefix, n_layers)
+    ins = [z0] + [relu(a) for a in pre]
+    for i in range(len(keys) - 1, -1, -1):
+        g = linear_prefixed_vjp(grads, p, keys[i], g, ins[i])
+        if i > 0:
+            g = g * relu_grad(pre[i - 1])
+    return g
+
+
+def _validate_inr(coordinate, hyper_in, params, num_layers, hyper_num_layers, negative_slope, clamp):
+    x = as_float(coordinate, "coordinate", ndim=3)
+    z = as_float(hyper_in, "hyper_in", ndim=3)
+    nl = check_int(num_layers, "num_layers", minimum=2)
+    hl = check_int(hyper_num_layers, "hyper_num_layers", minimum=1)
+    if z.shape[0] != nl - 1 or z.shape[1] != x.shape[0]:
+        raise ValueError(f"hyper_in must have shape (num_layers-1={nl - 1}, B={x.shape[0]}, hyper_dim_in); "
+                         f"got {z.shape}")
+    if not isinstance(params, dict) or "inr.dense_layers.0.weight" not in params or "inr.last_layer.weight" not in params:
+        raise ValueError("params must hold 'inr.dense_layers.0.weight' (hidden, hidden) and 'inr.last_layer.weight'")
+    hd = as_float(params["inr.dense_layers.0.weight"], "inr.dense_layers.0.weight", ndim=2).shape[0]
+    do = as_float(params["inr.last_layer.weight"], "inr.last_layer.weight", ndim=2).shape[1]
+    hh = hd if hl == 1 else as_float(params.get("scale_hypernets.0.net.0.weight", np.zeros((1, 1))),
+                                     "scale_hypernets.0.net.0.weight", ndim=2).shape[1]
+    spec = {}
+    for lyr in range(nl - 1):
+        spec.update(linear_prefixed_spec(f"inr.affines.{lyr}", x.shape[2], hd))
+        spec.update(linear_prefixed_spec(f"inr.dense_layers.{lyr}", hd, hd))
+        for kind in ("scale", "shift"):
+            keys = _mlp_keys(f"{kind}_hypernets.{lyr}", hl)
+            dims = [z.shape[2]] + [hh] * (hl - 1) + [hd]
+            for i, key in enumerate(keys):
+                spec.update(linear_prefixed_spec(key, dims[i], dims[i + 1]))
+    spec.update(linear_prefixed_spec("inr.last_layer", hd, do))
+    p = check_params(params, spec)
+    ns = float(negative_slope)
+    if not 0.0 <= ns < 1.0:
+        raise ValueError(f"negative_slope must lie in [0, 1); got {negative_slope}")
+    cl = check_positive(clamp, "clamp")
+    dt = compute_dtype(x, z, *p.values())
+    return x.astype(dt, copy=False), z.astype(dt, copy=False), cast_all(dt, p), nl, hl, ns, float(cl)
+
+
+def pdeformer_inr_forward(coordinate, hyper_in, params, *, num_layers: int, hyper_num_layers: int,
+                          negative_slope: float = 0.2, clamp: float = 256.0):
+    r"""PDEformer's INR decoder: Poly-INR with scale and shift hypernetworks (upstream
+    ``PolyINRWithHypernet`` with its defaults ``enable_scale=enable_shift=True``, ``enable_affine=False``,
+    ``activation_fn="lrelu"``, ``affine_act_fn="identity"``, one hypernetwork per hidden layer).
+
+    $$h_0 = 1,\quad h_{l+1} = \mathrm{clamp}_{\pm c}\,\mathrm{LReLU}\Big((1+\sigma_l)\odot
+    \big((h_l\odot(xA_l + a_l))D_l + d_l\big) + \beta_l\Big),\quad u = h_{L-1}W + w,$$
+
+    $\sigma_l = \mathrm{MLP}^{\text{scale}}_l(z_l)$, $\beta_l = \mathrm{MLP}^{\text{shift}}_l(z_l)$ (ReLU hidden
+    layers), $z_l$ = ``hyper_in[l]`` (the graph encoder's outputs at the decoder-feeding nodes).
+
+    Parameters
+    ----------
+    coordinate : array (B, N, dim_in)
+        Query coordinates (e.g. $(t, x)$).
+    hyper_in : array (num_layers - 1, B, hyper_dim_in)
+    params : dict
+        ``inr.affines.{l}``, ``inr.dense_layers.{l}``, ``inr.last_layer`` and ``{scale,shift}_hypernets.{l}.net.{2k}``
+        (``.net`` when ``hyper_num_layers == 1``), each ``.weight (in, out)`` and ``.bias``.
+    num_layers, hyper_num_layers : int
+        Upstream ``inr_num_layers`` and ``hyper_num_layers``.
+    negative_slope, clamp : float
+        LeakyReLU slope (0.2) and the clamp threshold (256), as upstream.
+
+    Returns
+    -------
+    out, cache
+        ``out (B, N, dim_out)``.
+    """
+    x, z, p, nl, hl, ns, cl = _validate_inr(coordinate, hyper_in, params, num_layers, hyper_num_layers,
+                                            negative_slope, clamp)
+    h = None
+    layers = []
+    for lyr in range(nl - 1):
+        sc, sc_pre = _mlp_forward(p, f"scale_hypernets.{lyr}", hl, z[lyr])
+        sh, sh_pre = _mlp_forward(p, f"shift_hypernets.{lyr}", hl, z[lyr])
+        a = linear_prefixed(p, f"inr.affines.{lyr}", x)
+        prod = a if h is None else h * a
+        d = linear_prefixed(p, f"inr.dense_layers.{lyr}", prod)
+        m = (1.0 + sc[:, None]) * d + sh[:, None]
+        lr = np.where(m > 0, m, ns * m)
+        layers.append(dict(sc=sc, sc_pre=sc_pre, sh_pre=sh_pre, a=a, h_in=h, prod=prod, d=d, m=m,
+                           live=(np.abs(lr) <= cl)))
+        h = np.clip(lr, -cl, cl)
+    out = linear_prefixed(p, "inr.last_layer", h)
+    return out, dict(p=p, x=x, z=z, nl=nl, hl=hl, ns=ns, h=h, layers=layers, out_shape=out.shape)
+
+
+def pdeformer_inr_backward(dout, cache):
+    """Gradients of :func:`pdeformer_inr_forward`: ``coordinate``, ``hyper_in`` and every params key
+    (the LeakyReLU and clamp kinks take the one-sided derivative of the active branch, as autograd)."""
+    p, x, z, hl = cache["p"], cache["x"], cache["z"], cache["hl"]
+    g = as_dout(dout, cache["out_shape"], x.dtype)
+    grads = {}
+    dh = linear_prefixed_vjp(grads, p, "inr.last_layer", g, cache["h"])
+    dx = np.zeros_like(x)
+    dz = np.zeros_like(z)
+    for lyr in range(cache["nl"] - 2, -1, -1):
+        c = cache["layers"][lyr]
+        dm = dh * np.where(c["m"] > 0, 1.0, cache["ns"]) * c["live"]
+        dsc = np.sum(dm * c["d"], axis=1)
+        dsh = np.sum(dm, axis=1)
+        dprod = linear_prefixed_vjp(grads, p, f"inr.dense_layers.{lyr}", dm * (1.0 + c["sc"][:, None]), c["prod"])
+        if c["h_in"] is None:
+            da = dprod
+        else:
+            da = dprod * c["h_in"]
+            dh = dprod * c["a"]
+        dx = dx + linear_prefixed_vjp(grads, p, f"inr.affines.{lyr}", da, x)
+        dz[lyr] = (_mlp_backward(grads, p, f"scale_hypernets.{lyr}", hl, z[lyr], c["sc_pre"], dsc)
+                   + _mlp_backward(grads, p, f"shift_hypernets.{lyr}", hl, z[lyr], c["sh_pre"], dsh))
+    grads["coordinate"], grads["hyper_in"] = dx, dz
+    return grads
+
+
+def init_pdeformer_inr_params(rng, dim_in: int, dim_out: int, dim_hidden: int, num_layers: int, hyper_dim_in: int,
+                              hyper_dim_hidden: int, hyper_num_layers: int, *, dtype=np.float64) -> dict:
+    """Kaiming-uniform Dense layers (upstream ``UniformInitDense`` without ``modify_he_init``:
+    $U(-1/\\sqrt{\\text{in}}, 1/\\sqrt{\\text{in}})$ for weight and bias)."""
+    p = {}
+
+    def lin(key, n_in, n_out):
+        bd = 1.0 / np.sqrt(n_in)
+        p[f"{key}.weight"] = rng.uniform(-bd, bd, (n_in, n_out))
+        p[f"{key}.bias"] = rng.uniform(-bd, bd, n_out)
+
+    for lyr in range(num_layers - 1):
+        lin(f"inr.affines.{lyr}", dim_in, dim_hidden)
+        lin(f"inr.dense_layers.{lyr}", dim_hidden, dim_hidden)
+        for kind in ("scale", "shift"):
+            keys = _mlp_keys(f"{kind}_hypernets.{lyr}", hyper_num_layers)
+            dims = [hyper_dim_in] + [hyper_dim_hidden] * (hyper_num_layers - 1) + [dim_hidden]
+            for i, key in enumerate(keys):
+                lin(key, dims[i], dims[i + 1])
+    lin("inr.last_layer", dim_hidden, dim_out)
     return {k: np.asarray(v, dtype=dtype) for k, v in p.items()}
 
 
