@@ -13,6 +13,9 @@ self-attention is this layer, and pretrains it with masked-physics and equation-
 This module is the physics-biased self-attention, the paper's attention mechanism. The spectral
 embedding and the pretraining objectives are left to the docs text (the repository's
 ``PhysicsTransformer`` in ``pibert/core/model.py`` is a placeholder that applies a single Linear layer).
+The wavelet half of the embedding cannot be built from the sources: ``pibert/spectral/wavelet.py`` is
+a placeholder that applies no transform, and the paper text was not reachable, so no wavelet filter
+(or perfect-reconstruction property) is defined.
 
 Forward
 -------
