@@ -49,6 +49,13 @@ disco_conv
     Discrete-continuous (DISCO) convolutions — the localized integral kernel of the local neural
     operator — and the local kernels of ``LocalNOBlocks`` (DISCO + finite-difference) as one layer
     (``local_differential_disco_kernels``).
+ditto
+    DiTTO time conditioning: a sinusoidal embedding of the PDE time, an MLP, and a residual
+    convolution block whose normalised features are scaled and shifted by that embedding
+    (``ditto_time_conditioned_operator``).
+echo
+    ECHO (generative transformer operator for million-point PDE trajectories): registered as **not
+    implemented** (T3).
 enma
     ENMA irregular-points-to-grid attention encoder — registered as **not implemented** (T3).
 factformer
@@ -134,9 +141,16 @@ ono
 pde_transformer_channel_attention
     PDE-Transformer (separate channels): channel-wise self-attention between the tokens of the
     physical channels, with adaptive-LayerNorm conditioning (``pde_transformer_channel_attention``).
+pdeformer
+    PDEformer graph-Transformer attention: multi-head self-attention over the nodes of a PDE's
+    computational graph, biased by learned embeddings of the directed shortest-path distance in both
+    directions (``pdeformer_graph_inr``).
 physgto_attention
     PhysGTO projection-inspired attention: learned tokens project the mesh, attend, and re-project
     back (``physgto_projection_attention``).
+pibert_attention
+    PIBERT physics-biased self-attention: softmax attention whose logits are shifted by the norm of
+    a PDE residual at every token (``physics_biased_fourier_wavelet_attention``).
 pinnsformer
     PINNsFormer: pseudo-sequences of collocation points, the Wavelet activation and the
     encoder-decoder PINN transformer built from them (``pinnsformer_wavelet_pseudosequence``,
@@ -144,6 +158,10 @@ pinnsformer
 pinto
     PINTO: physics-informed transformer neural operator with cross-attention kernel-integral units
     (``pinto_cross_attention_kernel_integral``).
+prose
+    PROSE multimodal operator decoding: data and symbol tokens are fused with modality-type
+    embeddings, and the solution is decoded by cross-attention from query embeddings (output time +
+    patch position) to the fused tokens (``prose_multimodal_operator``).
 schwarz_attention
     Two-level overlapping Schwarz (domain-decomposition) attention
     (``schwarz_domain_decomposition_attention``).
@@ -156,6 +174,9 @@ transolver
 vicon
     VICON: the in-context masked patch transformer of Vision In-Context Operator Networks
     (``vicon_in_context_operator``).
+vito
+    ViTO (U-Net with a vision transformer for inverse PDE problems): registered as **not
+    implemented** (T3).
 """
 
 from __future__ import annotations
@@ -270,6 +291,13 @@ from .disco_conv import (  # noqa: F401
     local_no_kernels,
     local_no_kernels_backward,
     local_no_kernels_forward,
+)
+from .ditto import (  # noqa: F401
+    ditto_block,
+    ditto_block_backward,
+    ditto_block_forward,
+    init_ditto_block_params,
+    sinusoidal_time_embedding,
 )
 from .factformer import (  # noqa: F401
     factformer_attention,
@@ -481,12 +509,29 @@ from .pde_transformer_channel_attention import (  # noqa: F401
     pde_channel_attention_backward,
     pde_channel_attention_forward,
 )
+from .pdeformer import (  # noqa: F401
+    dag_spatial_bias,
+    init_pdeformer_attention_params,
+    init_pdeformer_inr_params,
+    pdeformer_attention,
+    pdeformer_attention_backward,
+    pdeformer_attention_forward,
+    pdeformer_inr_backward,
+    pdeformer_inr_forward,
+)
 from .physgto_attention import (  # noqa: F401
     PHYSGTO_VARIANTS,
     init_physgto_attention_params,
     physgto_attention,
     physgto_attention_backward,
     physgto_attention_forward,
+)
+from .pibert_attention import (  # noqa: F401
+    init_pibert_attention_params,
+    pibert_attention,
+    pibert_attention_backward,
+    pibert_attention_forward,
+    residual_norm_bias,
 )
 from .pinnsformer import (  # noqa: F401
     init_pinnsformer_params,
@@ -504,6 +549,13 @@ from .pinto import (  # noqa: F401
     pinto,
     pinto_backward,
     pinto_forward,
+)
+from .prose import (  # noqa: F401
+    PROSE_TIME_EMBEDS,
+    init_prose_decoder_params,
+    prose_decoder,
+    prose_decoder_backward,
+    prose_decoder_forward,
 )
 from .schwarz_attention import (  # noqa: F401
     coarse_hat_basis,
@@ -555,21 +607,22 @@ __all__ = [
     "finite_difference_conv_backward", "finite_difference_conv_forward", "zero_sum_stencil", "disco_basis",
     "disco_conv", "disco_conv_backward", "disco_conv_forward", "disco_filter_matrix", "equidistant_disco_conv",
     "equidistant_disco_conv_backward", "equidistant_disco_conv_forward", "equidistant_disco_kernel", "local_no_kernels",
-    "local_no_kernels_backward", "local_no_kernels_forward", "factformer_attention", "factformer_attention_backward",
-    "factformer_attention_forward", "factformer_block_backward", "factformer_block_forward",
-    "factformer_block_param_shapes", "init_factformer_block_params", "low_rank_kernel", "low_rank_kernel_backward",
-    "low_rank_kernel_forward", "fno_spectral_conv", "fno_spectral_conv_backward", "fno_spectral_conv_centred",
-    "fno_spectral_conv_centred_backward", "fno_spectral_conv_centred_forward", "fno_spectral_conv_explicit",
-    "fno_spectral_conv_forward", "init_fno_centred_params", "init_fno_params", "fno_vit_hybrid",
-    "fno_vit_hybrid_backward", "fno_vit_hybrid_forward", "fno_vit_hybrid_param_shapes", "init_fno_vit_hybrid_params",
-    "funcattn_backward", "funcattn_forward", "funcattn_functional_attention", "funcattn_init_params",
-    "gale_init_params", "geotransolver_gale", "geotransolver_gale_backward", "geotransolver_gale_forward",
-    "fourier_type_attention", "fourier_type_attention_backward", "fourier_type_attention_forward", "galerkin_attention",
-    "galerkin_attention_backward", "galerkin_attention_forward", "init_params", "init_magno_params", "magno",
-    "magno_backward", "magno_forward", "magno_geometry_features", "node_pos_encode", "gno_kernel_integral",
-    "gno_kernel_integral_backward", "gno_kernel_integral_forward", "init_gno_params", "radius_neighbors",
-    "sinusoidal_embedding", "sinusoidal_embedding_vjp", "gnot_hna_attention", "gnot_hna_attention_backward",
-    "gnot_hna_attention_forward", "gnot_hna_init_params", "gnot_geometric_gating_moe",
+    "local_no_kernels_backward", "local_no_kernels_forward", "ditto_block", "ditto_block_backward",
+    "ditto_block_forward", "init_ditto_block_params", "sinusoidal_time_embedding", "factformer_attention",
+    "factformer_attention_backward", "factformer_attention_forward", "factformer_block_backward",
+    "factformer_block_forward", "factformer_block_param_shapes", "init_factformer_block_params", "low_rank_kernel",
+    "low_rank_kernel_backward", "low_rank_kernel_forward", "fno_spectral_conv", "fno_spectral_conv_backward",
+    "fno_spectral_conv_centred", "fno_spectral_conv_centred_backward", "fno_spectral_conv_centred_forward",
+    "fno_spectral_conv_explicit", "fno_spectral_conv_forward", "init_fno_centred_params", "init_fno_params",
+    "fno_vit_hybrid", "fno_vit_hybrid_backward", "fno_vit_hybrid_forward", "fno_vit_hybrid_param_shapes",
+    "init_fno_vit_hybrid_params", "funcattn_backward", "funcattn_forward", "funcattn_functional_attention",
+    "funcattn_init_params", "gale_init_params", "geotransolver_gale", "geotransolver_gale_backward",
+    "geotransolver_gale_forward", "fourier_type_attention", "fourier_type_attention_backward",
+    "fourier_type_attention_forward", "galerkin_attention", "galerkin_attention_backward", "galerkin_attention_forward",
+    "init_params", "init_magno_params", "magno", "magno_backward", "magno_forward", "magno_geometry_features",
+    "node_pos_encode", "gno_kernel_integral", "gno_kernel_integral_backward", "gno_kernel_integral_forward",
+    "init_gno_params", "radius_neighbors", "sinusoidal_embedding", "sinusoidal_embedding_vjp", "gnot_hna_attention",
+    "gnot_hna_attention_backward", "gnot_hna_attention_forward", "gnot_hna_init_params", "gnot_geometric_gating_moe",
     "gnot_geometric_gating_moe_backward", "gnot_geometric_gating_moe_forward", "gnot_moe_init_params", "ho_block",
     "ho_block_backward", "ho_block_forward", "ho_spectral_conv", "ho_spectral_conv_backward",
     "ho_spectral_conv_forward", "two_thirds_padding", "hodgeformer_backward", "hodgeformer_forward",
@@ -592,13 +645,18 @@ __all__ = [
     "mwt_decompose", "mwt_reconstruct", "oformer_attention", "oformer_attention_backward", "oformer_attention_forward",
     "oformer_init_params", "cholesky_vjp", "ono_attention", "ono_attention_backward", "ono_attention_forward",
     "psd_safe_cholesky", "init_pde_channel_attention_params", "pde_channel_attention", "pde_channel_attention_backward",
-    "pde_channel_attention_forward", "PHYSGTO_VARIANTS", "init_physgto_attention_params", "physgto_attention",
-    "physgto_attention_backward", "physgto_attention_forward", "init_pinnsformer_params", "make_time_sequence",
-    "pinnsformer", "pinnsformer_backward", "pinnsformer_forward", "pinnsformer_param_shapes", "wave_activation",
-    "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto", "pinto_backward",
-    "pinto_forward", "coarse_hat_basis", "overlapping_subdomains", "partition_of_unity", "schwarz_attention",
-    "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm", "init_scot_params",
-    "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "transolver_init_params",
-    "transolver_physics_attention", "transolver_physics_attention_backward", "transolver_physics_attention_forward",
-    "in_context_mask", "init_vicon_params", "vicon", "vicon_backward", "vicon_forward", "vicon_param_shapes",
+    "pde_channel_attention_forward", "dag_spatial_bias", "init_pdeformer_attention_params", "init_pdeformer_inr_params",
+    "pdeformer_attention", "pdeformer_attention_backward", "pdeformer_attention_forward", "pdeformer_inr_backward",
+    "pdeformer_inr_forward", "PHYSGTO_VARIANTS", "init_physgto_attention_params", "physgto_attention",
+    "physgto_attention_backward", "physgto_attention_forward", "init_pibert_attention_params", "pibert_attention",
+    "pibert_attention_backward", "pibert_attention_forward", "residual_norm_bias", "init_pinnsformer_params",
+    "make_time_sequence", "pinnsformer", "pinnsformer_backward", "pinnsformer_forward", "pinnsformer_param_shapes",
+    "wave_activation", "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto",
+    "pinto_backward", "pinto_forward", "PROSE_TIME_EMBEDS", "init_prose_decoder_params", "prose_decoder",
+    "prose_decoder_backward", "prose_decoder_forward", "coarse_hat_basis", "overlapping_subdomains",
+    "partition_of_unity", "schwarz_attention", "schwarz_attention_backward", "schwarz_attention_forward",
+    "conditional_layer_norm", "init_scot_params", "scot_layer", "scot_layer_backward", "scot_layer_forward",
+    "scot_param_shapes", "transolver_init_params", "transolver_physics_attention",
+    "transolver_physics_attention_backward", "transolver_physics_attention_forward", "in_context_mask",
+    "init_vicon_params", "vicon", "vicon_backward", "vicon_forward", "vicon_param_shapes",
 ]
