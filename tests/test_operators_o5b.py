@@ -220,7 +220,7 @@ def test_hypino_fd_four_stages_two_latent_layers():
     from refattn.operators.hypino import hypino_decoder_backward, hypino_decoder_forward, init_hypino_decoder_params
 
     rng = np.random.default_rng(11)
-    dims = (2, 2, 1, 1)
+    dims = (1, 1, 1, 1)
     p = init_hypino_decoder_params(rng, dims, in_dim=1, lat_dim=1, n_layers=2, num_fourier_features=1, bias_hidden=2)
     p = {k: v + 0.3 * rng.standard_normal(v.shape) for k, v in p.items()}
     inputs = {"xy": rng.uniform(-1, 1, (2, 2, 1))}
