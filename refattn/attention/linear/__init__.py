@@ -68,6 +68,9 @@ local_window
 masked_linear
     Structured-mask linear attention: $(M\odot\Phi_Q\Phi_K^\top)V$ with only "multiply by $M$"
     needed (``masked_linear_attention_structured``).
+mossformer
+    MossFormer block: gated single-head transformer with joint local (quadratic) and global (linear)
+    attention and convolution-augmented projections (``mossformer_gated_joint_attention``).
 mra
     MRA-2: multiresolution (two-level) approximation of softmax self-attention
     (``mra_multiresolution_attention``).
@@ -301,6 +304,14 @@ from .masked_linear import (  # noqa: F401
     tree_distances,
     tree_exp_matvec,
 )
+from .mossformer import (  # noqa: F401
+    mossformer_gated_joint_attention,
+    mossformer_gated_joint_attention_backward,
+    mossformer_gated_joint_attention_forward,
+    mossformer_joint_attention_backward,
+    mossformer_joint_attention_explicit,
+    mossformer_joint_attention_forward,
+)
 from .mra import (  # noqa: F401
     MRA_MODES,
     mra_attention,
@@ -497,32 +508,35 @@ __all__ = [
     "clear_attention_backward", "clear_attention_forward", "clear_keep_mask", "clear_proportional_scale", "MASK_KINDS",
     "grid_toeplitz_correlation_fft", "grid_toeplitz_dense", "grid_toeplitz_matvec_fft", "masked_linear_attention",
     "masked_linear_attention_backward", "masked_linear_attention_forward", "tree_distances", "tree_exp_matvec",
-    "MRA_MODES", "mra_attention", "mra_attention_backward", "mra_attention_forward", "mra_block_scores",
-    "mra_block_selection", "DISCRETE_CLAMPS", "MSDA_METHODS", "dfa3d_core_backward", "dfa3d_core_forward",
-    "ms_deform_attn", "ms_deform_attn_backward", "ms_deform_attn_core_backward", "ms_deform_attn_core_forward",
-    "ms_deform_attn_forward", "msda_point_levels", "performer", "performer_backward", "performer_features_backward",
-    "performer_features_forward", "performer_forward", "performer_projection_matrix", "validate_performer_config",
-    "lsh_attention_core_backward", "lsh_attention_core_forward", "lsh_hash", "lsh_random_rotations",
-    "reformer_lsh_attention", "reformer_lsh_attention_backward", "reformer_lsh_attention_forward", "CAUSAL_RULES",
-    "routing_assignments", "routing_attention", "routing_attention_backward", "routing_attention_forward",
-    "routing_kmeans_ema_update", "kernelized_rpe", "kernelized_rpe_backward", "kernelized_rpe_forward",
-    "toeplitz_correlation_fft", "toeplitz_dense", "toeplitz_matvec_fft", "BLOCKS", "mab_backward", "mab_forward",
-    "set_transformer", "set_transformer_backward", "set_transformer_forward", "sinkformer_attention",
-    "sinkformer_backward", "sinkformer_forward", "sinkformer_layer", "sinkformer_layer_backward",
-    "sinkformer_layer_forward", "sinkhorn_log", "sinkhorn_log_vjp", "SPARSEK_GATES", "sparsek_attention",
-    "sparsek_attention_backward", "sparsek_attention_forward", "sparsek_mask", "sparsek_mask_backward",
-    "sparsek_mask_forward", "sparsek_mask_vjp", "sparsek_sets", "sparsek_threshold", "SPECTRA_COMPONENTS",
-    "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp", "spectraformer_attention",
-    "spectraformer_backward", "spectraformer_features_backward", "spectraformer_features_forward",
-    "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard", "stack_attention",
-    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "memory_l2", "memory_l2_vjp",
-    "titans_memory", "titans_memory_backward", "titans_memory_forward", "titans_memory_scan", "validate_memory_params",
-    "mips_to_nns", "topk_attention", "topk_attention_backward", "topk_attention_forward", "topk_selection",
-    "TRANSNORMER_FEATURE_MAPS", "TRANSNORMER_NORMS", "diag_attention_backward", "diag_attention_forward", "transnormer",
-    "transnormer_backward", "transnormer_forward", "transnormer_layer", "transnormer_layer_backward",
-    "transnormer_layer_forward", "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention", "udit_attention_backward",
-    "udit_attention_forward", "udit_polyphase_merge", "udit_polyphase_split", "udit_rope2d_angles",
-    "VCC_SCORE_GRADIENTS", "vcc_block_relevance", "vcc_layer", "vcc_layer_backward", "vcc_layer_forward",
-    "vcc_sort_tokens", "WAVELET_BOUNDARIES", "daubechies_filter", "wavedec", "wavedec_vjp", "wavelet_qmf", "waverec",
-    "waverec_vjp", "wavspa_attention", "wavspa_attention_backward", "wavspa_attention_forward",
+    "mossformer_gated_joint_attention", "mossformer_gated_joint_attention_backward",
+    "mossformer_gated_joint_attention_forward", "mossformer_joint_attention_backward",
+    "mossformer_joint_attention_explicit", "mossformer_joint_attention_forward", "MRA_MODES", "mra_attention",
+    "mra_attention_backward", "mra_attention_forward", "mra_block_scores", "mra_block_selection", "DISCRETE_CLAMPS",
+    "MSDA_METHODS", "dfa3d_core_backward", "dfa3d_core_forward", "ms_deform_attn", "ms_deform_attn_backward",
+    "ms_deform_attn_core_backward", "ms_deform_attn_core_forward", "ms_deform_attn_forward", "msda_point_levels",
+    "performer", "performer_backward", "performer_features_backward", "performer_features_forward", "performer_forward",
+    "performer_projection_matrix", "validate_performer_config", "lsh_attention_core_backward",
+    "lsh_attention_core_forward", "lsh_hash", "lsh_random_rotations", "reformer_lsh_attention",
+    "reformer_lsh_attention_backward", "reformer_lsh_attention_forward", "CAUSAL_RULES", "routing_assignments",
+    "routing_attention", "routing_attention_backward", "routing_attention_forward", "routing_kmeans_ema_update",
+    "kernelized_rpe", "kernelized_rpe_backward", "kernelized_rpe_forward", "toeplitz_correlation_fft", "toeplitz_dense",
+    "toeplitz_matvec_fft", "BLOCKS", "mab_backward", "mab_forward", "set_transformer", "set_transformer_backward",
+    "set_transformer_forward", "sinkformer_attention", "sinkformer_backward", "sinkformer_forward", "sinkformer_layer",
+    "sinkformer_layer_backward", "sinkformer_layer_forward", "sinkhorn_log", "sinkhorn_log_vjp", "SPARSEK_GATES",
+    "sparsek_attention", "sparsek_attention_backward", "sparsek_attention_forward", "sparsek_mask",
+    "sparsek_mask_backward", "sparsek_mask_forward", "sparsek_mask_vjp", "sparsek_sets", "sparsek_threshold",
+    "SPECTRA_COMPONENTS", "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp",
+    "spectraformer_attention", "spectraformer_backward", "spectraformer_features_backward",
+    "spectraformer_features_forward", "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard",
+    "stack_attention", "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward",
+    "memory_l2", "memory_l2_vjp", "titans_memory", "titans_memory_backward", "titans_memory_forward",
+    "titans_memory_scan", "validate_memory_params", "mips_to_nns", "topk_attention", "topk_attention_backward",
+    "topk_attention_forward", "topk_selection", "TRANSNORMER_FEATURE_MAPS", "TRANSNORMER_NORMS",
+    "diag_attention_backward", "diag_attention_forward", "transnormer", "transnormer_backward", "transnormer_forward",
+    "transnormer_layer", "transnormer_layer_backward", "transnormer_layer_forward", "UDIT_ATTN_TYPES", "UDIT_POSEMB",
+    "udit_attention", "udit_attention_backward", "udit_attention_forward", "udit_polyphase_merge",
+    "udit_polyphase_split", "udit_rope2d_angles", "VCC_SCORE_GRADIENTS", "vcc_block_relevance", "vcc_layer",
+    "vcc_layer_backward", "vcc_layer_forward", "vcc_sort_tokens", "WAVELET_BOUNDARIES", "daubechies_filter", "wavedec",
+    "wavedec_vjp", "wavelet_qmf", "waverec", "waverec_vjp", "wavspa_attention", "wavspa_attention_backward",
+    "wavspa_attention_forward",
 ]

@@ -1,0 +1,84 @@
+"""Slice L6b of the linear family (gated joint, second-order and spectral mixers): what the registry
+cannot express."""
+
+import numpy as np
+import pytest
+
+from refattn.attention.linear.mossformer import (
+    mossformer_gated_joint_attention_backward,
+    mossformer_gated_joint_attention_forward,
+    mossformer_joint_attention_explicit,
+    mossformer_joint_attention_forward,
+)
+from refattn.registry import get
+
+
+def _moss(rng, N=9, C=4):
+    s = get("mossformer_gated_joint_attention").sample(rng, "small")
+    return rng.standard_normal((2, N, C)), s.params
+
+
+def test_mossformer_causal_output_ignores_the_future():
+    """Causal block: perturbing tokens from t on leaves outputs before t unchanged (token shift,
+    'same' convolutions included: the depthwise conv is NOT causal upstream, so check it is)."""
+    rng = np.random.default_rng(0)
+    x, p = _moss(rng)
+    y = mossformer_gated_joint_attention_forward(x, p, group_size=4, causal=True)[0]
+    x2 = x.copy()
+    x2[:, 6:] += 1.0
+    y2 = mossformer_gated_joint_attention_forward(x2, p, group_size=4, causal=True)[0]
+    # upstream's 'same'-padded depthwise convolutions (kernel k) leak (k-1)/2 steps per FFConvM:
+    # two FFConvM in series before the attention and one after, so causality holds only in the core
+    assert not np.allclose(y[:, :6], y2[:, :6])
+    qq, lq, qk, lk, v, u = (rng.standard_normal((2, 9, 3)) for _ in range(6))
+    av = mossformer_joint_attention_forward(qq, lq, qk, lk, v, u, group_size=4, causal=True)[0][0]
+    v2 = v.copy()
+    v2[:, 6:] += 1.0
+    qk2, lk2 = qk.copy(), lk.copy()
+    qk2[:, 6:] += 1.0
+    lk2[:, 6:] += 1.0
+    av2 = mossformer_joint_attention_forward(qq, lq, qk2, lk2, v2, u, group_size=4, causal=True)[0][0]
+    np.testing.assert_array_equal(av[:, :6], av2[:, :6])
+
+
+def test_mossformer_linear_part_sees_only_earlier_chunks():
+    """Causal: the linear (global) part of A is nonzero exactly where the key's chunk precedes the query's."""
+    rng = np.random.default_rng(1)
+    z = np.zeros((1, 7, 2))
+    lq, lk = rng.standard_normal((1, 7, 2)), rng.standard_normal((1, 7, 2))
+    A = mossformer_joint_attention_explicit(z, lq, z, lk, group_size=3, causal=True)[0]
+    c = np.arange(7) // 3
+    np.testing.assert_array_equal(A != 0, c[None, :] < c[:, None])
+    A = mossformer_joint_attention_explicit(z, lq, z, lk, group_size=3, causal=False)[0]
+    np.testing.assert_allclose(A, lq[0] @ lk[0].T / 7, atol=1e-15)
+
+
+def test_mossformer_float32_in_float32_out_and_no_input_mutation():
+    rng = np.random.default_rng(2)
+    x, p = _moss(rng)
+    x32 = x.astype(np.float32)
+    keep = x32.copy()
+    y, cache = mossformer_gated_joint_attention_forward(x32, p, group_size=4)
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(x32, keep)
+    g = mossformer_gated_joint_attention_backward(np.ones_like(y), cache)
+    assert all(v.dtype == np.float32 for v in g.values())
+    y64 = mossformer_gated_joint_attention_forward(x, p, group_size=4)[0]
+    assert np.abs(y - y64).max() < 1e-4 * np.abs(y64).max()
+
+
+def test_mossformer_bad_params_name_the_key():
+    rng = np.random.default_rng(3)
+    x, p = _moss(rng)
+    bad = dict(p)
+    bad["to_qk.mdl.1.weight"] = np.zeros((5, 4))
+    with pytest.raises(ValueError, match="to_qk.mdl.1.weight"):
+        mossformer_gated_joint_attention_forward(x, bad, group_size=4)
+    bad = dict(p)
+    bad["to_hidden.mdl.3.sequential.1.conv.weight"] = np.zeros((8, 1, 4))
+    with pytest.raises(ValueError, match="odd"):
+        mossformer_gated_joint_attention_forward(x, bad, group_size=4)
+    with pytest.raises(ValueError, match="norm"):
+        mossformer_gated_joint_attention_forward(x, p, group_size=4, norm="rmsnorm")
+    with pytest.raises(ValueError, match="group_size"):
+        mossformer_gated_joint_attention_forward(x, p, group_size=0)
