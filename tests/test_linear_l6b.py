@@ -82,3 +82,51 @@ def test_mossformer_bad_params_name_the_key():
         mossformer_gated_joint_attention_forward(x, p, group_size=4, norm="rmsnorm")
     with pytest.raises(ValueError, match="group_size"):
         mossformer_gated_joint_attention_forward(x, p, group_size=0)
+
+
+def test_two_mamba_causal_and_decay_mask():
+    """The layer is causal (conv and scan), and the core's weights are exactly the explicit
+    (q.k)^2 exp(sum a) mask: a key far in the past with a very negative decay drops out."""
+    from refattn.attention.linear.two_mamba import two_mamba_forward, two_mamba_scan_forward
+
+    rng = np.random.default_rng(4)
+    s = get("two_mamba_second_order_attention").sample(rng, "small")
+    x = s.inputs["x"]
+    y = two_mamba_forward(x, s.params, num_heads=2)[0]
+    x2 = x.copy()
+    x2[:, 7:] += 1.0
+    y2 = two_mamba_forward(x2, s.params, num_heads=2)[0]
+    np.testing.assert_array_equal(y[:, :7], y2[:, :7])
+    assert not np.allclose(y[:, 7:], y2[:, 7:])
+    q, k, v = rng.standard_normal((1, 1, 3, 2)), rng.standard_normal((1, 1, 3, 2)), rng.standard_normal((1, 1, 3, 2))
+    a = np.array([[[0.0, -800.0, 0.0]]])  # exp(-800) underflows: token 0 is forgotten from t = 1 on
+    out = two_mamba_scan_forward(q, k, v, a)[0]
+    w = (k[0, 0, 1:] @ q[0, 0, 2]) ** 2
+    np.testing.assert_allclose(out[0, 0, 2], w @ v[0, 0, 1:] / w.sum(), rtol=1e-13)
+
+
+def test_two_mamba_zero_denominator_row_outputs_value_sum():
+    from refattn.attention.linear.two_mamba import two_mamba_explicit, two_mamba_scan_backward, two_mamba_scan_forward
+
+    q = np.zeros((1, 1, 3, 2))
+    q[0, 0, 1] = 1.0
+    k, v = np.ones((1, 1, 3, 2)), np.arange(6.0).reshape(1, 1, 3, 2)
+    y, cache = two_mamba_scan_forward(q, k, v, -np.ones((1, 1, 3)))
+    np.testing.assert_allclose(y[0, 0, 0], v[0, 0, 0])
+    np.testing.assert_allclose(y[0, 0, 2], v[0, 0].sum(0))
+    np.testing.assert_allclose(y, two_mamba_explicit(q, k, v, -np.ones((1, 1, 3))), atol=1e-15)
+    g = two_mamba_scan_backward(np.ones_like(y), cache)
+    assert np.all(np.isfinite(g["q"])) and np.all(np.isfinite(g["a"]))
+
+
+def test_two_mamba_bad_params_name_the_key():
+    from refattn.attention.linear.two_mamba import two_mamba_forward
+
+    rng = np.random.default_rng(5)
+    s = get("two_mamba_second_order_attention").sample(rng, "small")
+    with pytest.raises(ValueError, match="num_heads"):
+        two_mamba_forward(s.inputs["x"], s.params, num_heads=5)
+    bad = dict(s.params)
+    bad["A_mask_proj.weight"] = np.zeros((8, 3))
+    with pytest.raises(ValueError, match="A_mask_proj.weight"):
+        two_mamba_forward(s.inputs["x"], bad, num_heads=2)

@@ -118,6 +118,10 @@ transnormer
     TransNormer: NormAttention (linear attention with a norm instead of the row-sum denominator),
     its full layer as trained (``transnormer_t1``), and DiagAttention (softmax attention inside
     non-overlapping blocks) (``transnormer_norm_attention``).
+two_mamba
+    2Mamba: second-order (squared-score) linear attention with a softplus decay mask and
+    softmax-style normalisation; the recurrent (state-space) form equals the explicit masked
+    $O(N^2)$ form (``two_mamba_second_order_attention``).
 udit
     U-DiT downsampled-token self-attention: attention within the four polyphase sub-maps of a
     feature map (``udit_downsampled_token_attention``).
@@ -444,6 +448,16 @@ from .transnormer import (  # noqa: F401
     transnormer_layer_backward,
     transnormer_layer_forward,
 )
+from .two_mamba import (  # noqa: F401
+    second_order_features,
+    second_order_features_vjp,
+    two_mamba,
+    two_mamba_backward,
+    two_mamba_explicit,
+    two_mamba_forward,
+    two_mamba_scan_backward,
+    two_mamba_scan_forward,
+)
 from .udit import (  # noqa: F401
     UDIT_ATTN_TYPES,
     UDIT_POSEMB,
@@ -533,10 +547,12 @@ __all__ = [
     "titans_memory_scan", "validate_memory_params", "mips_to_nns", "topk_attention", "topk_attention_backward",
     "topk_attention_forward", "topk_selection", "TRANSNORMER_FEATURE_MAPS", "TRANSNORMER_NORMS",
     "diag_attention_backward", "diag_attention_forward", "transnormer", "transnormer_backward", "transnormer_forward",
-    "transnormer_layer", "transnormer_layer_backward", "transnormer_layer_forward", "UDIT_ATTN_TYPES", "UDIT_POSEMB",
-    "udit_attention", "udit_attention_backward", "udit_attention_forward", "udit_polyphase_merge",
-    "udit_polyphase_split", "udit_rope2d_angles", "VCC_SCORE_GRADIENTS", "vcc_block_relevance", "vcc_layer",
-    "vcc_layer_backward", "vcc_layer_forward", "vcc_sort_tokens", "WAVELET_BOUNDARIES", "daubechies_filter", "wavedec",
-    "wavedec_vjp", "wavelet_qmf", "waverec", "waverec_vjp", "wavspa_attention", "wavspa_attention_backward",
+    "transnormer_layer", "transnormer_layer_backward", "transnormer_layer_forward", "second_order_features",
+    "second_order_features_vjp", "two_mamba", "two_mamba_backward", "two_mamba_explicit", "two_mamba_forward",
+    "two_mamba_scan_backward", "two_mamba_scan_forward", "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention",
+    "udit_attention_backward", "udit_attention_forward", "udit_polyphase_merge", "udit_polyphase_split",
+    "udit_rope2d_angles", "VCC_SCORE_GRADIENTS", "vcc_block_relevance", "vcc_layer", "vcc_layer_backward",
+    "vcc_layer_forward", "vcc_sort_tokens", "WAVELET_BOUNDARIES", "daubechies_filter", "wavedec", "wavedec_vjp",
+    "wavelet_qmf", "waverec", "waverec_vjp", "wavspa_attention", "wavspa_attention_backward",
     "wavspa_attention_forward",
 ]
