@@ -130,3 +130,40 @@ def test_two_mamba_bad_params_name_the_key():
     bad["A_mask_proj.weight"] = np.zeros((8, 3))
     with pytest.raises(ValueError, match="A_mask_proj.weight"):
         two_mamba_forward(s.inputs["x"], bad, num_heads=2)
+
+
+def test_afa_is_causal_and_float32_stays_float32():
+    from refattn.attention.linear.adaptive_filter import (
+        adaptive_filter_attention_backward,
+        adaptive_filter_attention_forward,
+    )
+
+    rng = np.random.default_rng(6)
+    s = get("adaptive_filter_attention").sample(rng, "small")
+    z = s.inputs
+    y = adaptive_filter_attention_forward(**z, params=s.params, num_heads=2)[0]
+    z2 = {k: v.copy() for k, v in z.items()}
+    for v in z2.values():
+        v[:, 5:] += 1.0
+    y2 = adaptive_filter_attention_forward(**z2, params=s.params, num_heads=2)[0]
+    np.testing.assert_allclose(y[:, :5], y2[:, :5], rtol=0, atol=1e-14)
+    assert not np.allclose(y[:, 5:], y2[:, 5:])
+    z32 = {k: v.astype(np.float32) for k, v in z.items()}
+    y32, cache = adaptive_filter_attention_forward(**z32, params=s.params, num_heads=2)
+    assert y32.dtype == np.float32
+    assert all(g.dtype == np.float32 for g in adaptive_filter_attention_backward(np.ones_like(y32), cache).values())
+    assert np.abs(y32 - y).max() < 1e-4 * np.abs(y).max()
+
+
+def test_afa_bad_input_names_the_argument():
+    from refattn.attention.linear.adaptive_filter import adaptive_filter_attention_forward
+
+    rng = np.random.default_rng(7)
+    s = get("adaptive_filter_attention").sample(rng, "small")
+    with pytest.raises(ValueError, match="z_k"):
+        adaptive_filter_attention_forward(s.inputs["z_q"], s.inputs["z_k"][:, :3], s.inputs["z_v"], s.params,
+                                          num_heads=2)
+    bad = dict(s.params)
+    bad["lambda_imag_v"] = np.zeros((2, 3))
+    with pytest.raises(ValueError, match="lambda_imag_v"):
+        adaptive_filter_attention_forward(**s.inputs, params=bad, num_heads=2)

@@ -10,6 +10,9 @@ module's other names from the module itself (``from package.sdpa import sdpa_for
 
 Modules
 -------
+adaptive_filter
+    Adaptive Filter Attention (isotropic AFA): attention weights from a linear SDE's propagated
+    precisions, robustly reweighted by the query-key residual (``adaptive_filter_attention``).
 atlas_omega
     ATLAS Omega rule, linear-memory case (OmegaNet with gradient descent): a matrix memory updated
     at test time on a sliding window of the last $c$ tokens, with polynomial feature maps
@@ -133,6 +136,11 @@ wavspa
 
 from __future__ import annotations
 
+from .adaptive_filter import (  # noqa: F401
+    adaptive_filter_attention,
+    adaptive_filter_attention_backward,
+    adaptive_filter_attention_forward,
+)
 from .atlas_omega import (  # noqa: F401
     atlas_omega,
     atlas_omega_backward,
@@ -490,6 +498,7 @@ from .wavspa import (  # noqa: F401
 )
 
 __all__ = [
+    "adaptive_filter_attention", "adaptive_filter_attention_backward", "adaptive_filter_attention_forward",
     "atlas_omega", "atlas_omega_backward", "atlas_omega_forward", "omega_rule_scan", "COMBINER_POOLING",
     "COMBINER_VARIANTS", "combiner_attention", "combiner_attention_backward", "combiner_attention_forward",
     "combiner_core_backward", "combiner_core_forward", "combiner_dense_matrix", "combiner_region_summaries",
