@@ -167,3 +167,36 @@ def test_afa_bad_input_names_the_argument():
     bad["lambda_imag_v"] = np.zeros((2, 3))
     with pytest.raises(ValueError, match="lambda_imag_v"):
         adaptive_filter_attention_forward(**s.inputs, params=bad, num_heads=2)
+
+
+def test_pde_ssm_heat_kernel_is_gaussian_smoothing():
+    """D = kappa I, v = 0, r = 0 on a long 1-D grid: an impulse spreads into the periodic heat kernel
+    (variance 2 kappa t, unit mass) — the mixer is a diffusion, not a generic filter."""
+    from refattn.attention.linear.pde_ssm import pde_ssm_mixer
+
+    n, kappa, t = 64, 0.5, 3.0
+    x = np.zeros((1, n, 1))
+    x[0, 0, 0] = 1.0
+    p = {"diffusion": np.full((1, 1, 1), np.sqrt(kappa)), "velocity": np.zeros((1, 1)), "reaction": np.zeros(1)}
+    y = pde_ssm_mixer(x, p, t=t)[0, :, 0]
+    s = np.arange(n)
+    s = np.minimum(s, n - s)
+    gauss = np.exp(-(s**2) / (4 * kappa * t)) / np.sqrt(4 * np.pi * kappa * t)
+    # the spectral heat kernel of the lattice equals the continuum Gaussian up to aliasing/lattice effects
+    assert abs(y.sum() - 1.0) < 1e-12
+    assert np.abs(y - gauss).max() < 2e-3
+    assert abs(np.sum(s**2 * y) - 2 * kappa * t) < 1e-6
+
+
+def test_pde_ssm_bad_input_and_dtype():
+    from refattn.attention.linear.pde_ssm import pde_ssm_mixer_backward, pde_ssm_mixer_forward
+
+    rng = np.random.default_rng(8)
+    s = get("pde_ssm_spectral_mixer").sample(rng, "small")
+    with pytest.raises(ValueError, match="velocity"):
+        pde_ssm_mixer_forward(s.inputs["x"], dict(s.params, velocity=np.zeros((3, 1))))
+    with pytest.raises(ValueError, match="x"):
+        pde_ssm_mixer_forward(s.inputs["x"][0, 0], s.params)
+    y, cache = pde_ssm_mixer_forward(s.inputs["x"].astype(np.float32), s.params)
+    assert y.dtype == np.float32
+    assert all(g.dtype == np.float32 for g in pde_ssm_mixer_backward(np.ones_like(y), cache).values())

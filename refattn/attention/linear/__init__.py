@@ -81,6 +81,9 @@ ms_deform_attn
     Multi-scale deformable attention (Deformable DETR; RT-DETRv2 per-level points and discrete
     sampling; the DFA3D depth-weighted form), with gradients w.r.t
     (``multiscale_deformable_attention``).
+pde_ssm
+    PDE-SSM spectral mixer: token mixing by a learnable convection–diffusion–reaction PDE solved
+    exactly in the Fourier domain (reconstruction from the abstract) (``pde_ssm_spectral_mixer``).
 performer
     Performer FAVOR+: softmax-kernel attention estimated with positive (orthogonal) random features
     (``performer_favor_plus``).
@@ -344,6 +347,12 @@ from .ms_deform_attn import (  # noqa: F401
     ms_deform_attn_forward,
     msda_point_levels,
 )
+from .pde_ssm import (  # noqa: F401
+    pde_ssm_mixer,
+    pde_ssm_mixer_backward,
+    pde_ssm_mixer_forward,
+    pde_ssm_multiplier,
+)
 from .performer import (  # noqa: F401
     performer,
     performer_backward,
@@ -537,7 +546,8 @@ __all__ = [
     "mra_attention_backward", "mra_attention_forward", "mra_block_scores", "mra_block_selection", "DISCRETE_CLAMPS",
     "MSDA_METHODS", "dfa3d_core_backward", "dfa3d_core_forward", "ms_deform_attn", "ms_deform_attn_backward",
     "ms_deform_attn_core_backward", "ms_deform_attn_core_forward", "ms_deform_attn_forward", "msda_point_levels",
-    "performer", "performer_backward", "performer_features_backward", "performer_features_forward", "performer_forward",
+    "pde_ssm_mixer", "pde_ssm_mixer_backward", "pde_ssm_mixer_forward", "pde_ssm_multiplier", "performer",
+    "performer_backward", "performer_features_backward", "performer_features_forward", "performer_forward",
     "performer_projection_matrix", "validate_performer_config", "lsh_attention_core_backward",
     "lsh_attention_core_forward", "lsh_hash", "lsh_random_rotations", "reformer_lsh_attention",
     "reformer_lsh_attention_backward", "reformer_lsh_attention_forward", "CAUSAL_RULES", "routing_assignments",
