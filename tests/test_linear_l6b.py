@@ -200,3 +200,33 @@ def test_pde_ssm_bad_input_and_dtype():
     y, cache = pde_ssm_mixer_forward(s.inputs["x"].astype(np.float32), s.params)
     assert y.dtype == np.float32
     assert all(g.dtype == np.float32 for g in pde_ssm_mixer_backward(np.ones_like(y), cache).values())
+
+
+def test_darts_gt_queries_from_features_keys_from_structure():
+    """Asymmetry: with no edges, GCN and GIN act node-wise, so permuting the nodes permutes the
+    output; adding an edge changes keys/values (structure) but never the query path."""
+    from refattn.attention.linear.darts_gt import darts_gt_attention
+
+    rng = np.random.default_rng(9)
+    s = get("darts_gt_asymmetric_attention").sample(rng, "small")
+    x, p = s.inputs["x"], s.params
+    adj = np.zeros_like(s.config["adj"])
+    perm = rng.permutation(x.shape[1])
+    y = darts_gt_attention(x, adj, p, num_heads=2)
+    np.testing.assert_allclose(darts_gt_attention(x[:, perm], adj, p, num_heads=2), y[:, perm], atol=1e-13)
+    adj2 = adj.copy()
+    adj2[:, 0, 1] = 1.0
+    assert not np.allclose(darts_gt_attention(x, adj2, p, num_heads=2), y)
+
+
+def test_darts_gt_bad_input():
+    from refattn.attention.linear.darts_gt import darts_gt_attention
+
+    rng = np.random.default_rng(10)
+    s = get("darts_gt_asymmetric_attention").sample(rng, "small")
+    with pytest.raises(ValueError, match="adj"):
+        darts_gt_attention(s.inputs["x"], s.config["adj"][:, :3], s.params, num_heads=2)
+    with pytest.raises(ValueError, match="candidates"):
+        darts_gt_attention(s.inputs["x"], s.config["adj"], s.params, num_heads=2, candidates=("GAT",))
+    with pytest.raises(ValueError, match="num_heads"):
+        darts_gt_attention(s.inputs["x"], s.config["adj"], s.params, num_heads=4)

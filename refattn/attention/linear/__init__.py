@@ -23,6 +23,9 @@ combiner
 core
     Helpers shared by the linear / kernel attention family, under public names: feature maps, the
     linear-attention core (non-causal form and causal prefix-state scan) and input validation.
+darts_gt
+    DARTS-GT asymmetric attention: queries from the node features, keys and values from a
+    DARTS-weighted mixture of GNN transformations of them (``darts_gt_asymmetric_attention``).
 drsformer_tksa
     DRSformer TKSA: top-k sparse channel ("transposed") attention with mixed sparsity ratios
     (``drsformer_topk_channel_attention``).
@@ -174,6 +177,12 @@ from .core import (  # noqa: F401
     scatter_add_rows,
     topk_keep,
     validate_linear_qkv,
+)
+from .darts_gt import (  # noqa: F401
+    DARTS_GT_CANDIDATES,
+    darts_gt_attention,
+    darts_gt_attention_backward,
+    darts_gt_attention_forward,
 )
 from .drsformer_tksa import (  # noqa: F401
     DRSFORMER_RATIOS,
@@ -513,6 +522,7 @@ __all__ = [
     "combiner_core_backward", "combiner_core_forward", "combiner_dense_matrix", "combiner_region_summaries",
     "FEATURE_MAPS", "feature_map_backward", "feature_map_forward", "gather_rows", "l2_normalize", "l2_normalize_vjp",
     "linear_core_backward", "linear_core_forward", "mT", "scatter_add_rows", "topk_keep", "validate_linear_qkv",
+    "DARTS_GT_CANDIDATES", "darts_gt_attention", "darts_gt_attention_backward", "darts_gt_attention_forward",
     "DRSFORMER_RATIOS", "drsformer_tksa", "drsformer_tksa_backward", "drsformer_tksa_forward", "drsformer_topk_sizes",
     "BIAS_FORMS", "dynamic_mask_attention", "dynamic_mask_attention_backward", "dynamic_mask_attention_forward",
     "dynamic_mask_bias", "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
