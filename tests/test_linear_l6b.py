@@ -230,3 +230,34 @@ def test_darts_gt_bad_input():
         darts_gt_attention(s.inputs["x"], s.config["adj"], s.params, num_heads=2, candidates=("GAT",))
     with pytest.raises(ValueError, match="num_heads"):
         darts_gt_attention(s.inputs["x"], s.config["adj"], s.params, num_heads=4)
+
+
+def test_sonnet_mvca_weights_are_a_softmax_over_time_of_coherence():
+    """The weights sum to one over time and rescale each token's value (no sum over time), and
+    var_attn enters only through the trace of its row softmax (upstream's 'c c' einsum): adding a
+    constant to a row changes nothing, while raising a diagonal entry changes the output."""
+    from refattn.attention.linear.sonnet_mvca import sonnet_mvca_forward
+
+    rng = np.random.default_rng(11)
+    s = get("sonnet_mvca").sample(rng, "small")
+    c, p = s.inputs["coeffs"], s.params
+    y, cache = sonnet_mvca_forward(c, p)
+    a = cache["a"]
+    np.testing.assert_allclose(a.sum(-1), 1.0, atol=1e-13)
+    P = c @ p["proj.weight"] + p["proj.bias"]
+    np.testing.assert_allclose(cache["o"], a[..., None] * P[..., 2::3], atol=1e-13)
+    shifted = p["var_attn"] + rng.standard_normal((p["var_attn"].shape[0], 1))
+    np.testing.assert_allclose(sonnet_mvca_forward(c, dict(p, var_attn=shifted))[0], y, atol=1e-13)
+    bumped = p["var_attn"] + 2.0 * np.eye(p["var_attn"].shape[0])
+    assert not np.allclose(sonnet_mvca_forward(c, dict(p, var_attn=bumped))[0], y)
+
+
+def test_sonnet_mvca_bad_params():
+    from refattn.attention.linear.sonnet_mvca import sonnet_mvca_forward
+
+    rng = np.random.default_rng(12)
+    s = get("sonnet_mvca").sample(rng, "small")
+    with pytest.raises(ValueError, match="var_attn"):
+        sonnet_mvca_forward(s.inputs["coeffs"], dict(s.params, var_attn=np.eye(3)))
+    with pytest.raises(ValueError, match="proj.weight"):
+        sonnet_mvca_forward(s.inputs["coeffs"], dict(s.params, **{"proj.weight": np.zeros((5, 7))}))

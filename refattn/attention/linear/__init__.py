@@ -107,6 +107,9 @@ set_transformer
 sinkformer
     Sinkformer: doubly stochastic attention via log-domain Sinkhorn iterations
     (``sinkformer_attention``).
+sonnet_mvca
+    Sonnet's Multivariable Coherence Attention (MVCA, ``CoherenceAttention``): attention weights
+    over time from the spectral coherence of each token's query and key (``sonnet_mvca``).
 sparsek
     SPARSEK attention: a scoring network and the differentiable top-$k$ mask operator SPARSEK
     (``sparsek_attention``).
@@ -414,6 +417,12 @@ from .sinkformer import (  # noqa: F401
     sinkhorn_log,
     sinkhorn_log_vjp,
 )
+from .sonnet_mvca import (  # noqa: F401
+    coherence_quadratic_form,
+    sonnet_mvca,
+    sonnet_mvca_backward,
+    sonnet_mvca_forward,
+)
 from .sparsek import (  # noqa: F401
     SPARSEK_GATES,
     sparsek_attention,
@@ -565,7 +574,8 @@ __all__ = [
     "kernelized_rpe", "kernelized_rpe_backward", "kernelized_rpe_forward", "toeplitz_correlation_fft", "toeplitz_dense",
     "toeplitz_matvec_fft", "BLOCKS", "mab_backward", "mab_forward", "set_transformer", "set_transformer_backward",
     "set_transformer_forward", "sinkformer_attention", "sinkformer_backward", "sinkformer_forward", "sinkformer_layer",
-    "sinkformer_layer_backward", "sinkformer_layer_forward", "sinkhorn_log", "sinkhorn_log_vjp", "SPARSEK_GATES",
+    "sinkformer_layer_backward", "sinkformer_layer_forward", "sinkhorn_log", "sinkhorn_log_vjp",
+    "coherence_quadratic_form", "sonnet_mvca", "sonnet_mvca_backward", "sonnet_mvca_forward", "SPARSEK_GATES",
     "sparsek_attention", "sparsek_attention_backward", "sparsek_attention_forward", "sparsek_mask",
     "sparsek_mask_backward", "sparsek_mask_forward", "sparsek_mask_vjp", "sparsek_sets", "sparsek_threshold",
     "SPECTRA_COMPONENTS", "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp",
