@@ -30,6 +30,8 @@ __all__ = [
     "check_param_keys",
     "check_params",
     "weight_shape_hint",
+    "shape_message",
+    "check_weight_in",
     "cast_all",
 ]
 
@@ -326,9 +328,25 @@ def check_params(params, spec: dict, *, name: str = "params", optional=(), where
             continue
         arr = as_float(params[key], key)
         if arr.shape != tuple(shape):
-            raise ValueError(f"{key} must have shape {tuple(shape)}; got {arr.shape}{weight_shape_hint(key, arr.shape, shape)}")
+            raise ValueError(shape_message(key, arr.shape, tuple(shape)))
         out[key] = arr
     return out
+
+
+def shape_message(key: str, got: tuple, expected: tuple) -> str:
+    """``"<key> must have shape <expected>; got <given>"`` plus :func:`weight_shape_hint`'s reason,
+    except where a 2-D ``*weight`` reads as PyTorch's ``(out, in)`` layout (its axis 1 is the
+    expected input width, its axis 0 is not): then the message leads with the transpose and does
+    not state ``expected``'s output width, which a caller may have read off the wrong axis of this
+    very weight (a transposed ``fc1 (C, hidden)`` makes a layer expect ``(C, C)``)."""
+    got, expected = tuple(got), tuple(expected)
+    if (key.endswith("weight") and len(got) == 2 and len(expected) == 2 and got[0] != expected[0]
+            and got[1] == expected[0] and got != expected[::-1] and got[1] == expected[1]):
+        return (f"{key} must have {expected[0]} rows (refattn weights are (in, out) and {expected[0]} features "
+                f"arrive); got {got}: if this is PyTorch's nn.Linear.weight (out, in), pass its transpose, of "
+                f"shape {got[::-1]}; if it is already (in, out), axis 0 is the input width: this weight takes "
+                f"{got[0]} features, so did the last axis of an input change?")
+    return f"{key} must have shape {expected}; got {got}{weight_shape_hint(key, got, expected)}"
 
 
 def weight_shape_hint(key: str, got: tuple, expected: tuple) -> str:
@@ -343,10 +361,36 @@ def weight_shape_hint(key: str, got: tuple, expected: tuple) -> str:
         return ""
     width = f"axis 0 is the input width: this weight takes {got[0]} features where {expected[0]} arrive"
     if got == expected[::-1] or (got[1] == expected[0] and got[1] != expected[1]):
-        return f" ({transpose})"
+        return f" ({transpose}, of shape {got[::-1]})"
     if got[1] == expected[0]:  # (c, a) for (a, a): a changed input, or a transposed (a, c) weight
         return f" ({width}; did the last axis of an input change? If this is {transpose})"
     return f" ({width}; did the last axis of an input change?)"
+
+
+def check_weight_in(params, key: str, width: int, *, input_name: str = "the input") -> tuple:
+    """The shape ``(width, out)`` of the 2-D ``(in, out)`` weight ``params[key]``, checked on its
+    input axis BEFORE a caller reads head counts or head widths off its output axis.
+
+    A module that infers ``d`` from ``W.shape[1]`` and checks afterwards names a wrong expected shape
+    for PyTorch's untransposed ``(out, in)`` weight (a ``(48, 24)`` ``q_proj`` read as ``d = 6``
+    "must have shape (24, 24)"). Call this first: the message then says ``(24, out)`` and, where
+    axis 1 is the input width, "pass its transpose, of shape (24, 48)". A missing key is left to
+    :func:`check_params` (it lists every missing key at once); ``()`` is returned then.
+    """
+    if not isinstance(params, dict) or params.get(key) is None:
+        return ()
+    shp = tuple(np.shape(params[key]))
+    if len(shp) == 2 and shp[0] == width:
+        return shp
+    if len(shp) == 2 and shp[1] == width:
+        why = (f" (PyTorch's nn.Linear.weight is (out, in): pass its transpose, of shape ({width}, {shp[0]}))")
+    elif len(shp) == 2:
+        why = (f" (axis 0 is the input width: this weight takes {shp[0]} features where {width} arrive; "
+               f"did the last axis of an input change?)")
+    else:
+        why = " (a Linear weight is 2-D)"
+    raise ValueError(f"{key} must have shape ({width}, out): refattn weights are (in, out) and {input_name} has "
+                     f"{width} features; got {shp}{why}")
 
 
 def cast_all(dt, d: dict) -> dict:

@@ -3,6 +3,8 @@
 * ``index.md``: the ``<!-- registry:coverage -->`` marker becomes the coverage table by family.
 * ``catalogue.md``: the ``<!-- registry:table -->`` marker becomes a table of every registry
   record (status, tier, paper, upstream code, docs section), one section per family.
+* ``port-an-official-module.md``: the ``<!-- interop:coverage -->`` marker becomes the table of
+  which mechanisms ``refattn.interop.torch`` maps, which have no official code, which wait.
 * ``api/``: one mkdocstrings page per family package (``refattn.attention.differential`` ...),
   with a section per mechanism module (its docstring is the mechanism's page, then every public
   function with its equations), plus an index.
@@ -163,7 +165,28 @@ def _coverage_table() -> str:
             "site is built.\n")
 
 
+def _interop_table() -> str:
+    """The "Port an official module" page's table: every implemented catalogue mechanism with its
+    ``refattn.interop.torch`` status (``refattn.interop.coverage.torch_coverage``)."""
+    from refattn.interop.coverage import STATUSES, torch_coverage
+
+    cov = torch_coverage()
+    counts = {s: sum(v[0] == s for v in cov.values()) for s in STATUSES}
+    lines = [", ".join(f"**{n}** {s}" for s, n in counts.items()) + f" (of {len(cov)} implemented catalogue "
+             "mechanisms; generated from the registry when the site is built).", ""]
+    for status in STATUSES:
+        rows = sorted((k, v[1]) for k, v in cov.items() if v[0] == status)
+        if not rows:
+            continue
+        lines += [f"### {status.capitalize()} ({len(rows)})", "", "| mechanism | upstream |", "|---|---|"]
+        lines += [f"| `{k}` | {d.replace('|', '/')} |" for k, d in rows]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def on_page_markdown(markdown, page, config, files):
+    if "<!-- interop:coverage -->" in markdown:
+        markdown = markdown.replace("<!-- interop:coverage -->", _interop_table())
     if "<!-- registry:coverage -->" in markdown:
         markdown = markdown.replace("<!-- registry:coverage -->", _coverage_table())
     if "<!-- registry:table -->" in markdown:

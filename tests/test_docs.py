@@ -134,6 +134,49 @@ def test_every_registry_docs_anchor_exists():
     assert not missing, "\n".join(missing)
 
 
+_PIN = re.compile(r"@\s*`?[0-9a-f]{7,40}\b|\b(?:commit|git|HEAD)\s+`?[0-9a-f]{7,40}\b|\bv\d+\.\d+\.\d+\b")
+_NO_CODE = re.compile(r"no (?:official|public) (?:PyTorch )?code|no public (?:repository|implementation)|no repository|"
+                      r"no official implementation|could not be retrieved|proprietary|not public", re.I)
+
+
+def test_every_mechanism_names_its_upstream_at_a_pinned_commit():
+    """Issue #20: every mechanism whose catalogue entry names official code cites the upstream file at
+    a pinned commit (or a release tag) in its module docstring or its docs section; one whose code
+    cannot be had says so in words."""
+    import importlib
+
+    from refattn import registry
+
+    bad = []
+    for rec in registry.all(implemented=True):
+        code = (rec.official_code or "").strip()
+        if not code or code in ("-", "\u2014") or rec.family.startswith("0"):
+            continue
+        doc = importlib.import_module(rec.module).__doc__ or ""
+        page, _, anchor = rec.docs.partition("#")
+        text = (ROOT / "docs" / page).read_text(encoding="utf-8")
+        if anchor:  # the section: from its heading to the next heading of the same or a higher level
+            m = re.search(r"^(#+)\s+[^\n]*(?:\{#" + re.escape(anchor) + r"\}|\n)", text, flags=re.M)
+            lines, out, level = text.splitlines(), [], None
+            for line in lines:
+                h = re.match(r"^(#+)\s", line)
+                if level is None:
+                    ids = re.findall(r"\{#([\w-]+)", line)
+                    slug = re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", re.sub(r"\{.*\}", "", line)
+                                                          .strip("# ").lower())).strip("-")
+                    if h and (anchor in ids or slug == anchor):
+                        level = len(h.group(1))
+                        out.append(line)
+                    continue
+                if h and len(h.group(1)) <= level:
+                    break
+                out.append(line)
+            text = "\n".join(out) if m or out else text
+        if not (_PIN.search(doc) or _PIN.search(text) or _NO_CODE.search(doc) or _NO_CODE.search(text)):
+            bad.append(f"{rec.slug} ({rec.module}; docs {rec.docs})")
+    assert not bad, "no pinned upstream commit and no 'no public code' statement:\n" + "\n".join(bad)
+
+
 def _home_examples():
     text = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)

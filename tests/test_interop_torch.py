@@ -575,6 +575,25 @@ def test_unknown_and_unmapped_slugs():
     with pytest.raises(TypeError, match="unknown config keywords"):
         params_from_state_dict("diff_attention_v1", MultiheadDiffAttn(8, 1, 2).state_dict(), n_head=2)
     assert "diff_attention_v1" in supported_slugs() and "sdpa" not in supported_slugs()
+    with pytest.raises(ValueError, match="'gqa_mqa': the catalogue names no official PyTorch code"):
+        params_from_state_dict("gqa_mqa", {})
+    with pytest.raises(ValueError, match=r"'sdpa': its official code \(tensorflow/tensor2tensor"):
+        params_from_state_dict("sdpa", {})
+
+
+def test_coverage_sorts_every_catalogue_mechanism():
+    """Issue #20: say clearly which mechanisms are mapped, which have no official code, which wait."""
+    from refattn import registry
+    from refattn.interop.coverage import STATUSES, torch_coverage
+
+    cov = torch_coverage()
+    implemented = {r.slug for r in registry.all(implemented=True)} & set(registry.catalog_rows())
+    assert set(cov) == implemented
+    assert {s for s, _ in cov.values()} <= set(STATUSES)
+    assert {k for k, (s, _) in cov.items() if s == "mapped"} == set(supported_slugs())
+    assert cov["gqa_mqa"][0] == "no official code" and "repeat_kv" in cov["gqa_mqa"][1]
+    assert cov["sdpa"][0] == "not mapped yet" and "tensor2tensor" in cov["sdpa"][1]
+    assert "softmax" not in cov  # a primitive, not a catalogue entry
 
 
 @pytest.mark.parametrize("make,slug", [

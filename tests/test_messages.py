@@ -45,7 +45,8 @@ def test_transpose_hint_only_when_the_transpose_fits():
     assert "transpose" not in str(ei.value)
     with pytest.raises(ValueError) as ei:  # (3, 4) for (4, 4): either reading fits, both are named
         check_params({"q.weight": np.ones((3, 4))}, {"q.weight": (4, 4)})
-    assert "input width" in str(ei.value) and "If this is PyTorch's" in str(ei.value)
+    assert "input width" in str(ei.value) and "if this is PyTorch's" in str(ei.value)
+    assert "must have shape (4, 4)" not in str(ei.value)  # the output width may be read off this very weight
 
 
 @pytest.mark.parametrize("slug", ["diff_attention_v1", "transolver_physics_attention", "galerkin_attention"])
@@ -57,8 +58,9 @@ def test_a_wider_input_is_not_blamed_on_a_transposed_weight(slug):
     with pytest.raises(ValueError) as ei:
         registry.call_forward(rec, inputs, s.params, s.config)
     hint = str(ei.value).split("got ", 1)[1]
-    assert "(axis 0 is the input width" in hint and "did the last axis of an input change?" in hint
-    assert "(PyTorch's nn.Linear.weight is (out, in): pass its transpose)" not in hint
+    assert "axis 0 is the input width" in hint and "did the last axis of an input change?" in hint
+    # the transpose may be offered as one reading, never as the only one
+    assert "pass its transpose" not in hint or "if it is already (in, out)" in hint
 
 
 def test_linear_messages():
@@ -70,3 +72,59 @@ def test_linear_messages():
         linear_forward(x, {"weight": np.ones((5, 4))})
     with pytest.raises(ValueError, match=r"params is missing keys \['weight'\].*'weigth' -> 'weight'"):
         linear_forward(x, {"weigth": np.ones((4, 5))})
+
+
+def _transposed_cases(rec):
+    """(key, true shape, params with that non-square 2-D ``*weight`` transposed) for a record's tiny sample."""
+    s = rec.sample(np.random.default_rng(0), "tiny")
+    for k, v in (s.params or {}).items():
+        if isinstance(v, np.ndarray) and v.ndim == 2 and v.shape[0] != v.shape[1] and k.endswith("weight"):
+            yield k, v.shape, s, dict(s.params, **{k: v.T.copy()})
+
+
+_WEIGHTED = [r.slug for r in registry.all(implemented=True)
+             if any(True for _ in _transposed_cases(r))]
+
+
+@pytest.mark.parametrize("slug", _WEIGHTED)
+def test_a_transposed_weight_is_never_accepted(slug):
+    """PyTorch's (out, in) weight passed where refattn wants (in, out) must raise, never compute."""
+    rec = registry.get(slug)
+    for key, _, s, params in _transposed_cases(rec):
+        with pytest.raises((ValueError, TypeError)):
+            registry.call_forward(rec, s.inputs, params, s.config)
+            pytest.fail(f"{slug}: {key} transposed was accepted")
+
+
+@pytest.mark.parametrize("slug", [r.slug for r in registry.all(implemented=True, family="2")
+                                  if r.slug in _WEIGHTED and r.slug != "diff_mamba"])
+def test_differential_transposed_weight_message_names_the_transpose(slug):
+    """Issue #20: an untransposed DIFF V2 ``q_proj`` (48, 24) was told "must have shape (24, 24)".
+    The message must suggest the transpose and never state a wrong expected shape for that key."""
+    import re
+
+    rec = registry.get(slug)
+    for key, true, s, params in _transposed_cases(rec):
+        with pytest.raises(ValueError) as ei:
+            registry.call_forward(rec, s.inputs, params, s.config)
+        msg = str(ei.value)
+        if not msg.startswith(key):  # a sub-module's input width derived from this key: only for small adapters
+            continue
+        stated = re.match(re.escape(key) + r" must have shape \((\d+), (\d+)\)", msg)
+        assert stated is None or tuple(map(int, stated.groups())) == tuple(true), msg
+        assert "pass its transpose" in msg, msg
+
+
+def test_diff_v2_untransposed_q_proj_message():
+    from refattn.attention.differential import diff_attention_v2
+
+    rng = np.random.default_rng(0)
+    C, H, d = 24, 2, 12
+    p = {"q_proj.weight": rng.normal(size=(2 * H * d, C)),  # torch layout (out, in)
+         "k_proj.weight": rng.normal(size=(C, H * d)), "v_proj.weight": rng.normal(size=(C, H * d)),
+         "o_proj.weight": rng.normal(size=(H * d, C)), "lambda_proj.weight": rng.normal(size=(C, H))}
+    with pytest.raises(ValueError) as ei:
+        diff_attention_v2(rng.normal(size=(1, 4, C)), p, num_heads=H)
+    msg = str(ei.value)
+    assert msg.startswith("q_proj.weight must have shape (24, out)") and "got (48, 24)" in msg
+    assert "pass its transpose, of shape (24, 48)" in msg

@@ -11,6 +11,8 @@ module's other names from the module itself (``from package.sdpa import sdpa_for
 
 Modules
 -------
+algebra_ffn
+    Associative-algebra product FFN projection — registered as **not implemented** (T3).
 bcos
     B-cos transform: a unit-norm linear map rescaled by the input-weight cosine to the power B-1
     (``bcos_transform``).
@@ -19,6 +21,9 @@ core
 deep_delta
     Deep Delta Learning residual (DDL) and the depth-wise residual attention read (ShortSWA over
     depth) (``depth_attention_delta_residual``).
+deepscalelm
+    DeepScaleLM: a transformer layer with moment-preserving residual scaling, and its initialisation
+    (``deepscalelm_residual_scaling``).
 deformable_merging
     LIT deformable token merging: a deformable convolution with kernel = stride = patch, then
     BatchNorm and GELU, merges each patch of tokens at learned, input-dependent sampling points
@@ -53,6 +58,9 @@ gmu
 headmask
     HeadMask: multi-head attention with training-time head masks (random or importance-based)
     (``headmask``).
+hgf
+    Hybrid Gated Flow: a ternary (1.58-bit) linear layer plus a gated low-rank full-precision
+    correction (``hybrid_gated_flow_ternary``).
 layerscale
     LayerScale: a pre-norm block whose two residual branches are scaled per channel (CaiT)
     (``layerscale``).
@@ -122,6 +130,9 @@ shallow_ffn
 simplified
     Simplified Transformer block (He & Hofmann): parallel, skipless, value/projection-free
     (``simplified_block_he_hofmann``).
+ssm2d
+    2-D SSM: a two-dimensional (Roesser) state-space layer materialised as a causal 2-D convolution
+    kernel (``ssm_2d_layer``).
 stn
     Spatial transformer: a localisation network regresses an affine map, ``affine_grid`` turns it
     into a sampling grid and ``grid_sample`` reads the input there (bilinear)
@@ -184,6 +195,15 @@ from .deep_delta import (  # noqa: F401
     deep_delta_residual_forward,
     depth_window_attention_backward,
     depth_window_attention_forward,
+)
+from .deepscalelm import (  # noqa: F401
+    DSLM_FFN_SPLITS,
+    DSLM_NORM_POSITIONS,
+    deepscalelm_block,
+    deepscalelm_block_backward,
+    deepscalelm_block_forward,
+    deepscalelm_gains,
+    deepscalelm_init,
 )
 from .deformable_merging import (  # noqa: F401
     deform_conv2d_apply,
@@ -260,6 +280,14 @@ from .headmask import (  # noqa: F401
     headmask_attention_forward,
     headmask_important,
     headmask_random,
+)
+from .hgf import (  # noqa: F401
+    HGF_ESTIMATORS,
+    HGF_GATE_ACTIVATIONS,
+    hgf_linear,
+    hgf_linear_backward,
+    hgf_linear_forward,
+    ternary_quantize,
 )
 from .layerscale import (  # noqa: F401
     layerscale_block,
@@ -419,6 +447,13 @@ from .simplified import (  # noqa: F401
     simplified_block_he_hofmann_backward,
     simplified_block_he_hofmann_forward,
 )
+from .ssm2d import (  # noqa: F401
+    SSM2D_A_KEYS,
+    ssm_2d,
+    ssm_2d_backward,
+    ssm_2d_forward,
+    ssm_2d_kernel,
+)
 from .stn import (  # noqa: F401
     LOCALIZATIONS,
     localization_backward,
@@ -451,10 +486,12 @@ __all__ = [
     "param_dim", "resolve_attention_core", "resolve_sublayer", "split_block_params", "transformer_block_backward",
     "transformer_block_forward", "transformer_block_spec", "deep_delta_residual", "deep_delta_residual_backward",
     "deep_delta_residual_forward", "depth_window_attention_backward", "depth_window_attention_forward",
-    "deform_conv2d_apply", "deform_conv2d_vjp", "deformable_token_merging", "deformable_token_merging_backward",
-    "deformable_token_merging_forward", "delight_block_scaling", "dextra", "dextra_backward", "dextra_config",
-    "dextra_forward", "denseformer_dwa", "denseformer_dwa_backward", "denseformer_dwa_forward", "denseformer_dwa_init",
-    "dwa_read_indices", "compact_channel_attention_backward", "compact_channel_attention_forward", "dico_conv_module",
+    "DSLM_FFN_SPLITS", "DSLM_NORM_POSITIONS", "deepscalelm_block", "deepscalelm_block_backward",
+    "deepscalelm_block_forward", "deepscalelm_gains", "deepscalelm_init", "deform_conv2d_apply", "deform_conv2d_vjp",
+    "deformable_token_merging", "deformable_token_merging_backward", "deformable_token_merging_forward",
+    "delight_block_scaling", "dextra", "dextra_backward", "dextra_config", "dextra_forward", "denseformer_dwa",
+    "denseformer_dwa_backward", "denseformer_dwa_forward", "denseformer_dwa_init", "dwa_read_indices",
+    "compact_channel_attention_backward", "compact_channel_attention_forward", "dico_conv_module",
     "dico_conv_module_backward", "dico_conv_module_forward", "DRA_PARAMS", "dra", "dra_backward", "dra_forward",
     "DYDIT_ESTIMATORS", "dydit_block", "dydit_block_backward", "dydit_block_forward", "DYT_ALPHA_INIT", "dynamic_tanh",
     "dynamic_tanh_backward", "dynamic_tanh_forward", "SLN_NORM_TYPES", "degree_index",
@@ -463,17 +500,18 @@ __all__ = [
     "glu_activation", "glu_ffn", "glu_ffn_backward", "glu_ffn_forward", "gated_memory_unit",
     "gated_memory_unit_backward", "gated_memory_unit_forward", "head_importance", "headmask_attention",
     "headmask_attention_backward", "headmask_attention_forward", "headmask_important", "headmask_random",
-    "layerscale_block", "layerscale_block_backward", "layerscale_block_forward", "layerscale_init_value",
-    "legendre_state_space", "lmu_impulse_response", "lmu_token_mixer", "lmu_token_mixer_backward",
-    "lmu_token_mixer_forward", "LOOP_INJECTIONS", "looped_transformer", "looped_transformer_backward",
-    "looped_transformer_forward", "low_rank_from_dense", "low_rank_linear", "low_rank_linear_backward",
-    "low_rank_linear_forward", "MACARON_STEPS", "macaron_block", "macaron_block_backward", "macaron_block_forward",
-    "MAGNETO_INIT_SCHEMES", "MAGNETO_SCALED", "magneto_gain", "magneto_init", "magneto_layer", "magneto_layer_backward",
-    "magneto_layer_forward", "MINDSKIP_ESTIMATORS", "MINDSKIP_ROUTE_LEVELS", "mindskip_attention",
-    "mindskip_attention_backward", "mindskip_attention_forward", "MIXTRAL_EXPERT_CONFIG", "MIXTRAL_MOE_NAMES",
-    "moe_topk_gating", "moe_topk_gating_backward", "moe_topk_gating_forward", "mixture_of_head_attention",
-    "mixture_of_head_attention_backward", "mixture_of_head_attention_forward", "NGPT_ROPE", "ngpt_attention_backward",
-    "ngpt_attention_forward", "ngpt_normalized_block", "ngpt_normalized_block_backward",
+    "HGF_ESTIMATORS", "HGF_GATE_ACTIVATIONS", "hgf_linear", "hgf_linear_backward", "hgf_linear_forward",
+    "ternary_quantize", "layerscale_block", "layerscale_block_backward", "layerscale_block_forward",
+    "layerscale_init_value", "legendre_state_space", "lmu_impulse_response", "lmu_token_mixer",
+    "lmu_token_mixer_backward", "lmu_token_mixer_forward", "LOOP_INJECTIONS", "looped_transformer",
+    "looped_transformer_backward", "looped_transformer_forward", "low_rank_from_dense", "low_rank_linear",
+    "low_rank_linear_backward", "low_rank_linear_forward", "MACARON_STEPS", "macaron_block", "macaron_block_backward",
+    "macaron_block_forward", "MAGNETO_INIT_SCHEMES", "MAGNETO_SCALED", "magneto_gain", "magneto_init", "magneto_layer",
+    "magneto_layer_backward", "magneto_layer_forward", "MINDSKIP_ESTIMATORS", "MINDSKIP_ROUTE_LEVELS",
+    "mindskip_attention", "mindskip_attention_backward", "mindskip_attention_forward", "MIXTRAL_EXPERT_CONFIG",
+    "MIXTRAL_MOE_NAMES", "moe_topk_gating", "moe_topk_gating_backward", "moe_topk_gating_forward",
+    "mixture_of_head_attention", "mixture_of_head_attention_backward", "mixture_of_head_attention_forward", "NGPT_ROPE",
+    "ngpt_attention_backward", "ngpt_attention_forward", "ngpt_normalized_block", "ngpt_normalized_block_backward",
     "ngpt_normalized_block_forward", "ngpt_rope_tables", "unit_norm_backward", "unit_norm_forward",
     "multiscale_embedding", "multiscale_embedding_backward", "multiscale_embedding_forward", "nutime_scales",
     "nutime_window_embedding", "nutime_window_embedding_backward", "nutime_window_embedding_forward",
@@ -491,8 +529,9 @@ __all__ = [
     "router_z_loss_backward", "router_z_loss_forward", "threshold_mask", "topk_mask", "shallow_ffn_mixer",
     "shallow_ffn_mixer_backward", "shallow_ffn_mixer_forward", "shaped_attention_sublayer_backward",
     "shaped_attention_sublayer_forward", "simplified_block_he_hofmann", "simplified_block_he_hofmann_backward",
-    "simplified_block_he_hofmann_forward", "LOCALIZATIONS", "localization_backward", "localization_forward",
-    "spatial_transformer", "spatial_transformer_backward", "spatial_transformer_forward", "TNT_INNER", "TNT_OUTER",
-    "tnt_block", "tnt_block_backward", "tnt_block_forward", "TOKEN_POOLING_METHODS", "token_pooling",
-    "token_pooling_backward", "token_pooling_clusters", "token_pooling_forward",
+    "simplified_block_he_hofmann_forward", "SSM2D_A_KEYS", "ssm_2d", "ssm_2d_backward", "ssm_2d_forward",
+    "ssm_2d_kernel", "LOCALIZATIONS", "localization_backward", "localization_forward", "spatial_transformer",
+    "spatial_transformer_backward", "spatial_transformer_forward", "TNT_INNER", "TNT_OUTER", "tnt_block",
+    "tnt_block_backward", "tnt_block_forward", "TOKEN_POOLING_METHODS", "token_pooling", "token_pooling_backward",
+    "token_pooling_clusters", "token_pooling_forward",
 ]

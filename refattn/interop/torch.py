@@ -569,8 +569,11 @@ def _get_spec(slug) -> _Spec:
         rec = registry.get(slug)
     except registry.UnknownMechanism as exc:
         raise ValueError(f"refattn.interop.torch: {exc}") from None
-    raise ValueError(f"refattn.interop.torch has no state_dict mapping for {rec.slug!r}: either it has no "
-                     f"upstream PyTorch module or its mapping is not written yet. Mapped slugs: "
+    code = (rec.official_code or "").strip()
+    why = ("the catalogue names no official PyTorch code for it" if not code or code.startswith(("—", "-"))
+           else f"its official code ({code}) has no state_dict table here yet")
+    raise ValueError(f"refattn.interop.torch has no state_dict mapping for {rec.slug!r}: {why} "
+                     f"(refattn.interop.coverage.torch_coverage() lists every mechanism). Mapped slugs: "
                      f"{', '.join(_SPECS)}. Build its params by hand (weights (in, out) = torch weight.T) "
                      f"and check them with refattn.testing.compare_implementation.")
 

@@ -20,7 +20,7 @@ Layout (``interleaved``)
 ------------------------
 * ``interleaved=True``: pairs $(2m, 2m+1)$ — GPT-J, RoFormer, and microsoft/unilm
   Diff-Transformer, whose ``multihead_flashdiff_*.py`` call ``apply_rotary_emb(...,
-  interleaved=True)`` from ``diff/kernel/rotary.py`` (Tri Dao's flash-attn rotary kernel).
+  interleaved=True)`` from ``Diff-Transformer/diff/kernel/rotary.py``@45d438e (Tri Dao's flash-attn rotary kernel).
 * ``interleaved=False`` (default, as flash-attn's ``apply_rotary_emb`` and HF Llama/GPT-NeoX
   ``rotate_half``): pairs $(m, m + r/2)$.
 

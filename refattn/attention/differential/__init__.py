@@ -33,6 +33,8 @@ difflora
     (``difflora``).
 dint
     DINT: differential-integral attention, rows normalised to sum to one (``dint_attention``).
+dydila
+    DyDiLA: dynamic differential linear attention — registered as **not implemented** (T3).
 extraction_scoring
     Attention-guided extraction scoring (SAGE): differential attention relevance of context tokens
     (``attention_guided_extraction_scoring``).

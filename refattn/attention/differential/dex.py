@@ -24,6 +24,7 @@ from ..._checks import (
     check_broadcastable,
     check_int,
     check_params,
+    check_weight_in,
     compute_dtype,
 )
 from ...nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
@@ -99,6 +100,8 @@ def dex_differential_adaptation_forward(x, params, *, num_heads: int, num_kv_hea
     need = ("q_proj.weight", "v_proj.weight", "o_proj.weight", "f_D.weight")
     if not isinstance(params, dict) or any(k not in params for k in need):
         raise ValueError(f"params must be a dict containing {list(need)}, 'k_proj.weight' and 'lambda'")
+    check_weight_in(params, "q_proj.weight", C, input_name="x")
+    check_weight_in(params, "v_proj.weight", C, input_name="x")
     qw, vw, ow, fw = (np.shape(params[k]) for k in need)
     if len(qw) != 2 or qw[1] % H:
         raise ValueError(f"q_proj.weight must have shape (C, num_heads * d) with num_heads = {H}; got {qw}")
@@ -107,6 +110,7 @@ def dex_differential_adaptation_forward(x, params, *, num_heads: int, num_kv_hea
     if len(ow) != 2:
         raise ValueError(f"o_proj.weight must have shape (num_heads * dv, C_out); got {ow}")
     d, dv = qw[1] // H, vw[1] // Hkv
+    check_weight_in(params, "o_proj.weight", H * dv, input_name=f"the merged heads ({H} x {dv})")
     per_head = len(fw) == 3
     required = {"q_proj.weight": (C, H * d), "k_proj.weight": (C, Hkv * d), "v_proj.weight": (C, Hkv * dv),
                 "o_proj.weight": (H * dv, ow[1]), "f_D.weight": (H, dv, dv) if per_head else (dv, dv),

@@ -1,7 +1,7 @@
 r"""DiffCLIP: DiffCLIP's copy of the V1 layer (biases, constant $\lambda_{init}$, no RoPE, no mask).
 
 Hammoud & Ghanem, "DiffCLIP: Differential Attention Meets CLIP", 2025; code
-hammoudhasan/DiffCLIP ``diff_attention.py`` (``DiffAttention``). The V1 algebra
+hammoudhasan/DiffCLIP ``diff_attention.py``@bec1d61 (``DiffAttention``). The V1 algebra
 (``refattn.attention.differential.v1``) with CLIP's head count (halved inside), biases on every
 projection, $\lambda_{init} = 0.8$ in every block and the per-head norm named ``diff_norm``; the
 backward is V1's chain with $db = \sum_{\text{rows}} dY$ for each projection. Every difference

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import check_choice, check_int
+from ..._checks import as_float, check_choice, check_int, check_weight_in
 from ...registry import Mechanism, Sample, register
 from ._samples import draw_lambda_vectors
 from .layer import (
@@ -169,6 +169,9 @@ def grouped_differential_attention_forward(x, params, *, num_signal_heads: int, 
                              "(vLLM grouped_diff_attn: num_q2_heads % (num_kv_heads // 2) == 0)")
     if not isinstance(params, dict) or "q_proj.weight" not in params or "v_proj.weight" not in params:
         raise ValueError("params must be a dict containing 'q_proj.weight' (C, (H_s + H_n) d) and 'v_proj.weight'")
+    cx = as_float(x, "x", min_ndim=2).shape[-1]
+    check_weight_in(params, "q_proj.weight", cx, input_name="x")
+    check_weight_in(params, "v_proj.weight", cx, input_name="x")
     qw, vw = np.shape(params["q_proj.weight"]), np.shape(params["v_proj.weight"])
     if len(qw) != 2 or qw[1] % (Hs + Hn):
         raise ValueError(f"q_proj.weight must have shape (C, (H_s + H_n) d) with H_s + H_n = {Hs + Hn}; got {qw}")

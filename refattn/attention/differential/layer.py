@@ -45,6 +45,7 @@ from ..._checks import (
     check_int,
     check_params,
     check_positive,
+    check_weight_in,
     compute_dtype,
 )
 from ...nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
@@ -313,6 +314,8 @@ def v1_generic_forward(x, params, *, where, names, num_heads, q_halves, k_halves
     nq, nk, nv, no, nn_ = names["q"], names["k"], names["v"], names["o"], names["norm"]
     if not isinstance(params, dict):
         raise TypeError(f"params must be a dict of arrays for {where}; got {type(params).__name__}")
+    if np.shape(params.get(f"{no}.weight"))[1:] == (num_heads * dv,):  # PyTorch's (out, in) layout: say so
+        check_weight_in(params, f"{no}.weight", num_heads * dv, input_name=f"the merged heads ({num_heads} x {dv})")
     c_out = None
     if f"{no}.weight" in params:
         ow = np.shape(params[f"{no}.weight"])
@@ -395,6 +398,7 @@ def v1_layer_forward(x, params, *, num_heads, num_kv_heads, depth, lambda_init, 
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if not isinstance(params, dict) or "q_proj.weight" not in params:
         raise ValueError("params must be a dict containing 'q_proj.weight' of shape (C, 2 * num_heads * d)")
+    check_weight_in(params, "q_proj.weight", as_float(x, "x", min_ndim=2).shape[-1], input_name="x")
     qw = np.shape(params["q_proj.weight"])
     if len(qw) != 2 or qw[1] % (2 * num_heads):
         raise ValueError(f"q_proj.weight must have shape (C, 2 * num_heads * d) with num_heads = "

@@ -19,7 +19,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
+from ..._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_int,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ...nn.linear import linear_prefixed_vjp, merge_heads, split_heads
 from .core import gather_heads, kv_head_index, scatter_heads
 from .layer import (
@@ -84,6 +94,8 @@ def two_branch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
     need = (f"{nq}.weight", f"{nv}.weight", f"{no}.weight")
     if not isinstance(params, dict) or any(k not in params for k in need):
         raise ValueError(f"params must be a dict containing {list(need)} and the other projections of {where}")
+    check_weight_in(params, f"{nq}.weight", C, input_name="x")
+    check_weight_in(params, f"{nv}.weight", C, input_name="x")
     qw, vw, ow = (np.shape(params[k]) for k in need)
     if len(qw) != 2 or qw[1] % H:
         raise ValueError(f"{nq}.weight must have shape (C, num_heads * d) with num_heads = {H}; got {qw}")
@@ -98,6 +110,7 @@ def two_branch_forward(x, params, *, where, names, num_heads, num_kv_heads, nega
             raise ValueError(f"params must contain {akey} of shape (C, rank)")
         r = np.shape(params[akey])[1]
     d, dv = qw[1] // H, vw[1] // Hkv
+    check_weight_in(params, f"{no}.weight", H * dv, input_name=f"the merged heads ({H} x {dv})")
     req = {f"{nq}.weight": (C, H * d), f"{nk}.weight": (C, Hkv * d), f"{nv}.weight": (C, Hkv * dv),
            f"{no}.weight": (H * dv, ow[1])}
     for t, w in ((nq, H * d), (nk, Hkv * d)):

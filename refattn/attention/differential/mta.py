@@ -55,6 +55,7 @@ from ..._checks import (
     check_param_keys,
     check_params,
     check_positive,
+    check_weight_in,
     compute_dtype,
 )
 from ...nn.activations import sigmoid, sigmoid_grad
@@ -246,7 +247,8 @@ def multi_token_attention_forward(q, k, v, params=None, *, attn_mask=None, is_ca
         gw = as_float(params["gate.weight"], "gate.weight", ndim=2)
         if gw.shape not in ((dv_, 1), (dv_, dv_)):
             raise ValueError(f"gate.weight must have shape (d_v, 1) or (d_v, d_v) = ({dv_}, 1) or ({dv_}, {dv_}); "
-                             f"got {gw.shape}")
+                             f"got {gw.shape}" + (" (PyTorch's nn.Linear.weight is (out, in): pass its transpose, "
+                                                  f"of shape {gw.shape[::-1]})" if gw.shape[1] == dv_ else ""))
         P["gate.weight"] = gw.astype(dt, copy=False)
         P["gate.bias"] = vector_param(params, "gate.bias", gw.shape[1], dt)
     if not isinstance(layer_norm_rescale, (bool, np.bool_)):
@@ -389,8 +391,9 @@ def multi_token_attention_layer_forward(x, params, *, num_heads: int, num_kv_hea
         raise ValueError(f"num_heads ({h}) must be a multiple of num_kv_heads ({hkv})")
     if not isinstance(params, dict) or "wq.weight" not in params:
         raise ValueError("params must be a dict containing 'wq.weight' of shape (C, num_heads * head_dim)")
-    qw = np.shape(params["wq.weight"])
     c = x.shape[-1]
+    check_weight_in(params, "wq.weight", c, input_name="x")
+    qw = np.shape(params["wq.weight"])
     if len(qw) != 2 or qw[0] != c or qw[1] % h:
         raise ValueError(f"wq.weight must have shape (C={c}, num_heads * head_dim) with num_heads={h}; got {qw}")
     d = qw[1] // h

@@ -59,7 +59,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, compute_dtype
+from ..._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_int,
+    check_params,
+    check_weight_in,
+    compute_dtype,
+)
 from ...nn.activations import gelu, gelu_grad, relu, relu_grad, silu, silu_grad
 from ...nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp, merge_heads, split_heads
 from ...registry import Mechanism, Sample, register
@@ -108,11 +117,14 @@ def _validate(x, params, num_heads, num_kv_heads, adapter_activation):
         if key not in params:
             raise ValueError(f"params is missing {key!r} (OpAmp keys: q/k/v/o_proj, adapter_q1/q2/k1/k2.down/up)")
     c = x.shape[2]
+    check_weight_in(params, "q_proj.weight", c, input_name="x")
     wq = as_float(params["q_proj.weight"], "q_proj.weight", ndim=2)
     if wq.shape[0] != c or wq.shape[1] % h:
         raise ValueError(f"q_proj.weight must have shape (C={c}, num_heads * head_dim) with num_heads={h}; got {wq.shape}")
     d = wq.shape[1] // h
+    check_weight_in(params, "o_proj.weight", h * d, input_name=f"the merged heads ({h} x {d})")
     c_out = as_float(params["o_proj.weight"], "o_proj.weight", ndim=2).shape[1]
+    check_weight_in(params, "adapter_q1.down.weight", h * d, input_name=f"the query heads ({h} x {d})")
     r = as_float(params["adapter_q1.down.weight"], "adapter_q1.down.weight", ndim=2).shape[1]
     spec = {**linear_prefixed_spec("q_proj", c, h * d), **linear_prefixed_spec("k_proj", c, hkv * d),
             **linear_prefixed_spec("v_proj", c, hkv * d), **linear_prefixed_spec("o_proj", h * d, c_out)}

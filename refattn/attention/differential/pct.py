@@ -11,7 +11,7 @@ in `pct_offset_attention_forward`).
 
 Paper: M.-H. Guo et al., "PCT: Point Cloud Transformer", Computational Visual Media 2021, arXiv
 2012.09688. Upstream: the official PCT is Jittor (MenghaoGuo/PCT); refattn follows the PyTorch
-port Strawberry-Eat-Mango/PCT_Pytorch ``model.py`` ``SA_Layer``.
+port Strawberry-Eat-Mango/PCT_Pytorch ``model.py``@471ad3a ``SA_Layer``.
 
 Layouts: PyTorch SDPA for attention cores (``q (B, H, N, d)``), token-major ``x (B, N, C)`` for
 layers; weights ``(in, out)`` (PyTorch: ``linear.weight.T``; a 1x1 ``Conv1d``/``Conv2d`` weight

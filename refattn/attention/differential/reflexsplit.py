@@ -12,7 +12,7 @@ $d\lambda = -\langle dD_T, A_R\rangle - \langle dD_R, A_T\rangle$, softmax VJPs,
 scatter-add and the cross paths (derivation in `reflexsplit_dual_stream_attention_forward`).
 
 ReflexSplit: dual-stream single-image reflection separation (seed 4-3); code wuw2135/ReflexSplit
-``models/arch/reflexsplit.py`` (``DifferentialDualStreamAttention``).
+``models/arch/reflexsplit.py``@268c213 (``DifferentialDualStreamAttention``).
 
 Layouts: PyTorch SDPA for attention cores (``q (B, H, N, d)``), token-major ``x (B, N, C)`` for
 layers; weights ``(in, out)`` (PyTorch: ``linear.weight.T``; a 1x1 ``Conv1d``/``Conv2d`` weight

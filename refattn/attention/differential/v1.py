@@ -22,7 +22,7 @@ the shared layer helpers of ``refattn.attention.differential.layer`` (DiffCLIP, 
 the same chain).
 
 Paper: Ye, Dong, Xia, Sun, Zhu, Huang, Wei, "Differential Transformer", ICLR 2025, arXiv
-2410.05258. Upstream: microsoft/unilm ``Diff-Transformer/multihead_diffattn.py``
+2410.05258. Upstream: microsoft/unilm ``Diff-Transformer/multihead_diffattn.py``@637157e
 (``MultiheadDiffAttn``), with the flash files ``multihead_flashdiff_1.py`` /
 ``multihead_flashdiff_2.py`` as the ``gqa_pairing="flash"`` option, ``rms_norm.py`` for the
 per-head norm and ``kernel/rotary.py`` (``apply_rotary_emb(..., interleaved=True)``) for RoPE.

@@ -1,6 +1,6 @@
 r"""DIFF Transformer V2: per-token, per-head $\lambda = \sigma(xW_\lambda)$, shared K/V within a GQA group.
 
-microsoft/unilm ``Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py``
+microsoft/unilm ``Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py``@31646c5
 (``MultiheadFlashDiffV2`` with ``use_diff_v2=True``; README of the same folder; no paper id):
 $2H$ query heads of full width $d$, one attention call over all of them, then per token $t$ and
 output head $i$
@@ -29,6 +29,7 @@ from ..._checks import (
     check_broadcastable,
     check_int,
     check_params,
+    check_weight_in,
     compute_dtype,
 )
 from ...nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
@@ -114,12 +115,14 @@ def diff_attention_v2_forward(x, params, *, num_heads: int, num_kv_heads: int | 
     if not isinstance(params, dict) or "q_proj.weight" not in params or "o_proj.weight" not in params:
         raise ValueError("params must be a dict with 'q_proj.weight' (C, 2Hd), 'k_proj.weight', "
                          "'v_proj.weight', 'o_proj.weight' (Hd, C_out) and 'lambda_proj.weight' (C, H)")
+    check_weight_in(params, "q_proj.weight", C, input_name="x")
     qw, ow = np.shape(params["q_proj.weight"]), np.shape(params["o_proj.weight"])
     if len(qw) != 2 or qw[1] % (2 * H):
         raise ValueError(f"q_proj.weight must have shape (C, 2 * num_heads * d) with num_heads = {H}; got {qw}")
     if len(ow) != 2:
         raise ValueError(f"o_proj.weight must have shape (num_heads * d, C_out); got {ow}")
     d = qw[1] // (2 * H)
+    check_weight_in(params, "o_proj.weight", H * d, input_name=f"the merged heads ({H} x {d})")
     P = check_params(params, {"q_proj.weight": (C, 2 * H * d), "k_proj.weight": (C, Hkv * d),
                               "v_proj.weight": (C, Hkv * d), "o_proj.weight": (H * d, ow[1]),
                               "lambda_proj.weight": (C, H)}, where="diff_attention_v2")

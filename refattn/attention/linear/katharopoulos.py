@@ -3,7 +3,7 @@ prefix-state scan (the RNN form).
 
 Katharopoulos, Vyas, Pappas, Fleuret, "Transformers are RNNs: Fast Autoregressive Transformers
 with Linear Attention", ICML 2020, arXiv 2006.16236. Follows idiap/fast-transformers
-``fast_transformers/attention/linear_attention.py`` (``Z = 1/(Q·K.sum + eps)``, eps 1e-6) and
+``fast_transformers/attention/linear_attention.py``@b07cc93 (``Z = 1/(Q·K.sum + eps)``, eps 1e-6) and
 ``causal_linear_attention.py`` (``K.cumsum`` denominator, ``causal_dot_product`` numerator).
 
 $$o_i = \frac{\phi(q_i)^\top\sum_j\phi(k_j)v_j^\top}{\phi(q_i)^\top\sum_j\phi(k_j)+\epsilon},\qquad

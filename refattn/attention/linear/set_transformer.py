@@ -2,7 +2,7 @@ r"""Set Transformer blocks: MAB, SAB, ISAB (inducing points) and PMA, with hand-
 
 Lee, Lee, Kim, Kosiorek, Choi, Teh, "Set Transformer: A Framework for Attention-based
 Permutation-Invariant Neural Networks", ICML 2019, arXiv 1810.00825. Follows the reference code
-juho-lee/set_transformer ``modules.py`` (``MAB``, ``SAB``, ``ISAB``, ``PMA``), which differs
+juho-lee/set_transformer ``modules.py``@6fdae7f (``MAB``, ``SAB``, ``ISAB``, ``PMA``), which differs
 from the paper's equations in several details (all reproduced, the scale as a keyword):
 
 * the residual adds the **projected** query: $O = Q + \mathrm{softmax}(\cdot)V$ per head with

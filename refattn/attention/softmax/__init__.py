@@ -23,6 +23,9 @@ additive_bias
 alibi
     ALiBi: Attention with Linear Biases (reference slopes, symmetric option, learnable slopes)
     (``alibi``).
+all_or_here
+    All-or-Here Attention (AHA): a per-(token, head) binary router between full causal and
+    sliding-window attention (``all_or_here_attention``).
 better_attention
     Optimised, Efficient and Super Attention (Hosseini & Hosseini, "You Need to Pay Better
     Attention") (``optimised_efficient_super_attention``).
@@ -36,12 +39,19 @@ cait
 chiral_rope
     Chiral-RoPE: a rotary encoding whose relative rotation is signed by a handedness pseudoscalar
     (``chiral_rope``).
+co4
+    Co4 triadic Q/K/V modulation: the CLS latent modulates the patch tokens, a per-channel top-k
+    pre-selects them, and attention runs over the CLS token and the $k$ selected rows only
+    (``triadic_modulation_co4``).
 coca
     CoCA: Collinear Constrained Attention (the Llama attention layer with ``t_proj`` instead of
     ``k_proj``) (``coca_collinear_attention``).
 continuum_pl
     Continuum Attention over a piecewise-linear key/value curve (exact exponential moments)
     (``continuum_attention_piecewise_linear``).
+converter
+    Converter: synthetic unitary digraph convolution ("Kernelution") in place of self-attention,
+    with the Converter encoder block around it (``converter_digraph_convolution``).
 core
     Helpers shared by the softmax-attention family (and the families built on it), under public
     names.
@@ -54,6 +64,9 @@ diffqkv
 duoformer
     DuoFormer: scale-wise attention inside each patch, patch-wise attention across patches
     (``duoformer_scale_wise_attention``).
+extractors
+    The Extractors (SHE, HE, WE, ME), drop-in replacements for self-attention — registered as **not
+    implemented** (T3).
 gqa
     Grouped-query and multi-query attention (GQA / MQA): the multi-head layer with fewer key/value
     heads than query heads (``gqa_mqa``).
@@ -131,6 +144,9 @@ poly_encoder
 position_coupling
     Position coupling: task-aligned tokens share one position ID of a learned absolute embedding
     (``position_coupling``).
+qada
+    QAdA: query-adaptive test of which heads need the long context, from local keys and a Gaussian
+    bulk model (``qada_long_context_head_test``).
 relation_detr
     Relation-DETR: an explicit position-relation bias for the decoder's self-attention
     (``relation_detr_position_bias``).
@@ -167,6 +183,9 @@ tova
 transposed_channel
     Transposed ("channel") attention: Restormer's MDTA, and the linear-projection form of XCiT / DAT
     (``transposed_channel_attention``).
+tucker_attention
+    Tucker Attention: multi-head attention whose stacked weight tensors are Tucker-factorised
+    (``tucker_attention``).
 urpe
     URPE: universal RPE-based attention — softmax attention with a relative bias, Hadamard-modulated
     by a learnable Toeplitz matrix (``urpe_toeplitz_modulated_attention``).
@@ -203,6 +222,19 @@ from .alibi import (  # noqa: F401
     alibi_layer_forward,
     alibi_slopes,
 )
+from .all_or_here import (  # noqa: F401
+    AHA_GATE_GRADS,
+    AHA_ROUTERS,
+    aha_local_keep,
+    aha_mix_backward,
+    aha_mix_forward,
+    aha_route,
+    aha_sparsity_penalty,
+    all_or_here,
+    all_or_here_backward,
+    all_or_here_forward,
+    init_all_or_here_params,
+)
 from .better_attention import (  # noqa: F401
     better_attention,
     better_attention_backward,
@@ -234,6 +266,14 @@ from .chiral_rope import (  # noqa: F401
     chiral_rope_attention_forward,
     validate_chirality,
 )
+from .co4 import (  # noqa: F401
+    co4_attention,
+    co4_attention_backward,
+    co4_attention_forward,
+    co4_modulate,
+    co4_param_spec,
+    init_co4_params,
+)
 from .coca import (  # noqa: F401
     COCA_MODES,
     coca_attention,
@@ -251,6 +291,21 @@ from .continuum_pl import (  # noqa: F401
     continuum_pl_attention_forward,
     exp_moment_f,
     exp_moment_f_prime,
+)
+from .converter import (  # noqa: F401
+    KERNEL_TYPES,
+    converter_block,
+    converter_block_backward,
+    converter_block_forward,
+    converter_param_spec,
+    dhhp_lower,
+    dhhp_lower_vjp,
+    dhhp_upper,
+    dhhp_upper_vjp,
+    givens_blocks,
+    givens_blocks_vjp,
+    init_converter_params,
+    kpm_damping,
 )
 from .core import (  # noqa: F401
     CAUSAL_ALIGNMENTS,
@@ -488,6 +543,12 @@ from .position_coupling import (  # noqa: F401
     position_coupling_param_spec,
     sample_coupling_start,
 )
+from .qada import (  # noqa: F401
+    qada_attention,
+    qada_attention_forward,
+    qada_bulk_estimate,
+    qada_window_keep,
+)
 from .relation_detr import (  # noqa: F401
     box_relation_encoding,
     init_relation_detr_params,
@@ -582,6 +643,16 @@ from .transposed_channel import (  # noqa: F401
     transposed_channel_attention_backward,
     transposed_channel_attention_forward,
 )
+from .tucker_attention import (  # noqa: F401
+    TUCKER_POST,
+    TUCKER_PRE,
+    init_tucker_attention_params,
+    tucker_attention,
+    tucker_attention_backward,
+    tucker_attention_forward,
+    tucker_head_cores,
+    tucker_weight_tensors,
+)
 from .urpe import (  # noqa: F401
     init_urpe_params,
     urpe_attention,
@@ -606,32 +677,37 @@ __all__ = [
     "init_soft_attention_params", "soft_attention", "soft_attention_backward", "soft_attention_forward",
     "soft_attention_param_spec", "biased_attention_backward", "biased_attention_forward", "gather_bias",
     "scatter_bias_grad", "alibi_attention_backward", "alibi_attention_forward", "alibi_bias", "alibi_layer",
-    "alibi_layer_backward", "alibi_layer_forward", "alibi_slopes", "better_attention", "better_attention_backward",
+    "alibi_layer_backward", "alibi_layer_forward", "alibi_slopes", "AHA_GATE_GRADS", "AHA_ROUTERS", "aha_local_keep",
+    "aha_mix_backward", "aha_mix_forward", "aha_route", "aha_sparsity_penalty", "all_or_here", "all_or_here_backward",
+    "all_or_here_forward", "init_all_or_here_params", "better_attention", "better_attention_backward",
     "better_attention_forward", "init_better_attention_params", "bidaf_attention", "bidaf_attention_backward",
     "bidaf_attention_forward", "bidaf_param_spec", "bidaf_similarity", "init_bidaf_params", "class_attention_block",
     "class_attention_block_backward", "class_attention_block_forward", "class_attention_param_spec",
     "init_class_attention_params", "talking_heads_attention", "talking_heads_attention_backward",
     "talking_heads_attention_forward", "talking_heads_param_spec", "chiral_rope_attention",
-    "chiral_rope_attention_backward", "chiral_rope_attention_forward", "validate_chirality", "COCA_MODES",
-    "coca_attention", "coca_attention_backward", "coca_attention_forward", "coca_key_magnitudes", "coca_param_spec",
-    "coca_position_angles", "coca_scores", "init_coca_params", "continuum_pl_attention",
+    "chiral_rope_attention_backward", "chiral_rope_attention_forward", "validate_chirality", "co4_attention",
+    "co4_attention_backward", "co4_attention_forward", "co4_modulate", "co4_param_spec", "init_co4_params",
+    "COCA_MODES", "coca_attention", "coca_attention_backward", "coca_attention_forward", "coca_key_magnitudes",
+    "coca_param_spec", "coca_position_angles", "coca_scores", "init_coca_params", "continuum_pl_attention",
     "continuum_pl_attention_backward", "continuum_pl_attention_forward", "exp_moment_f", "exp_moment_f_prime",
-    "CAUSAL_ALIGNMENTS", "KV_GROUP_MAPS", "attention_core_backward", "attention_core_forward", "causal_keep",
-    "check_size", "expand_kv", "naive_attention", "reduce_kv", "relative_positions", "sdpa_reference", "sum_to_shape",
-    "validate_attention_config", "validate_qkv_config", "crate_block", "crate_block_backward", "crate_block_forward",
-    "init_crate_params", "DIFFQKV_ACTIVATIONS", "diffqkv_attention", "diffqkv_attention_backward",
-    "diffqkv_attention_forward", "init_diffqkv_params", "DUOFORMER_STAGES", "duoformer_attention",
-    "duoformer_attention_backward", "duoformer_attention_forward", "duoformer_param_spec", "init_duoformer_params",
-    "HAT_BLOCKS", "hab_backward", "hab_forward", "hab_param_spec", "hat_block", "hat_block_backward",
-    "hat_block_forward", "init_hat_params", "oca_relative_position_index", "oca_window_sizes", "ocab_backward",
-    "ocab_forward", "ocab_param_spec", "hoa", "hoa_backward", "hoa_forward", "hoa_param_spec", "init_hoa_params",
-    "HOA_VQA_MODALITIES", "hoa_vqa", "hoa_vqa_backward", "hoa_vqa_forward", "hoa_vqa_param_spec", "init_hoa_vqa_params",
-    "IRPE_METHODS", "IRPE_MODES", "IRPE_TARGETS", "init_irpe_params", "irpe_attention", "irpe_attention_backward",
-    "irpe_attention_forward", "irpe_bucket_ids", "irpe_coefficients", "irpe_num_buckets", "irpe_param_spec",
-    "irpe_piecewise_index", "init_key_value_params", "key_value_attention", "key_value_attention_backward",
-    "key_value_attention_forward", "positional_encoding_2d", "LATENT_ATTN_TYPES", "LATENT_MODES",
-    "init_latent_alignment_params", "latent_alignment", "latent_alignment_backward", "latent_alignment_forward",
-    "latent_alignment_param_spec", "init_lipschitz_l2_params", "lipschitz_l2_attention",
+    "KERNEL_TYPES", "converter_block", "converter_block_backward", "converter_block_forward", "converter_param_spec",
+    "dhhp_lower", "dhhp_lower_vjp", "dhhp_upper", "dhhp_upper_vjp", "givens_blocks", "givens_blocks_vjp",
+    "init_converter_params", "kpm_damping", "CAUSAL_ALIGNMENTS", "KV_GROUP_MAPS", "attention_core_backward",
+    "attention_core_forward", "causal_keep", "check_size", "expand_kv", "naive_attention", "reduce_kv",
+    "relative_positions", "sdpa_reference", "sum_to_shape", "validate_attention_config", "validate_qkv_config",
+    "crate_block", "crate_block_backward", "crate_block_forward", "init_crate_params", "DIFFQKV_ACTIVATIONS",
+    "diffqkv_attention", "diffqkv_attention_backward", "diffqkv_attention_forward", "init_diffqkv_params",
+    "DUOFORMER_STAGES", "duoformer_attention", "duoformer_attention_backward", "duoformer_attention_forward",
+    "duoformer_param_spec", "init_duoformer_params", "HAT_BLOCKS", "hab_backward", "hab_forward", "hab_param_spec",
+    "hat_block", "hat_block_backward", "hat_block_forward", "init_hat_params", "oca_relative_position_index",
+    "oca_window_sizes", "ocab_backward", "ocab_forward", "ocab_param_spec", "hoa", "hoa_backward", "hoa_forward",
+    "hoa_param_spec", "init_hoa_params", "HOA_VQA_MODALITIES", "hoa_vqa", "hoa_vqa_backward", "hoa_vqa_forward",
+    "hoa_vqa_param_spec", "init_hoa_vqa_params", "IRPE_METHODS", "IRPE_MODES", "IRPE_TARGETS", "init_irpe_params",
+    "irpe_attention", "irpe_attention_backward", "irpe_attention_forward", "irpe_bucket_ids", "irpe_coefficients",
+    "irpe_num_buckets", "irpe_param_spec", "irpe_piecewise_index", "init_key_value_params", "key_value_attention",
+    "key_value_attention_backward", "key_value_attention_forward", "positional_encoding_2d", "LATENT_ATTN_TYPES",
+    "LATENT_MODES", "init_latent_alignment_params", "latent_alignment", "latent_alignment_backward",
+    "latent_alignment_forward", "latent_alignment_param_spec", "init_lipschitz_l2_params", "lipschitz_l2_attention",
     "lipschitz_l2_attention_backward", "lipschitz_l2_attention_forward", "GMM_VERSIONS", "LOCATION_KINDS",
     "dca_attention_backward", "dca_attention_forward", "dca_param_spec", "dca_prior_filter", "gmm_attention_backward",
     "gmm_attention_forward", "gmm_param_spec", "init_dca_params", "init_gmm_params", "location_relative_attention",
@@ -656,28 +732,29 @@ __all__ = [
     "poly_encoder_attention_backward", "poly_encoder_attention_forward", "coupled_addition_position_ids",
     "coupling_start_bounds", "init_position_coupling_params", "pad_position_ids", "position_coupling_embed",
     "position_coupling_embed_backward", "position_coupling_embed_forward", "position_coupling_param_spec",
-    "sample_coupling_start", "box_relation_encoding", "init_relation_detr_params", "position_relation_bias",
-    "relation_detr_attention", "relation_detr_attention_backward", "relation_detr_attention_forward",
-    "relation_detr_param_spec", "relation_sine_frequencies", "SYMBOL_RETRIEVERS", "dual_attention",
-    "dual_attention_backward", "dual_attention_forward", "relational_attention_backward",
-    "relational_attention_forward", "symbol_retrieval_backward", "symbol_retrieval_forward", "RPE_KINDS",
-    "relative_position_attention_backward", "relative_position_attention_forward", "shaw_attention_backward",
-    "shaw_attention_forward", "t5_attention_backward", "t5_attention_forward", "t5_attention_layer",
-    "t5_attention_layer_backward", "t5_attention_layer_forward", "t5_relative_position_bucket",
-    "init_reversed_attention_params", "reversed_attention", "reversed_attention_backward", "reversed_attention_forward",
-    "RPE_KEY_QUERY_TYPES", "gather_rows_at", "init_rpe_key_query_params", "relative_distance_index", "rpe_key_query",
-    "rpe_key_query_backward", "rpe_key_query_forward", "rpe_key_query_param_spec", "scatter_rows_at", "sdpa",
-    "sdpa_backward", "sdpa_forward", "init_skip_layer_params", "skip_layer_attention_backward",
-    "skip_layer_attention_forward", "skip_layer_stack", "skip_layer_stack_backward", "skip_layer_stack_forward",
-    "SWIN_PARAM_NAMES", "SWIN_VERSIONS", "SWIN_WINDOW_RULES", "init_swin_params", "swin_canonical_weights",
-    "swin_named_grads", "swin_param_spec", "swin_window_and_shift", "swin_window_attention",
-    "swin_window_attention_apply", "swin_window_attention_backward", "swin_window_attention_forward",
-    "swin_window_attention_vjp", "tova_attention", "tova_attention_backward", "tova_attention_forward",
-    "tova_keep_mask", "CHANNEL_PROJECTIONS", "channel_attention_apply", "channel_attention_param_spec",
-    "channel_attention_vjp", "init_channel_attention_params", "transposed_channel_attention",
-    "transposed_channel_attention_backward", "transposed_channel_attention_forward", "init_urpe_params",
-    "urpe_attention", "urpe_attention_backward", "urpe_attention_forward", "urpe_bucket_ids", "urpe_num_rows",
-    "urpe_param_spec", "urpe_relative_bucket", "PARALLEL_OPS", "init_value_suppression_params",
-    "parallel_edit_coefficients", "value_parallel_suppression", "value_parallel_suppression_backward",
-    "value_parallel_suppression_forward",
+    "sample_coupling_start", "qada_attention", "qada_attention_forward", "qada_bulk_estimate", "qada_window_keep",
+    "box_relation_encoding", "init_relation_detr_params", "position_relation_bias", "relation_detr_attention",
+    "relation_detr_attention_backward", "relation_detr_attention_forward", "relation_detr_param_spec",
+    "relation_sine_frequencies", "SYMBOL_RETRIEVERS", "dual_attention", "dual_attention_backward",
+    "dual_attention_forward", "relational_attention_backward", "relational_attention_forward",
+    "symbol_retrieval_backward", "symbol_retrieval_forward", "RPE_KINDS", "relative_position_attention_backward",
+    "relative_position_attention_forward", "shaw_attention_backward", "shaw_attention_forward", "t5_attention_backward",
+    "t5_attention_forward", "t5_attention_layer", "t5_attention_layer_backward", "t5_attention_layer_forward",
+    "t5_relative_position_bucket", "init_reversed_attention_params", "reversed_attention",
+    "reversed_attention_backward", "reversed_attention_forward", "RPE_KEY_QUERY_TYPES", "gather_rows_at",
+    "init_rpe_key_query_params", "relative_distance_index", "rpe_key_query", "rpe_key_query_backward",
+    "rpe_key_query_forward", "rpe_key_query_param_spec", "scatter_rows_at", "sdpa", "sdpa_backward", "sdpa_forward",
+    "init_skip_layer_params", "skip_layer_attention_backward", "skip_layer_attention_forward", "skip_layer_stack",
+    "skip_layer_stack_backward", "skip_layer_stack_forward", "SWIN_PARAM_NAMES", "SWIN_VERSIONS", "SWIN_WINDOW_RULES",
+    "init_swin_params", "swin_canonical_weights", "swin_named_grads", "swin_param_spec", "swin_window_and_shift",
+    "swin_window_attention", "swin_window_attention_apply", "swin_window_attention_backward",
+    "swin_window_attention_forward", "swin_window_attention_vjp", "tova_attention", "tova_attention_backward",
+    "tova_attention_forward", "tova_keep_mask", "CHANNEL_PROJECTIONS", "channel_attention_apply",
+    "channel_attention_param_spec", "channel_attention_vjp", "init_channel_attention_params",
+    "transposed_channel_attention", "transposed_channel_attention_backward", "transposed_channel_attention_forward",
+    "TUCKER_POST", "TUCKER_PRE", "init_tucker_attention_params", "tucker_attention", "tucker_attention_backward",
+    "tucker_attention_forward", "tucker_head_cores", "tucker_weight_tensors", "init_urpe_params", "urpe_attention",
+    "urpe_attention_backward", "urpe_attention_forward", "urpe_bucket_ids", "urpe_num_rows", "urpe_param_spec",
+    "urpe_relative_bucket", "PARALLEL_OPS", "init_value_suppression_params", "parallel_edit_coefficients",
+    "value_parallel_suppression", "value_parallel_suppression_backward", "value_parallel_suppression_forward",
 ]

@@ -31,7 +31,7 @@ differentiated. A fully masked row gives $O_i = 0$ and zero gradients (refattn's
 `refattn.nn.softmax`). A finite ``fill_value`` instead adds `to_additive`'s mask, which changes
 fully masked rows and leaves a (tiny) gradient through removed entries.
 
-Paper: standard; offset-causal as in microsoft/unilm Diff-Transformer ``multihead_diffattn.py``.
+Paper: standard; offset-causal as in microsoft/unilm ``Diff-Transformer/multihead_diffattn.py``@637157e.
 """
 
 from __future__ import annotations

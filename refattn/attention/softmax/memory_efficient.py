@@ -20,7 +20,7 @@ FlashAttention-2 forward (online softmax)
 -----------------------------------------
 Dao et al., "FlashAttention", NeurIPS 2022, arXiv 2205.14135; Dao, "FlashAttention-2",
 arXiv 2307.08691. Readable references: labmlai/annotated_deep_learning_paper_implementations
-``labml_nn/transformers/flash/__init__.py`` (Triton, log2 base), pytorch
+``labml_nn/transformers/flash/__init__.py``@9262c57 (Triton, log2 base), pytorch
 ``aten/src/ATen/native/cpu/FlashAttentionKernel.cpp`` (``lse = qk_max + log(qk_sum)``).
 For each query block $I$ keep $m_I$ (running max), $\ell_I$ (running sum) and $\tilde O_I$; for
 each key block $J$:
@@ -67,7 +67,7 @@ $O$ does not depend on them.
 Tree merge
 ----------
 Shyam et al. (Zyphra), "Tree Attention: Topology-aware Decoding for Long-Context Attention on GPU
-clusters", 2024 (code Zyphra/tree_attention). Energy $F(\zeta) = \sum_i\log\sum_j e^{s_{ij} + \zeta_i\cdot v_j}$,
+clusters", 2024 (code Zyphra/tree_attention ``tree_shard_test.py``@17a165e). Energy $F(\zeta) = \sum_i\log\sum_j e^{s_{ij} + \zeta_i\cdot v_j}$,
 $O_i = \partial F/\partial\zeta_i|_{\zeta=0}$. Chunk summary $(m_b, \ell_b, o_b)$ with $o_b$
 normalised; merge
 

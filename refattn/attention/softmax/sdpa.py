@@ -57,7 +57,7 @@ Conventions (keyword, default, who uses what)
 ``scale``: default $1/\sqrt{d}$ (PyTorch, flash-attn); T5 uses no scaling (pass ``scale=1.0``).
 
 Paper: Vaswani et al., "Attention Is All You Need", NeurIPS 2017, arXiv 1706.03762.
-Reference loops: karpathy/llm.c ``dev/cuda/attention_backward.cu`` (CPU reference).
+Reference loops: karpathy/llm.c ``dev/cuda/attention_backward.cu``@9964224 (CPU reference).
 """
 
 from __future__ import annotations

@@ -1,0 +1,49 @@
+"""Which catalogue mechanisms ``refattn.interop.torch`` maps, and why the others are not.
+
+``torch_coverage()`` sorts every implemented catalogue mechanism into one of three groups, from
+data refattn already holds (no torch import):
+
+``"mapped"``
+    :func:`refattn.interop.torch.params_from_state_dict` takes the upstream ``state_dict``; the
+    detail names the upstream module the table follows.
+``"no official code"``
+    the catalogue names no official PyTorch code for it (its "Official code" column is empty or
+    starts with "—"; the detail quotes the column: a JAX listing, proprietary code, an unofficial
+    port ...). Build its params by hand and check them with
+    :func:`refattn.testing.compare_implementation`.
+``"not mapped yet"``
+    official code exists (the detail quotes the catalogue's column) but its ``state_dict`` table is
+    not written. refattn's params still use the upstream parameter names (``Linear`` weights
+    transposed to ``(in, out)``, conv kernels in PyTorch's layout), so a hand port is mechanical.
+
+The docs page "Port an official module" renders this as a table at build time.
+"""
+
+from __future__ import annotations
+
+from .. import registry
+from .torch import supported_slugs
+
+__all__ = ["torch_coverage", "STATUSES"]
+
+STATUSES = ("mapped", "not mapped yet", "no official code")
+
+
+def torch_coverage() -> dict[str, tuple[str, str]]:
+    """``{slug: (status, detail)}`` for every implemented catalogue mechanism (primitives such as
+    ``softmax`` or ``linear`` are not catalogue entries and are left out); ``status`` is one of
+    :data:`STATUSES`."""
+    mapped = supported_slugs()
+    catalogue = registry.catalog_rows()
+    out = {}
+    for rec in registry.all(implemented=True):
+        if rec.slug not in catalogue:
+            continue
+        code = (rec.official_code or "").strip()
+        if rec.slug in mapped:
+            out[rec.slug] = ("mapped", mapped[rec.slug])
+        elif not code or code.startswith(("—", "-")):
+            out[rec.slug] = ("no official code", code.lstrip("—- ").strip("() ") or "the catalogue names none")
+        else:
+            out[rec.slug] = ("not mapped yet", code)
+    return out
