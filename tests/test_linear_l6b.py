@@ -1,5 +1,5 @@
-"""Slice L6b of the linear family (gated joint, second-order and spectral mixers): what the registry
-cannot express."""
+"""Slice L6b of the linear family (MossFormer, 2Mamba, AFA, PDE-SSM, DARTS-GT, Sonnet MVCA): what the
+registry cannot express."""
 
 import numpy as np
 import pytest
@@ -18,17 +18,16 @@ def _moss(rng, N=9, C=4):
     return rng.standard_normal((2, N, C)), s.params
 
 
-def test_mossformer_causal_output_ignores_the_future():
-    """Causal block: perturbing tokens from t on leaves outputs before t unchanged (token shift,
-    'same' convolutions included: the depthwise conv is NOT causal upstream, so check it is)."""
+def test_mossformer_causal_core_ignores_the_future_block_does_not():
+    """causal=True: the joint attention core is causal (perturbing tokens from t on leaves its
+    outputs before t bit-identical), but the full block is not, as upstream: FFConvM's 'same'-padded
+    depthwise convolutions look (k-1)/2 steps ahead."""
     rng = np.random.default_rng(0)
     x, p = _moss(rng)
     y = mossformer_gated_joint_attention_forward(x, p, group_size=4, causal=True)[0]
     x2 = x.copy()
     x2[:, 6:] += 1.0
     y2 = mossformer_gated_joint_attention_forward(x2, p, group_size=4, causal=True)[0]
-    # upstream's 'same'-padded depthwise convolutions (kernel k) leak (k-1)/2 steps per FFConvM:
-    # two FFConvM in series before the attention and one after, so causality holds only in the core
     assert not np.allclose(y[:, :6], y2[:, :6])
     qq, lq, qk, lk, v, u = (rng.standard_normal((2, 9, 3)) for _ in range(6))
     av = mossformer_joint_attention_forward(qq, lq, qk, lk, v, u, group_size=4, causal=True)[0][0]
