@@ -226,7 +226,7 @@ def test_darts_gt_bad_input():
     with pytest.raises(ValueError, match="adj"):
         darts_gt_attention(s.inputs["x"], s.config["adj"][:, :3], s.params, num_heads=2)
     with pytest.raises(ValueError, match="candidates"):
-        darts_gt_attention(s.inputs["x"], s.config["adj"], s.params, num_heads=2, candidates=("GAT",))
+        darts_gt_attention(s.inputs["x"], s.config["adj"], s.params, num_heads=2, candidates=("GINE",))
     with pytest.raises(ValueError, match="num_heads"):
         darts_gt_attention(s.inputs["x"], s.config["adj"], s.params, num_heads=4)
 
