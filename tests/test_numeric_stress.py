@@ -44,8 +44,16 @@ def test_huge_inputs_stay_finite(rec):
     _finite_run(rec, inputs, s.params, s.config)
 
 
-@pytest.mark.parametrize("rec", [r for r in IMPLEMENTED if "scale" in inspect.signature(r.forward).parameters],
-                         ids=[r.slug for r in IMPLEMENTED if "scale" in inspect.signature(r.forward).parameters])
+# records whose ``scale`` keyword is not a logit scale: stressing it tests nothing about overflow
+SCALE_NOT_LOGITS = {
+    "nns_to_nos_recipe": "the resolution ratio of InterpConv2d (upstream scale_dict['scale']): the kernel grows to "
+                         "about scale * k taps per axis, so scale = 1e3 is a huge convolution, not an overflow case",
+}
+_LOGIT_SCALED = [r for r in IMPLEMENTED
+                 if "scale" in inspect.signature(r.forward).parameters and r.slug not in SCALE_NOT_LOGITS]
+
+
+@pytest.mark.parametrize("rec", _LOGIT_SCALED, ids=[r.slug for r in _LOGIT_SCALED])
 @pytest.mark.parametrize("scale", [1e-6, 1e3])
 def test_extreme_scales_stay_finite(rec, scale):
     s = rec.sample(np.random.default_rng(0), "tiny")
