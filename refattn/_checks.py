@@ -374,16 +374,20 @@ def check_weight_in(params, key: str, width: int, *, input_name: str = "the inpu
     A module that infers ``d`` from ``W.shape[1]`` and checks afterwards names a wrong expected shape
     for PyTorch's untransposed ``(out, in)`` weight (a ``(48, 24)`` ``q_proj`` read as ``d = 6``
     "must have shape (24, 24)"). Call this first: the message then says ``(24, out)`` and, where
-    axis 1 is the input width, "pass its transpose, of shape (24, 48)". A missing key is left to
-    :func:`check_params` (it lists every missing key at once); ``()`` is returned then.
+    axis 1 is the input width, "pass its transpose, of shape (24, 48)" (and, since a ``(48, 24)``
+    ``(in, out)`` weight meeting a widened 24-feature input reads the same, that reading too). A
+    missing key is left to :func:`check_params` (it lists every missing key at once); ``()`` is
+    returned then.
     """
     if not isinstance(params, dict) or params.get(key) is None:
         return ()
     shp = tuple(np.shape(params[key]))
     if len(shp) == 2 and shp[0] == width:
         return shp
-    if len(shp) == 2 and shp[1] == width:
-        why = (f" (PyTorch's nn.Linear.weight is (out, in): pass its transpose, of shape ({width}, {shp[0]}))")
+    if len(shp) == 2 and shp[1] == width:  # the output width is unknown here: a wider input reads the same
+        why = (f": if this is PyTorch's nn.Linear.weight (out, in), pass its transpose, of shape ({width}, {shp[0]}); "
+               f"if it is already (in, out), axis 0 is the input width: this weight takes {shp[0]} features, so did "
+               f"the last axis of an input change?")
     elif len(shp) == 2:
         why = (f" (axis 0 is the input width: this weight takes {shp[0]} features where {width} arrive; "
                f"did the last axis of an input change?)")

@@ -59,7 +59,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_int, check_params, check_positive, compute_dtype
+from .._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_int,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["bcos_forward", "bcos_backward", "bcos", "bcos_dynamic_weights"]
@@ -77,6 +86,7 @@ def _resolve(x, params, b, max_out, scale, scale_fact, eps, cos_eps):
     if w0 is None:
         raise ValueError(f"params is missing key 'linear.weight' (expected shape ({x.shape[-1]}, units * max_out))")
     w0 = as_float(w0, "linear.weight")
+    check_weight_in(params, "linear.weight", x.shape[-1], input_name="x")  # units * max_out is read off axis 1
     if w0.ndim != 2 or w0.shape[1] % max_out:
         raise ValueError(f"linear.weight must have shape ({x.shape[-1]}, units * max_out={max_out}); got {w0.shape}")
     spec = {"linear.weight": (x.shape[-1], w0.shape[1]), "b": (1,)}

@@ -55,7 +55,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_int, check_params, check_positive, compute_dtype
+from .._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_int,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ..nn.activations import silu, silu_grad
 from ..nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp
 from ..nn.norms import normalize_backward, normalize_forward
@@ -94,6 +103,7 @@ def gated_memory_unit_forward(x, memory, params, *, use_norm: bool = False, ngro
     g = check_int(ngroups, "ngroups", minimum=1)
     eps = check_positive(eps, "eps", allow_zero=True)
     c = x.shape[-1]
+    check_weight_in(params, "in_proj.weight", c, input_name="x")  # D is read off its output axis
     d = param_dim(params, "in_proj.weight", 1, where="gated_memory_unit", shape=("C", "D"))
     if m.shape != x.shape[:-1] + (d,):
         raise ValueError(f"memory must have shape x.shape[:-1] + (D,) = {x.shape[:-1] + (d,)} (D from "

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_choice, check_params, check_positive
+from .._checks import as_dout, as_float, cast_all, check_choice, check_params, check_positive, check_weight_in
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["hgf_linear_forward", "hgf_linear_backward", "hgf_linear", "ternary_quantize", "HGF_ESTIMATORS",
@@ -110,6 +110,8 @@ def hgf_linear_forward(x, params, *, gate_activation: str = "identity", estimato
             raise ValueError(f"params is missing key {key!r} for hgf_linear")
     w0 = as_float(params["weight"], "weight", ndim=2)
     a0 = as_float(params["lora_A.weight"], "lora_A.weight", ndim=2)
+    if w0.shape[0] != x.shape[-1] == w0.shape[1]:  # reads as PyTorch's (out, in): name the transpose
+        check_weight_in(params, "weight", x.shape[-1], input_name="x")
     c_in, c_out = w0.shape
     if x.shape[-1] != c_in:
         raise ValueError(f"x's last axis ({x.shape[-1]}) must equal weight's input width C_in={c_in} "

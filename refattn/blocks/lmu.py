@@ -148,7 +148,11 @@ def lmu_token_mixer_forward(x, params, *, theta: float = 128.0, use_all_h: bool 
     hid = param_dim(params, "lmu.W_h.weight", 1, where="lmu_token_mixer", shape=("q + C", "H"))
     q = rows - c
     if q < 1:
-        raise ValueError(f"lmu.W_h.weight must have shape (q + C, H) with q >= 1 and C = {c}; got ({rows}, {hid})")
+        pc = np.shape(params.get("proj_conv.weight"))  # (C, H, 1): H confirms a transposed (H, q + C)
+        hint = (f" (PyTorch's nn.Linear.weight is (out, in): pass its transpose, of shape ({hid}, {rows}))"
+                if hid > c and (len(pc) != 3 or pc[1] == rows) else "")
+        raise ValueError(f"lmu.W_h.weight must have shape (q + C, H) with q >= 1 and C = {c}; got ({rows}, {hid})"
+                         f"{hint}")
     spec = {"lmu.W_u.weight": (c, 1), "lmu.W_u.bias": (1,), "lmu.W_h.weight": (q + c, hid), "lmu.W_h.bias": (hid,),
             "proj_conv.weight": (c, hid, 1), "proj_conv.bias": (c,)}
     spec.update(batch_norm_spec("proj_bn", c))

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_choice, check_positive
+from .._checks import as_dout, as_float, cast_all, check_choice, check_positive, check_weight_in
 from ..registry import Mechanism, Sample, register
 from .core import (
     ACTIVATIONS,
@@ -118,6 +118,7 @@ def macaron_block_forward(x, params, *, attention=None, attention_config=None, n
     attn = resolve_sublayer("multi_head_attention" if attention is None else attention, prefix="self_attn",
                             config=attention_config)
     c = x.shape[-1]
+    check_weight_in(params, "fc1.weight", c, input_name="x")  # F is read off its output axis
     hidden = param_dim(params, "fc1.weight", 1, where="macaron_block", shape=("C", "F"))
     spec = mlp_spec("macaron_fc1", "macaron_fc2", c, hidden)
     spec.update(mlp_spec("fc1", "fc2", c, hidden))

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_choice, check_int
+from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_weight_in
 from ..nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
@@ -149,6 +149,7 @@ def mixture_of_head_attention_forward(x, params, *, num_heads: int, shared_heads
     renorm, scaled = _bool(renormalize, "renormalize"), _bool(scale_by_count, "scale_by_count")
     core = resolve_attention_core(core, prefix="core", config=core_config)
     c = x.shape[-1]
+    check_weight_in(params, "qkv.weight", c, input_name="x")  # the head width is read off its output axis
     inner3 = param_dim(params, "qkv.weight", 1, where="mixture_of_head_attention", shape=("C", "3*H*d"))
     if inner3 % (3 * h):
         raise ValueError(f"qkv.weight's output width {inner3} must be 3 * num_heads={h} * head_dim")

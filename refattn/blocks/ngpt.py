@@ -86,6 +86,7 @@ from .._checks import (
     check_int,
     check_params,
     check_positive,
+    check_weight_in,
     compute_dtype,
 )
 from ..nn.activations import silu, silu_grad
@@ -249,6 +250,7 @@ def ngpt_normalized_block_forward(x, params, *, attention=None, attention_config
         if attention_config is None or "base_scale" not in attention_config:
             attention_config = dict(attention_config or {}, base_scale=bs)
     attn = resolve_sublayer(attention, prefix="", config=attention_config)
+    check_weight_in(params, "c_fc.weight", c, input_name="x")  # 2F is read off its output axis
     f2 = param_dim(params, "c_fc.weight", 1, where="ngpt_normalized_block", shape=("C", "2F"))
     if f2 % 2:
         raise ValueError(f"c_fc.weight's output width must be even (u and v halves); got {f2}")

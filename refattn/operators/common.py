@@ -60,7 +60,7 @@ import math
 
 import numpy as np
 
-from .._checks import as_float, check_int, check_params, check_positive, compute_dtype
+from .._checks import as_float, check_int, check_params, check_positive, check_weight_in, compute_dtype
 from ..nn.conv import conv_apply, conv_vjp
 from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.softmax import softmax_lse, softmax_vjp
@@ -78,6 +78,7 @@ __all__ = [
     "cast_complex",
     "check_tau_clamp",
     "slice_dims",
+    "check_head_width",
     "tempered_softmax_forward",
     "tempered_softmax_backward",
     "slice_tokens_forward",
@@ -331,12 +332,38 @@ def physics_front_mesh(params, n_points, mesh_shape):
     return c_out, mesh_shape, k
 
 
+def check_head_width(params, key, c, n_head):
+    """Check the ``(D, out)`` weight ``params[key]`` whose input axis a layer reads the head width
+    ``D`` off, against ``in_project_x.weight``'s ``H D`` (checked first against the input width
+    ``c``; a structured mesh's conv weight ``(H D, C, *k)`` gives ``H D`` on axis 0), so that
+    PyTorch's untransposed ``(out, in)`` weight is named with its transpose instead of making the
+    layer expect a wrong ``in_project_x`` shape. ``params[key]`` is checked only where its
+    transpose fits (otherwise, e.g. for a wrong ``n_head``, the full validation reads ``D`` off it
+    and says what disagrees); nothing where a key is absent."""
+    if not isinstance(params, dict) or params.get("in_project_x.weight") is None:
+        return
+    shp = np.shape(params["in_project_x.weight"])
+    if len(shp) == 2:
+        shp = check_weight_in(params, "in_project_x.weight", c, input_name="x")
+        hd = shp[1]
+    elif len(shp) > 2:
+        hd = shp[0]
+    else:
+        return
+    w = np.shape(params.get(key))
+    # only where the transpose fits: otherwise (a wrong n_head, say) the full validation reads D off this key
+    if hd % n_head == 0 and len(w) == 2 and w[0] != hd // n_head and w[1] == hd // n_head:
+        check_weight_in(params, key, hd // n_head,
+                        input_name=f"a head (in_project_x's width {hd} / n_head {n_head})")
+
+
 def validate_physics_front(x, params, n_head, tau_clamp, slice_eps, extra_spec, optional=()):
     """Validate ``x`` and the params of a slice-front layer: the front's spec plus
     ``extra_spec(c, n_head, d, g)``. Returns ``(x, p, n_head, d, g, tau_clamp, slice_eps)``."""
     x = as_float(x, "x", ndim=3)
     c = x.shape[2]
     n_head = check_int(n_head, "n_head", minimum=1)
+    check_head_width(params, "in_project_slice.weight", c, n_head)
     d, g = slice_dims(params)
     tau_clamp = check_tau_clamp(tau_clamp)
     slice_eps = check_positive(slice_eps, "slice_eps", allow_zero=True)

@@ -83,7 +83,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_choice, check_params, check_positive, compute_dtype
+from .._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ..nn.activations import gelu, gelu_grad, relu
 from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp
 from ..nn.softmax import softmax_lse, softmax_vjp
@@ -182,6 +191,9 @@ def _validate(f, params, src_coord, dst_coord, radius, scales, role, attention_t
         raise ValueError(f"params is missing '{_K}.0.weight' (the kernel MLP)")
     widths = [2 * kd + (ch if transform_type == "nonlinear" else 0)]
     for i in range(n_k):
+        if np.ndim(params[f"{_K}.{i}.weight"]) == 2:  # the next width is read off its output axis
+            check_weight_in(params, f"{_K}.{i}.weight", widths[i],
+                            input_name="the kernel MLP's input" if i == 0 else f"{_K}.{i - 1}'s output")
         widths.append(as_float(params[f"{_K}.{i}.weight"], f"{_K}.{i}.weight", ndim=2).shape[1])
         spec.update(linear_prefixed_spec(f"{_K}.{i}", widths[i], widths[i + 1]))
     if widths[-1] != ch:

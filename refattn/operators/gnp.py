@@ -62,7 +62,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
+from .._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_int,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ..nn.activations import gelu, gelu_grad, relu, relu_grad, silu, silu_grad
 from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp
 from ..registry import Mechanism, Sample, register
@@ -155,6 +165,8 @@ def gnp_forward(x, edge_data, params, *, num_channels: int, edge_index=None, rad
     check_choice(nonlinearity, "nonlinearity", tuple(_ACT))
     ch = check_int(num_channels, "num_channels", minimum=1)
     depth = _depth(params)
+    if np.ndim(params.get("lift.weight")) == 2:  # the widths are read off output axes
+        check_weight_in(params, "lift.weight", c0, input_name="x")
     widths = [np.shape(params["lift.weight"])[1]] + [np.shape(params[f"mixes.{i}.weight"])[1] for i in range(depth)]
     neurons = [np.shape(params[f"convs.{i}.nn.layers.0.weight"])[1] for i in range(depth)]
     spec = {"lift.weight": (c0, widths[0]), "lift.bias": (widths[0],),

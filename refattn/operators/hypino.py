@@ -81,7 +81,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
+from .._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_int,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ..attention.softmax.mha import mha_backward, mha_forward
 from ..nn.activations import gelu, gelu_grad, silu, silu_grad
 from ..nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp
@@ -173,6 +183,13 @@ def _validate(xy, skips, params, num_heads, norm_groups, nf, scale, activation):
     if q % 2 or q < 8:
         raise ValueError(f"attention_pooling.0.queries must have Q = 2 (n_layers + 4) >= 8 rows; got {q}")
     n_layers = q // 2 - 4
+    # widths are read off output axes below: check the heads' input axes first (Linear, GroupNorm, Linear)
+    c = sum(t.shape[2] for t in stages)
+    for k0, k3 in (("weight_maps.0.0.weight", "weight_maps.0.3.weight"),
+                   (f"bias_maps.{n_layers + 3}.0.weight", f"bias_maps.{n_layers + 3}.3.weight")):
+        hid = check_weight_in(params, k0, c, input_name=f"a pooled token (C = {c})")
+        if hid and np.ndim(params.get(k3)) == 2:
+            check_weight_in(params, k3, hid[1], input_name=f"{k0[:-7]}'s output")
     key = "weight_maps.0.3.weight"
     f_lat = as_float(params.get(key, np.zeros((1, 1))), key, ndim=2).shape[1]
     f = xy.shape[2] * (2 * nf + 1)

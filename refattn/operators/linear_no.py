@@ -42,7 +42,7 @@ from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_v
 from ..nn.softmax import softmax_lse, softmax_vjp
 from ..registry import Mechanism, Sample, register
 from ._samples import check_point_permutation, check_uniform_refinement, perturb_params, slice_sizes
-from .common import check_tau_clamp, swap_last, tempered_softmax_backward, tempered_softmax_forward
+from .common import check_head_width, check_tau_clamp, swap_last, tempered_softmax_backward, tempered_softmax_forward
 from .transolver import transolver_init_params, transolver_physics_attention_forward
 
 __all__ = [
@@ -99,6 +99,7 @@ def linear_no_attention_forward(x, params, *, n_head: int, use_temperature: bool
     n_head = check_int(n_head, "n_head", minimum=1)
     if not isinstance(params, dict) or params.get("to_q.weight") is None:
         raise ValueError("params must be a dict containing 'to_q.weight' of shape (dim_head, key_ratio)")
+    check_head_width(params, "to_q.weight", x.shape[2], n_head)
     d, m = as_float(params["to_q.weight"], "to_q.weight", ndim=2).shape
     tau_clamp = check_tau_clamp(tau_clamp) if use_temperature else None
     p = check_params(params, _linear_no_spec(use_temperature)(x.shape[2], n_head, d, m))

@@ -73,7 +73,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_int, check_params, check_positive, compute_dtype
+from .._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_int,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ..attention.softmax import attention_core_backward, attention_core_forward
 from ..nn.activations import gelu, gelu_grad
 from ..nn.linear import (
@@ -197,6 +206,8 @@ def _validate(f, params, input_pos, query_pos, radius, num_heads):
     w = params.get(f"{_G}.lift_ffn.weight")
     if w is None:
         raise ValueError(f"params is missing '{_G}.lift_ffn.weight' (expected shape (C_in={c_in}, hidden))")
+    if np.ndim(w) == 2:  # the hidden width is read off its output axis
+        check_weight_in(params, f"{_G}.lift_ffn.weight", c_in, input_name="f")
     h = as_float(w, f"{_G}.lift_ffn.weight", ndim=2).shape[1]
     if h % heads:
         raise ValueError(f"the hidden width {h} must be divisible by num_heads={heads}")
@@ -204,6 +215,10 @@ def _validate(f, params, input_pos, query_pos, radius, num_heads):
     widths = [3 * h]
     i = 0
     while f"{_G}.channel_mlp.fcs.{i}.weight" in params:
+        if np.ndim(params[f"{_G}.channel_mlp.fcs.{i}.weight"]) == 2:  # the next width is read off its output axis
+            check_weight_in(params, f"{_G}.channel_mlp.fcs.{i}.weight", widths[i],
+                            input_name=f"the kernel MLP's input (3*hidden = {3 * h})" if i == 0
+                            else f"{_G}.channel_mlp.fcs.{i - 1}'s output")
         widths.append(as_float(params[f"{_G}.channel_mlp.fcs.{i}.weight"], f"{_G}.channel_mlp.fcs.{i}.weight",
                                ndim=2).shape[1])
         spec.update(linear_prefixed_spec(f"{_G}.channel_mlp.fcs.{i}", widths[i], widths[i + 1]))

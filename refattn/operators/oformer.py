@@ -70,7 +70,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
+from .._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_int,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ..nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ..nn.norms import normalize_backward, normalize_forward
 from ..nn.rope import apply_rope, rope_frequencies
@@ -228,6 +238,8 @@ def oformer_attention_forward(x, params, z=None, *, n_head: int, attn_type="gale
         wkey, mult = "to_k.weight", 1
     else:
         wkey, mult = ("to_q.weight", 1) if cross else ("to_qkv.weight", 3)
+    if np.ndim(params.get(wkey)) == 2:  # dim_head is read off its output axis: check its input axis first
+        check_weight_in(params, wkey, c, input_name="z" if cross and wkey == "to_k.weight" else "x")
     w0 = params.get(wkey)
     if w0 is None or np.ndim(w0) != 2 or np.shape(w0)[1] % (mult * n_head):
         raise ValueError(f"params must contain {wkey!r} of shape (C, {mult} * n_head * dim_head); "

@@ -62,7 +62,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_dout, as_float, cast_all, check_int, check_params, check_positive, compute_dtype
+from .._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_int,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+    shape_message,
+)
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["sni_forward", "sni_backward", "sni", "sni_pointwise_local_operator",
@@ -202,9 +212,22 @@ def _interp(b_loc, n_loc):
     return b_loc[:, :1] * (1.0 - t) + b_loc[:, 1:2] * t, t
 
 
+def _check_pointwise_params(p, c):
+    """``local.0`` ``(c + 1, w)`` and ``local.2`` ``(w, 1)`` (weights (in, out)), before any matmul."""
+    missing = [k for k in ("local.0.weight", "local.0.bias", "local.2.weight", "local.2.bias") if k not in p]
+    if missing:
+        raise ValueError(f"params is missing keys {missing} for the pointwise local operator")
+    check_weight_in(p, "local.0.weight", c + 1, input_name=f"[f, h] (c + 1 = {c + 1} features)")
+    w = np.shape(p["local.0.weight"])[1]
+    for key, shape in (("local.0.bias", (w,)), ("local.2.weight", (w, 1)), ("local.2.bias", (1,))):
+        if np.shape(p[key]) != shape:
+            raise ValueError(shape_message(key, np.shape(p[key]), shape))
+
+
 def _pointwise_forward(f_loc, b_loc, p):
     if b_loc.shape[1] != 2:
         raise ValueError(f"the pointwise local operator needs the two end values of an interval; got {b_loc.shape[1]}")
+    _check_pointwise_params(p, f_loc.shape[2])
     h, t = _interp(b_loc, f_loc.shape[1])
     x = np.concatenate([f_loc, h[..., None]], axis=-1)
     a = x @ p["local.0.weight"] + p["local.0.bias"]

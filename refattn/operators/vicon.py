@@ -87,7 +87,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import erf
 
-from .._checks import as_dout, as_float, cast_all, check_int, check_params, compute_dtype
+from .._checks import as_dout, as_float, cast_all, check_int, check_params, check_weight_in, compute_dtype
 from ..attention.softmax.mha import mha_backward, mha_forward
 from ..blocks.core import mlp_backward, mlp_forward, norm_backward, norm_forward
 from ..blocks.patch_embed import patchify, unpatchify
@@ -148,6 +148,9 @@ def _validate(init, end, params, num_heads, patch_num, use_patch, use_func):
         raise ValueError(f"the frame size ({hh}, {ww}) of init/end must be a multiple of patch_num={p}")
     if not isinstance(params, dict) or params.get("pre_proj.weight") is None:
         raise ValueError("params must be a dict with ICON_UNCROPPED's weights (pre_proj.weight (C*h*w, D), ...)")
+    if np.ndim(params["pre_proj.weight"]) == 2:  # dim_token is read off its output axis
+        cp = c * (hh // p) * (ww // p)
+        check_weight_in(params, "pre_proj.weight", cp, input_name=f"a patch (C*h*w = {c}*{hh // p}*{ww // p})")
     d = as_float(params["pre_proj.weight"], "pre_proj.weight", ndim=2).shape[1]
     layers = 0
     while f"{_LAYER.format(layers)}.self_attn.in_proj_weight" in params:

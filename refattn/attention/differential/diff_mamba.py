@@ -62,7 +62,17 @@ import math
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
+from ..._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_int,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ...nn.activations import silu, silu_grad
 from ...nn.conv import conv_apply, conv_vjp
 from ...nn.linear import init_linear_prefixed, linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp
@@ -108,13 +118,20 @@ def _validate(x, params, eps, mode, chunk_size):
         if key not in params:
             raise ValueError(f"params is missing {key!r} (Diff-Mamba keys: m1./m2. Mamba blocks, lambda_*, subln.weight)")
     c = x.shape[2]
+    check_weight_in(params, "m1.in_proj.weight", c, input_name="x")
     w_in = as_float(params["m1.in_proj.weight"], "m1.in_proj.weight", ndim=2)
     if w_in.shape[0] != c or w_in.shape[1] % 2:
         raise ValueError(f"m1.in_proj.weight must have shape (C={c}, 2*d_inner); got {w_in.shape}")
     di = w_in.shape[1] // 2
     k = as_float(params["m1.conv1d.weight"], "m1.conv1d.weight", ndim=3).shape[2]
     n = as_float(params["m1.A_log"], "m1.A_log", ndim=2).shape[1]
-    r = as_float(params["m1.dt_proj.weight"], "m1.dt_proj.weight", ndim=2).shape[0]
+    w_dt = as_float(params["m1.dt_proj.weight"], "m1.dt_proj.weight", ndim=2).shape
+    if w_dt[1] != di:  # (R, D_i): R is read off its input axis, so check the output axis first
+        hint = (f" (PyTorch's nn.Linear.weight is (out, in): pass its transpose, of shape {w_dt[::-1]})"
+                if w_dt[0] == di else "")
+        raise ValueError(f"m1.dt_proj.weight must have shape (dt_rank, d_inner={di}) (refattn weights are (in, out); "
+                         f"d_inner from m1.in_proj.weight); got {w_dt}{hint}")
+    r = w_dt[0]
     optional = tuple(f"{m}.{p}.bias" for m in _BRANCHES for p in ("in_proj", "out_proj"))
     p = check_params(params, _spec(c, di, n, r, k, True), optional=optional, where="diff_mamba")
     check_positive(eps, "eps")

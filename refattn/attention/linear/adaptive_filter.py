@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, cast_all, check_int, check_params
+from ..._checks import as_dout, as_float, cast_all, check_int, check_params, check_weight_in
 from ...nn.activations import sigmoid
 from ...nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp
 from ...nn.softmax import softmax_lse, softmax_vjp
@@ -109,6 +109,8 @@ def _validate(z_q, z_k, z_v, params, num_heads, seq_len):
         raise TypeError(f"params must be a dict of arrays, got {type(params).__name__}")
     if "W_q.weight" not in params:
         raise ValueError("params is missing 'W_q.weight'")
+    if np.ndim(params["W_q.weight"]) == 2:  # d is read off its output axis
+        check_weight_in(params, "W_q.weight", C, input_name="z_q")
     cols = np.shape(params["W_q.weight"])
     if len(cols) != 2 or cols[-1] % (4 * H):
         raise ValueError(f"W_q.weight must have shape ({C}, 2 * num_heads * d) with d even; got {cols}")

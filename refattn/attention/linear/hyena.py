@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, check_int, check_positive
+from ..._checks import as_dout, as_float, check_int, check_positive, weight_shape_hint
 from ...nn.conv import conv_apply, conv_vjp
 from ...nn.linear import linear_prefixed, linear_prefixed_vjp
 from ...registry import Mechanism, Sample, register
@@ -224,7 +224,7 @@ def _check_hyena_params(u, params, order):
             raise ValueError(f"params is missing {key!r} (expected shape {shape})")
         if tuple(np.shape(params[key])) != shape:
             raise ValueError(f"params[{key!r}] must have shape {shape} for d_model={D}, order={order}; "
-                             f"got {tuple(np.shape(params[key]))}")
+                             f"got {tuple(np.shape(params[key]))}{weight_shape_hint(key, np.shape(params[key]), shape)}")
     sw = np.shape(params["short_filter.weight"])
     if len(sw) != 3 or sw[:2] != (C, 1):
         raise ValueError(f"params['short_filter.weight'] must have shape ({C}, 1, k); got {sw}")
@@ -243,14 +243,14 @@ def _check_hyena_params(u, params, order):
         ws = np.shape(params[f"{_FILTER}.{i}.weight"])
         if ws != (prev, width) or np.shape(params[f"{_FILTER}.{i}.bias"]) != (width,):
             raise ValueError(f"params['{_FILTER}.{i}.weight'] must have shape ({prev}, {width}) (and its bias "
-                             f"({width},)); got {ws}")
+                             f"({width},)); got {ws}{weight_shape_hint('weight', ws, (prev, width))}")
         prev = width
     if np.shape(params[_FREQ]) != (1, width):
         raise ValueError(f"params[{_FREQ!r}] must have shape (1, filter_order); got {np.shape(params[_FREQ])}")
     last = f"{_FILTER}.{2 * len(layers)}.weight"
     if last not in params or np.shape(params[last]) != (width, Cf):
         raise ValueError(f"params[{last!r}] (the last filter layer, no bias) must have shape ({width}, {Cf}); "
-                         f"got {np.shape(params.get(last))}")
+                         f"got {np.shape(params.get(last))}{weight_shape_hint(last, np.shape(params.get(last)), (width, Cf))}")
     return params
 
 

@@ -53,7 +53,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, check_param_keys, check_positive, compute_dtype
+from ..._checks import (
+    as_dout,
+    as_float,
+    check_param_keys,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+    shape_message,
+)
 from ...nn.linear import linear_prefixed, linear_prefixed_vjp
 from ...registry import Mechanism, Sample, register
 from ._samples import fd_max_rel
@@ -128,6 +136,8 @@ def _validate(x, source, params, num_heads, curvature, power_k, heads_concat):
     w0 = params.get("Wq.0.linear.weight")
     if w0 is None:
         raise ValueError("params is missing key 'Wq.0.linear.weight' ((C+1, D): the first query head)")
+    if np.ndim(w0) == 2:  # D is read off its output axis
+        check_weight_in(params, "Wq.0.linear.weight", c_in + 1, input_name="x (C+1 Lorentz coordinates)")
     d = as_float(w0, "Wq.0.linear.weight", ndim=2).shape[1]
     if d != c_in:
         raise ValueError(f"Wq.0.linear.weight must map C+1={c_in + 1} to D=C={c_in} (v_map_mlp needs in == out); "
@@ -145,7 +155,7 @@ def _validate(x, source, params, num_heads, curvature, power_k, heads_concat):
     for key, shape in spec.items():
         arr = as_float(params[key], key)
         if arr.shape != shape:
-            raise ValueError(f"{key} must have shape {shape}; got {arr.shape}")
+            raise ValueError(shape_message(key, arr.shape, shape))
         P[key] = arr
     dt = compute_dtype(x, src, *P.values())
     return x.astype(dt, copy=False), src.astype(dt, copy=False), {k: v.astype(dt, copy=False) for k, v in P.items()}, \

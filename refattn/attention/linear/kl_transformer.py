@@ -245,12 +245,21 @@ def _validate(q, k, v, params, feature, omega, perm, causal, smoothing, eps, sof
                 spec[f"{_GEN}.{i}.batch_norm.weight"] = (w.shape[1],)
                 spec[f"{_GEN}.{i}.batch_norm.bias"] = (w.shape[1],)
         for i in range(1, depth):
-            if spec[f"{_GEN}.{i}.linear.weight"][0] != spec[f"{_GEN}.{i - 1}.linear.weight"][1]:
-                raise ValueError(f"{_GEN}.{i}.linear.weight must have {spec[f'{_GEN}.{i - 1}.linear.weight'][1]} "
-                                 f"input rows; got {spec[f'{_GEN}.{i}.linear.weight']}")
+            (a0, a1), (b0, b1) = spec[f"{_GEN}.{i - 1}.linear.weight"], spec[f"{_GEN}.{i}.linear.weight"]
+            if b0 != a1:
+                # PyTorch's (out, in) layout on either side of the link: name the one whose transpose fits
+                fix = (f"{_GEN}.{i}.linear.weight", (b0, b1)) if b1 == a1 else (
+                    (f"{_GEN}.{i - 1}.linear.weight", (a0, a1)) if a0 == b0 else None)
+                hint = (f" (PyTorch's nn.Linear.weight is (out, in): pass the transpose of {fix[0]}, of shape "
+                        f"{fix[1][::-1]})" if fix else "")
+                raise ValueError(f"{_GEN}.{i}.linear.weight must have {a1} input rows ({_GEN}.{i - 1}.linear.weight "
+                                 f"has shape {(a0, a1)}, read as (in, out)); got {(b0, b1)}{hint}")
         if spec[f"{_GEN}.{depth - 1}.linear.weight"][1] != d:
-            raise ValueError(f"{_GEN}.{depth - 1}.linear.weight must output d={d} features; "
-                             f"got {spec[f'{_GEN}.{depth - 1}.linear.weight']}")
+            last = spec[f"{_GEN}.{depth - 1}.linear.weight"]
+            hint = (f" (PyTorch's nn.Linear.weight is (out, in): pass its transpose, of shape {last[::-1]})"
+                    if last[0] == d and depth == 1 else "")
+            raise ValueError(f"{_GEN}.{depth - 1}.linear.weight must output d={d} features on axis 1 (refattn "
+                             f"weights are (in, out)); got {last}{hint}")
     check_param_keys(params, tuple(spec), where=where, shapes=spec)
     P = {}
     for key, shape in spec.items():

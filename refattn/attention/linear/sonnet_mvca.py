@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, cast_all, check_params
+from ..._checks import as_dout, as_float, cast_all, check_params, check_weight_in
 from ...nn.activations import gelu, gelu_grad
 from ...nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp
 from ...nn.softmax import softmax_lse, softmax_vjp
@@ -87,6 +87,7 @@ def _validate(coeffs, params):
         raise TypeError(f"params must be a dict of arrays, got {type(params).__name__}")
     if "proj.weight" not in params or np.ndim(params["proj.weight"]) != 2:
         raise ValueError("params needs a 2-D 'proj.weight' of shape (d_model, 3 * hidden_dim)")
+    check_weight_in(params, "proj.weight", D, input_name="coeffs")  # hidden_dim is read off its output axis
     w3 = np.shape(params["proj.weight"])[1]
     if w3 % 3:
         raise ValueError(f"proj.weight must have 3 * hidden_dim columns; got {w3}")

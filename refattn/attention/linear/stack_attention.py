@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float
+from ..._checks import as_dout, as_float, check_weight_in, weight_shape_hint
 from ...nn.linear import linear_prefixed, linear_prefixed_vjp
 from ...nn.softmax import softmax_vjp
 from ...registry import Mechanism, Sample, register
@@ -91,11 +91,15 @@ def stack_attention_forward(x, params):
     p = {k: as_float(v, k) for k, v in params.items()}
     wa, wv, wo = p[f"{_A}.weight"], p[f"{_V}.weight"], p[f"{_O}.weight"]
     if wa.shape != (d, 3):
-        raise ValueError(f"params['{_A}.weight'] must have shape ({d}, 3); got {wa.shape}")
+        raise ValueError(f"params['{_A}.weight'] must have shape ({d}, 3); got {wa.shape}"
+                         f"{weight_shape_hint('weight', wa.shape, (d, 3))}")
+    if wv.ndim == 2:  # m is read off its output axis
+        check_weight_in(p, f"{_V}.weight", d, input_name="x")
     if wv.ndim != 2 or wv.shape[0] != d:
         raise ValueError(f"params['{_V}.weight'] must have shape ({d}, m); got {wv.shape}")
     if wo.shape != (wv.shape[1], d):
-        raise ValueError(f"params['{_O}.weight'] must have shape ({wv.shape[1]}, {d}); got {wo.shape}")
+        raise ValueError(f"params['{_O}.weight'] must have shape ({wv.shape[1]}, {d}); got {wo.shape}"
+                         f"{weight_shape_hint('weight', wo.shape, (wv.shape[1], d))}")
     dt = x.dtype
     p = {k: v.astype(dt, copy=False) for k, v in p.items()}
     a = _softmax(linear_prefixed(p, _A, x))

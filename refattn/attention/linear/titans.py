@@ -48,7 +48,7 @@ import math
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, check_positive
+from ..._checks import as_dout, as_float, check_positive, check_weight_in, weight_shape_hint
 from ...nn.activations import sigmoid, sigmoid_grad
 from ...nn.linear import linear_prefixed, linear_prefixed_vjp
 from ...nn.norms import normalize_backward, normalize_forward
@@ -106,6 +106,9 @@ def validate_memory_params(x, params, gates, extra=()):
         if key not in params:
             raise ValueError(f"params is missing {key!r}")
     p = {key: as_float(val, key) for key, val in params.items()}
+    for key in ("q_proj.weight", "k_proj.weight", "v_proj.weight"):  # before d_k / d_v are read off axis 1
+        if p[key].ndim == 2:
+            check_weight_in(p, key, d, input_name="x")
     dk = p["k_proj.weight"].shape[-1] if p["k_proj.weight"].ndim == 2 else -1
     for key in ("q_proj.weight", "k_proj.weight"):
         if p[key].shape != (d, dk) or dk < 1:
@@ -115,7 +118,8 @@ def validate_memory_params(x, params, gates, extra=()):
     for g in gates:
         if p[f"{g}.weight"].shape != (d, 1) or p[f"{g}.bias"].shape != (1,):
             raise ValueError(f"params['{g}.weight'] / ['{g}.bias'] must have shapes ({d}, 1) / (1,); got "
-                             f"{p[f'{g}.weight'].shape} / {p[f'{g}.bias'].shape}")
+                             f"{p[f'{g}.weight'].shape} / {p[f'{g}.bias'].shape}"
+                             f"{weight_shape_hint(f'{g}.weight', p[f'{g}.weight'].shape, (d, 1))}")
     return {key: val.astype(x.dtype, copy=False) for key, val in p.items()}
 
 

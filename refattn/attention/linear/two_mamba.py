@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, cast_all, check_int, check_params
+from ..._checks import as_dout, as_float, cast_all, check_int, check_params, check_weight_in
 from ...nn.activations import sigmoid
 from ...nn.conv import conv_apply, conv_vjp
 from ...nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp
@@ -203,6 +203,7 @@ def _validate_layer(x, params, num_heads):
             raise ValueError(f"params is missing '{key}'")
         if np.ndim(params[key]) != nd:
             raise ValueError(f"{key} must be {nd}-D; got shape {np.shape(params[key])}")
+    check_weight_in(params, "qkv_proj.weight", C, input_name="x")  # the head width is read off its output axis
     F = np.shape(params["qkv_proj.weight"])[1]
     if F % (3 * H):
         raise ValueError(f"qkv_proj.weight must have 3 * num_heads * head_dim = 3 * {H} * d columns; got {F}")

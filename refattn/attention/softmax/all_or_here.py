@@ -91,7 +91,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, cast_all, check_choice, check_int, check_params, check_positive, compute_dtype
+from ..._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_int,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ...nn.activations import sigmoid
 from ...nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp, merge_heads, split_heads
 from ...nn.norms import rms_norm_backward, rms_norm_forward
@@ -225,6 +235,8 @@ def _validate_layer(x, params, num_heads, num_kv_heads, qk_norm):
         raise ValueError("params must be a dict with 'q_proj.weight' (C, H*d + H), 'k_proj.weight', "
                          "'v_proj.weight', 'o_proj.weight' (and 'q_norm.weight', 'k_norm.weight' when qk_norm)")
     c = x.shape[-1]
+    check_weight_in(params, "q_proj.weight", c, input_name="x")
+    check_weight_in(params, "k_proj.weight", c, input_name="x")  # d is read off its output axis
     wq, wk = np.shape(params["q_proj.weight"]), np.shape(params.get("k_proj.weight"))
     d = wk[-1] // hkv if len(wk) == 2 and wk[-1] % hkv == 0 and wk[-1] else (wq[-1] - h) // h if len(wq) == 2 else 0
     if d < 1 or len(wq) != 2 or wq[-1] != h * d + h:

@@ -47,6 +47,7 @@ from ..._checks import (
     check_param_keys,
     check_params,
     check_positive,
+    check_weight_in,
     compute_dtype,
 )
 from ...nn.activations import gelu, gelu_grad, silu, silu_grad
@@ -68,6 +69,8 @@ def _validate(x, params, hq, hk, hv, augmented_q):
     optional = [n + ".bias" for n in names] + ["k_up_proj.weight"]
     check_param_keys(params, [n + ".weight" for n in names], optional,
                      where="diffqkv_asymmetric_heads (weights (in, out); PyTorch: weight.T)")
+    for n in ("q_proj", "k_proj", "v_proj"):
+        check_weight_in(params, n + ".weight", c, input_name="x")
     w = {n: as_float(params[n + ".weight"], n + ".weight", ndim=2) for n in ("q_proj", "k_proj", "v_proj", "o_proj")}
     for n, heads in (("q_proj", hq), ("k_proj", hk), ("v_proj", hv)):
         if w[n].shape[0] != c or w[n].shape[1] % heads:

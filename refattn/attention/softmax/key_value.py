@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, cast_all, check_param_keys, check_params, compute_dtype
+from ..._checks import as_dout, as_float, cast_all, check_param_keys, check_params, check_weight_in, compute_dtype
 from ...nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
 from ...registry import Mechanism, Sample, register
 from .core import attention_core_backward, attention_core_forward, check_size, sum_to_shape
@@ -87,6 +87,7 @@ def positional_encoding_2d(n_rows: int, n_cols: int, channels: int) -> np.ndarra
 def _validate(x, params, num_heads, positional, pos_dim):
     check_param_keys(params, _WEIGHTS, _OPTIONAL, where="key_value_attention (weights (in, out); PyTorch: weight.T)")
     c = x.shape[-1]
+    check_weight_in(params, "kv_proj.weight", c, input_name="x")
     kv = as_float(params["kv_proj.weight"], "kv_proj.weight", ndim=2)
     if kv.shape[0] != c or kv.shape[1] % (2 * num_heads):
         raise ValueError(f"kv_proj.weight must have shape (C={c}, 2*H*d) with 2*H={2 * num_heads} dividing its "

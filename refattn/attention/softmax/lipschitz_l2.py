@@ -41,7 +41,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, cast_all, check_param_keys, check_params, check_positive, compute_dtype
+from ..._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_param_keys,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ...nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
 from ...nn.softmax import softmax_lse, softmax_vjp
 from ...registry import Mechanism, Sample, register
@@ -59,6 +68,7 @@ def _validate(x, params, h, tied):
     check_param_keys(params, req, opt, where=f"lipschitz_l2_attention(tied={tied}) (weights (in, out); "
                                              "PyTorch: weight.T)")
     c = x.shape[-1]
+    check_weight_in(params, "q_proj.weight", c, input_name="x")
     e = as_float(params["q_proj.weight"], "q_proj.weight", ndim=2).shape[1]
     if e % h:
         raise ValueError(f"q_proj.weight's second axis {e} must be divisible by num_heads={h}")

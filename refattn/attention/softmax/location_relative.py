@@ -89,7 +89,16 @@ from functools import lru_cache
 import numpy as np
 from scipy.stats import betabinom
 
-from ..._checks import as_dout, as_float, cast_all, check_choice, check_params, check_positive, compute_dtype
+from ..._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ...nn.activations import sigmoid
 from ...nn.softmax import softmax_lse, softmax_vjp
 from ...registry import Mechanism, Sample, register
@@ -342,7 +351,15 @@ def dca_attention_forward(query, memory, params, *, prior_length: int = 11, prio
     if len(shp["W.weight"]) != 2 or len(shp["F.weight"]) != 3 or len(shp["T.weight"]) != 2:
         raise ValueError("params must hold 'W.weight' (D_q, A), 'F.weight' (C_s, 1, k_s) and 'T.weight' (C_d, A) "
                          f"(see dca_param_spec); got shapes {shp}")
+    check_weight_in(params, "W.weight", q.shape[-1], input_name="query")
     a_dim, (sc, _, sk), dc = shp["W.weight"][1], shp["F.weight"], shp["T.weight"][0]
+    if len(shp["V.weight"]) == 2:
+        check_weight_in(params, "V.weight", a_dim, input_name=f"the attention state (W.weight's output, A = {a_dim})")
+    if shp["T.weight"][1] != a_dim:  # (C_d, A): its output axis is W's A; C_d is read off axis 0
+        hint = (f" (PyTorch's nn.Linear.weight is (out, in): pass its transpose, of shape {shp['T.weight'][::-1]})"
+                if shp["T.weight"][0] == a_dim else "")
+        raise ValueError(f"T.weight must have shape (C_d, A={a_dim}) (refattn weights are (in, out); A is W.weight's "
+                         f"output width); got {shp['T.weight']}{hint}")
     if min(a_dim, sc, sk, dc) < 1:
         raise ValueError("params 'W.weight', 'F.weight' and 'T.weight' must have non-empty axes "
                          f"(see dca_param_spec); got shapes {shp}")

@@ -80,7 +80,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, cast_all, check_choice, check_params, check_positive, compute_dtype
+from ..._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ...nn.activations import sigmoid
 from ...nn.linear import merge_heads, split_heads
 from ...nn.softmax import softmax_lse, softmax_vjp
@@ -235,6 +244,10 @@ def monotonic_location_forward(query, memory, params, *, heads: int, memory_mask
         raise ValueError(f"params must hold attention_layer.Wsigma (H, d, 1), value_linear.weight and "
                          f"head_compose_linear.weight; got shapes {shp}")
     d = shp["Wsigma"][1]
+    # value_dim is read off value_linear's input axis: check it against value_transform's output first
+    vt = check_weight_in(params, "value_transform.weight", m.shape[-1], input_name="memory")
+    if vt:
+        check_weight_in(params, _A + "value_linear.weight", vt[1], input_name="value_transform's output")
     dv, hvd = shp["value_linear.weight"]
     if hvd % nh:
         raise ValueError(f"attention_layer.value_linear.weight must have heads * v_head_dim columns; got {hvd} for heads={nh}")

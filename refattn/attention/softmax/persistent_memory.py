@@ -50,6 +50,7 @@ from ..._checks import (
     check_broadcastable,
     check_param_keys,
     check_params,
+    check_weight_in,
     compute_dtype,
 )
 from ...nn.linear import linear_prefixed, linear_prefixed_vjp, merge_heads, split_heads
@@ -66,6 +67,7 @@ _MEM = ("persistent_memory.key", "persistent_memory.val")
 def _validate(x, src, params, h):
     check_param_keys(params, [p + ".weight" for p in _PROJ] + list(_MEM), [p + ".bias" for p in _PROJ],
                      where="persistent_memory_attention (weights (in, out); PyTorch: weight.T)")
+    check_weight_in(params, "proj_query.weight", x.shape[-1], input_name="x")
     wq = as_float(params["proj_query.weight"], "proj_query.weight", ndim=2)
     if wq.shape[0] != x.shape[-1] or wq.shape[1] % h:
         raise ValueError(f"proj_query.weight must have shape (C={x.shape[-1]}, H*d) with H={h} dividing its second "

@@ -156,6 +156,9 @@ def position_coupling_embed_forward(x, params, *, position_ids):
         raise TypeError("params must be a dict with 'wpe.weight' of shape (num_positions, D)")
     table = as_float(params["wpe.weight"], "wpe.weight", ndim=2)
     b, n, d = x.shape
+    if table.shape[1] != d:  # P is read off axis 0: state D only (an embedding table is (num, dim) in torch too)
+        raise ValueError(f"wpe.weight must have shape (num_positions, D={d}) (an embedding table, laid out as "
+                         f"PyTorch's nn.Embedding.weight; D is x's last axis); got {table.shape}")
     p = check_params(params, position_coupling_param_spec(table.shape[0], d)[0], where="position_coupling")
     pos = _validate_ids(position_ids, b, n, table.shape[0])
     dt = compute_dtype(x, *p.values())

@@ -64,7 +64,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..._checks import as_dout, as_float, cast_all, check_choice, check_params, check_positive, compute_dtype
+from ..._checks import (
+    as_dout,
+    as_float,
+    cast_all,
+    check_choice,
+    check_params,
+    check_positive,
+    check_weight_in,
+    compute_dtype,
+)
 from ...nn.linear import linear_apply, linear_vjp, merge_heads, split_heads
 from ...nn.rope import apply_rope, rope_angles
 from ...registry import Mechanism, Sample, register
@@ -88,6 +97,7 @@ def _validate(x, params, h):
     c = x.shape[-1]
     if not isinstance(params, dict):
         raise TypeError(f"params must be a dict with c_attn.weight and c_proj.weight; got {type(params).__name__}")
+    check_weight_in(params, "c_attn.weight", c, input_name="x")
     wa = as_float(params.get("c_attn.weight"), "c_attn.weight", ndim=2) if "c_attn.weight" in params else None
     if wa is None or wa.shape[0] != c or wa.shape[1] % (3 * h):
         raise ValueError(f"c_attn.weight must have shape (C={c}, 3*E) with 3*num_heads={3 * h} dividing its second "
