@@ -3,6 +3,8 @@
 Each module below is written from the upstream file (parameter names, shapes and forward as
 upstream), kept compact:
 
+* GQA / MQA — huggingface/transformers ``src/transformers/models/llama/modeling_llama.py``@5dd4a63
+  (``LlamaAttention``);
 * DIFF V1 — microsoft/unilm ``Diff-Transformer/multihead_diffattn.py``@637157e (``MultiheadDiffAttn``)
   and ``multihead_flashdiff_1.py`` (per-half SDPA: the "flash" GQA pairing);
 * DIFF V2 — microsoft/unilm ``Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py``;
@@ -25,6 +27,7 @@ dropped (they follow the input's dtype here). Dropout is omitted (eval mode).
 import math
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -65,6 +68,43 @@ def apply_rotary_emb(x, cos, sin):  # flash-attn's, interleaved=True, as unilm c
     c, s = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]
     a, b = x[..., 0:r:2], x[..., 1:r:2]
     return torch.cat([torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2), x[..., r:]], dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    """huggingface/transformers ``src/transformers/models/llama/modeling_llama.py``@5dd4a63
+    (``LlamaAttention`` with ``eager_attention_forward``, ``apply_rotary_pos_emb``, ``repeat_kv``);
+    the config is a namespace with HF's field names. No cache, no dropout; the softmax runs in the
+    input's dtype (upstream: ``dtype=torch.float32``, which would round a float64 check)."""
+
+    def __init__(self, hidden_size, num_attention_heads, num_key_value_heads, head_dim=None, attention_bias=False):
+        super().__init__()
+        self.config = types.SimpleNamespace(hidden_size=hidden_size, num_attention_heads=num_attention_heads,
+                                            num_key_value_heads=num_key_value_heads)
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.num_key_value_groups = num_attention_heads // num_key_value_heads
+        self.scaling = self.head_dim ** -0.5
+        h, hkv, d = num_attention_heads, num_key_value_heads, self.head_dim
+        self.q_proj = nn.Linear(hidden_size, h * d, bias=attention_bias)
+        self.k_proj = nn.Linear(hidden_size, hkv * d, bias=attention_bias)
+        self.v_proj = nn.Linear(hidden_size, hkv * d, bias=attention_bias)
+        self.o_proj = nn.Linear(h * d, hidden_size, bias=attention_bias)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None):
+        shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        q, k, v = (p(hidden_states).view(shape).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+
+        def rotate_half(t):
+            return torch.cat((-t[..., t.shape[-1] // 2:], t[..., : t.shape[-1] // 2]), dim=-1)
+
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        b, hkv, n, d = k.shape
+        k, v = (t[:, :, None].expand(b, hkv, self.num_key_value_groups, n, d).reshape(b, -1, n, d) for t in (k, v))
+        w = q @ k.transpose(2, 3) * self.scaling
+        if attention_mask is not None:
+            w = w + attention_mask[:, :, :, : k.shape[-2]]
+        o = (F.softmax(w, dim=-1) @ v).transpose(1, 2)
+        return self.o_proj(o.reshape(*hidden_states.shape[:-1], -1)), None
 
 
 class MultiheadDiffAttn(nn.Module):
@@ -442,6 +482,35 @@ def test_diffclip():
     _assert_pass(check_module(DiffAttention(16, num_heads=4), "diffclip_attention"))
 
 
+@pytest.mark.parametrize("h,hkv,bias,cfg", [
+    (4, 4, False, {}),
+    (4, 2, False, {"is_causal": True, "rope": {"base": 500000.0}}),
+    (4, 1, True, {"is_causal": True, "rope": True}),
+    (6, 2, False, {"is_causal": True, "rope": {"base": 100.0, "offset": 3}}),
+])
+def test_gqa_mqa_hf_llama_attention(h, hkv, bias, cfg):
+    torch.manual_seed(h + hkv)
+    m = LlamaAttention(16, h, hkv, head_dim=6 if h == 6 else None, attention_bias=bias)
+    r = _assert_pass(check_module(m, "gqa_mqa", config=cfg))
+    assert {"x", "q_proj", "k_proj", "v_proj", "out_proj"} <= set(r.grads_compared)
+    assert bias == ("out_proj_bias" in r.grads_compared)
+
+
+def test_gqa_mqa_wrong_rope_base_or_mask_is_caught():
+    from refattn.interop.torch_specs import SPECS
+
+    torch.manual_seed(0)
+    m = LlamaAttention(8, 2, 1)
+    ok = {"is_causal": True, "rope": {"base": 10000.0}}
+    assert check_module(m, "gqa_mqa", config=ok, cases="small").passed
+    for wrong in ({"rope": {"base": 100.0}}, {"is_causal": False}):  # the module runs with these, refattn with ok
+        def call(module, inp, cfg, wrong=wrong):
+            return SPECS["gqa_mqa"].call(module, inp, {**cfg, **wrong})
+        assert not check_module(m, "gqa_mqa", config=ok, call=call, cases="small").passed
+    r = check_module(m, "gqa_mqa", config={"rope": {"base": 1e4, "interleaved": True}}, cases="small")
+    assert not r.passed and "need your own call=" in str(r)  # HF's tables are rotate-half only
+
+
 @pytest.mark.parametrize("kind,slug", [("galerkin", "galerkin_attention"), ("fourier", "fourier_type_attention")])
 def test_galerkin_fourier(kind, slug):
     torch.manual_seed(6)
@@ -575,8 +644,8 @@ def test_unknown_and_unmapped_slugs():
     with pytest.raises(TypeError, match="unknown config keywords"):
         params_from_state_dict("diff_attention_v1", MultiheadDiffAttn(8, 1, 2).state_dict(), n_head=2)
     assert "diff_attention_v1" in supported_slugs() and "sdpa" not in supported_slugs()
-    with pytest.raises(ValueError, match="'gqa_mqa': the catalogue names no official PyTorch code"):
-        params_from_state_dict("gqa_mqa", {})
+    with pytest.raises(ValueError, match="'grouped_differential_attention': the catalogue names no official PyTorch"):
+        params_from_state_dict("grouped_differential_attention", {})
     with pytest.raises(ValueError, match=r"'sdpa': its official code \(tensorflow/tensor2tensor"):
         params_from_state_dict("sdpa", {})
 
@@ -591,7 +660,8 @@ def test_coverage_sorts_every_catalogue_mechanism():
     assert set(cov) == implemented
     assert {s for s, _ in cov.values()} <= set(STATUSES)
     assert {k for k, (s, _) in cov.items() if s == "mapped"} == set(supported_slugs())
-    assert cov["gqa_mqa"][0] == "no official code" and "repeat_kv" in cov["gqa_mqa"][1]
+    assert cov["grouped_differential_attention"][0] == "no official code"
+    assert cov["gqa_mqa"][0] == "mapped" and "LlamaAttention" in cov["gqa_mqa"][1]
     assert cov["sdpa"][0] == "not mapped yet" and "tensor2tensor" in cov["sdpa"][1]
     assert "softmax" not in cov  # a primitive, not a catalogue entry
 
@@ -605,6 +675,7 @@ def test_coverage_sorts_every_catalogue_mechanism():
     (lambda: LinearCrossAttention(8, 2), "gnot_hna_attention"),
     (lambda: LinearNO(6, temp=True), "linear_no_attention"),
     (lambda: SAB(5, 6, 2, ln=True), "set_transformer_blocks"),
+    (lambda: LlamaAttention(8, 4, 2, attention_bias=True), "gqa_mqa"),
 ])
 def test_grads_to_state_dict_inverts_the_map(make, slug):
     m = make()

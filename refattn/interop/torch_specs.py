@@ -450,10 +450,64 @@ def _afno_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], h, h + 1, c))}, {}
 
 
+# ---- HF LLaMA-style GQA / MQA (q_proj/k_proj/v_proj/o_proj, repeat_kv = the "contiguous" group map)
+
+_LLAMA_RULES = [_Rename(f"{t}_proj", f"{t}_proj.weight", True) for t in "qkv"] + [
+    _Rename(f"{t}_proj_bias", f"{t}_proj.bias", False, optional=True) for t in "qkv"] + [
+    _Rename("out_proj", "o_proj.weight", True), _Rename("out_proj_bias", "o_proj.bias", False, optional=True)]
+
+_LLAMA_CALL_KEYS = ("num_heads", "num_kv_heads", "is_causal", "rope", "kv_group_map", "scale")
+
+
+def _llama_call(module, inp, cfg):
+    """HF ``LlamaAttention.forward(hidden_states, position_embeddings, attention_mask)`` (transformers
+    >= 4.48): the ``(cos, sin)`` tables of ``LlamaRotaryEmbedding`` (rotate-half layout, ``(b, n, d)``)
+    built from refattn's ``rope`` (None: cos 1, sin 0, an exact identity) and, with ``is_causal``,
+    the additive causal mask at ``finfo.min`` that HF's models build. Older HF signatures
+    (``position_ids=``) need your own ``call=``."""
+    import torch
+
+    other = sorted(k for k, v in cfg.items() if k not in _LLAMA_CALL_KEYS and v is not None and v is not False)
+    if other or cfg.get("kv_group_map", "contiguous") != "contiguous":
+        raise ValueError(f"check_module[gqa_mqa]: the HF LlamaAttention call takes num_heads, num_kv_heads, "
+                         f"is_causal, rope (base, offset) and scale; {other or ['kv_group_map']} need your own call=")
+    x = inp["x"]
+    b, n, _ = x.shape
+    d = module.q_proj.weight.shape[0] // int(cfg["num_heads"])
+    rope = cfg.get("rope")
+    if rope is None or rope is False:
+        cos, sin = torch.ones(b, n, d, dtype=x.dtype), torch.zeros(b, n, d, dtype=x.dtype)
+    else:
+        rope = {} if rope is True else dict(rope)
+        bad = sorted(set(rope) - {"base", "offset"})
+        if bad:
+            raise ValueError(f"check_module[gqa_mqa]: HF's rotary tables take rope base and offset; {bad} need "
+                             "your own call=")
+        inv = 1.0 / float(rope.get("base", 10000.0)) ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        freqs = (torch.arange(n, dtype=torch.float64) + int(rope.get("offset", 0)))[:, None] * inv
+        emb = torch.cat((freqs, freqs), dim=-1)[None].expand(b, n, d)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    mask = None
+    if cfg.get("is_causal"):
+        mask = torch.full((n, n), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)[None, None].expand(b, 1, n, n)
+    out = module(x, position_embeddings=(cos, sin), attention_mask=mask)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _llama_build(rng, p, cfg, z):
+    return {"x": rng.standard_normal((z["b"], z["n"], p["q_proj"].shape[0]))}, {}
+
+
 add_specs(
     Spec("multi_head_attention", "PyTorch torch/nn/modules/activation.py (torch.nn.MultiheadAttention)",
           rules=None, call=_mha_call, build=_mha_build,
           attrs={"num_heads": "num_heads", "add_zero_attn": "add_zero_attn"}, save_pick=_mha_save_pick),
+    Spec("gqa_mqa", "huggingface/transformers src/transformers/models/llama/modeling_llama.py@5dd4a63 "
+         "(LlamaAttention: q_proj/k_proj/v_proj/o_proj, repeat_kv, eager_attention_forward)",
+         rules=_LLAMA_RULES, required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"),
+         call=_llama_call, build=_llama_build,
+         attrs={"num_heads": ("num_heads", "config.num_attention_heads"),
+                "num_kv_heads": ("num_key_value_heads", "config.num_key_value_heads")}),
     Spec("diff_attention_v1", "microsoft/unilm Diff-Transformer/multihead_diffattn.py@637157e (MultiheadDiffAttn; "
           "multihead_flashdiff_1.py with gqa_pairing='flash')",
           rules=[_Named(r"[qkv]_proj\.weight|out_proj\.weight", True), _LAMBDAS, _Named(r"subln\.weight", False)],
