@@ -9,6 +9,8 @@ upstream), kept compact:
   and ``multihead_flashdiff_1.py`` (per-half SDPA: the "flash" GQA pairing);
 * DIFF V2 — microsoft/unilm ``Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py``;
 * DiffCLIP — hammoudhasan/DiffCLIP ``diff_attention.py`` (``DiffAttention``);
+* OFormer — BaratiLab/OFormer ``airfoil/nn_module/attention_module.py``@f1111b3 (``LinearAttention``;
+  the module of ``tests/_upstream_ops.py``);
 * Galerkin / Fourier — scaomath/galerkin-transformer ``libs/layers.py``@2c9d23e (``SimpleAttention``);
 * Transolver — thuml/Transolver ``PDE-Solving-StandardBenchmark/model/Physics_Attention.py``@1f53c15
   (``Physics_Attention_Irregular_Mesh``);
@@ -509,6 +511,22 @@ def test_gqa_mqa_wrong_rope_base_or_mask_is_caught():
         assert not check_module(m, "gqa_mqa", config=ok, call=call, cases="small").passed
     r = check_module(m, "gqa_mqa", config={"rope": {"base": 1e4, "interleaved": True}}, cases="small")
     assert not r.passed and "need your own call=" in str(r)  # HF's tables are rotate-half only
+
+
+@pytest.mark.parametrize("attn_type", ["galerkin", "fourier"])
+def test_oformer_linear_attention(attn_type):
+    """BaratiLab/OFormer LinearAttention (tests/_upstream_ops.py), unpadded: check_module's default
+    norm_axis="channels" is upstream's; refattn's own default ("points") is caught."""
+    from _upstream_ops import build_oformer_linear_attention
+
+    from refattn.operators.oformer import oformer_init_params
+
+    params = oformer_init_params(np.random.default_rng(5), 6, 2, 4, attn_type=attn_type, init_gain=0.7)
+    m, _ = build_oformer_linear_attention(torch, params, heads=2, dim_head=4, attn_type=attn_type)
+    assert sorted(m.state_dict()) == ["to_out.0.bias", "to_out.0.weight", "to_qkv.weight"]
+    _assert_pass(check_module(m, "oformer_attention", config={"attn_type": attn_type}))
+    assert not check_module(m, "oformer_attention", config={"attn_type": attn_type, "norm_axis": "points"},
+                            cases="small").passed
 
 
 @pytest.mark.parametrize("kind,slug", [("galerkin", "galerkin_attention"), ("fourier", "fourier_type_attention")])

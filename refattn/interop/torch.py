@@ -256,6 +256,8 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
             val = _attr_path(m, path)
             if kw not in cfg and isinstance(val, (int, float)):
                 cfg[kw] = val
+    for kw, val in spec.defaults.items():
+        cfg.setdefault(kw, val)
     if spec.infer is not None:
         for kw, val in spec.infer(m.state_dict().keys()).items():
             cfg.setdefault(kw, val)

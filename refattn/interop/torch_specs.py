@@ -240,6 +240,8 @@ class Spec:
     """refattn config keyword -> module attribute read by check_module (your config wins)"""
     unsupported: dict = field(default_factory=dict)
     """upstream key -> why refattn cannot take it"""
+    defaults: dict = field(default_factory=dict)
+    """config check_module uses unless yours sets it: the upstream module's convention"""
     infer: Callable = None
     """infer(state_dict keys) -> config the weights imply (check_module; your config wins)"""
     save_pick: Callable = None
@@ -498,6 +500,13 @@ def _llama_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], z["n"], p["q_proj"].shape[0]))}, {}
 
 
+# ---- OFormer LinearAttention (self-attention: to_qkv, to_out.0)
+
+
+def _oformer_build(rng, p, cfg, z):
+    return {"x": rng.standard_normal((z["b"], z["n"], p["to_qkv.weight"].shape[0]))}, {}
+
+
 add_specs(
     Spec("multi_head_attention", "PyTorch torch/nn/modules/activation.py (torch.nn.MultiheadAttention)",
           rules=None, call=_mha_call, build=_mha_build,
@@ -533,6 +542,12 @@ add_specs(
           "attention_type='fourier')",
           rules=_galerkin_rules("QK"), required=("linears.0.weight", "linears.1.weight", "linears.2.weight"),
           call=_galerkin_call, build=_galerkin_build, attrs={"n_head": "n_head"}),
+    Spec("oformer_attention", "BaratiLab/OFormer airfoil/nn_module/attention_module.py@f1111b3 (LinearAttention, "
+         "self-attention, no positional embedding; unpadded: norm over each point's channels)",
+         rules=[_Named(r"to_qkv\.weight|to_out\.0\.weight", True),
+                _Named(r"to_out\.0\.bias|[qkv]_norm\.(weight|bias)", False)],
+         required=("to_qkv.weight",), call=_call_x, build=_oformer_build,
+         attrs={"n_head": "heads"}, defaults={"norm_axis": "channels"}),
     Spec("transolver_physics_attention", "thuml/Transolver PDE-Solving-StandardBenchmark/model/Physics_Attention.py@1f53c15 "
           "(Physics_Attention_Irregular_Mesh; Structured_Mesh_2D/3D with mesh_shape=)",
           rules=_transolver_rules,
