@@ -14,6 +14,8 @@ upstream), kept compact:
 * Galerkin / Fourier — scaomath/galerkin-transformer ``libs/layers.py``@2c9d23e (``SimpleAttention``);
 * Transolver — thuml/Transolver ``PDE-Solving-StandardBenchmark/model/Physics_Attention.py``@1f53c15
   (``Physics_Attention_Irregular_Mesh``);
+* GALE — NVIDIA/physicsnemo ``physicsnemo/nn/module/gale.py``@17505d6 (``GALE``) on
+  ``physics_attention.py``@105afde;
 * GNOT — HaoZhongkai/GNOT ``models/cgpt.py``@5df0390 (``LinearCrossAttention``);
 * LinearNO — HiPRL/LinearNO ``Standard_PDE_Benchmark/model/LinearAttnNeuralOperator.py``@3f2b80d
   (``LinearNO``, ``LinearNO_temp``);
@@ -107,6 +109,51 @@ class LlamaAttention(nn.Module):
             w = w + attention_mask[:, :, :, : k.shape[-2]]
         o = (F.softmax(w, dim=-1) @ v).transpose(1, 2)
         return self.o_proj(o.reshape(*hidden_states.shape[:-1], -1)), None
+
+
+class GALE(nn.Module):
+    """NVIDIA/physicsnemo ``physicsnemo/nn/module/gale.py``@17505d6 (``GALE``, ``_gale_cross_init``,
+    ``_gale_forward_impl``, ``_mix_self_and_cross``; ``use_te=False``, ``plus=False``) on
+    ``physicsnemo/nn/module/physics_attention.py``@105afde (``PhysicsAttentionBase``,
+    ``PhysicsAttentionIrregularMesh``, ``_compute_slices_from_projections``): tokens laid out
+    ``(B, N, H, D)``, temperature ``(1, 1, H, 1)`` clamped to [0.5, 5], slice mass + 1e-2, SDPA."""
+
+    def __init__(self, dim, heads=2, dim_head=4, slice_num=3, context_dim=5, state_mixing_mode="weighted"):
+        super().__init__()
+        inner = heads * dim_head
+        self.heads, self.dim_head, self.state_mixing_mode = heads, dim_head, state_mixing_mode
+        self.temperature = nn.Parameter(torch.ones([1, 1, heads, 1]) * 0.5)
+        self.in_project_slice = nn.Linear(dim_head, slice_num)
+        self.qkv_project = nn.Linear(dim_head, 3 * dim_head, bias=False)
+        self.out_linear = nn.Linear(inner, dim)
+        self.in_project_x, self.in_project_fx = nn.Linear(dim, inner), nn.Linear(dim, inner)
+        self.cross_q = nn.Linear(dim_head, dim_head)
+        self.cross_k, self.cross_v = nn.Linear(context_dim, dim_head), nn.Linear(context_dim, dim_head)
+        if state_mixing_mode == "weighted":
+            self.state_mixing = nn.Parameter(torch.tensor(0.3))  # upstream inits 0.0; 0.3 tests the gate
+        else:
+            self.concat_project = nn.Sequential(nn.Linear(2 * dim_head, dim_head), nn.GELU())
+
+    def forward(self, x, context=None):
+        outs = []
+        for t in x:
+            b, n, _ = t.shape
+            x_mid, fx_mid = (p(t).view(b, n, self.heads, self.dim_head) for p in (self.in_project_x, self.in_project_fx))
+            sw = F.softmax(self.in_project_slice(x_mid) / torch.clamp(self.temperature, min=0.5, max=5), dim=-1)
+            norm = sw.sum(dim=1) + 1e-2                                               # (B, H, S)
+            tok = torch.einsum("bnhs,bnhd->bhsd", sw, fx_mid) / norm.unsqueeze(-1)
+            q, k, v = self.qkv_project(tok).view(*tok.shape[:3], 3, self.dim_head).unbind(3)
+            z = F.scaled_dot_product_attention(q, k, v)
+            if context is not None:
+                zc = F.scaled_dot_product_attention(self.cross_q(tok), self.cross_k(context), self.cross_v(context))
+                if self.state_mixing_mode == "weighted":
+                    w = torch.sigmoid(self.state_mixing)
+                    z = w * z + (1 - w) * zc
+                else:
+                    z = self.concat_project(torch.cat([z, zc], dim=-1))
+            y = torch.einsum("bths,bhsd->bthd", sw, z).reshape(b, n, -1)
+            outs.append(self.out_linear(y))
+        return outs
 
 
 class MultiheadDiffAttn(nn.Module):
@@ -550,6 +597,17 @@ def test_transolver_structured_mesh_conv_kernels_keep_torch_layout():
     _assert_pass(check_module(m, "transolver_physics_attention", config={"mesh_shape": (3, 4)}))
 
 
+@pytest.mark.parametrize("mode", ["weighted", "concat_project"])
+def test_geotransolver_gale(mode):
+    torch.manual_seed(3)
+    m = GALE(6, heads=2, dim_head=4, slice_num=3, context_dim=5, state_mixing_mode=mode)
+    with torch.no_grad():
+        m.temperature.copy_(torch.tensor([0.3, 1.7]).view(1, 1, 2, 1))  # one head inside the clamp, one below
+    r = _assert_pass(check_module(m, "geotransolver_gale"))
+    assert {"x", "context", "temperature", "cross_k.weight", "qkv_project.weight"} <= set(r.grads_compared)
+    assert ("state_mixing" in r.grads_compared) == (mode == "weighted")
+
+
 def test_gnot():
     torch.manual_seed(8)
     _assert_pass(check_module(LinearCrossAttention(8, 2), "gnot_hna_attention"))
@@ -694,6 +752,7 @@ def test_coverage_sorts_every_catalogue_mechanism():
     (lambda: LinearNO(6, temp=True), "linear_no_attention"),
     (lambda: SAB(5, 6, 2, ln=True), "set_transformer_blocks"),
     (lambda: LlamaAttention(8, 4, 2, attention_bias=True), "gqa_mqa"),
+    (lambda: GALE(6, state_mixing_mode="concat_project"), "geotransolver_gale"),
 ])
 def test_grads_to_state_dict_inverts_the_map(make, slug):
     m = make()

@@ -507,6 +507,24 @@ def _oformer_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], z["n"], p["to_qkv.weight"].shape[0]))}, {}
 
 
+# ---- PhysicsNeMo GALE (GeoTransolver): PhysicsAttentionIrregularMesh + cross-attention to a context
+
+
+def _gale_infer(keys):
+    return {"state_mixing_mode": "concat_project" if "concat_project.0.weight" in keys else "weighted"}
+
+
+def _gale_build(rng, p, cfg, z):
+    inp = {"x": rng.standard_normal((z["b"], z["n"], p["in_project_x.weight"].shape[0]))}
+    if "cross_k.weight" in p:  # the context (B, H, S_c, D_c), built upstream by ContextProjector
+        inp["context"] = rng.standard_normal((z["b"], int(cfg["n_head"]), z["m"], p["cross_k.weight"].shape[0]))
+    return inp, {}
+
+
+def _gale_call(module, inp, cfg):
+    return module((inp["x"],), inp.get("context"))[0]  # upstream takes a tuple of inputs, returns a list
+
+
 add_specs(
     Spec("multi_head_attention", "PyTorch torch/nn/modules/activation.py (torch.nn.MultiheadAttention)",
           rules=None, call=_mha_call, build=_mha_build,
@@ -554,6 +572,15 @@ add_specs(
           required=("in_project_x.weight", "in_project_fx.weight", "in_project_slice.weight", "temperature",
                     "to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight"),
           call=_call_x, build=_transolver_build, attrs={"n_head": "heads"}),
+    Spec("geotransolver_gale", "NVIDIA/physicsnemo physicsnemo/nn/module/gale.py@17505d6 (GALE, use_te=False, "
+         "plus=False) on physics_attention.py (PhysicsAttentionIrregularMesh)",
+         rules=[_Named(r"(in_project_(x|fx|slice)|qkv_project|out_linear|cross_[qkv]|concat_project\.0)\.weight", True),
+                _Named(r"(in_project_(x|fx|slice)|out_linear|cross_[qkv]|concat_project\.0)\.bias|state_mixing", False),
+                _Reshape("temperature", lambda n: (1, 1, n, 1))],
+         required=("in_project_x.weight", "in_project_fx.weight", "in_project_slice.weight", "temperature",
+                   "qkv_project.weight", "out_linear.weight"),
+         call=_gale_call, build=_gale_build, infer=_gale_infer, attrs={"n_head": "heads"},
+         unsupported={"proj_temperature.0.weight": "Transolver++ (plus=True) is not implemented"}),
     Spec("gnot_hna_attention", "HaoZhongkai/GNOT models/cgpt.py@5df0390 (LinearAttention, LinearCrossAttention)",
           rules=[_Named(r"(query|key|value|proj|keys\.\d+|values\.\d+)\.weight", True),
                  _Named(r"(query|key|value|proj|keys\.\d+|values\.\d+)\.bias", False)],
