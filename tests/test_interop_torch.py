@@ -20,6 +20,8 @@ upstream), kept compact:
 * LinearNO — HiPRL/LinearNO ``Standard_PDE_Benchmark/model/LinearAttnNeuralOperator.py``@3f2b80d
   (``LinearNO``, ``LinearNO_temp``);
 * Set Transformer — juho-lee/set_transformer ``modules.py`` (``MAB``, ``SAB``, ``ISAB``, ``PMA``);
+* scOT — camlab-ethz/poseidon ``scOT/model.py``@b8fa28f (``ScOTLayer``; forward of
+  ``tests/test_neural_operators.py``);
 * FNO — zongyi-li/fourier_neural_operator ``fourier_2d.py``@4ed7737 (``SpectralConv2d``);
 * AFNO — NVlabs/AFNO-transformer ``afno/afno2d.py``@c3271a2 (``AFNO2D``).
 
@@ -154,6 +156,42 @@ class GALE(nn.Module):
             y = torch.einsum("bths,bhsd->bthd", sw, z).reshape(b, n, -1)
             outs.append(self.out_linear(y))
         return outs
+
+
+class ScOTLayer(nn.Module):
+    """camlab-ethz/poseidon ``scOT/model.py``@b8fa28f ``ScOTLayer`` (``ConditionalLayerNorm``: Linear(1, C)
+    weight and bias; transformers' ``Swinv2Attention`` under ``attention.self`` / ``attention.output``):
+    the parameters under upstream's names, the forward is ``tests/test_neural_operators.py``'s
+    ``_scot_torch`` (written from the same files), after upstream's ``set_shift_and_window_size``."""
+
+    def __init__(self, dim, num_heads, window_size, shift_size, mlp_ratio=2):
+        super().__init__()
+        self.window_size, self.shift_size = window_size, shift_size
+        self.attention = nn.Module()
+        att = self.attention.self = nn.Module()
+        att.num_attention_heads = num_heads
+        att.query, att.key, att.value = nn.Linear(dim, dim), nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim)
+        att.logit_scale = nn.Parameter(torch.log(10 * torch.ones(num_heads, 1, 1)) + 0.2 * torch.randn(num_heads, 1, 1))
+        att.continuous_position_bias_mlp = nn.Sequential(nn.Linear(2, 6), nn.ReLU(), nn.Linear(6, num_heads, bias=False))
+        self.attention.output = nn.Module()
+        self.attention.output.dense = nn.Linear(dim, dim)
+        self.intermediate, self.output = nn.Module(), nn.Module()
+        self.intermediate.dense, self.output.dense = nn.Linear(dim, mlp_ratio * dim), nn.Linear(mlp_ratio * dim, dim)
+        for name in ("layernorm_before", "layernorm_after"):
+            norm = nn.Module()
+            norm.weight, norm.bias = nn.Linear(1, dim), nn.Linear(1, dim)
+            setattr(self, name, norm)
+
+    def forward(self, hidden_states, input_dimensions, time):
+        from test_neural_operators import _scot_torch
+
+        h, w = input_dimensions
+        ws = h if h <= self.window_size else self.window_size
+        shift = 0 if (h, w) <= (ws, ws) else self.shift_size
+        p = {k: (v.T if k.endswith(".weight") else v) for k, v in self.named_parameters()}
+        b, _, c = hidden_states.shape
+        y = _scot_torch(torch, hidden_states.view(b, h, w, c), time, p, self.attention.self.num_attention_heads, ws, shift)
+        return (y.reshape(b, h * w, c),)
 
 
 class MultiheadDiffAttn(nn.Module):
@@ -630,6 +668,17 @@ def test_set_transformer(block, make):
     _assert_pass(check_module(make(), "set_transformer_blocks"))
 
 
+@pytest.mark.parametrize("shift", [0, 1])
+def test_scot_poseidon_layer(shift):
+    torch.manual_seed(7 + shift)
+    m = ScOTLayer(4, num_heads=2, window_size=2, shift_size=shift)
+    r = _assert_pass(check_module(m, "scot_poseidon_block"))
+    assert {"x", "t", "attention.self.logit_scale", "layernorm_before.weight.weight",
+            "attention.self.continuous_position_bias_mlp.2.weight"} <= set(r.grads_compared)
+    if shift:  # the shifted-window mask matters: refattn without the shift is caught
+        assert not check_module(m, "scot_poseidon_block", config={"shift_size": 0}, cases="small").passed
+
+
 def test_fno_spectral_conv_complex_weights():
     torch.manual_seed(9)
     m = SpectralConv2d(3, 4, 2, 3)
@@ -753,6 +802,7 @@ def test_coverage_sorts_every_catalogue_mechanism():
     (lambda: SAB(5, 6, 2, ln=True), "set_transformer_blocks"),
     (lambda: LlamaAttention(8, 4, 2, attention_bias=True), "gqa_mqa"),
     (lambda: GALE(6, state_mixing_mode="concat_project"), "geotransolver_gale"),
+    (lambda: ScOTLayer(4, 2, 2, 1), "scot_poseidon_block"),
 ])
 def test_grads_to_state_dict_inverts_the_map(make, slug):
     m = make()

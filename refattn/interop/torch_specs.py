@@ -213,6 +213,22 @@ class _Reshape:
             out[self.name] = g.reshape(self.up_shape(g.size))
 
 
+@dataclass(frozen=True)
+class _Derived:
+    """Buffers upstream derives from the config (e.g. Swin's ``relative_position_index``): read and
+    dropped, since refattn rebuilds them from the same config; no gradient to map back."""
+
+    pattern: str
+
+    def load(self, view, out):
+        for name in sorted(view.items):
+            if name not in view.used and re.fullmatch(self.pattern, name):
+                view.used.add(name)
+
+    def save(self, grads, out, used):
+        pass
+
+
 # --------------------------------------------------------------------------------------------
 # Input batteries: names -> sizes; each slug's builder draws inputs of those sizes for the module
 
@@ -525,6 +541,22 @@ def _gale_call(module, inp, cfg):
     return module((inp["x"],), inp.get("context"))[0]  # upstream takes a tuple of inputs, returns a list
 
 
+# ---- Poseidon scOT layer (a Swin-V2 layer with time-conditioned LayerNorms; HF Swinv2 names)
+
+
+def _scot_build(rng, p, cfg, z):
+    ws = int(cfg["window_size"])  # a grid of about 2 x 2 windows, padded on one axis
+    c = p["attention.self.query.weight"].shape[0]
+    h, w = 2 * ws + z["n"] % 2, 2 * ws + 1 - z["n"] % 2
+    return {"x": rng.standard_normal((z["b"], h, w, c)), "t": rng.uniform(0, 1, z["b"])}, {}
+
+
+def _scot_call(module, inp, cfg):
+    x = inp["x"]  # upstream: hidden states (B, H W, C), input_dimensions (H, W), time (B,); returns a tuple
+    b, h, w, c = x.shape
+    return module(x.reshape(b, h * w, c), (h, w), inp["t"])[0].reshape(b, h, w, c)
+
+
 add_specs(
     Spec("multi_head_attention", "PyTorch torch/nn/modules/activation.py (torch.nn.MultiheadAttention)",
           rules=None, call=_mha_call, build=_mha_build,
@@ -594,6 +626,14 @@ add_specs(
     Spec("set_transformer_blocks", "juho-lee/set_transformer modules.py (SAB, ISAB, PMA; block= says which)",
           rules=_set_rules, call=_call_x, build=_set_build, infer=_set_infer,
           attrs={"num_heads": ("mab.num_heads", "mab0.num_heads")}),
+    Spec("scot_poseidon_block", "camlab-ethz/poseidon scOT/model.py@b8fa28f (ScOTLayer, ConditionalLayerNorm) on "
+         "transformers' Swinv2SelfAttention (attention.self.*)",
+         rules=[_Derived(r"attention\.self\.relative_(coords_table|position_index)"),
+                _Named(r".*\.weight", True), _Named(r".*\.bias|attention\.self\.logit_scale", False)],
+         required=("attention.self.query.weight", "attention.self.logit_scale", "layernorm_before.weight.weight"),
+         call=_scot_call, build=_scot_build,
+         attrs={"num_heads": "attention.self.num_attention_heads", "window_size": "window_size",
+                "shift_size": "shift_size"}),
     Spec("fno_spectral_conv", "zongyi-li/fourier_neural_operator fourier_1d.py / fourier_2d.py@4ed7737 "
           "(SpectralConv1d, SpectralConv2d)",
           rules=[_Complex("weights1"), _Complex("weights2", optional=True)], required=("weights1",),
