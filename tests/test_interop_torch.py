@@ -9,6 +9,7 @@ upstream), kept compact:
   and ``multihead_flashdiff_1.py`` (per-half SDPA: the "flash" GQA pairing);
 * DIFF V2 — microsoft/unilm ``Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py``;
 * DiffCLIP — hammoudhasan/DiffCLIP ``diff_attention.py`` (``DiffAttention``);
+* CaiT class-attention — facebookresearch/deit ``cait_models.py``@0176669 (``LayerScale_Block_CA``);
 * OFormer — BaratiLab/OFormer ``airfoil/nn_module/attention_module.py``@f1111b3 (``LinearAttention``;
   the module of ``tests/_upstream_ops.py``);
 * Galerkin / Fourier — scaomath/galerkin-transformer ``libs/layers.py``@2c9d23e (``SimpleAttention``);
@@ -192,6 +193,42 @@ class ScOTLayer(nn.Module):
         b, _, c = hidden_states.shape
         y = _scot_torch(torch, hidden_states.view(b, h, w, c), time, p, self.attention.self.num_attention_heads, ws, shift)
         return (y.reshape(b, h * w, c),)
+
+
+class Class_Attention(nn.Module):  # CaiT
+    def __init__(self, dim, num_heads=8, qkv_bias=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=qkv_bias) for _ in range(3))
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        h = self.num_heads
+        q = self.q(x[:, 0]).unsqueeze(1).reshape(B, 1, h, C // h).permute(0, 2, 1, 3) * self.scale
+        k, v = (f(x).reshape(B, N, h, C // h).permute(0, 2, 1, 3) for f in (self.k, self.v))
+        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(B, 1, C))
+
+
+class LayerScale_Block_CA(nn.Module):
+    """facebookresearch/deit ``cait_models.py``@0176669 (``LayerScale_Block_CA``, ``Class_Attention``;
+    timm's ``Mlp``: fc1, GELU, fc2), CaiT's ``partial(nn.LayerNorm, eps=1e-6)``. Dropout omitted."""
+
+    def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=False, init_values=1e-4):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim, eps=1e-6), nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Class_Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias)
+        self.mlp = nn.Module()
+        self.mlp.fc1, self.mlp.fc2 = nn.Linear(dim, int(dim * mlp_ratio)), nn.Linear(int(dim * mlp_ratio), dim)
+        self.gamma_1 = nn.Parameter(init_values * torch.ones(dim))
+        self.gamma_2 = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x, x_cls):
+        u = torch.cat((x_cls, x), dim=1)
+        x_cls = x_cls + self.gamma_1 * self.attn(self.norm1(u))
+        return x_cls + self.gamma_2 * self.mlp.fc2(F.gelu(self.mlp.fc1(self.norm2(x_cls))))
 
 
 class MultiheadDiffAttn(nn.Module):
@@ -598,6 +635,18 @@ def test_gqa_mqa_wrong_rope_base_or_mask_is_caught():
     assert not r.passed and "need your own call=" in str(r)  # HF's tables are rotate-half only
 
 
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_cait_class_attention_block(qkv_bias):
+    torch.manual_seed(11)
+    m = LayerScale_Block_CA(8, num_heads=2, mlp_ratio=2.0, qkv_bias=qkv_bias, init_values=0.5)
+    with torch.no_grad():
+        for p in (m.norm1.weight, m.norm1.bias, m.norm2.weight, m.norm2.bias, m.gamma_2):
+            p.add_(0.3 * torch.randn_like(p))
+    r = _assert_pass(check_module(m, "class_attention"))
+    assert {"x", "x_cls", "gamma_1", "gamma_2", "attn.q.weight", "norm1.bias"} <= set(r.grads_compared)
+    assert ("attn.k.bias" in r.grads_compared) == qkv_bias
+
+
 @pytest.mark.parametrize("attn_type", ["galerkin", "fourier"])
 def test_oformer_linear_attention(attn_type):
     """BaratiLab/OFormer LinearAttention (tests/_upstream_ops.py), unpadded: check_module's default
@@ -803,6 +852,7 @@ def test_coverage_sorts_every_catalogue_mechanism():
     (lambda: LlamaAttention(8, 4, 2, attention_bias=True), "gqa_mqa"),
     (lambda: GALE(6, state_mixing_mode="concat_project"), "geotransolver_gale"),
     (lambda: ScOTLayer(4, 2, 2, 1), "scot_poseidon_block"),
+    (lambda: LayerScale_Block_CA(8, 2, qkv_bias=True), "class_attention"),
 ])
 def test_grads_to_state_dict_inverts_the_map(make, slug):
     m = make()

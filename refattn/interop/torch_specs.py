@@ -557,6 +557,18 @@ def _scot_call(module, inp, cfg):
     return module(x.reshape(b, h * w, c), (h, w), inp["t"])[0].reshape(b, h, w, c)
 
 
+# ---- CaiT class-attention block (LayerScale_Block_CA with Class_Attention)
+
+
+def _cait_build(rng, p, cfg, z):
+    c = p["attn.q.weight"].shape[0]
+    return {"x": rng.standard_normal((z["b"], z["n"], c)), "x_cls": rng.standard_normal((z["b"], 1, c))}, {}
+
+
+def _cait_call(module, inp, cfg):
+    return module(inp["x"], inp["x_cls"])
+
+
 add_specs(
     Spec("multi_head_attention", "PyTorch torch/nn/modules/activation.py (torch.nn.MultiheadAttention)",
           rules=None, call=_mha_call, build=_mha_build,
@@ -584,6 +596,13 @@ add_specs(
           required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", "out_proj.bias",
                     "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"),
           call=_call_x, build=_x_build("q_proj.weight"), attrs={"num_heads": "num_heads"}),
+    Spec("class_attention", "facebookresearch/deit cait_models.py@0176669 (LayerScale_Block_CA with Class_Attention, "
+         "timm Mlp)",
+         rules=[_Named(r"attn\.([qkv]|proj)\.weight|mlp\.fc[12]\.weight", True),
+                _Named(r"norm[12]\.(weight|bias)|attn\.([qkv]|proj)\.bias|mlp\.fc[12]\.bias|gamma_[12]", False)],
+         required=("attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.proj.weight", "gamma_1", "gamma_2"),
+         call=_cait_call, build=_cait_build,
+         attrs={"num_heads": "attn.num_heads", "scale": "attn.scale", "eps": "norm1.eps"}),
     Spec("galerkin_attention", "scaomath/galerkin-transformer libs/layers.py@2c9d23e (SimpleAttention, "
           "attention_type='galerkin')",
           rules=_galerkin_rules("KV"), required=("linears.0.weight", "linears.1.weight", "linears.2.weight"),
