@@ -10,6 +10,7 @@ upstream), kept compact:
 * DIFF V2 — microsoft/unilm ``Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py``;
 * DiffCLIP — hammoudhasan/DiffCLIP ``diff_attention.py`` (``DiffAttention``);
 * CaiT class-attention — facebookresearch/deit ``cait_models.py``@0176669 (``LayerScale_Block_CA``);
+* CRATE — Ma-Lab-Berkeley/CRATE ``model/crate.py``@0227249 (``Transformer`` with depth 1);
 * OFormer — BaratiLab/OFormer ``airfoil/nn_module/attention_module.py``@f1111b3 (``LinearAttention``;
   the module of ``tests/_upstream_ops.py``);
 * Galerkin / Fourier — scaomath/galerkin-transformer ``libs/layers.py``@2c9d23e (``SimpleAttention``);
@@ -229,6 +230,60 @@ class LayerScale_Block_CA(nn.Module):
         u = torch.cat((x_cls, x), dim=1)
         x_cls = x_cls + self.gamma_1 * self.attn(self.norm1(u))
         return x_cls + self.gamma_2 * self.mlp.fc2(F.gelu(self.mlp.fc1(self.norm2(x_cls))))
+
+
+class CratePreNorm(nn.Module):  # CRATE PreNorm
+    def __init__(self, dim, fn):
+        super().__init__()
+        self.norm, self.fn = nn.LayerNorm(dim), fn
+
+    def forward(self, x):
+        return self.fn(self.norm(x))
+
+
+class CrateAttention(nn.Module):  # CRATE Attention (MSSA: one projection for q, k and v)
+    def __init__(self, dim, heads, dim_head):
+        super().__init__()
+        self.heads, self.scale = heads, dim_head ** -0.5
+        self.qkv = nn.Linear(dim, heads * dim_head, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(heads * dim_head, dim)) if not (heads == 1 and dim_head == dim) \
+            else nn.Identity()
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        w = self.qkv(x).view(b, n, self.heads, -1).transpose(1, 2)
+        attn = F.softmax(w @ w.transpose(-1, -2) * self.scale, dim=-1)
+        return self.to_out((attn @ w).transpose(1, 2).reshape(b, n, -1))
+
+
+class CrateFeedForward(nn.Module):  # CRATE FeedForward (one ISTA step)
+    def __init__(self, dim, step_size=0.1):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim, dim))
+        nn.init.kaiming_uniform_(self.weight)
+        self.step_size, self.lambd = step_size, 0.1
+
+    def forward(self, x):
+        grad_1 = F.linear(F.linear(x, self.weight), self.weight.t())
+        grad_2 = F.linear(x, self.weight.t())
+        return F.relu(x + self.step_size * (grad_2 - grad_1) - self.step_size * self.lambd)
+
+
+class CrateTransformer(nn.Module):
+    """Ma-Lab-Berkeley/CRATE ``model/crate.py``@0227249 (``Transformer``, ``PreNorm``, ``Attention``,
+    ``FeedForward``; einops replaced by view/transpose, dropout omitted)."""
+
+    def __init__(self, dim, depth, heads, dim_head, ista=0.1):
+        super().__init__()
+        self.heads = heads
+        self.layers = nn.ModuleList([nn.ModuleList([CratePreNorm(dim, CrateAttention(dim, heads, dim_head)),
+                                                    CratePreNorm(dim, CrateFeedForward(dim, step_size=ista))])
+                                     for _ in range(depth)])
+
+    def forward(self, x):
+        for attn, ff in self.layers:
+            x = ff(attn(x) + x)
+        return x
 
 
 class MultiheadDiffAttn(nn.Module):
@@ -645,6 +700,22 @@ def test_cait_class_attention_block(qkv_bias):
     r = _assert_pass(check_module(m, "class_attention"))
     assert {"x", "x_cls", "gamma_1", "gamma_2", "attn.q.weight", "norm1.bias"} <= set(r.grads_compared)
     assert ("attn.k.bias" in r.grads_compared) == qkv_bias
+
+
+@pytest.mark.parametrize("heads,dim_head,ista", [(2, 4, 0.1), (1, 8, 0.3)])  # (1, 8): to_out is Identity
+def test_crate_transformer_layer(heads, dim_head, ista):
+    torch.manual_seed(heads)
+    m = CrateTransformer(8, 1, heads, dim_head, ista=ista)
+    with torch.no_grad():
+        m.layers[0][1].fn.weight.mul_(0.5)
+        m.layers[0][0].norm.bias.add_(0.5)  # ISTA's ReLU active on most entries
+    r = _assert_pass(check_module(m, "crate_mssa_ista"))
+    assert {"z", "attn.fn.qkv.weight", "ff.fn.weight", "ff.norm.bias"} <= set(r.grads_compared)
+    deep = CrateTransformer(8, 3, heads, dim_head)  # any layer of a deeper model, by prefix
+    p = params_from_state_dict("crate_mssa_ista", deep.state_dict(), prefix="layers.2.")
+    assert np.array_equal(p["ff.fn.weight"], deep.layers[2][1].fn.weight.detach().numpy())
+    back = grads_to_state_dict("crate_mssa_ista", p, prefix="layers.2.")
+    assert sorted(back) == sorted(k for k in deep.state_dict() if k.startswith("layers.2."))
 
 
 @pytest.mark.parametrize("attn_type", ["galerkin", "fourier"])

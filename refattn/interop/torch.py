@@ -211,7 +211,9 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
     Parameters
     ----------
     module
-        A ``torch.nn.Module`` computing mechanism ``slug`` with upstream parameter names.
+        A ``torch.nn.Module`` computing mechanism ``slug`` with upstream parameter names (for a
+        per-layer mechanism of a layer stack, e.g. CRATE, a stack of depth 1: the table reads
+        its first layer).
     slug
         A slug of :func:`supported_slugs`.
     config
@@ -268,7 +270,7 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
         raise ValueError(f"check_module[{spec.slug}]: config must give {needed}"
                          + (f" (read from the module's attributes {hint} when it has them)" if hint else ""))
     base_cfg = {k: v for k, v in cfg.items() if k != "rel_pos"}
-    params = params_from_state_dict(spec.slug, m.state_dict(), **base_cfg)
+    params = params_from_state_dict(spec.slug, m.state_dict(), prefix=spec.module_prefix, **base_cfg)
     params = {k: v.astype(np.float64) for k, v in params.items()}
     names_avail = dict(MODULE_CASES)
     if spec.slug == "multi_head_attention":
@@ -318,7 +320,7 @@ def _module_run(torch, m, rec, spec, call, smp: Sample, seed, tdt, np_dt, rtol, 
               for (n, p), g in zip(named_params.items(), gs[len(diff_inputs):])}
         # buffers carry no gradient; the table only reads the keys it maps
         sd.update({n: torch.zeros_like(b) for n, b in m.named_buffers() if n not in sd})
-        res.update(params_from_state_dict(spec.slug, sd, strict=False, **run_cfg))
+        res.update(params_from_state_dict(spec.slug, sd, prefix=spec.module_prefix, strict=False, **run_cfg))
         return res
 
     return compare_implementation(fn, rec, vjp=vjp, sample=smp, seed=seed, dtype=np_dt,

@@ -214,6 +214,32 @@ class _Reshape:
 
 
 @dataclass(frozen=True)
+class _Reprefix:
+    """Upstream ``up + rest`` to refattn ``ref + rest`` for ``rest`` matching ``pattern`` (CRATE's
+    ``0.``/``1.`` sub-modules of one layer are refattn's ``attn.``/``ff.``)."""
+
+    up: str
+    ref: str
+    pattern: str
+    transpose: bool
+
+    def load(self, view, out):
+        for name in sorted(view.items):
+            rest = name[len(self.up):]
+            if name not in view.used and name.startswith(self.up) and re.fullmatch(self.pattern, rest):
+                a = view.get(name)
+                out[self.ref + rest] = a.T if self.transpose else a
+
+    def save(self, grads, out, used):
+        for name in list(grads):
+            rest = name[len(self.ref):]
+            if name not in used and name.startswith(self.ref) and re.fullmatch(self.pattern, rest):
+                used.add(name)
+                g = _np(grads[name])
+                out[self.up + rest] = g.T if self.transpose else g
+
+
+@dataclass(frozen=True)
 class _Derived:
     """Buffers upstream derives from the config (e.g. Swin's ``relative_position_index``): read and
     dropped, since refattn rebuilds them from the same config; no gradient to map back."""
@@ -258,6 +284,8 @@ class Spec:
     """upstream key -> why refattn cannot take it"""
     defaults: dict = field(default_factory=dict)
     """config check_module uses unless yours sets it: the upstream module's convention"""
+    module_prefix: str = ""
+    """where check_module finds the layer in the module it is given (e.g. ``layers.0.``)"""
     infer: Callable = None
     """infer(state_dict keys) -> config the weights imply (check_module; your config wins)"""
     save_pick: Callable = None
@@ -569,6 +597,17 @@ def _cait_call(module, inp, cfg):
     return module(inp["x"], inp["x_cls"])
 
 
+# ---- CRATE: one layer of Transformer.layers (0. = PreNorm(Attention), 1. = PreNorm(FeedForward))
+
+
+def _crate_build(rng, p, cfg, z):
+    return {"z": rng.standard_normal((z["b"], z["n"], p["attn.fn.qkv.weight"].shape[0]))}, {}
+
+
+def _crate_call(module, inp, cfg):
+    return module(inp["z"])
+
+
 add_specs(
     Spec("multi_head_attention", "PyTorch torch/nn/modules/activation.py (torch.nn.MultiheadAttention)",
           rules=None, call=_mha_call, build=_mha_build,
@@ -603,6 +642,15 @@ add_specs(
          required=("attn.q.weight", "attn.k.weight", "attn.v.weight", "attn.proj.weight", "gamma_1", "gamma_2"),
          call=_cait_call, build=_cait_build,
          attrs={"num_heads": "attn.num_heads", "scale": "attn.scale", "eps": "norm1.eps"}),
+    Spec("crate_mssa_ista", "Ma-Lab-Berkeley/CRATE model/crate.py@0227249 (one layer of Transformer: "
+         "PreNorm(Attention), PreNorm(FeedForward); prefix='layers.{i}.')",
+         rules=[_Reprefix("0.", "attn.", r"fn\.qkv\.weight|fn\.to_out\.0\.weight", True),
+                _Reprefix("0.", "attn.", r"norm\.(weight|bias)|fn\.to_out\.0\.bias", False),
+                _Reprefix("1.", "ff.", r"norm\.(weight|bias)|fn\.weight", False)],
+         required=("0.fn.qkv.weight", "1.fn.weight"), call=_crate_call, build=_crate_build,
+         module_prefix="layers.0.",
+         attrs={"num_heads": "heads", "scale": "layers.0.0.fn.scale", "step_size": "layers.0.1.fn.step_size",
+                "lambd": "layers.0.1.fn.lambd"}),
     Spec("galerkin_attention", "scaomath/galerkin-transformer libs/layers.py@2c9d23e (SimpleAttention, "
           "attention_type='galerkin')",
           rules=_galerkin_rules("KV"), required=("linears.0.weight", "linears.1.weight", "linears.2.weight"),
