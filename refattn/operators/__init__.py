@@ -23,6 +23,9 @@ anisotropic_rbf
 aot_pot
     AOT-POT multi-stream residual mixing: adaptive aggregation, redistribution and
     Sinkhorn-projected stream mixing (``aot_pot_multistream_sinkhorn``).
+aroma
+    AROMA: Perceiver encoder to latent tokens, local neural-field decoder by cross-attention
+    (``aroma_latent_neural_field_operator``).
 beno
     BENO: the boundary-embedded message-passing layer (a boundary Transformer conditions each GNN
     step) (``beno_boundary_embedded_operator``).
@@ -87,6 +90,9 @@ gnot
 gnot_moe
     GNOT geometric gating: a mixture-of-experts FFN gated by the point coordinates
     (``gnot_geometric_gating_moe``).
+gnp
+    Geometric Neural Operator (GNP): block-factorised kernel integral on a point-cloud radius graph
+    (``gnp_geometric_neural_operator``).
 ho_fno
     HO-FNO: the higher-order (n-linear) spectral convolution and the HO-FNO block
     (``ho_fno_higher_order_spectral_conv``).
@@ -132,6 +138,9 @@ multiwavelet
     transform and the 1-D ``MWT_CZ1d`` layer (``multiwavelet_operator``).
 nhmo
     NHMO harmonic-measure boundary kernel — registered as **not implemented** (T3).
+nio
+    NIO: Neural Inverse Operator, a DeepONet over operator samples averaged into an FNO
+    (``nio_neural_inverse_operator``).
 oformer
     OFormer linear attention: Galerkin/Fourier-type attention with quadrature weights, masks and
     RoPE (``oformer_attention``).
@@ -168,9 +177,18 @@ schwarz_attention
 scot
     Poseidon / scOT block: time-conditioned LayerNorm around SwinV2 (shifted-)window attention
     (``scot_poseidon_block``).
+sni
+    SNI: Schwarz Neural Inference, relaxed additive Schwarz iterations around a local neural
+    operator (``schwarz_neural_inference``).
+tno
+    TNO: a topological neural operator layer on a 2-complex (fixed DEC routes, learned transforms)
+    (``tno_topological_neural_operator``).
 transolver
     Transolver Physics-Attention: slice the points, attend among the slices, deslice
     (``transolver_physics_attention``).
+vano
+    VANO: variational autoencoding neural operator (Gaussian encoder, function decoder, ELBO)
+    (``vano_variational_autoencoding_operator``).
 vicon
     VICON: the in-context masked patch transformer of Vision In-Context Operator Networks
     (``vicon_in_context_operator``).
@@ -204,6 +222,15 @@ from .aot_pot import (  # noqa: F401
     aot_pot_stream_mixing_backward,
     aot_pot_stream_mixing_forward,
     init_aot_pot_params,
+)
+from .aroma import (  # noqa: F401
+    aroma,
+    aroma_backward,
+    aroma_forward,
+    aroma_init_params,
+    fourier_encode_backward,
+    fourier_encode_forward,
+    nerf_bands,
 )
 from .beno import (  # noqa: F401
     beno_layer,
@@ -379,6 +406,13 @@ from .gnot_moe import (  # noqa: F401
     gnot_geometric_gating_moe_forward,
     gnot_moe_init_params,
 )
+from .gnp import (  # noqa: F401
+    gnp,
+    gnp_backward,
+    gnp_forward,
+    gnp_init_params,
+    gnp_radius_graph,
+)
 from .ho_fno import (  # noqa: F401
     ho_block,
     ho_block_backward,
@@ -490,6 +524,12 @@ from .multiwavelet import (  # noqa: F401
     mwt_decompose,
     mwt_reconstruct,
 )
+from .nio import (  # noqa: F401
+    nio,
+    nio_backward,
+    nio_forward,
+    nio_init_params,
+)
 from .oformer import (  # noqa: F401
     oformer_attention,
     oformer_attention_backward,
@@ -573,11 +613,33 @@ from .scot import (  # noqa: F401
     scot_layer_forward,
     scot_param_shapes,
 )
+from .sni import (  # noqa: F401
+    sni,
+    sni_backward,
+    sni_exact_poisson1d_local_operator,
+    sni_forward,
+    sni_interval_decomposition,
+    sni_pointwise_local_operator,
+)
+from .tno import (  # noqa: F401
+    tno_init_params,
+    tno_layer,
+    tno_layer_backward,
+    tno_layer_forward,
+    tno_split,
+)
 from .transolver import (  # noqa: F401
     transolver_init_params,
     transolver_physics_attention,
     transolver_physics_attention_backward,
     transolver_physics_attention_forward,
+)
+from .vano import (  # noqa: F401
+    vano,
+    vano_backward,
+    vano_forward,
+    vano_init_params,
+    vano_reconstruct,
 )
 from .vicon import (  # noqa: F401
     in_context_mask,
@@ -592,10 +654,11 @@ __all__ = [
     "afno_mixer", "afno_mixer_backward", "afno_mixer_forward", "init_afno_params", "anie_backward", "anie_forward",
     "anie_solve", "init_anie_params", "anisotropic_rbf", "anisotropic_rbf_backward", "anisotropic_rbf_forward",
     "tangent_frames", "aot_pot_stream_mixing", "aot_pot_stream_mixing_backward", "aot_pot_stream_mixing_forward",
-    "init_aot_pot_params", "beno_layer", "beno_layer_backward", "beno_layer_forward", "beno_param_shapes",
-    "boundary_positional_table", "init_beno_params", "cape_block", "cape_block_backward", "cape_block_forward",
-    "init_cape_params", "cno_activation_operators", "cno_block", "cno_block_backward", "cno_block_forward",
-    "cno_lowpass_filter", "cno_resample", "cno_residual_block", "cno_residual_block_backward",
+    "init_aot_pot_params", "aroma", "aroma_backward", "aroma_forward", "aroma_init_params", "fourier_encode_backward",
+    "fourier_encode_forward", "nerf_bands", "beno_layer", "beno_layer_backward", "beno_layer_forward",
+    "beno_param_shapes", "boundary_positional_table", "init_beno_params", "cape_block", "cape_block_backward",
+    "cape_block_forward", "init_cape_params", "cno_activation_operators", "cno_block", "cno_block_backward",
+    "cno_block_forward", "cno_lowpass_filter", "cno_resample", "cno_residual_block", "cno_residual_block_backward",
     "cno_residual_block_forward", "fft_resample_matrix", "kink_margin", "upfirdn_matrix", "codomain_attention",
     "codomain_attention_backward", "codomain_attention_forward", "FFT_NORMS", "axial_kernel_grads", "axial_kernels",
     "cast_complex", "check_tau_clamp", "fft_scales", "irfftn_adjoint", "mirror_count", "orthogonal_init",
@@ -623,40 +686,44 @@ __all__ = [
     "node_pos_encode", "gno_kernel_integral", "gno_kernel_integral_backward", "gno_kernel_integral_forward",
     "init_gno_params", "radius_neighbors", "sinusoidal_embedding", "sinusoidal_embedding_vjp", "gnot_hna_attention",
     "gnot_hna_attention_backward", "gnot_hna_attention_forward", "gnot_hna_init_params", "gnot_geometric_gating_moe",
-    "gnot_geometric_gating_moe_backward", "gnot_geometric_gating_moe_forward", "gnot_moe_init_params", "ho_block",
-    "ho_block_backward", "ho_block_forward", "ho_spectral_conv", "ho_spectral_conv_backward",
-    "ho_spectral_conv_forward", "two_thirds_padding", "hodgeformer_backward", "hodgeformer_forward",
-    "hodgeformer_hodge_attention", "hodgeformer_init_params", "hodgeformer_split", "fourier_features", "hypino_decoder",
-    "hypino_decoder_backward", "hypino_decoder_forward", "hypino_decoder_param_shapes", "init_hypino_decoder_params",
-    "ifactformer_m_attention", "ifactformer_m_attention_backward", "ifactformer_m_attention_forward",
-    "ifactformer_m_axial", "ifactformer_m_axial_backward", "ifactformer_m_axial_forward", "interp_conv2d",
-    "interp_conv2d_backward", "interp_conv2d_forward", "interpolated_kernel_size", "kernel_resampling_matrices",
-    "ipot_inducing_point_operator", "ipot_inducing_point_operator_backward", "ipot_inducing_point_operator_forward",
-    "ipot_init_params", "ipot_model_backward", "ipot_model_forward", "pos2fourier_backward", "pos2fourier_forward",
-    "linear_no_attention", "linear_no_attention_backward", "linear_no_attention_forward", "linear_no_init_params",
-    "linear_scan", "selective_scan", "selective_scan_backward", "selective_scan_forward", "softplus",
-    "init_mno_ss2d_params", "mno_ss2d", "mno_ss2d_backward", "mno_ss2d_forward", "scan_order_permutations",
-    "init_mano_params", "mano_attention", "mano_attention_backward", "mano_attention_forward", "mano_levels",
-    "init_mgno_params", "mgno_layer", "mgno_layer_backward", "mgno_layer_forward", "mgno_param_shapes", "mgno_vcycle",
+    "gnot_geometric_gating_moe_backward", "gnot_geometric_gating_moe_forward", "gnot_moe_init_params", "gnp",
+    "gnp_backward", "gnp_forward", "gnp_init_params", "gnp_radius_graph", "ho_block", "ho_block_backward",
+    "ho_block_forward", "ho_spectral_conv", "ho_spectral_conv_backward", "ho_spectral_conv_forward",
+    "two_thirds_padding", "hodgeformer_backward", "hodgeformer_forward", "hodgeformer_hodge_attention",
+    "hodgeformer_init_params", "hodgeformer_split", "fourier_features", "hypino_decoder", "hypino_decoder_backward",
+    "hypino_decoder_forward", "hypino_decoder_param_shapes", "init_hypino_decoder_params", "ifactformer_m_attention",
+    "ifactformer_m_attention_backward", "ifactformer_m_attention_forward", "ifactformer_m_axial",
+    "ifactformer_m_axial_backward", "ifactformer_m_axial_forward", "interp_conv2d", "interp_conv2d_backward",
+    "interp_conv2d_forward", "interpolated_kernel_size", "kernel_resampling_matrices", "ipot_inducing_point_operator",
+    "ipot_inducing_point_operator_backward", "ipot_inducing_point_operator_forward", "ipot_init_params",
+    "ipot_model_backward", "ipot_model_forward", "pos2fourier_backward", "pos2fourier_forward", "linear_no_attention",
+    "linear_no_attention_backward", "linear_no_attention_forward", "linear_no_init_params", "linear_scan",
+    "selective_scan", "selective_scan_backward", "selective_scan_forward", "softplus", "init_mno_ss2d_params",
+    "mno_ss2d", "mno_ss2d_backward", "mno_ss2d_forward", "scan_order_permutations", "init_mano_params",
+    "mano_attention", "mano_attention_backward", "mano_attention_forward", "mano_levels", "init_mgno_params",
+    "mgno_layer", "mgno_layer_backward", "mgno_layer_forward", "mgno_param_shapes", "mgno_vcycle",
     "init_mino_encoder_params", "init_perceiver_block_params", "mino_encoder", "mino_encoder_backward",
     "mino_encoder_forward", "mino_perceiver_block_backward", "mino_perceiver_block_forward", "mino_sincos_embedding",
     "perceiver_block_spec", "cotap", "cotap_backward", "cotap_forward", "cotap_project", "init_cotap_params",
     "init_mwt_cz1d_params", "multiwavelet_filters", "mwt_cz1d", "mwt_cz1d_backward", "mwt_cz1d_forward",
-    "mwt_decompose", "mwt_reconstruct", "oformer_attention", "oformer_attention_backward", "oformer_attention_forward",
-    "oformer_init_params", "cholesky_vjp", "ono_attention", "ono_attention_backward", "ono_attention_forward",
-    "psd_safe_cholesky", "init_pde_channel_attention_params", "pde_channel_attention", "pde_channel_attention_backward",
-    "pde_channel_attention_forward", "dag_spatial_bias", "init_pdeformer_attention_params", "init_pdeformer_inr_params",
-    "pdeformer_attention", "pdeformer_attention_backward", "pdeformer_attention_forward", "pdeformer_inr_backward",
-    "pdeformer_inr_forward", "PHYSGTO_VARIANTS", "init_physgto_attention_params", "physgto_attention",
-    "physgto_attention_backward", "physgto_attention_forward", "init_pibert_attention_params", "pibert_attention",
-    "pibert_attention_backward", "pibert_attention_forward", "residual_norm_bias", "init_pinnsformer_params",
-    "make_time_sequence", "pinnsformer", "pinnsformer_backward", "pinnsformer_forward", "pinnsformer_param_shapes",
-    "wave_activation", "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto",
-    "pinto_backward", "pinto_forward", "PROSE_TIME_EMBEDS", "init_prose_decoder_params", "prose_decoder",
-    "prose_decoder_backward", "prose_decoder_forward", "coarse_hat_basis", "overlapping_subdomains",
-    "partition_of_unity", "schwarz_attention", "schwarz_attention_backward", "schwarz_attention_forward",
-    "conditional_layer_norm", "init_scot_params", "scot_layer", "scot_layer_backward", "scot_layer_forward",
-    "scot_param_shapes", "transolver_init_params", "transolver_physics_attention",
-    "transolver_physics_attention_backward", "transolver_physics_attention_forward", "in_context_mask",
+    "mwt_decompose", "mwt_reconstruct", "nio", "nio_backward", "nio_forward", "nio_init_params", "oformer_attention",
+    "oformer_attention_backward", "oformer_attention_forward", "oformer_init_params", "cholesky_vjp", "ono_attention",
+    "ono_attention_backward", "ono_attention_forward", "psd_safe_cholesky", "init_pde_channel_attention_params",
+    "pde_channel_attention", "pde_channel_attention_backward", "pde_channel_attention_forward", "dag_spatial_bias",
+    "init_pdeformer_attention_params", "init_pdeformer_inr_params", "pdeformer_attention",
+    "pdeformer_attention_backward", "pdeformer_attention_forward", "pdeformer_inr_backward", "pdeformer_inr_forward",
+    "PHYSGTO_VARIANTS", "init_physgto_attention_params", "physgto_attention", "physgto_attention_backward",
+    "physgto_attention_forward", "init_pibert_attention_params", "pibert_attention", "pibert_attention_backward",
+    "pibert_attention_forward", "residual_norm_bias", "init_pinnsformer_params", "make_time_sequence", "pinnsformer",
+    "pinnsformer_backward", "pinnsformer_forward", "pinnsformer_param_shapes", "wave_activation",
+    "wave_activation_backward", "wave_activation_forward", "init_pinto_params", "pinto", "pinto_backward",
+    "pinto_forward", "PROSE_TIME_EMBEDS", "init_prose_decoder_params", "prose_decoder", "prose_decoder_backward",
+    "prose_decoder_forward", "coarse_hat_basis", "overlapping_subdomains", "partition_of_unity", "schwarz_attention",
+    "schwarz_attention_backward", "schwarz_attention_forward", "conditional_layer_norm", "init_scot_params",
+    "scot_layer", "scot_layer_backward", "scot_layer_forward", "scot_param_shapes", "sni", "sni_backward",
+    "sni_exact_poisson1d_local_operator", "sni_forward", "sni_interval_decomposition", "sni_pointwise_local_operator",
+    "tno_init_params", "tno_layer", "tno_layer_backward", "tno_layer_forward", "tno_split", "transolver_init_params",
+    "transolver_physics_attention", "transolver_physics_attention_backward", "transolver_physics_attention_forward",
+    "vano", "vano_backward", "vano_forward", "vano_init_params", "vano_reconstruct", "in_context_mask",
     "init_vicon_params", "vicon", "vicon_backward", "vicon_forward", "vicon_param_shapes",
 ]

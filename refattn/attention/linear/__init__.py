@@ -17,9 +17,20 @@ atlas_omega
 combiner
     Combiner: full (causal) attention through a structured factorisation of the attention
     distribution (``combiner_attention``).
+condaformer
+    ConDaFormer disassembled window attention: the cubic window of a 3-D point-cloud transformer
+    split into three orthogonal planar windows (xy, xz, yz), a third of the heads on each, with
+    contextual relative position encodings, and the "local structure enhancement" — sparse depthwise
+    convolutions before and after the attention — of upstream's ``Window_Attention``
+    (``condaformer_planar_window_attention``).
 core
     Helpers shared by the linear / kernel attention family, under public names: feature maps, the
     linear-attention core (non-causal form and causal prefix-state scan) and input validation.
+das_gate
+    DAS: a deformable-convolution attention gate for CNNs — a depthwise-separable convolution, then
+    a deformable convolution that reads the feature map at learned, input-dependent points, whose
+    sigmoid gates the input: $y = x\odot\sigma(\mathrm{DeformConv}(\mathrm{DSConv}(x)))$, $O(n)$ in
+    the number of pixels (``das_deformable_attention_gate``).
 drsformer_tksa
     DRSformer TKSA: top-k sparse channel ("transposed") attention with mixed sparsity ratios
     (``drsformer_topk_channel_attention``).
@@ -32,9 +43,20 @@ ecoformer
 efficient
     Efficient Attention (Shen et al.): softmax over each query's features and over each key
     feature's positions, so attention costs $O(Md\,d_v)$ (``efficient_attention_shen``).
+etc_attention
+    ETC global–local attention: a few global tokens attend to everything, long tokens attend to a
+    band of radius $r$ of long tokens plus all global tokens, with Shaw-style relative position ids
+    in every piece (g2g, g2l, l2g, l2l) — upstream's ``FusedGlobalLocalAttention``
+    (``etc_global_local_attention``).
 fastmax
     Fastmax (FAST): factorisable polynomial-kernel attention, the truncated Taylor series of softmax
     (``fastmax_polynomial_attention``).
+flatformer
+    FlatFormer: flattened window attention — points sorted window by window, split into groups of
+    EQUAL SIZE (not equal-shape windows), softmax attention within each group, un-permuted; the full
+    FlatFormer layer (group attention with a coordinate encoding on queries and keys, post-norm
+    residual, GELU MLP) and the four-layer block that alternates the sorting axis and shifts
+    (``flatformer_flattened_window_attention``).
 fourier_dct
     Fourier Transformer: DCT-based sequence truncation before softmax attention
     (``fourier_transformer_dct``).
@@ -89,6 +111,11 @@ rpe_fft
     Kernelized attention with relative positional encoding via FFT (Luo et al.): Performer features
     weighted by a Toeplitz matrix $e^{b_{j-i}}$, applied in $O(N\log N)$ by FFT
     (``kernelized_attention_rpe_fft``).
+seqcond
+    SeqCond Attention (SCA): a linear-time spectral sequence operator whose state is a running,
+    score-weighted average of each key's complex phase $k\,e^{i\varphi(k)}$, read out by complex
+    queries, then a gated RMSNorm, a per-head sigmoid-gated readout (upstream's "SwiGLU") and an
+    output projection (``seqcond_attention``).
 set_transformer
     Set Transformer blocks: MAB, SAB, ISAB (inducing points) and PMA, with hand-derived backwards
     (``set_transformer_blocks``).
@@ -104,6 +131,10 @@ spectraformer
 stack_attention
     Stack attention, superposition variant: a differentiable stack (Joulin & Mikolov) driven by
     per-token push/pop/no-op probabilities, read at the top after every step (``stack_attention``).
+tcnca
+    TCNCA: MEGA's moving-average gated attention with the exponential moving average replaced by a
+    dilated temporal convolutional network, and softmax attention restricted to non-overlapping
+    chunks (block-diagonal), so the layer costs $O(L)$ (``tcnca_chunked_attention``).
 titans
     Titans neural long-term memory, linear-memory case: a matrix memory trained at test time by
     gradient descent with momentum ("surprise") and forgetting, read with the queries
@@ -143,6 +174,14 @@ from .combiner import (  # noqa: F401
     combiner_dense_matrix,
     combiner_region_summaries,
 )
+from .condaformer import (  # noqa: F401
+    CONDAFORMER_PLANES,
+    condaformer_attention,
+    condaformer_attention_backward,
+    condaformer_attention_forward,
+    condaformer_plane_windows,
+    init_condaformer_params,
+)
 from .core import (  # noqa: F401
     FEATURE_MAPS,
     feature_map_backward,
@@ -156,6 +195,13 @@ from .core import (  # noqa: F401
     scatter_add_rows,
     topk_keep,
     validate_linear_qkv,
+)
+from .das_gate import (  # noqa: F401
+    das_attention_gate,
+    das_attention_gate_backward,
+    das_attention_gate_forward,
+    das_sampling_points,
+    init_das_params,
 )
 from .drsformer_tksa import (  # noqa: F401
     DRSFORMER_RATIOS,
@@ -188,6 +234,16 @@ from .efficient import (  # noqa: F401
     efficient_attention_layer_backward,
     efficient_attention_layer_forward,
 )
+from .etc_attention import (  # noqa: F401
+    ETC_ROLES,
+    etc_band_indices,
+    etc_global_local_attention,
+    etc_global_local_attention_backward,
+    etc_global_local_attention_forward,
+    etc_local_relative_position_ids,
+    etc_relative_position_ids,
+    init_etc_params,
+)
 from .fastmax import (  # noqa: F401
     FASTMAX_NORMALIZE,
     fastmax_attention,
@@ -196,6 +252,19 @@ from .fastmax import (  # noqa: F401
     fastmax_forward,
     fastmax_normalize_backward,
     fastmax_normalize_forward,
+)
+from .flatformer import (  # noqa: F401
+    FLATFORMER_BLOCK_ORDERS,
+    equal_size_groups,
+    flatformer_block,
+    flatformer_block_backward,
+    flatformer_block_forward,
+    flatformer_layer,
+    flatformer_layer_backward,
+    flatformer_layer_forward,
+    flatformer_positional_embedding,
+    flattened_window_order,
+    init_flatformer_params,
 )
 from .fourier_dct import (  # noqa: F401
     dct_ortho,
@@ -355,6 +424,13 @@ from .rpe_fft import (  # noqa: F401
     toeplitz_dense,
     toeplitz_matvec_fft,
 )
+from .seqcond import (  # noqa: F401
+    init_seqcond_params,
+    seqcond_attention,
+    seqcond_attention_backward,
+    seqcond_attention_forward,
+    seqcond_sizes,
+)
 from .set_transformer import (  # noqa: F401
     BLOCKS,
     mab_backward,
@@ -404,6 +480,13 @@ from .stack_attention import (  # noqa: F401
     stack_attention_backward,
     stack_attention_forward,
     superposition_stack_forward,
+)
+from .tcnca import (  # noqa: F401
+    init_tcnca_params,
+    tcn_forward,
+    tcnca_attention,
+    tcnca_attention_backward,
+    tcnca_attention_forward,
 )
 from .titans import (  # noqa: F401
     memory_l2,
@@ -468,22 +551,30 @@ __all__ = [
     "atlas_omega", "atlas_omega_backward", "atlas_omega_forward", "omega_rule_scan", "COMBINER_POOLING",
     "COMBINER_VARIANTS", "combiner_attention", "combiner_attention_backward", "combiner_attention_forward",
     "combiner_core_backward", "combiner_core_forward", "combiner_dense_matrix", "combiner_region_summaries",
-    "FEATURE_MAPS", "feature_map_backward", "feature_map_forward", "gather_rows", "l2_normalize", "l2_normalize_vjp",
-    "linear_core_backward", "linear_core_forward", "mT", "scatter_add_rows", "topk_keep", "validate_linear_qkv",
+    "CONDAFORMER_PLANES", "condaformer_attention", "condaformer_attention_backward", "condaformer_attention_forward",
+    "condaformer_plane_windows", "init_condaformer_params", "FEATURE_MAPS", "feature_map_backward",
+    "feature_map_forward", "gather_rows", "l2_normalize", "l2_normalize_vjp", "linear_core_backward",
+    "linear_core_forward", "mT", "scatter_add_rows", "topk_keep", "validate_linear_qkv", "das_attention_gate",
+    "das_attention_gate_backward", "das_attention_gate_forward", "das_sampling_points", "init_das_params",
     "DRSFORMER_RATIOS", "drsformer_tksa", "drsformer_tksa_backward", "drsformer_tksa_forward", "drsformer_topk_sizes",
     "BIAS_FORMS", "dynamic_mask_attention", "dynamic_mask_attention_backward", "dynamic_mask_attention_forward",
     "dynamic_mask_bias", "binary_linear_attention_backward", "binary_linear_attention_forward", "ecoformer_attention",
     "ecoformer_attention_backward", "ecoformer_attention_forward", "ecoformer_hash_backward", "ecoformer_hash_forward",
     "efficient_attention", "efficient_attention_backward", "efficient_attention_forward", "efficient_attention_layer",
-    "efficient_attention_layer_backward", "efficient_attention_layer_forward", "FASTMAX_NORMALIZE", "fastmax_attention",
-    "fastmax_backward", "fastmax_features", "fastmax_forward", "fastmax_normalize_backward",
-    "fastmax_normalize_forward", "dct_ortho", "dct_truncate", "dct_truncate_vjp", "fourier_dct_attention",
-    "fourier_dct_attention_backward", "fourier_dct_attention_forward", "idct_ortho", "causal_fft_conv",
-    "causal_fft_conv_vjp", "hyena_filter_backward", "hyena_filter_forward", "hyena_modulation_deltas", "hyena_operator",
-    "hyena_operator_backward", "hyena_operator_forward", "hyena_positional_embedding", "init_hyena_operator_params",
-    "focus_map_backward", "focus_map_forward", "hypformer_attention", "hypformer_attention_backward",
-    "hypformer_attention_forward", "lorentz_lift", "lorentz_lift_backward", "informer_attention",
-    "informer_attention_backward", "informer_attention_forward", "informer_distil_backward", "informer_distil_forward",
+    "efficient_attention_layer_backward", "efficient_attention_layer_forward", "ETC_ROLES", "etc_band_indices",
+    "etc_global_local_attention", "etc_global_local_attention_backward", "etc_global_local_attention_forward",
+    "etc_local_relative_position_ids", "etc_relative_position_ids", "init_etc_params", "FASTMAX_NORMALIZE",
+    "fastmax_attention", "fastmax_backward", "fastmax_features", "fastmax_forward", "fastmax_normalize_backward",
+    "fastmax_normalize_forward", "FLATFORMER_BLOCK_ORDERS", "equal_size_groups", "flatformer_block",
+    "flatformer_block_backward", "flatformer_block_forward", "flatformer_layer", "flatformer_layer_backward",
+    "flatformer_layer_forward", "flatformer_positional_embedding", "flattened_window_order", "init_flatformer_params",
+    "dct_ortho", "dct_truncate", "dct_truncate_vjp", "fourier_dct_attention", "fourier_dct_attention_backward",
+    "fourier_dct_attention_forward", "idct_ortho", "causal_fft_conv", "causal_fft_conv_vjp", "hyena_filter_backward",
+    "hyena_filter_forward", "hyena_modulation_deltas", "hyena_operator", "hyena_operator_backward",
+    "hyena_operator_forward", "hyena_positional_embedding", "init_hyena_operator_params", "focus_map_backward",
+    "focus_map_forward", "hypformer_attention", "hypformer_attention_backward", "hypformer_attention_forward",
+    "lorentz_lift", "lorentz_lift_backward", "informer_attention", "informer_attention_backward",
+    "informer_attention_forward", "informer_distil_backward", "informer_distil_forward",
     "probsparse_attention_backward", "probsparse_attention_forward", "probsparse_index_sample", "probsparse_measure",
     "probsparse_sizes", "INFSA_VARIANTS", "infsa_attention", "infsa_attention_backward", "infsa_attention_forward",
     "infsa_scores_backward", "infsa_scores_forward", "causal_linear_attention_backward",
@@ -506,7 +597,8 @@ __all__ = [
     "reformer_lsh_attention", "reformer_lsh_attention_backward", "reformer_lsh_attention_forward", "CAUSAL_RULES",
     "routing_assignments", "routing_attention", "routing_attention_backward", "routing_attention_forward",
     "routing_kmeans_ema_update", "kernelized_rpe", "kernelized_rpe_backward", "kernelized_rpe_forward",
-    "toeplitz_correlation_fft", "toeplitz_dense", "toeplitz_matvec_fft", "BLOCKS", "mab_backward", "mab_forward",
+    "toeplitz_correlation_fft", "toeplitz_dense", "toeplitz_matvec_fft", "init_seqcond_params", "seqcond_attention",
+    "seqcond_attention_backward", "seqcond_attention_forward", "seqcond_sizes", "BLOCKS", "mab_backward", "mab_forward",
     "set_transformer", "set_transformer_backward", "set_transformer_forward", "sinkformer_attention",
     "sinkformer_backward", "sinkformer_forward", "sinkformer_layer", "sinkformer_layer_backward",
     "sinkformer_layer_forward", "sinkhorn_log", "sinkhorn_log_vjp", "SPARSEK_GATES", "sparsek_attention",
@@ -515,14 +607,16 @@ __all__ = [
     "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp", "spectraformer_attention",
     "spectraformer_backward", "spectraformer_features_backward", "spectraformer_features_forward",
     "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard", "stack_attention",
-    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "memory_l2", "memory_l2_vjp",
-    "titans_memory", "titans_memory_backward", "titans_memory_forward", "titans_memory_scan", "validate_memory_params",
-    "mips_to_nns", "topk_attention", "topk_attention_backward", "topk_attention_forward", "topk_selection",
-    "TRANSNORMER_FEATURE_MAPS", "TRANSNORMER_NORMS", "diag_attention_backward", "diag_attention_forward", "transnormer",
-    "transnormer_backward", "transnormer_forward", "transnormer_layer", "transnormer_layer_backward",
-    "transnormer_layer_forward", "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention", "udit_attention_backward",
-    "udit_attention_forward", "udit_polyphase_merge", "udit_polyphase_split", "udit_rope2d_angles",
-    "VCC_SCORE_GRADIENTS", "vcc_block_relevance", "vcc_layer", "vcc_layer_backward", "vcc_layer_forward",
-    "vcc_sort_tokens", "WAVELET_BOUNDARIES", "daubechies_filter", "wavedec", "wavedec_vjp", "wavelet_qmf", "waverec",
-    "waverec_vjp", "wavspa_attention", "wavspa_attention_backward", "wavspa_attention_forward",
+    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "init_tcnca_params",
+    "tcn_forward", "tcnca_attention", "tcnca_attention_backward", "tcnca_attention_forward", "memory_l2",
+    "memory_l2_vjp", "titans_memory", "titans_memory_backward", "titans_memory_forward", "titans_memory_scan",
+    "validate_memory_params", "mips_to_nns", "topk_attention", "topk_attention_backward", "topk_attention_forward",
+    "topk_selection", "TRANSNORMER_FEATURE_MAPS", "TRANSNORMER_NORMS", "diag_attention_backward",
+    "diag_attention_forward", "transnormer", "transnormer_backward", "transnormer_forward", "transnormer_layer",
+    "transnormer_layer_backward", "transnormer_layer_forward", "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention",
+    "udit_attention_backward", "udit_attention_forward", "udit_polyphase_merge", "udit_polyphase_split",
+    "udit_rope2d_angles", "VCC_SCORE_GRADIENTS", "vcc_block_relevance", "vcc_layer", "vcc_layer_backward",
+    "vcc_layer_forward", "vcc_sort_tokens", "WAVELET_BOUNDARIES", "daubechies_filter", "wavedec", "wavedec_vjp",
+    "wavelet_qmf", "waverec", "waverec_vjp", "wavspa_attention", "wavspa_attention_backward",
+    "wavspa_attention_forward",
 ]

@@ -11,7 +11,8 @@ import numpy as np
 from ...nn.softmax import softmax_lse
 from .core import mT
 
-__all__ = ["random_qkv", "fd_max_rel", "softmax_attention_reference", "topk_margin", "draw_until"]
+__all__ = ["random_qkv", "fd_max_rel", "softmax_attention_reference", "topk_margin", "draw_until",
+           "reference_gradient_error"]
 
 
 def random_qkv(rng, size, *, same_length=True, d=None, dv=None):
@@ -74,3 +75,26 @@ def draw_until(rng, draw, margin, minimum, tries=2000):
         if margin(out) >= minimum:
             return out
     raise RuntimeError(f"no draw with margin >= {minimum} in {tries} tries")
+
+
+def reference_gradient_error(forward, backward, reference, sample, rng, eps=1e-5):
+    """Relative error between the fast form's analytic directional derivative
+    $\\sum_a\\langle\bar a, u_a\rangle$ (``backward`` at upstream gradient ``G``) and the central
+    difference of the explicit form, $\\partial_t\\langle G, \\mathrm{ref}(a + tu)\rangle$, along one
+    random direction ``u`` over every input and parameter: "the fast form's gradients equal the
+    explicit form's" (the explicit form is differentiated numerically, so agreement is ~1e-8)."""
+    arrays = sample.arrays()
+    out, cache = forward(**sample.inputs, params=sample.params, **sample.config)
+    G = rng.standard_normal(np.shape(out))
+    g = backward(G, cache)
+    u = {k: rng.standard_normal(np.shape(v)) for k, v in arrays.items()}
+
+    def f(t):
+        a = {k: v + t * u[k] for k, v in arrays.items()}
+        inputs = {k: a[k] for k in sample.inputs}
+        params = {k: a[k] for k in (sample.params or {})}
+        return float(np.sum(G * reference(**inputs, params=params, **sample.config)))
+
+    fd = (f(eps) - f(-eps)) / (2 * eps)
+    an = sum(float(np.sum(g[k] * u[k])) for k in arrays)
+    return abs(fd - an) / max(abs(an), 1e-12)
