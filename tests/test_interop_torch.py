@@ -22,6 +22,7 @@ upstream), kept compact:
 * LinearNO — HiPRL/LinearNO ``Standard_PDE_Benchmark/model/LinearAttnNeuralOperator.py``@3f2b80d
   (``LinearNO``, ``LinearNO_temp``);
 * Set Transformer — juho-lee/set_transformer ``modules.py`` (``MAB``, ``SAB``, ``ISAB``, ``PMA``);
+* Restormer MDTA — swz30/Restormer ``basicsr/models/archs/restormer_arch.py``@861974a (``Attention``);
 * scOT — camlab-ethz/poseidon ``scOT/model.py``@b8fa28f (``ScOTLayer``; forward of
   ``tests/test_neural_operators.py``);
 * FNO — zongyi-li/fourier_neural_operator ``fourier_2d.py``@4ed7737 (``SpectralConv2d``);
@@ -284,6 +285,27 @@ class CrateTransformer(nn.Module):
         for attn, ff in self.layers:
             x = ff(attn(x) + x)
         return x
+
+
+class RestormerAttention(nn.Module):
+    """swz30/Restormer ``basicsr/models/archs/restormer_arch.py``@861974a ``Attention`` (MDTA); einops
+    replaced by reshape."""
+
+    def __init__(self, dim, num_heads, bias):
+        super().__init__()
+        self.num_heads = num_heads
+        self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
+        self.qkv = nn.Conv2d(dim, dim * 3, kernel_size=1, bias=bias)
+        self.qkv_dwconv = nn.Conv2d(dim * 3, dim * 3, kernel_size=3, stride=1, padding=1, groups=dim * 3, bias=bias)
+        self.project_out = nn.Conv2d(dim, dim, kernel_size=1, bias=bias)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        q, k, v = (t.reshape(b, self.num_heads, c // self.num_heads, h * w)
+                   for t in self.qkv_dwconv(self.qkv(x)).chunk(3, dim=1))
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        attn = ((q @ k.transpose(-2, -1)) * self.temperature).softmax(dim=-1)
+        return self.project_out((attn @ v).reshape(b, c, h, w))
 
 
 class MultiheadDiffAttn(nn.Module):
@@ -788,6 +810,17 @@ def test_set_transformer(block, make):
     _assert_pass(check_module(make(), "set_transformer_blocks"))
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_restormer_mdta(bias):
+    torch.manual_seed(5)
+    m = RestormerAttention(6, 3, bias)
+    with torch.no_grad():
+        m.temperature.copy_(torch.tensor([0.5, 1.5, 3.0]).view(3, 1, 1))
+    r = _assert_pass(check_module(m, "transposed_channel_attention"))
+    assert {"x", "temperature", "qkv.weight", "qkv_dwconv.weight", "project_out.weight"} <= set(r.grads_compared)
+    assert ("qkv_dwconv.bias" in r.grads_compared) == bias
+
+
 @pytest.mark.parametrize("shift", [0, 1])
 def test_scot_poseidon_layer(shift):
     torch.manual_seed(7 + shift)
@@ -924,6 +957,7 @@ def test_coverage_sorts_every_catalogue_mechanism():
     (lambda: GALE(6, state_mixing_mode="concat_project"), "geotransolver_gale"),
     (lambda: ScOTLayer(4, 2, 2, 1), "scot_poseidon_block"),
     (lambda: LayerScale_Block_CA(8, 2, qkv_bias=True), "class_attention"),
+    (lambda: RestormerAttention(6, 3, True), "transposed_channel_attention"),
 ])
 def test_grads_to_state_dict_inverts_the_map(make, slug):
     m = make()

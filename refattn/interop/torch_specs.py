@@ -608,6 +608,14 @@ def _crate_call(module, inp, cfg):
     return module(inp["z"])
 
 
+# ---- Restormer MDTA (conv projections; kernels keep torch's layout)
+
+
+def _mdta_build(rng, p, cfg, z):
+    h, w = 2 + z["n"] % 4, 3 + z["n"] % 3
+    return {"x": rng.standard_normal((z["b"], p["qkv.weight"].shape[1], h, w))}, {}
+
+
 add_specs(
     Spec("multi_head_attention", "PyTorch torch/nn/modules/activation.py (torch.nn.MultiheadAttention)",
           rules=None, call=_mha_call, build=_mha_build,
@@ -665,6 +673,12 @@ add_specs(
                 _Named(r"to_out\.0\.bias|[qkv]_norm\.(weight|bias)", False)],
          required=("to_qkv.weight",), call=_call_x, build=_oformer_build,
          attrs={"n_head": "heads"}, defaults={"norm_axis": "channels"}),
+    Spec("transposed_channel_attention", "swz30/Restormer basicsr/models/archs/restormer_arch.py@861974a (Attention, "
+         "MDTA: projection='conv')",
+         rules=[_Named(r"(qkv|qkv_dwconv|project_out)\.(weight|bias)|temperature", False)],
+         required=("qkv.weight", "qkv_dwconv.weight", "project_out.weight", "temperature"),
+         call=_call_x, build=_mdta_build, attrs={"num_heads": "num_heads"}, defaults={"projection": "conv"},
+         unsupported={"proj.weight": "the linear form (XCiT XCA / DAT) is not mapped; Restormer's conv MDTA is"}),
     Spec("transolver_physics_attention", "thuml/Transolver PDE-Solving-StandardBenchmark/model/Physics_Attention.py@1f53c15 "
           "(Physics_Attention_Irregular_Mesh; Structured_Mesh_2D/3D with mesh_shape=)",
           rules=_transolver_rules,
