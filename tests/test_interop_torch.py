@@ -23,6 +23,7 @@ upstream), kept compact:
   (``LinearNO``, ``LinearNO_temp``);
 * Set Transformer — juho-lee/set_transformer ``modules.py`` (``MAB``, ``SAB``, ``ISAB``, ``PMA``);
 * Restormer MDTA — swz30/Restormer ``basicsr/models/archs/restormer_arch.py``@861974a (``Attention``);
+* XCiT XCA — facebookresearch/xcit ``xcit.py``@9a7df94 (``XCA``);
 * scOT — camlab-ethz/poseidon ``scOT/model.py``@b8fa28f (``ScOTLayer``; forward of
   ``tests/test_neural_operators.py``);
 * FNO — zongyi-li/fourier_neural_operator ``fourier_2d.py``@4ed7737 (``SpectralConv2d``);
@@ -306,6 +307,25 @@ class RestormerAttention(nn.Module):
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         attn = ((q @ k.transpose(-2, -1)) * self.temperature).softmax(dim=-1)
         return self.project_out((attn @ v).reshape(b, c, h, w))
+
+
+class XCA(nn.Module):
+    """facebookresearch/xcit ``xcit.py``@9a7df94 ``XCA`` (cross-covariance attention; dropout omitted)."""
+
+    def __init__(self, dim, num_heads=8, qkv_bias=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = (t.transpose(-2, -1) for t in (qkv[0], qkv[1], qkv[2]))
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        attn = ((q @ k.transpose(-2, -1)) * self.temperature).softmax(dim=-1)
+        return self.proj((attn @ v).permute(0, 3, 1, 2).reshape(B, N, C))
 
 
 class MultiheadDiffAttn(nn.Module):
@@ -821,6 +841,17 @@ def test_restormer_mdta(bias):
     assert ("qkv_dwconv.bias" in r.grads_compared) == bias
 
 
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_xcit_xca(qkv_bias):
+    torch.manual_seed(6)
+    m = XCA(8, num_heads=2, qkv_bias=qkv_bias)
+    with torch.no_grad():
+        m.temperature.copy_(torch.tensor([0.7, 2.0]).view(2, 1, 1))
+    r = _assert_pass(check_module(m, "transposed_channel_attention"))
+    assert {"x", "temperature", "qkv.weight", "proj.weight", "proj.bias"} <= set(r.grads_compared)
+    assert ("qkv.bias" in r.grads_compared) == qkv_bias
+
+
 @pytest.mark.parametrize("shift", [0, 1])
 def test_scot_poseidon_layer(shift):
     torch.manual_seed(7 + shift)
@@ -958,6 +989,7 @@ def test_coverage_sorts_every_catalogue_mechanism():
     (lambda: ScOTLayer(4, 2, 2, 1), "scot_poseidon_block"),
     (lambda: LayerScale_Block_CA(8, 2, qkv_bias=True), "class_attention"),
     (lambda: RestormerAttention(6, 3, True), "transposed_channel_attention"),
+    (lambda: XCA(8, 2, qkv_bias=True), "transposed_channel_attention"),
 ])
 def test_grads_to_state_dict_inverts_the_map(make, slug):
     m = make()

@@ -290,6 +290,8 @@ class Spec:
     """infer(state_dict keys) -> config the weights imply (check_module; your config wins)"""
     save_pick: Callable = None
     """save_pick(grads) -> the rules to use for the inverse map (when the load rules depend on keys)"""
+    load_pick: Callable = None
+    """load_pick(state_dict keys) -> the rules to load with (when the upstream layout shows in the keys)"""
 
 
 SPECS: dict[str, Spec] = {}
@@ -608,10 +610,23 @@ def _crate_call(module, inp, cfg):
     return module(inp["z"])
 
 
-# ---- Restormer MDTA (conv projections; kernels keep torch's layout)
+# ---- Transposed channel attention: Restormer's MDTA (conv; kernels keep torch's layout) or XCiT's XCA (Linear)
+
+_MDTA_RULES = [_Named(r"(qkv|qkv_dwconv|project_out)\.(weight|bias)|temperature", False)]
+_XCA_RULES = [_Named(r"(qkv|proj)\.weight", True), _Named(r"(qkv|proj)\.bias|temperature", False)]
 
 
-def _mdta_build(rng, p, cfg, z):
+def _channel_pick(keys):
+    return _XCA_RULES if "proj.weight" in keys else _MDTA_RULES
+
+
+def _channel_infer(keys):
+    return {"projection": "linear" if "proj.weight" in keys else "conv"}
+
+
+def _channel_build(rng, p, cfg, z):
+    if p["qkv.weight"].ndim == 2:  # XCA: tokens (B, N, C)
+        return {"x": rng.standard_normal((z["b"], z["n"], p["qkv.weight"].shape[0]))}, {}
     h, w = 2 + z["n"] % 4, 3 + z["n"] % 3
     return {"x": rng.standard_normal((z["b"], p["qkv.weight"].shape[1], h, w))}, {}
 
@@ -674,11 +689,10 @@ add_specs(
          required=("to_qkv.weight",), call=_call_x, build=_oformer_build,
          attrs={"n_head": "heads"}, defaults={"norm_axis": "channels"}),
     Spec("transposed_channel_attention", "swz30/Restormer basicsr/models/archs/restormer_arch.py@861974a (Attention, "
-         "MDTA: projection='conv')",
-         rules=[_Named(r"(qkv|qkv_dwconv|project_out)\.(weight|bias)|temperature", False)],
-         required=("qkv.weight", "qkv_dwconv.weight", "project_out.weight", "temperature"),
-         call=_call_x, build=_mdta_build, attrs={"num_heads": "num_heads"}, defaults={"projection": "conv"},
-         unsupported={"proj.weight": "the linear form (XCiT XCA / DAT) is not mapped; Restormer's conv MDTA is"}),
+         "MDTA: projection='conv'); facebookresearch/xcit xcit.py@9a7df94 (XCA: projection='linear')",
+         rules=_MDTA_RULES, required=("qkv.weight", "temperature"), load_pick=_channel_pick,
+         save_pick=_channel_pick, call=_call_x, build=_channel_build,
+         attrs={"num_heads": "num_heads"}, infer=_channel_infer),
     Spec("transolver_physics_attention", "thuml/Transolver PDE-Solving-StandardBenchmark/model/Physics_Attention.py@1f53c15 "
           "(Physics_Attention_Irregular_Mesh; Structured_Mesh_2D/3D with mesh_shape=)",
           rules=_transolver_rules,
@@ -732,4 +746,6 @@ add_specs(
 def load_rules(spec: Spec, keys, config) -> list:
     if spec.slug == "multi_head_attention":
         return _MHA_FUSED if _mha_fused(keys) else _MHA_SEPARATE
+    if spec.load_pick is not None:
+        return spec.load_pick(keys)
     return spec.rules(config) if callable(spec.rules) else spec.rules
