@@ -345,6 +345,7 @@ def _check_tied_gradient_is_the_sum(rng):
 register(
     Mechanism(
         slug="looped_transformer", family="5-building-blocks", tier="T2",
+        official_code="Leiay/looped_transformer scripts/models.py@6b3bdb2 (TransformerModelLooped)",
         title="Looped (weight-tied) transformer with input injection; AlgoFormer pre/loop/post",
         paper="Yang, Lee, Nowak, Papailiopoulos, Looped Transformers are Better at Learning Learning Algorithms, "
               "ICLR 2024, arXiv 2311.12424; Gao et al., AlgoFormer: An Efficient Transformer Framework with "

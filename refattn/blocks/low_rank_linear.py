@@ -187,6 +187,7 @@ def _check_eckart_young(rng):
 register(
     Mechanism(
         slug="low_rank_factorized_linear", family="5-building-blocks", tier="T2",
+        official_code="SamuelCahyawijaya/greenformer src/py_auto_fact/lr_module.py@2f81f96 (LED)",
         title="Low-rank factorised linear layer y = (xE)D + b (LED unit), with truncated-SVD initialisation",
         paper="Winata, Cahyawijaya, Lin, Liu, Fung, Lightweight and Efficient End-to-End Speech Recognition Using "
               "Low-Rank Transformer, ICASSP 2020, arXiv 1910.13923",

@@ -539,6 +539,7 @@ def _check_uniform_router_loss(rng):
 register(
     Mechanism(
         slug="moe_topk_gating", family="5-building-blocks", tier="T2",
+        official_code="huggingface/transformers src/transformers/models/mixtral/modeling_mixtral.py@00d4b3d (MixtralSparseMoeBlock)",
         title="Top-k mixture-of-experts FFN (softmax/top-k order, renormalisation, capacity, dynamic k, "
               "load-balancing and z-losses)",
         paper="Zheng, Ren, Xia, Xiao, Xie, Dense2MoE: Restructuring Diffusion Transformer to MoE for Efficient "

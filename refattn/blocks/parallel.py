@@ -256,6 +256,7 @@ def _check_shared_norm_gradient_is_the_sum(rng):
 register(
     Mechanism(
         slug="parallel_attention_mlp_block", family="5-building-blocks", tier="T2",
+        official_code="huggingface/transformers src/transformers/models/gptj/modeling_gptj.py@00b676f (GPTJBlock)",
         title="Parallel attention + MLP block y = x + A(LN x) + MLP(LN x) (shared or separate norms)",
         paper="Zhong, Zhang, Chakraborty, Dey, A Neural ODE Interpretation of Transformer Layers, "
               "arXiv 2212.06011 (2022)",

@@ -306,6 +306,7 @@ def _check_plain_embedding_is_not_equivariant(rng):
 register(
     Mechanism(
         slug="polyphase_anchoring", family="5-building-blocks", tier="T2",
+        official_code="willding123/Shift-Equivariant-Vision-Transformers models/poly_utils.py@c8cd2ef",
         title="Adaptive polyphase anchoring: roll the max-norm polyphase component to the origin before patch embedding",
         paper="Ding, Soselia, Armstrong, Su, Huang, Reviving Shift Equivariance in Vision Transformers, "
               "arXiv 2306.07470 (2023) (the catalogue's citation, Rojas-Gomez et al. CVPR 2024, is a related work)",

@@ -241,6 +241,7 @@ def _check_mixes_tokens(rng):
 register(
     Mechanism(
         slug="shallow_ffn_attention_replacement", family="5-building-blocks", tier="T2",
+        official_code="vulus98/Rethinking-attention models/definitions/ALR_FF.py@983b8c7",
         title="Attentionless Transformer: a shallow LN-Linear-LeakyReLU-LN-Linear net over the padded, "
               "flattened sentence replaces attention",
         paper="Bozic, Dordevic, Coppola, Thommes, Singh, Rethinking Attention: Exploring Shallow Feed-Forward Neural "

@@ -364,6 +364,7 @@ def _check_custom_localization_pair(rng):
 register(
     Mechanism(
         slug="spatial_transformer_bilinear_sampler", family="5-building-blocks", tier="T2",
+        official_code="none by the authors; reference form: pytorch/tutorials intermediate_source/spatial_transformer_tutorial.py@0023ff0",
         title="Spatial transformer: localisation net -> F.affine_grid -> F.grid_sample (bilinear), align_corners/padding",
         paper="Jaderberg, Simonyan, Zisserman, Kavukcuoglu, Spatial Transformer Networks, NeurIPS 2015, "
               "arXiv 1506.02025",

@@ -362,6 +362,7 @@ def _check_all_clusters_is_identity_set(rng):
 register(
     Mechanism(
         slug="token_pooling", family="5-building-blocks", tier="T2",
+        official_code="none official; port followed: JoakimHaurum/TokenReduction models/kmedoids.py@88fe07e",
         title="Token Pooling: (weighted) K-Medoids / K-Means token downsampling, selection fixed in the backward",
         paper="Marin, Chang, Ranjan, Prabhu, Rastegari, Tuzel, Token Pooling in Vision Transformers for Image "
               "Classification, WACV 2023, arXiv 2110.03860",

@@ -7,13 +7,13 @@ data refattn already holds (no torch import):
     :func:`refattn.interop.torch.params_from_state_dict` takes the upstream ``state_dict``; the
     detail names the upstream module the table follows.
 ``"no official code"``
-    the catalogue names no official PyTorch code for it (its "Official code" column is empty or
-    starts with "—"; the detail quotes the column: a JAX listing, proprietary code, an unofficial
-    port ...). Build its params by hand and check them with
+    neither the record nor the catalogue names code for it (the record's ``official_code``, which
+    defaults to the catalogue's "Official code" column, is empty or starts with "—"; the detail
+    quotes it: a JAX listing, proprietary code ...). Build its params by hand and check them with
     :func:`refattn.testing.compare_implementation`.
 ``"not mapped yet"``
-    official code exists (the detail quotes the catalogue's column) but its ``state_dict`` table is
-    not written. refattn's params still use the upstream parameter names (``Linear`` weights
+    code exists — the authors' or, where they published none, the port refattn follows (the detail
+    quotes the record's ``official_code``) — but its ``state_dict`` table is not written. refattn's params still use the upstream parameter names (``Linear`` weights
     transposed to ``(in, out)``, conv kernels in PyTorch's layout), so a hand port is mechanical.
 
 The docs page "Port an official module" renders this as a table at build time.

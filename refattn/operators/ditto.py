@@ -399,6 +399,7 @@ def _check_embedding(rng):
 register(
     Mechanism(
         slug="ditto_time_conditioned_operator", family="3-operator", tier="T3",
+        official_code="none by the authors; block followed: lucidrains/denoising-diffusion-pytorch denoising_diffusion_pytorch.py@ff6cbb4",
         title="DiTTO: continuous-time conditioning (sinusoidal time embedding, MLP, scale-shift ResNet block)",
         paper="Ovadia, Oommen, Kahana, Peyvan, Turkel, Karniadakis, Real-time Inference and Extrapolation via a "
               "Diffusion-inspired Temporal Transformer Operator (DiTTO), arXiv 2307.09072 (2023)",

@@ -420,6 +420,7 @@ def _check_zero_head_is_the_background(rng):
 register(
     Mechanism(
         slug="fno_vit_scattering_hybrid", family="3-operator", tier="T3",
+        official_code="davidMis/hybrid-operator-learning-of-wave-scattering-maps-in-high-contrast-media helmholtz_hybrid/hybrid_finetuning.py@86c2784",
         title="Hybrid FNO background + transformer scattering correction: p = F(v_s) + T([v_delta, F(v_s)])",
         paper="Balaji, Teolis, Mis, Lara Benitez, Wang, de Hoop, Hybrid operator learning of wave scattering maps in "
               "high-contrast media, arXiv 2602.11197 (2026)",

@@ -422,6 +422,7 @@ def _check_exterior_identities(rng):
 register(
     Mechanism(
         slug="hodgeformer_hodge_operators", family="3-operator", tier="T3",
+        official_code="hodgeformer/hodgeformer packages/mesh_opformer/src/mesh_opformer/layers/attention_hodge.py@3d6d527",
         title="HodgeFormer: attention heads approximating discrete Hodge stars",
         paper="Nousias, Nousias, HodgeFormer: Transformers for Learnable Operators on Triangular Meshes through "
               "Data-Driven Hodge Matrices, WACV 2026, arXiv 2509.01839",

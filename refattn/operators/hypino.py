@@ -469,6 +469,7 @@ def _check_weights_are_generated_per_sample(rng):
 register(
     Mechanism(
         slug="hypino_hypernetwork_pinn", family="3-operator", tier="T3",
+        official_code="rbischof/hypino src/models/hypino.py, src/models/utils.py@28d7308",
         title="HyPINO hypernetwork decoder: attention pooling of encoder stages into generated PINN weights",
         paper="Bischof, Piovarci, Kraus, Mishra, Bickel, HyPINO: Multi-Physics Neural Operators via HyperPINNs and the "
               "Method of Manufactured Solutions, arXiv 2509.05117 (2025)",

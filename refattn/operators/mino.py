@@ -420,6 +420,7 @@ def _check_duplication_invariance(rng):
 register(
     Mechanism(
         slug="mino_gno_cross_attention", family="3-operator", tier="T3",
+        official_code="yzshi5/MINO models/mino_modules/@143e4b4 (blocks from BenediktAlkin/KappaModules)",
         title="MINO: mesh-informed neural operator encoder (GNO kernel integral + Perceiver cross-attention)",
         paper="Shi, Ross, Asimaki, Azizzadenesheli, Mesh-Informed Neural Operator: A Transformer Generative "
               "Approach, arXiv 2506.16656",

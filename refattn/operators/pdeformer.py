@@ -500,6 +500,7 @@ def _check_padding_isolated(rng):
 register(
     Mechanism(
         slug="pdeformer_graph_inr", family="3-operator", tier="T3",
+        official_code="functoreality/pdeformer-2 src/cell/pdeformer/graphormer/@90330bf (MindSpore, not PyTorch)",
         title="PDEformer: graph-Transformer attention with forward and reverse shortest-path biases (DAG Graphormer)",
         paper="Ye, Huang, Chen, Liu, Wang, Dong, PDEformer: Towards a Foundation Model for One-Dimensional Partial "
               "Differential Equations, arXiv 2402.12652 (2024); PDEformer-2, arXiv 2507.15409 (2025)",

@@ -343,6 +343,7 @@ def _check_duplication_invariance(rng):
 register(
     Mechanism(
         slug="physgto_projection_attention", family="3-operator", tier="T3",
+        official_code="pengwei07/PhysGTO code/task*/src/model/atten.py@198d88f",
         title="PhysGTO: projection-inspired attention (learned tokens project and re-project the mesh)",
         paper="Liu, Ren, Wang, Yuan, Hao, Chen, Xu, Ni, Cai, An Efficient Graph-Transformer Operator for Learning "
               "Physical Dynamics with Manifolds Embedding (PhysGTO), arXiv 2512.10227",

@@ -300,6 +300,7 @@ def _check_mask(rng):
 register(
     Mechanism(
         slug="physics_biased_fourier_wavelet_attention", family="3-operator", tier="T3",
+        official_code="Samsomyajit/pibert pibert/physics/physics_attention.py@0b48dea (PhysicsBiasedAttention)",
         title="PIBERT: physics-biased self-attention (logits shifted by PDE-residual norms)",
         paper="Chakraborty, Pan, Chen, A Physics-Informed Fourier-Wavelet Transformer for Multiscale Computational "
               "Fluid Dynamics Surrogate Modeling (PIBERT), arXiv 2606.24696 (2026)",

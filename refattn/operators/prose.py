@@ -435,6 +435,7 @@ def _check_token_permutation(rng):
 register(
     Mechanism(
         slug="prose_multimodal_operator", family="3-operator", tier="T3",
+        official_code="felix-lyx/prose prose_fd/models/transformer.py, attention_utils.py@eaf598d",
         title="PROSE / PROSE-FD: data-symbol token fusion and cross-attention operator decoding at query times",
         paper="Liu, Zhang, Schaeffer, PROSE: Predicting Multiple Operators and Symbolic Expressions using Multimodal "
               "Transformers, Neural Networks 2024, arXiv 2309.16816; Liu, Sun, He, Pinney, Zhang, Schaeffer, "

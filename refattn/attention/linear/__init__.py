@@ -10,6 +10,9 @@ module's other names from the module itself (``from package.sdpa import sdpa_for
 
 Modules
 -------
+adaptive_filter
+    Adaptive Filter Attention (isotropic AFA): attention weights from a linear SDE's propagated
+    precisions, robustly reweighted by the query-key residual (``adaptive_filter_attention``).
 atlas_omega
     ATLAS Omega rule, linear-memory case (OmegaNet with gradient descent): a matrix memory updated
     at test time on a sliding window of the last $c$ tokens, with polynomial feature maps
@@ -26,6 +29,9 @@ condaformer
 core
     Helpers shared by the linear / kernel attention family, under public names: feature maps, the
     linear-attention core (non-causal form and causal prefix-state scan) and input validation.
+darts_gt
+    DARTS-GT asymmetric attention: queries from the node features, keys and values from a
+    DARTS-weighted mixture of GNN transformations of them (``darts_gt_asymmetric_attention``).
 das_gate
     DAS: a deformable-convolution attention gate for CNNs — a depthwise-separable convolution, then
     a deformable convolution that reads the feature map at learned, input-dependent points, whose
@@ -90,6 +96,9 @@ local_window
 masked_linear
     Structured-mask linear attention: $(M\odot\Phi_Q\Phi_K^\top)V$ with only "multiply by $M$"
     needed (``masked_linear_attention_structured``).
+mossformer
+    MossFormer block: gated single-head transformer with joint local (quadratic) and global (linear)
+    attention and convolution-augmented projections (``mossformer_gated_joint_attention``).
 mra
     MRA-2: multiresolution (two-level) approximation of softmax self-attention
     (``mra_multiresolution_attention``).
@@ -97,6 +106,9 @@ ms_deform_attn
     Multi-scale deformable attention (Deformable DETR; RT-DETRv2 per-level points and discrete
     sampling; the DFA3D depth-weighted form), with gradients w.r.t
     (``multiscale_deformable_attention``).
+pde_ssm
+    PDE-SSM spectral mixer: token mixing by a learnable convection–diffusion–reaction PDE solved
+    exactly in the Fourier domain (reconstruction from the abstract) (``pde_ssm_spectral_mixer``).
 performer
     Performer FAVOR+: softmax-kernel attention estimated with positive (orthogonal) random features
     (``performer_favor_plus``).
@@ -122,6 +134,9 @@ set_transformer
 sinkformer
     Sinkformer: doubly stochastic attention via log-domain Sinkhorn iterations
     (``sinkformer_attention``).
+sonnet_mvca
+    Sonnet's Multivariable Coherence Attention (MVCA, ``CoherenceAttention``): attention weights
+    over time from the spectral coherence of each token's query and key (``sonnet_mvca``).
 sparsek
     SPARSEK attention: a scoring network and the differentiable top-$k$ mask operator SPARSEK
     (``sparsek_attention``).
@@ -146,6 +161,10 @@ transnormer
     TransNormer: NormAttention (linear attention with a norm instead of the row-sum denominator),
     its full layer as trained (``transnormer_t1``), and DiagAttention (softmax attention inside
     non-overlapping blocks) (``transnormer_norm_attention``).
+two_mamba
+    2Mamba: second-order (squared-score) linear attention with a softplus decay mask and
+    softmax-style normalisation; the recurrent (state-space) form equals the explicit masked
+    $O(N^2)$ form (``two_mamba_second_order_attention``).
 udit
     U-DiT downsampled-token self-attention: attention within the four polyphase sub-maps of a
     feature map (``udit_downsampled_token_attention``).
@@ -157,6 +176,11 @@ wavspa
 
 from __future__ import annotations
 
+from .adaptive_filter import (  # noqa: F401
+    adaptive_filter_attention,
+    adaptive_filter_attention_backward,
+    adaptive_filter_attention_forward,
+)
 from .atlas_omega import (  # noqa: F401
     atlas_omega,
     atlas_omega_backward,
@@ -195,6 +219,12 @@ from .core import (  # noqa: F401
     scatter_add_rows,
     topk_keep,
     validate_linear_qkv,
+)
+from .darts_gt import (  # noqa: F401
+    DARTS_GT_CANDIDATES,
+    darts_gt_attention,
+    darts_gt_attention_backward,
+    darts_gt_attention_forward,
 )
 from .das_gate import (  # noqa: F401
     das_attention_gate,
@@ -370,6 +400,14 @@ from .masked_linear import (  # noqa: F401
     tree_distances,
     tree_exp_matvec,
 )
+from .mossformer import (  # noqa: F401
+    mossformer_gated_joint_attention,
+    mossformer_gated_joint_attention_backward,
+    mossformer_gated_joint_attention_forward,
+    mossformer_joint_attention_backward,
+    mossformer_joint_attention_explicit,
+    mossformer_joint_attention_forward,
+)
 from .mra import (  # noqa: F401
     MRA_MODES,
     mra_attention,
@@ -389,6 +427,12 @@ from .ms_deform_attn import (  # noqa: F401
     ms_deform_attn_core_forward,
     ms_deform_attn_forward,
     msda_point_levels,
+)
+from .pde_ssm import (  # noqa: F401
+    pde_ssm_mixer,
+    pde_ssm_mixer_backward,
+    pde_ssm_mixer_forward,
+    pde_ssm_multiplier,
 )
 from .performer import (  # noqa: F401
     performer,
@@ -448,6 +492,12 @@ from .sinkformer import (  # noqa: F401
     sinkformer_layer_forward,
     sinkhorn_log,
     sinkhorn_log_vjp,
+)
+from .sonnet_mvca import (  # noqa: F401
+    coherence_quadratic_form,
+    sonnet_mvca,
+    sonnet_mvca_backward,
+    sonnet_mvca_forward,
 )
 from .sparsek import (  # noqa: F401
     SPARSEK_GATES,
@@ -516,6 +566,16 @@ from .transnormer import (  # noqa: F401
     transnormer_layer_backward,
     transnormer_layer_forward,
 )
+from .two_mamba import (  # noqa: F401
+    second_order_features,
+    second_order_features_vjp,
+    two_mamba,
+    two_mamba_backward,
+    two_mamba_explicit,
+    two_mamba_forward,
+    two_mamba_scan_backward,
+    two_mamba_scan_forward,
+)
 from .udit import (  # noqa: F401
     UDIT_ATTN_TYPES,
     UDIT_POSEMB,
@@ -548,13 +608,15 @@ from .wavspa import (  # noqa: F401
 )
 
 __all__ = [
+    "adaptive_filter_attention", "adaptive_filter_attention_backward", "adaptive_filter_attention_forward",
     "atlas_omega", "atlas_omega_backward", "atlas_omega_forward", "omega_rule_scan", "COMBINER_POOLING",
     "COMBINER_VARIANTS", "combiner_attention", "combiner_attention_backward", "combiner_attention_forward",
     "combiner_core_backward", "combiner_core_forward", "combiner_dense_matrix", "combiner_region_summaries",
     "CONDAFORMER_PLANES", "condaformer_attention", "condaformer_attention_backward", "condaformer_attention_forward",
     "condaformer_plane_windows", "init_condaformer_params", "FEATURE_MAPS", "feature_map_backward",
     "feature_map_forward", "gather_rows", "l2_normalize", "l2_normalize_vjp", "linear_core_backward",
-    "linear_core_forward", "mT", "scatter_add_rows", "topk_keep", "validate_linear_qkv", "das_attention_gate",
+    "linear_core_forward", "mT", "scatter_add_rows", "topk_keep", "validate_linear_qkv", "DARTS_GT_CANDIDATES",
+    "darts_gt_attention", "darts_gt_attention_backward", "darts_gt_attention_forward", "das_attention_gate",
     "das_attention_gate_backward", "das_attention_gate_forward", "das_sampling_points", "init_das_params",
     "DRSFORMER_RATIOS", "drsformer_tksa", "drsformer_tksa_backward", "drsformer_tksa_forward", "drsformer_topk_sizes",
     "BIAS_FORMS", "dynamic_mask_attention", "dynamic_mask_attention_backward", "dynamic_mask_attention_forward",
@@ -588,32 +650,38 @@ __all__ = [
     "clear_attention_backward", "clear_attention_forward", "clear_keep_mask", "clear_proportional_scale", "MASK_KINDS",
     "grid_toeplitz_correlation_fft", "grid_toeplitz_dense", "grid_toeplitz_matvec_fft", "masked_linear_attention",
     "masked_linear_attention_backward", "masked_linear_attention_forward", "tree_distances", "tree_exp_matvec",
-    "MRA_MODES", "mra_attention", "mra_attention_backward", "mra_attention_forward", "mra_block_scores",
-    "mra_block_selection", "DISCRETE_CLAMPS", "MSDA_METHODS", "dfa3d_core_backward", "dfa3d_core_forward",
-    "ms_deform_attn", "ms_deform_attn_backward", "ms_deform_attn_core_backward", "ms_deform_attn_core_forward",
-    "ms_deform_attn_forward", "msda_point_levels", "performer", "performer_backward", "performer_features_backward",
-    "performer_features_forward", "performer_forward", "performer_projection_matrix", "validate_performer_config",
-    "lsh_attention_core_backward", "lsh_attention_core_forward", "lsh_hash", "lsh_random_rotations",
-    "reformer_lsh_attention", "reformer_lsh_attention_backward", "reformer_lsh_attention_forward", "CAUSAL_RULES",
-    "routing_assignments", "routing_attention", "routing_attention_backward", "routing_attention_forward",
-    "routing_kmeans_ema_update", "kernelized_rpe", "kernelized_rpe_backward", "kernelized_rpe_forward",
-    "toeplitz_correlation_fft", "toeplitz_dense", "toeplitz_matvec_fft", "init_seqcond_params", "seqcond_attention",
-    "seqcond_attention_backward", "seqcond_attention_forward", "seqcond_sizes", "BLOCKS", "mab_backward", "mab_forward",
-    "set_transformer", "set_transformer_backward", "set_transformer_forward", "sinkformer_attention",
-    "sinkformer_backward", "sinkformer_forward", "sinkformer_layer", "sinkformer_layer_backward",
-    "sinkformer_layer_forward", "sinkhorn_log", "sinkhorn_log_vjp", "SPARSEK_GATES", "sparsek_attention",
-    "sparsek_attention_backward", "sparsek_attention_forward", "sparsek_mask", "sparsek_mask_backward",
-    "sparsek_mask_forward", "sparsek_mask_vjp", "sparsek_sets", "sparsek_threshold", "SPECTRA_COMPONENTS",
-    "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp", "spectraformer_attention",
-    "spectraformer_backward", "spectraformer_features_backward", "spectraformer_features_forward",
-    "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard", "stack_attention",
-    "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward", "init_tcnca_params",
-    "tcn_forward", "tcnca_attention", "tcnca_attention_backward", "tcnca_attention_forward", "memory_l2",
-    "memory_l2_vjp", "titans_memory", "titans_memory_backward", "titans_memory_forward", "titans_memory_scan",
-    "validate_memory_params", "mips_to_nns", "topk_attention", "topk_attention_backward", "topk_attention_forward",
-    "topk_selection", "TRANSNORMER_FEATURE_MAPS", "TRANSNORMER_NORMS", "diag_attention_backward",
-    "diag_attention_forward", "transnormer", "transnormer_backward", "transnormer_forward", "transnormer_layer",
-    "transnormer_layer_backward", "transnormer_layer_forward", "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention",
+    "mossformer_gated_joint_attention", "mossformer_gated_joint_attention_backward",
+    "mossformer_gated_joint_attention_forward", "mossformer_joint_attention_backward",
+    "mossformer_joint_attention_explicit", "mossformer_joint_attention_forward", "MRA_MODES", "mra_attention",
+    "mra_attention_backward", "mra_attention_forward", "mra_block_scores", "mra_block_selection", "DISCRETE_CLAMPS",
+    "MSDA_METHODS", "dfa3d_core_backward", "dfa3d_core_forward", "ms_deform_attn", "ms_deform_attn_backward",
+    "ms_deform_attn_core_backward", "ms_deform_attn_core_forward", "ms_deform_attn_forward", "msda_point_levels",
+    "pde_ssm_mixer", "pde_ssm_mixer_backward", "pde_ssm_mixer_forward", "pde_ssm_multiplier", "performer",
+    "performer_backward", "performer_features_backward", "performer_features_forward", "performer_forward",
+    "performer_projection_matrix", "validate_performer_config", "lsh_attention_core_backward",
+    "lsh_attention_core_forward", "lsh_hash", "lsh_random_rotations", "reformer_lsh_attention",
+    "reformer_lsh_attention_backward", "reformer_lsh_attention_forward", "CAUSAL_RULES", "routing_assignments",
+    "routing_attention", "routing_attention_backward", "routing_attention_forward", "routing_kmeans_ema_update",
+    "kernelized_rpe", "kernelized_rpe_backward", "kernelized_rpe_forward", "toeplitz_correlation_fft", "toeplitz_dense",
+    "toeplitz_matvec_fft", "init_seqcond_params", "seqcond_attention", "seqcond_attention_backward",
+    "seqcond_attention_forward", "seqcond_sizes", "BLOCKS", "mab_backward", "mab_forward", "set_transformer",
+    "set_transformer_backward", "set_transformer_forward", "sinkformer_attention", "sinkformer_backward",
+    "sinkformer_forward", "sinkformer_layer", "sinkformer_layer_backward", "sinkformer_layer_forward", "sinkhorn_log",
+    "sinkhorn_log_vjp", "coherence_quadratic_form", "sonnet_mvca", "sonnet_mvca_backward", "sonnet_mvca_forward",
+    "SPARSEK_GATES", "sparsek_attention", "sparsek_attention_backward", "sparsek_attention_forward", "sparsek_mask",
+    "sparsek_mask_backward", "sparsek_mask_forward", "sparsek_mask_vjp", "sparsek_sets", "sparsek_threshold",
+    "SPECTRA_COMPONENTS", "SPECTRA_WEIGHTS", "fastfood_draw", "fastfood_matrix", "fastfood_matrix_vjp",
+    "spectraformer_attention", "spectraformer_backward", "spectraformer_features_backward",
+    "spectraformer_features_forward", "spectraformer_forward", "spectraformer_weight_matrix", "walsh_hadamard",
+    "stack_attention", "stack_attention_backward", "stack_attention_forward", "superposition_stack_forward",
+    "init_tcnca_params", "tcn_forward", "tcnca_attention", "tcnca_attention_backward", "tcnca_attention_forward",
+    "memory_l2", "memory_l2_vjp", "titans_memory", "titans_memory_backward", "titans_memory_forward",
+    "titans_memory_scan", "validate_memory_params", "mips_to_nns", "topk_attention", "topk_attention_backward",
+    "topk_attention_forward", "topk_selection", "TRANSNORMER_FEATURE_MAPS", "TRANSNORMER_NORMS",
+    "diag_attention_backward", "diag_attention_forward", "transnormer", "transnormer_backward", "transnormer_forward",
+    "transnormer_layer", "transnormer_layer_backward", "transnormer_layer_forward", "second_order_features",
+    "second_order_features_vjp", "two_mamba", "two_mamba_backward", "two_mamba_explicit", "two_mamba_forward",
+    "two_mamba_scan_backward", "two_mamba_scan_forward", "UDIT_ATTN_TYPES", "UDIT_POSEMB", "udit_attention",
     "udit_attention_backward", "udit_attention_forward", "udit_polyphase_merge", "udit_polyphase_split",
     "udit_rope2d_angles", "VCC_SCORE_GRADIENTS", "vcc_block_relevance", "vcc_layer", "vcc_layer_backward",
     "vcc_layer_forward", "vcc_sort_tokens", "WAVELET_BOUNDARIES", "daubechies_filter", "wavedec", "wavedec_vjp",

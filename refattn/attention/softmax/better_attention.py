@@ -291,9 +291,9 @@ def _check_causal_no_future_leak(rng):
 register(
     Mechanism(
         slug="optimised_efficient_super_attention", family="1-softmax", tier="T3",
+        official_code="none by the authors; port followed: oelin/super-attention super_attention/__init__.py@3781367",
         title="Optimised / Efficient / Super Attention (Hosseini & Hosseini)",
         paper="M. Hosseini, P. Hosseini, You Need to Pay Better Attention, arXiv 2403.01643 (2024)",
-        official_code="",
         forward=better_attention_forward, backward=better_attention_backward, sample=_sample,
         reference=_reference, docs="softmax/t3-attention.md#optimised-efficient-super-attention",
         checks={"optimised_is_mha_with_identity_value": _check_optimised_is_mha_with_identity_value,

@@ -342,6 +342,7 @@ def _check_reduces_to_attention_with_zero_latent(rng):
 register(
     Mechanism(
         slug="triadic_modulation_co4", family="1-softmax", tier="T3",
+        official_code="ARIA-Funded-TREND/HMS Vision/object_recognition/attention.py@5e47a27 (ModulatedMultiHeadAttention)",
         title="Co4 triadic Q/K/V modulation with per-channel top-k pre-selection (HMS ModulatedMultiHeadAttention)",
         paper="Adeel, Beyond Attention: Toward Machines with Intrinsic Higher Mental States, arXiv 2505.06257",
         forward=co4_attention_forward, backward=co4_attention_backward, sample=_sample, reference=_reference,

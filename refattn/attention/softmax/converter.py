@@ -665,6 +665,7 @@ def _check_permutation_and_shared_coefficients(rng):
 register(
     Mechanism(
         slug="converter_digraph_convolution", family="1-softmax", tier="T3",
+        official_code="hazdzz/converter model/encoder/converter.py@dccb8f2",
         title="Converter: synthetic unitary digraph convolution (Kernelution) encoder block",
         paper="Zhang, Mao, Chiu, Sun, Converting Transformers into DGNNs Form, arXiv 2502.00585",
         forward=converter_block_forward, backward=converter_block_backward, sample=_sample, reference=_reference,

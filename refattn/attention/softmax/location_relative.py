@@ -609,6 +609,7 @@ def _check_gmm_integrates_to_one_and_monotone_mean(rng):
 register(
     Mechanism(
         slug="gmm_dca_location_attention", family="1-softmax", tier="T2",
+        official_code="none official; ports followed: bshall/Tacotron tacotron/model.py@6fee34a (DCA), LeoniusChen/Attentions-in-Tacotron gmm.py@8215012 (GMM)",
         title="Location-relative attention: GMM (V0/V1/V2) and Dynamic Convolution Attention, backward through time",
         paper="Battenberg, Skerry-Ryan, Mariooryad, Stanton, Kao, Shannon, Bagby, Location-Relative Attention "
               "Mechanisms for Robust Long-Form Speech Synthesis, ICASSP 2020, arXiv 1910.10288",
