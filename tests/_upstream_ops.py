@@ -102,16 +102,21 @@ def build_oformer_linear_attention(torch, params, *, heads, dim_head, attn_type=
         var = ((((t - mean[:, None]) * m) ** 2).sum(1) / m.sum(1)).detach()
         return (t - mean[:, None]) / torch.sqrt(var[:, None] + 1e-5)
 
-    class LinearAttention(nn.Module):
+    class LinearAttention(nn.Module):  # upstream's parameter names: to_qkv, to_out.0
         def __init__(self):
             super().__init__()
-            self.to_qkv = nn.Parameter(torch.tensor(params["to_qkv.weight"].T.copy()))
-            self.w_out = nn.Parameter(torch.tensor(params["to_out.0.weight"].T.copy()))
-            self.b_out = nn.Parameter(torch.tensor(params["to_out.0.bias"].copy()))
+            self.heads = h
+            c, hd = params["to_qkv.weight"].shape[0], h * d
+            self.to_qkv = nn.Linear(c, 3 * hd, bias=False)
+            self.to_out = nn.Sequential(nn.Linear(hd, params["to_out.0.weight"].shape[1]))
+            with torch.no_grad():
+                self.to_qkv.weight.copy_(torch.tensor(params["to_qkv.weight"].T))
+                self.to_out[0].weight.copy_(torch.tensor(params["to_out.0.weight"].T))
+                self.to_out[0].bias.copy_(torch.tensor(params["to_out.0.bias"]))
 
         def forward(self, x, padding_mask=None):
             b, n, _ = x.shape
-            ops = dict(zip("qkv", (t.reshape(b, n, h, d).transpose(1, 2) for t in (x @ self.to_qkv.T).chunk(3, -1))))
+            ops = dict(zip("qkv", (t.reshape(b, n, h, d).transpose(1, 2) for t in self.to_qkv(x).chunk(3, -1))))
             if padding_mask is None:
                 for t in normed:
                     ops[t] = torch.nn.functional.instance_norm(ops[t].reshape(b * h, n, d)).reshape(b, h, n, d)
@@ -124,11 +129,11 @@ def build_oformer_linear_attention(torch, params, *, heads, dim_head, attn_type=
                 ops = {t: v.masked_fill(~keep, 0.0) for t, v in ops.items()}
                 cnt = padding_mask.sum(-1).to(x.dtype).view(-1, 1, 1, 1)
             out = ops["q"] @ (ops["k"].transpose(-1, -2) @ ops["v"]) / cnt
-            return out.transpose(1, 2).reshape(b, n, h * d) @ self.w_out.T + self.b_out
+            return self.to_out(out.transpose(1, 2).reshape(b, n, h * d))
 
-    mod = LinearAttention()
-    return mod, {"to_qkv.weight": (mod.to_qkv, linear_t), "to_out.0.weight": (mod.w_out, linear_t),
-                 "to_out.0.bias": (mod.b_out, same)}
+    mod = LinearAttention().to(torch.float64)
+    return mod, {"to_qkv.weight": (mod.to_qkv.weight, linear_t), "to_out.0.weight": (mod.to_out[0].weight, linear_t),
+                 "to_out.0.bias": (mod.to_out[0].bias, same)}
 
 
 # ----------------------------------------------------------------------------- neuraloperator

@@ -3,17 +3,29 @@
 Each module below is written from the upstream file (parameter names, shapes and forward as
 upstream), kept compact:
 
+* GQA / MQA — huggingface/transformers ``src/transformers/models/llama/modeling_llama.py``@5dd4a63
+  (``LlamaAttention``);
 * DIFF V1 — microsoft/unilm ``Diff-Transformer/multihead_diffattn.py``@637157e (``MultiheadDiffAttn``)
   and ``multihead_flashdiff_1.py`` (per-half SDPA: the "flash" GQA pairing);
 * DIFF V2 — microsoft/unilm ``Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py``;
 * DiffCLIP — hammoudhasan/DiffCLIP ``diff_attention.py`` (``DiffAttention``);
+* CaiT class-attention — facebookresearch/deit ``cait_models.py``@0176669 (``LayerScale_Block_CA``);
+* CRATE — Ma-Lab-Berkeley/CRATE ``model/crate.py``@0227249 (``Transformer`` with depth 1);
+* OFormer — BaratiLab/OFormer ``airfoil/nn_module/attention_module.py``@f1111b3 (``LinearAttention``;
+  the module of ``tests/_upstream_ops.py``);
 * Galerkin / Fourier — scaomath/galerkin-transformer ``libs/layers.py``@2c9d23e (``SimpleAttention``);
 * Transolver — thuml/Transolver ``PDE-Solving-StandardBenchmark/model/Physics_Attention.py``@1f53c15
   (``Physics_Attention_Irregular_Mesh``);
+* GALE — NVIDIA/physicsnemo ``physicsnemo/nn/module/gale.py``@17505d6 (``GALE``) on
+  ``physics_attention.py``@105afde;
 * GNOT — HaoZhongkai/GNOT ``models/cgpt.py``@5df0390 (``LinearCrossAttention``);
 * LinearNO — HiPRL/LinearNO ``Standard_PDE_Benchmark/model/LinearAttnNeuralOperator.py``@3f2b80d
   (``LinearNO``, ``LinearNO_temp``);
 * Set Transformer — juho-lee/set_transformer ``modules.py`` (``MAB``, ``SAB``, ``ISAB``, ``PMA``);
+* Restormer MDTA — swz30/Restormer ``basicsr/models/archs/restormer_arch.py``@861974a (``Attention``);
+* XCiT XCA — facebookresearch/xcit ``xcit.py``@9a7df94 (``XCA``);
+* scOT — camlab-ethz/poseidon ``scOT/model.py``@b8fa28f (``ScOTLayer``; forward of
+  ``tests/test_neural_operators.py``);
 * FNO — zongyi-li/fourier_neural_operator ``fourier_2d.py``@4ed7737 (``SpectralConv2d``);
 * AFNO — NVlabs/AFNO-transformer ``afno/afno2d.py``@c3271a2 (``AFNO2D``).
 
@@ -25,6 +37,7 @@ dropped (they follow the input's dtype here). Dropout is omitted (eval mode).
 import math
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -65,6 +78,254 @@ def apply_rotary_emb(x, cos, sin):  # flash-attn's, interleaved=True, as unilm c
     c, s = cos[: x.shape[1], None, :], sin[: x.shape[1], None, :]
     a, b = x[..., 0:r:2], x[..., 1:r:2]
     return torch.cat([torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(-2), x[..., r:]], dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    """huggingface/transformers ``src/transformers/models/llama/modeling_llama.py``@5dd4a63
+    (``LlamaAttention`` with ``eager_attention_forward``, ``apply_rotary_pos_emb``, ``repeat_kv``);
+    the config is a namespace with HF's field names. No cache, no dropout; the softmax runs in the
+    input's dtype (upstream: ``dtype=torch.float32``, which would round a float64 check)."""
+
+    def __init__(self, hidden_size, num_attention_heads, num_key_value_heads, head_dim=None, attention_bias=False):
+        super().__init__()
+        self.config = types.SimpleNamespace(hidden_size=hidden_size, num_attention_heads=num_attention_heads,
+                                            num_key_value_heads=num_key_value_heads)
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.num_key_value_groups = num_attention_heads // num_key_value_heads
+        self.scaling = self.head_dim ** -0.5
+        h, hkv, d = num_attention_heads, num_key_value_heads, self.head_dim
+        self.q_proj = nn.Linear(hidden_size, h * d, bias=attention_bias)
+        self.k_proj = nn.Linear(hidden_size, hkv * d, bias=attention_bias)
+        self.v_proj = nn.Linear(hidden_size, hkv * d, bias=attention_bias)
+        self.o_proj = nn.Linear(h * d, hidden_size, bias=attention_bias)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None):
+        shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        q, k, v = (p(hidden_states).view(shape).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+
+        def rotate_half(t):
+            return torch.cat((-t[..., t.shape[-1] // 2:], t[..., : t.shape[-1] // 2]), dim=-1)
+
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        b, hkv, n, d = k.shape
+        k, v = (t[:, :, None].expand(b, hkv, self.num_key_value_groups, n, d).reshape(b, -1, n, d) for t in (k, v))
+        w = q @ k.transpose(2, 3) * self.scaling
+        if attention_mask is not None:
+            w = w + attention_mask[:, :, :, : k.shape[-2]]
+        o = (F.softmax(w, dim=-1) @ v).transpose(1, 2)
+        return self.o_proj(o.reshape(*hidden_states.shape[:-1], -1)), None
+
+
+class GALE(nn.Module):
+    """NVIDIA/physicsnemo ``physicsnemo/nn/module/gale.py``@17505d6 (``GALE``, ``_gale_cross_init``,
+    ``_gale_forward_impl``, ``_mix_self_and_cross``; ``use_te=False``, ``plus=False``) on
+    ``physicsnemo/nn/module/physics_attention.py``@105afde (``PhysicsAttentionBase``,
+    ``PhysicsAttentionIrregularMesh``, ``_compute_slices_from_projections``): tokens laid out
+    ``(B, N, H, D)``, temperature ``(1, 1, H, 1)`` clamped to [0.5, 5], slice mass + 1e-2, SDPA."""
+
+    def __init__(self, dim, heads=2, dim_head=4, slice_num=3, context_dim=5, state_mixing_mode="weighted"):
+        super().__init__()
+        inner = heads * dim_head
+        self.heads, self.dim_head, self.state_mixing_mode = heads, dim_head, state_mixing_mode
+        self.temperature = nn.Parameter(torch.ones([1, 1, heads, 1]) * 0.5)
+        self.in_project_slice = nn.Linear(dim_head, slice_num)
+        self.qkv_project = nn.Linear(dim_head, 3 * dim_head, bias=False)
+        self.out_linear = nn.Linear(inner, dim)
+        self.in_project_x, self.in_project_fx = nn.Linear(dim, inner), nn.Linear(dim, inner)
+        self.cross_q = nn.Linear(dim_head, dim_head)
+        self.cross_k, self.cross_v = nn.Linear(context_dim, dim_head), nn.Linear(context_dim, dim_head)
+        if state_mixing_mode == "weighted":
+            self.state_mixing = nn.Parameter(torch.tensor(0.3))  # upstream inits 0.0; 0.3 tests the gate
+        else:
+            self.concat_project = nn.Sequential(nn.Linear(2 * dim_head, dim_head), nn.GELU())
+
+    def forward(self, x, context=None):
+        outs = []
+        for t in x:
+            b, n, _ = t.shape
+            x_mid, fx_mid = (p(t).view(b, n, self.heads, self.dim_head) for p in (self.in_project_x, self.in_project_fx))
+            sw = F.softmax(self.in_project_slice(x_mid) / torch.clamp(self.temperature, min=0.5, max=5), dim=-1)
+            norm = sw.sum(dim=1) + 1e-2                                               # (B, H, S)
+            tok = torch.einsum("bnhs,bnhd->bhsd", sw, fx_mid) / norm.unsqueeze(-1)
+            q, k, v = self.qkv_project(tok).view(*tok.shape[:3], 3, self.dim_head).unbind(3)
+            z = F.scaled_dot_product_attention(q, k, v)
+            if context is not None:
+                zc = F.scaled_dot_product_attention(self.cross_q(tok), self.cross_k(context), self.cross_v(context))
+                if self.state_mixing_mode == "weighted":
+                    w = torch.sigmoid(self.state_mixing)
+                    z = w * z + (1 - w) * zc
+                else:
+                    z = self.concat_project(torch.cat([z, zc], dim=-1))
+            y = torch.einsum("bths,bhsd->bthd", sw, z).reshape(b, n, -1)
+            outs.append(self.out_linear(y))
+        return outs
+
+
+class ScOTLayer(nn.Module):
+    """camlab-ethz/poseidon ``scOT/model.py``@b8fa28f ``ScOTLayer`` (``ConditionalLayerNorm``: Linear(1, C)
+    weight and bias; transformers' ``Swinv2Attention`` under ``attention.self`` / ``attention.output``):
+    the parameters under upstream's names, the forward is ``tests/test_neural_operators.py``'s
+    ``_scot_torch`` (written from the same files), after upstream's ``set_shift_and_window_size``."""
+
+    def __init__(self, dim, num_heads, window_size, shift_size, mlp_ratio=2):
+        super().__init__()
+        self.window_size, self.shift_size = window_size, shift_size
+        self.attention = nn.Module()
+        att = self.attention.self = nn.Module()
+        att.num_attention_heads = num_heads
+        att.query, att.key, att.value = nn.Linear(dim, dim), nn.Linear(dim, dim, bias=False), nn.Linear(dim, dim)
+        att.logit_scale = nn.Parameter(torch.log(10 * torch.ones(num_heads, 1, 1)) + 0.2 * torch.randn(num_heads, 1, 1))
+        att.continuous_position_bias_mlp = nn.Sequential(nn.Linear(2, 6), nn.ReLU(), nn.Linear(6, num_heads, bias=False))
+        self.attention.output = nn.Module()
+        self.attention.output.dense = nn.Linear(dim, dim)
+        self.intermediate, self.output = nn.Module(), nn.Module()
+        self.intermediate.dense, self.output.dense = nn.Linear(dim, mlp_ratio * dim), nn.Linear(mlp_ratio * dim, dim)
+        for name in ("layernorm_before", "layernorm_after"):
+            norm = nn.Module()
+            norm.weight, norm.bias = nn.Linear(1, dim), nn.Linear(1, dim)
+            setattr(self, name, norm)
+
+    def forward(self, hidden_states, input_dimensions, time):
+        from test_neural_operators import _scot_torch
+
+        h, w = input_dimensions
+        ws = h if h <= self.window_size else self.window_size
+        shift = 0 if (h, w) <= (ws, ws) else self.shift_size
+        p = {k: (v.T if k.endswith(".weight") else v) for k, v in self.named_parameters()}
+        b, _, c = hidden_states.shape
+        y = _scot_torch(torch, hidden_states.view(b, h, w, c), time, p, self.attention.self.num_attention_heads, ws, shift)
+        return (y.reshape(b, h * w, c),)
+
+
+class Class_Attention(nn.Module):  # CaiT
+    def __init__(self, dim, num_heads=8, qkv_bias=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=qkv_bias) for _ in range(3))
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        h = self.num_heads
+        q = self.q(x[:, 0]).unsqueeze(1).reshape(B, 1, h, C // h).permute(0, 2, 1, 3) * self.scale
+        k, v = (f(x).reshape(B, N, h, C // h).permute(0, 2, 1, 3) for f in (self.k, self.v))
+        attn = (q @ k.transpose(-2, -1)).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(B, 1, C))
+
+
+class LayerScale_Block_CA(nn.Module):
+    """facebookresearch/deit ``cait_models.py``@0176669 (``LayerScale_Block_CA``, ``Class_Attention``;
+    timm's ``Mlp``: fc1, GELU, fc2), CaiT's ``partial(nn.LayerNorm, eps=1e-6)``. Dropout omitted."""
+
+    def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=False, init_values=1e-4):
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim, eps=1e-6), nn.LayerNorm(dim, eps=1e-6)
+        self.attn = Class_Attention(dim, num_heads=num_heads, qkv_bias=qkv_bias)
+        self.mlp = nn.Module()
+        self.mlp.fc1, self.mlp.fc2 = nn.Linear(dim, int(dim * mlp_ratio)), nn.Linear(int(dim * mlp_ratio), dim)
+        self.gamma_1 = nn.Parameter(init_values * torch.ones(dim))
+        self.gamma_2 = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x, x_cls):
+        u = torch.cat((x_cls, x), dim=1)
+        x_cls = x_cls + self.gamma_1 * self.attn(self.norm1(u))
+        return x_cls + self.gamma_2 * self.mlp.fc2(F.gelu(self.mlp.fc1(self.norm2(x_cls))))
+
+
+class CratePreNorm(nn.Module):  # CRATE PreNorm
+    def __init__(self, dim, fn):
+        super().__init__()
+        self.norm, self.fn = nn.LayerNorm(dim), fn
+
+    def forward(self, x):
+        return self.fn(self.norm(x))
+
+
+class CrateAttention(nn.Module):  # CRATE Attention (MSSA: one projection for q, k and v)
+    def __init__(self, dim, heads, dim_head):
+        super().__init__()
+        self.heads, self.scale = heads, dim_head ** -0.5
+        self.qkv = nn.Linear(dim, heads * dim_head, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(heads * dim_head, dim)) if not (heads == 1 and dim_head == dim) \
+            else nn.Identity()
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        w = self.qkv(x).view(b, n, self.heads, -1).transpose(1, 2)
+        attn = F.softmax(w @ w.transpose(-1, -2) * self.scale, dim=-1)
+        return self.to_out((attn @ w).transpose(1, 2).reshape(b, n, -1))
+
+
+class CrateFeedForward(nn.Module):  # CRATE FeedForward (one ISTA step)
+    def __init__(self, dim, step_size=0.1):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim, dim))
+        nn.init.kaiming_uniform_(self.weight)
+        self.step_size, self.lambd = step_size, 0.1
+
+    def forward(self, x):
+        grad_1 = F.linear(F.linear(x, self.weight), self.weight.t())
+        grad_2 = F.linear(x, self.weight.t())
+        return F.relu(x + self.step_size * (grad_2 - grad_1) - self.step_size * self.lambd)
+
+
+class CrateTransformer(nn.Module):
+    """Ma-Lab-Berkeley/CRATE ``model/crate.py``@0227249 (``Transformer``, ``PreNorm``, ``Attention``,
+    ``FeedForward``; einops replaced by view/transpose, dropout omitted)."""
+
+    def __init__(self, dim, depth, heads, dim_head, ista=0.1):
+        super().__init__()
+        self.heads = heads
+        self.layers = nn.ModuleList([nn.ModuleList([CratePreNorm(dim, CrateAttention(dim, heads, dim_head)),
+                                                    CratePreNorm(dim, CrateFeedForward(dim, step_size=ista))])
+                                     for _ in range(depth)])
+
+    def forward(self, x):
+        for attn, ff in self.layers:
+            x = ff(attn(x) + x)
+        return x
+
+
+class RestormerAttention(nn.Module):
+    """swz30/Restormer ``basicsr/models/archs/restormer_arch.py``@861974a ``Attention`` (MDTA); einops
+    replaced by reshape."""
+
+    def __init__(self, dim, num_heads, bias):
+        super().__init__()
+        self.num_heads = num_heads
+        self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
+        self.qkv = nn.Conv2d(dim, dim * 3, kernel_size=1, bias=bias)
+        self.qkv_dwconv = nn.Conv2d(dim * 3, dim * 3, kernel_size=3, stride=1, padding=1, groups=dim * 3, bias=bias)
+        self.project_out = nn.Conv2d(dim, dim, kernel_size=1, bias=bias)
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        q, k, v = (t.reshape(b, self.num_heads, c // self.num_heads, h * w)
+                   for t in self.qkv_dwconv(self.qkv(x)).chunk(3, dim=1))
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        attn = ((q @ k.transpose(-2, -1)) * self.temperature).softmax(dim=-1)
+        return self.project_out((attn @ v).reshape(b, c, h, w))
+
+
+class XCA(nn.Module):
+    """facebookresearch/xcit ``xcit.py``@9a7df94 ``XCA`` (cross-covariance attention; dropout omitted)."""
+
+    def __init__(self, dim, num_heads=8, qkv_bias=False):
+        super().__init__()
+        self.num_heads = num_heads
+        self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = (t.transpose(-2, -1) for t in (qkv[0], qkv[1], qkv[2]))
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        attn = ((q @ k.transpose(-2, -1)) * self.temperature).softmax(dim=-1)
+        return self.proj((attn @ v).permute(0, 3, 1, 2).reshape(B, N, C))
 
 
 class MultiheadDiffAttn(nn.Module):
@@ -442,6 +703,79 @@ def test_diffclip():
     _assert_pass(check_module(DiffAttention(16, num_heads=4), "diffclip_attention"))
 
 
+@pytest.mark.parametrize("h,hkv,bias,cfg", [
+    (4, 4, False, {}),
+    (4, 2, False, {"is_causal": True, "rope": {"base": 500000.0}}),
+    (4, 1, True, {"is_causal": True, "rope": True}),
+    (6, 2, False, {"is_causal": True, "rope": {"base": 100.0, "offset": 3}}),
+])
+def test_gqa_mqa_hf_llama_attention(h, hkv, bias, cfg):
+    torch.manual_seed(h + hkv)
+    m = LlamaAttention(16, h, hkv, head_dim=6 if h == 6 else None, attention_bias=bias)
+    r = _assert_pass(check_module(m, "gqa_mqa", config=cfg))
+    assert {"x", "q_proj", "k_proj", "v_proj", "out_proj"} <= set(r.grads_compared)
+    assert bias == ("out_proj_bias" in r.grads_compared)
+
+
+def test_gqa_mqa_wrong_rope_base_or_mask_is_caught():
+    from refattn.interop.torch_specs import SPECS
+
+    torch.manual_seed(0)
+    m = LlamaAttention(8, 2, 1)
+    ok = {"is_causal": True, "rope": {"base": 10000.0}}
+    assert check_module(m, "gqa_mqa", config=ok, cases="small").passed
+    for wrong in ({"rope": {"base": 100.0}}, {"is_causal": False}):  # the module runs with these, refattn with ok
+        def call(module, inp, cfg, wrong=wrong):
+            return SPECS["gqa_mqa"].call(module, inp, {**cfg, **wrong})
+        assert not check_module(m, "gqa_mqa", config=ok, call=call, cases="small").passed
+    r = check_module(m, "gqa_mqa", config={"rope": {"base": 1e4, "interleaved": True}}, cases="small")
+    assert not r.passed and "need your own call=" in str(r)  # HF's tables are rotate-half only
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_cait_class_attention_block(qkv_bias):
+    torch.manual_seed(11)
+    m = LayerScale_Block_CA(8, num_heads=2, mlp_ratio=2.0, qkv_bias=qkv_bias, init_values=0.5)
+    with torch.no_grad():
+        for p in (m.norm1.weight, m.norm1.bias, m.norm2.weight, m.norm2.bias, m.gamma_2):
+            p.add_(0.3 * torch.randn_like(p))
+    r = _assert_pass(check_module(m, "class_attention"))
+    assert {"x", "x_cls", "gamma_1", "gamma_2", "attn.q.weight", "norm1.bias"} <= set(r.grads_compared)
+    assert ("attn.k.bias" in r.grads_compared) == qkv_bias
+
+
+@pytest.mark.parametrize("heads,dim_head,ista", [(2, 4, 0.1), (1, 8, 0.3)])  # (1, 8): to_out is Identity
+def test_crate_transformer_layer(heads, dim_head, ista):
+    torch.manual_seed(heads)
+    m = CrateTransformer(8, 1, heads, dim_head, ista=ista)
+    with torch.no_grad():
+        m.layers[0][1].fn.weight.mul_(0.5)
+        m.layers[0][0].norm.bias.add_(0.5)  # ISTA's ReLU active on most entries
+    r = _assert_pass(check_module(m, "crate_mssa_ista"))
+    assert {"z", "attn.fn.qkv.weight", "ff.fn.weight", "ff.norm.bias"} <= set(r.grads_compared)
+    deep = CrateTransformer(8, 3, heads, dim_head)  # any layer of a deeper model, by prefix
+    p = params_from_state_dict("crate_mssa_ista", deep.state_dict(), prefix="layers.2.")
+    assert np.array_equal(p["ff.fn.weight"], deep.layers[2][1].fn.weight.detach().numpy())
+    back = grads_to_state_dict("crate_mssa_ista", p, prefix="layers.2.")
+    assert sorted(back) == sorted(k for k in deep.state_dict() if k.startswith("layers.2."))
+
+
+@pytest.mark.parametrize("attn_type", ["galerkin", "fourier"])
+def test_oformer_linear_attention(attn_type):
+    """BaratiLab/OFormer LinearAttention (tests/_upstream_ops.py), unpadded: check_module's default
+    norm_axis="channels" is upstream's; refattn's own default ("points") is caught."""
+    from _upstream_ops import build_oformer_linear_attention
+
+    from refattn.operators.oformer import oformer_init_params
+
+    params = oformer_init_params(np.random.default_rng(5), 6, 2, 4, attn_type=attn_type, init_gain=0.7)
+    m, _ = build_oformer_linear_attention(torch, params, heads=2, dim_head=4, attn_type=attn_type)
+    assert sorted(m.state_dict()) == ["to_out.0.bias", "to_out.0.weight", "to_qkv.weight"]
+    _assert_pass(check_module(m, "oformer_attention", config={"attn_type": attn_type}))
+    assert not check_module(m, "oformer_attention", config={"attn_type": attn_type, "norm_axis": "points"},
+                            cases="small").passed
+
+
 @pytest.mark.parametrize("kind,slug", [("galerkin", "galerkin_attention"), ("fourier", "fourier_type_attention")])
 def test_galerkin_fourier(kind, slug):
     torch.manual_seed(6)
@@ -461,6 +795,17 @@ def test_transolver_structured_mesh_conv_kernels_keep_torch_layout():
     p = params_from_state_dict("transolver_physics_attention", m.state_dict(), mesh_shape=(3, 4))
     assert p["in_project_x.weight"].shape == (8, 5, 3, 3)
     _assert_pass(check_module(m, "transolver_physics_attention", config={"mesh_shape": (3, 4)}))
+
+
+@pytest.mark.parametrize("mode", ["weighted", "concat_project"])
+def test_geotransolver_gale(mode):
+    torch.manual_seed(3)
+    m = GALE(6, heads=2, dim_head=4, slice_num=3, context_dim=5, state_mixing_mode=mode)
+    with torch.no_grad():
+        m.temperature.copy_(torch.tensor([0.3, 1.7]).view(1, 1, 2, 1))  # one head inside the clamp, one below
+    r = _assert_pass(check_module(m, "geotransolver_gale"))
+    assert {"x", "context", "temperature", "cross_k.weight", "qkv_project.weight"} <= set(r.grads_compared)
+    assert ("state_mixing" in r.grads_compared) == (mode == "weighted")
 
 
 def test_gnot():
@@ -483,6 +828,39 @@ def test_set_transformer(block, make):
     torch.manual_seed(14)
     # block, ln and num_heads are read from the module (its keys and its MAB's num_heads)
     _assert_pass(check_module(make(), "set_transformer_blocks"))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_restormer_mdta(bias):
+    torch.manual_seed(5)
+    m = RestormerAttention(6, 3, bias)
+    with torch.no_grad():
+        m.temperature.copy_(torch.tensor([0.5, 1.5, 3.0]).view(3, 1, 1))
+    r = _assert_pass(check_module(m, "transposed_channel_attention"))
+    assert {"x", "temperature", "qkv.weight", "qkv_dwconv.weight", "project_out.weight"} <= set(r.grads_compared)
+    assert ("qkv_dwconv.bias" in r.grads_compared) == bias
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_xcit_xca(qkv_bias):
+    torch.manual_seed(6)
+    m = XCA(8, num_heads=2, qkv_bias=qkv_bias)
+    with torch.no_grad():
+        m.temperature.copy_(torch.tensor([0.7, 2.0]).view(2, 1, 1))
+    r = _assert_pass(check_module(m, "transposed_channel_attention"))
+    assert {"x", "temperature", "qkv.weight", "proj.weight", "proj.bias"} <= set(r.grads_compared)
+    assert ("qkv.bias" in r.grads_compared) == qkv_bias
+
+
+@pytest.mark.parametrize("shift", [0, 1])
+def test_scot_poseidon_layer(shift):
+    torch.manual_seed(7 + shift)
+    m = ScOTLayer(4, num_heads=2, window_size=2, shift_size=shift)
+    r = _assert_pass(check_module(m, "scot_poseidon_block"))
+    assert {"x", "t", "attention.self.logit_scale", "layernorm_before.weight.weight",
+            "attention.self.continuous_position_bias_mlp.2.weight"} <= set(r.grads_compared)
+    if shift:  # the shifted-window mask matters: refattn without the shift is caught
+        assert not check_module(m, "scot_poseidon_block", config={"shift_size": 0}, cases="small").passed
 
 
 def test_fno_spectral_conv_complex_weights():
@@ -575,8 +953,8 @@ def test_unknown_and_unmapped_slugs():
     with pytest.raises(TypeError, match="unknown config keywords"):
         params_from_state_dict("diff_attention_v1", MultiheadDiffAttn(8, 1, 2).state_dict(), n_head=2)
     assert "diff_attention_v1" in supported_slugs() and "sdpa" not in supported_slugs()
-    with pytest.raises(ValueError, match="'gqa_mqa': the catalogue names no official PyTorch code"):
-        params_from_state_dict("gqa_mqa", {})
+    with pytest.raises(ValueError, match="'grouped_differential_attention': the catalogue names no official PyTorch"):
+        params_from_state_dict("grouped_differential_attention", {})
     with pytest.raises(ValueError, match=r"'sdpa': its official code \(tensorflow/tensor2tensor"):
         params_from_state_dict("sdpa", {})
 
@@ -591,7 +969,8 @@ def test_coverage_sorts_every_catalogue_mechanism():
     assert set(cov) == implemented
     assert {s for s, _ in cov.values()} <= set(STATUSES)
     assert {k for k, (s, _) in cov.items() if s == "mapped"} == set(supported_slugs())
-    assert cov["gqa_mqa"][0] == "no official code" and "repeat_kv" in cov["gqa_mqa"][1]
+    assert cov["grouped_differential_attention"][0] == "no official code"
+    assert cov["gqa_mqa"][0] == "mapped" and "LlamaAttention" in cov["gqa_mqa"][1]
     assert cov["sdpa"][0] == "not mapped yet" and "tensor2tensor" in cov["sdpa"][1]
     assert "softmax" not in cov  # a primitive, not a catalogue entry
 
@@ -605,6 +984,12 @@ def test_coverage_sorts_every_catalogue_mechanism():
     (lambda: LinearCrossAttention(8, 2), "gnot_hna_attention"),
     (lambda: LinearNO(6, temp=True), "linear_no_attention"),
     (lambda: SAB(5, 6, 2, ln=True), "set_transformer_blocks"),
+    (lambda: LlamaAttention(8, 4, 2, attention_bias=True), "gqa_mqa"),
+    (lambda: GALE(6, state_mixing_mode="concat_project"), "geotransolver_gale"),
+    (lambda: ScOTLayer(4, 2, 2, 1), "scot_poseidon_block"),
+    (lambda: LayerScale_Block_CA(8, 2, qkv_bias=True), "class_attention"),
+    (lambda: RestormerAttention(6, 3, True), "transposed_channel_attention"),
+    (lambda: XCA(8, 2, qkv_bias=True), "transposed_channel_attention"),
 ])
 def test_grads_to_state_dict_inverts_the_map(make, slug):
     m = make()

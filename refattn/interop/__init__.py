@@ -7,6 +7,10 @@ that need it: ``import refattn`` (and ``import refattn.interop``) never imports 
   refattn's params: transposes, fused-weight splits, prefixes, complex spectral weights,
   per-head norm stacking), its inverse on gradients ``grads_to_state_dict``, ``check_module``
   (your ``nn.Module`` against refattn, forward and every gradient) and ``supported_slugs``.
+* :mod:`refattn.interop.torch_specs` — the per-slug table those functions read: each mapped
+  mechanism's rules, the inputs ``check_module`` draws for it and how its upstream module is called.
+* :mod:`refattn.interop.coverage` — ``torch_coverage()``: every implemented catalogue mechanism as
+  mapped, not mapped yet, or without official code.
 
 The functions are reached through the module (``from refattn.interop.torch import
 check_module``): this package deliberately re-exports nothing, so that naming a framework's

@@ -42,513 +42,25 @@ gradient of every input and every parameter with
 torch is imported inside the functions that need it (``check_module``); ``params_from_state_dict``
 and ``grads_to_state_dict`` accept torch tensors or NumPy arrays and do not import torch at all.
 
-The per-slug table stays in this module beside the functions that read it, past 800 lines: a
-slug's rules, input builder and call convention are written and reviewed together.
+The per-slug table (the rules above, each slug's input builder and call convention) is in
+:mod:`refattn.interop.torch_specs`.
 """
 
 from __future__ import annotations
 
 import copy
 import inspect
-import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import registry
 from ..registry import Sample
-from ..testing.compare import CompareReport, compare_implementation, to_numpy
+from ..testing.compare import CompareReport, compare_implementation
+from .torch_specs import MODULE_CASES, SPECS, Spec, View, load_rules
 
 __all__ = ["params_from_state_dict", "grads_to_state_dict", "check_module", "supported_slugs",
            "MODULE_CASES"]
-
-
-# --------------------------------------------------------------------------------------------
-# Rules: one upstream name (or name family) <-> one refattn params key
-
-
-_np = to_numpy  # torch tensors (any device) or NumPy arrays to NumPy
-
-
-class _View:
-    """The state_dict entries under ``prefix``; records which keys the rules consumed."""
-
-    def __init__(self, state_dict: Mapping, prefix: str, slug: str):
-        self.slug, self.prefix = slug, prefix
-        self.items = {k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)}
-        self.used: set[str] = set()
-
-    def has(self, name: str) -> bool:
-        return name in self.items
-
-    def require(self, name: str) -> None:
-        if name not in self.items:
-            near = sorted(self.items)[:12]
-            raise ValueError(f"params_from_state_dict[{self.slug}]: the state_dict has no key "
-                             f"{self.prefix + name!r}; keys under prefix {self.prefix!r}: {near}"
-                             + (" ..." if len(self.items) > 12 else ""))
-
-    def get(self, name: str) -> np.ndarray:
-        self.require(name)
-        self.used.add(name)
-        return np.array(_np(self.items[name]))  # a copy: the params never alias the module's weights
-
-
-@dataclass(frozen=True)
-class _Named:
-    """``linear`` (transpose) or ``copy`` for every name matching ``pattern`` (a full-match regex);
-    the refattn key is the upstream name."""
-
-    pattern: str
-    transpose: bool
-
-    def load(self, view: _View, out: dict) -> None:
-        for name in sorted(view.items):
-            if name not in view.used and re.fullmatch(self.pattern, name):
-                a = view.get(name)
-                out[name] = a.T if self.transpose else a
-
-    def save(self, grads: dict, out: dict, used: set) -> None:
-        for name in list(grads):
-            if name not in used and re.fullmatch(self.pattern, name):
-                used.add(name)
-                g = _np(grads[name])
-                out[name] = g.T if self.transpose else g
-
-
-@dataclass(frozen=True)
-class _Strip:
-    """Upstream ``prefix + name`` to refattn ``name`` for names matching ``pattern`` (transposed or not)."""
-
-    prefix: str
-    pattern: str
-    transpose: bool
-
-    def load(self, view: _View, out: dict) -> None:
-        for name in sorted(view.items):
-            ref = name[len(self.prefix):]
-            if name not in view.used and name.startswith(self.prefix) and re.fullmatch(self.pattern, ref):
-                a = view.get(name)
-                out[ref] = a.T if self.transpose else a
-
-    def save(self, grads: dict, out: dict, used: set) -> None:
-        for name in list(grads):
-            if name not in used and re.fullmatch(self.pattern, name):
-                used.add(name)
-                g = _np(grads[name])
-                out[self.prefix + name] = g.T if self.transpose else g
-
-
-@dataclass(frozen=True)
-class _Split:
-    """A fused projection ``up`` split into ``len(refs)`` equal row blocks (transposed if a weight)."""
-
-    refs: tuple
-    up: str
-    transpose: bool
-    optional: bool = False
-
-    def load(self, view, out):
-        if self.optional and not view.has(self.up):
-            return
-        a = view.get(self.up)
-        if a.shape[0] % len(self.refs):
-            raise ValueError(f"params_from_state_dict[{view.slug}]: {view.prefix + self.up} has {a.shape[0]} rows, "
-                             f"not divisible into {len(self.refs)} blocks ({', '.join(self.refs)})")
-        for r, block in zip(self.refs, np.split(a, len(self.refs), axis=0)):
-            out[r] = block.T if self.transpose else block
-
-    def save(self, grads, out, used):
-        if not all(r in grads for r in self.refs):
-            return
-        used.update(self.refs)
-        out[self.up] = np.concatenate([_np(grads[r]).T if self.transpose else _np(grads[r]) for r in self.refs],
-                                      axis=0)
-
-
-@dataclass(frozen=True)
-class _Rename:
-    """One upstream name to one refattn key, transposed or not."""
-
-    ref: str
-    up: str
-    transpose: bool
-    optional: bool = False
-
-    def load(self, view, out):
-        if self.optional and not view.has(self.up):
-            return
-        a = view.get(self.up)
-        out[self.ref] = a.T if self.transpose else a
-
-    def save(self, grads, out, used):
-        if self.ref in grads:
-            used.add(self.ref)
-            g = _np(grads[self.ref])
-            out[self.up] = g.T if self.transpose else g
-
-
-@dataclass(frozen=True)
-class _Stack:
-    """Per-head modules ``{base}.{i}.{leaf}`` for i = 0, 1, ... stacked into ``{base}.{leaf}``."""
-
-    base: str
-    leaf: str
-
-    def load(self, view, out):
-        n = 0
-        while view.has(f"{self.base}.{n}.{self.leaf}"):
-            n += 1
-        if n:
-            out[f"{self.base}.{self.leaf}"] = np.stack([view.get(f"{self.base}.{i}.{self.leaf}") for i in range(n)])
-
-    def save(self, grads, out, used):
-        key = f"{self.base}.{self.leaf}"
-        if key in grads:
-            used.add(key)
-            for i, g in enumerate(_np(grads[key])):
-                out[f"{self.base}.{i}.{self.leaf}"] = g
-
-
-@dataclass(frozen=True)
-class _Complex:
-    """A complex weight ``up`` as ``{up}_real`` and ``{up}_imag``."""
-
-    up: str
-    optional: bool = False
-
-    def load(self, view, out):
-        if self.optional and not view.has(self.up):
-            return
-        a = view.get(self.up)
-        if not np.iscomplexobj(a):
-            raise ValueError(f"params_from_state_dict[{view.slug}]: {view.prefix + self.up} must be a complex "
-                             f"tensor (torch.cfloat/cdouble, as upstream); got dtype {a.dtype}")
-        out[f"{self.up}_real"], out[f"{self.up}_imag"] = a.real.copy(), a.imag.copy()
-
-    def save(self, grads, out, used):
-        r, i = f"{self.up}_real", f"{self.up}_imag"
-        if r in grads and i in grads:
-            used.update((r, i))
-            out[self.up] = _np(grads[r]) + 1j * _np(grads[i])
-
-
-@dataclass(frozen=True)
-class _Reshape:
-    """``up`` of shape ``up_shape(n)`` flattened to ``(n,)`` under the same name."""
-
-    name: str
-    up_shape: Callable
-    optional: bool = False
-
-    def load(self, view, out):
-        if self.optional and not view.has(self.name):
-            return
-        out[self.name] = view.get(self.name).reshape(-1)
-
-    def save(self, grads, out, used):
-        if self.name in grads:
-            used.add(self.name)
-            g = _np(grads[self.name])
-            out[self.name] = g.reshape(self.up_shape(g.size))
-
-
-# --------------------------------------------------------------------------------------------
-# Input batteries: names -> sizes; each slug's builder draws inputs of those sizes for the module
-
-MODULE_CASES = {
-    "small": dict(b=2, n=5, m=7),
-    "odd": dict(b=3, n=7, m=11),
-    "one_token": dict(b=1, n=1, m=3),
-    "long": dict(b=1, n=16, m=9),
-}
-"""The battery ``check_module`` runs: batch ``b``, query points ``n`` and key/context points
-``m`` (cross-attention only). Grid operators map ``n`` to their grid (see each slug's builder)."""
-
-
-@dataclass
-class _Spec:
-    slug: str
-    upstream: str
-    rules: list
-    required: tuple = ()
-    call: Callable = None
-    """call(module, inputs (torch, refattn names), config (refattn)) -> output tensor"""
-    build: Callable = None
-    """build(rng, params, config, sizes) -> (inputs, extra config)"""
-    attrs: dict = field(default_factory=dict)
-    """refattn config keyword -> module attribute read by check_module (your config wins)"""
-    unsupported: dict = field(default_factory=dict)
-    """upstream key -> why refattn cannot take it"""
-    infer: Callable = None
-    """infer(state_dict keys) -> config the weights imply (check_module; your config wins)"""
-    save_pick: Callable = None
-    """save_pick(grads) -> the rules to use for the inverse map (when the load rules depend on keys)"""
-
-
-_SPECS: dict[str, _Spec] = {}
-
-
-def _spec(*specs: _Spec) -> None:
-    for s in specs:
-        _SPECS[s.slug] = s
-
-
-# ---- torch.nn.MultiheadAttention
-
-
-def _mha_fused(keys) -> bool:
-    return "in_proj_weight" in keys
-
-
-_MHA_TAIL = [_Split(("q_proj_bias", "k_proj_bias", "v_proj_bias"), "in_proj_bias", transpose=False, optional=True),
-             _Rename("out_proj", "out_proj.weight", True), _Rename("out_proj_bias", "out_proj.bias", False, True),
-             _Reshape("bias_k", lambda n: (1, 1, n), optional=True),  # add_bias_kv: (1, 1, E) -> (E,)
-             _Reshape("bias_v", lambda n: (1, 1, n), optional=True)]
-_MHA_FUSED = [_Split(("q_proj", "k_proj", "v_proj"), "in_proj_weight", transpose=True)] + _MHA_TAIL
-_MHA_SEPARATE = [_Rename("q_proj", "q_proj_weight", True), _Rename("k_proj", "k_proj_weight", True),
-                 _Rename("v_proj", "v_proj_weight", True)] + _MHA_TAIL
-
-
-def _mha_call(module, inp, cfg):
-    x = inp["x"]
-    ctx = inp.get("context", x)
-    val = inp.get("value", ctx)
-    if not getattr(module, "batch_first", True):
-        x, ctx, val = x.transpose(0, 1), ctx.transpose(0, 1), val.transpose(0, 1)
-    out = module(x, ctx, val, need_weights=False)[0]
-    return out if getattr(module, "batch_first", True) else out.transpose(0, 1)
-
-
-def _mha_build(rng, p, cfg, z):
-    c, ck, cv = p["q_proj"].shape[0], p["k_proj"].shape[0], p["v_proj"].shape[0]
-    inp = {"x": rng.standard_normal((z["b"], z["n"], c))}
-    if ck != c or cv != c or z.get("cross"):
-        inp["context"] = rng.standard_normal((z["b"], z["m"], ck))
-    if cv != ck:  # torch's vdim != kdim: a separate value input
-        inp["value"] = rng.standard_normal((z["b"], z["m"], cv))
-    return inp, {}
-
-
-def _mha_save_pick(grads):
-    q, k, v = (np.shape(grads.get(n, ())) for n in ("q_proj", "k_proj", "v_proj"))
-    fused = len(q) == 2 and q[0] == k[0] == v[0]  # torch fuses iff kdim == vdim == embed_dim
-    return _MHA_FUSED if fused else _MHA_SEPARATE
-
-
-# ---- DIFF V1 / V2 / DiffCLIP: upstream names, Linear weights transposed
-
-
-def _rope_for(cfg, n, d):
-    """unilm's RoPE tables for ``n`` tokens, unless the caller's config sets ``rel_pos``."""
-    if not (isinstance(cfg.get("rel_pos", "auto"), str) and cfg.get("rel_pos", "auto") == "auto"):
-        return {}
-    from ..attention.differential.layer import rope_tables
-
-    return {"rel_pos": rope_tables(n, d)}
-
-
-def _torch_rel_pos(cfg):
-    rel = cfg.get("rel_pos")
-    if rel is None:
-        return None
-    import torch
-
-    return tuple(t if isinstance(t, torch.Tensor) else torch.from_numpy(np.asarray(t)) for t in rel)
-
-
-def _diff_build(rng, p, cfg, z):
-    c = p["q_proj.weight"].shape[0]
-    d = p["q_proj.weight"].shape[1] // (2 * int(cfg["num_heads"]))
-    return {"x": rng.standard_normal((z["b"], z["n"], c))}, _rope_for(cfg, z["n"], d)
-
-
-def _x_build(key):
-    def build(rng, p, cfg, z):
-        return {"x": rng.standard_normal((z["b"], z["n"], p[key].shape[0]))}, {}
-    return build
-
-
-def _call_rel_pos(module, inp, cfg):
-    return module(inp["x"], _torch_rel_pos(cfg))
-
-
-def _call_x(module, inp, cfg):
-    return module(inp["x"])
-
-
-_LAMBDAS = _Named(r"lambda_[qk][12]", transpose=False)
-
-# ---- Galerkin / Fourier SimpleAttention
-
-
-def _galerkin_build(rng, p, cfg, z):
-    c = p["linears.0.weight"].shape[0]
-    inp = {"x": rng.standard_normal((z["b"], z["n"], c))}
-    if "fc.weight" in p:  # upstream builds fc only for coordinates (pos_dim > 0)
-        h = int(cfg["n_head"])
-        npos = (p["fc.weight"].shape[0] - c) // h
-        inp["pos"] = rng.uniform(0, 1, (z["b"], z["n"], npos))
-    return inp, {}
-
-
-def _galerkin_call(module, inp, cfg):
-    x = inp["x"]
-    return module(x, x, x, pos=inp.get("pos"))[0]
-
-
-def _galerkin_rules(norms):
-    return [_Named(r"linears\.[012]\.weight|fc\.weight", True), _Named(r"linears\.[012]\.bias|fc\.bias", False)] + [
-        _Stack(f"norm_{t}", leaf) for t in norms for leaf in ("weight", "bias")]
-
-
-# ---- Transolver, GNOT
-
-
-def _transolver_rules(config):
-    # Physics_Attention_Structured_Mesh_2D/3D (mesh_shape given): in_project_x/fx are Conv2d/3d,
-    # whose kernels keep torch's layout (C_out, C_in, k...) in refattn
-    conv = config.get("mesh_shape") is not None
-    front = r"in_project_(x|fx)\.weight"
-    return [_Named(front, not conv),
-            _Named(r"in_project_slice\.weight|to_[qkv]\.weight|to_out\.0\.weight", True),
-            _Named(r"in_project_(x|fx|slice)\.bias|to_out\.0\.bias", False),
-            _Reshape("temperature", lambda n: (1, n, 1, 1))]
-
-
-def _transolver_build(rng, p, cfg, z):
-    mesh = cfg.get("mesh_shape")
-    n = z["n"] if mesh is None else int(np.prod(mesh))
-    c = p["in_project_x.weight"].shape[0 if mesh is None else 1]
-    return {"x": rng.standard_normal((z["b"], n, c))}, {}
-
-
-def _gnot_build(rng, p, cfg, z):
-    c = p["query.weight"].shape[0]
-    inp = {"x": rng.standard_normal((z["b"], z["n"], c))}
-    if "keys.0.weight" in p:
-        inp["y"] = rng.standard_normal((z["b"], z["m"], p["keys.0.weight"].shape[0]))
-    return inp, {}
-
-
-def _gnot_call(module, inp, cfg):
-    if "y" in inp:
-        return module(inp["x"], [inp["y"]])
-    return module(inp["x"])
-
-
-_LINEAR_NO_RULES = [
-    _Named(r"in_project_x\.weight|to_[qkv]\.weight|to_out\.0\.weight", True),
-    _Named(r"in_project_x\.bias|to_out\.0\.bias", False),
-    _Reshape("temperature_q", lambda n: (1, n, 1, 1), optional=True),
-    _Reshape("temperature_k", lambda n: (1, n, 1, 1), optional=True),
-]
-
-
-# ---- Set Transformer: SAB keeps MAB's names unprefixed in refattn (upstream SAB holds it as .mab)
-
-
-def _set_rules(config):
-    if config.get("block", "sab") == "sab":
-        return [_Strip("mab.", r"fc_[qkvo]\.weight", True),
-                _Strip("mab.", r"fc_[qkvo]\.bias|ln[01]\.(weight|bias)", False)]
-    return [_Named(r"mab[01]?\.fc_[qkvo]\.weight", True),
-            _Named(r"mab[01]?\.(fc_[qkvo]\.bias|ln[01]\.(weight|bias))|S|I", False)]
-
-
-def _set_infer(keys):
-    block = "isab" if "I" in keys else "pma" if "S" in keys else "sab"
-    return {"block": block, "ln": any(".ln0." in k for k in keys)}
-
-
-def _set_build(rng, p, cfg, z):
-    key = next(k for k in ("fc_k.weight", "mab.fc_k.weight", "mab0.fc_k.weight") if k in p)
-    return {"x": rng.standard_normal((z["b"], z["n"], p[key].shape[0]))}, {}
-
-
-# ---- FNO spectral conv, AFNO
-
-
-def _fno_build(rng, p, cfg, z):
-    w = p["weights1_real"]
-    m = w.shape[2:]
-    # a grid with room for both corners on the full axis (2 m1 <= n1) and m2 <= n2 // 2 + 1
-    grid = [2 * m[0] + z["n"] % 3] + [2 * mi + z["n"] % 2 for mi in m[1:]]
-    return {"x": rng.standard_normal((z["b"], *grid, w.shape[0]))}, {}
-
-
-def _fno_call(module, inp, cfg):
-    x = inp["x"]
-    nd = x.dim()
-    y = module(x.movedim(-1, 1))  # upstream is channel-first (B, C, n1[, n2])
-    return y.movedim(1, nd - 1)
-
-
-def _afno_build(rng, p, cfg, z):
-    c = p["w1"].shape[1] * p["w1"].shape[2]
-    h = 4 + z["n"] % 3
-    return {"x": rng.standard_normal((z["b"], h, h + 1, c))}, {}
-
-
-_spec(
-    _Spec("multi_head_attention", "PyTorch torch/nn/modules/activation.py (torch.nn.MultiheadAttention)",
-          rules=None, call=_mha_call, build=_mha_build,
-          attrs={"num_heads": "num_heads", "add_zero_attn": "add_zero_attn"}, save_pick=_mha_save_pick),
-    _Spec("diff_attention_v1", "microsoft/unilm Diff-Transformer/multihead_diffattn.py@637157e (MultiheadDiffAttn; "
-          "multihead_flashdiff_1.py with gqa_pairing='flash')",
-          rules=[_Named(r"[qkv]_proj\.weight|out_proj\.weight", True), _LAMBDAS, _Named(r"subln\.weight", False)],
-          required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", "lambda_q1", "lambda_k1",
-                    "lambda_q2", "lambda_k2"),
-          call=_call_rel_pos, build=_diff_build,
-          attrs={"num_heads": "num_heads", "num_kv_heads": "num_kv_heads", "lambda_init": "lambda_init"}),
-    _Spec("diff_attention_v2", "microsoft/unilm Diff-Transformer/Diff-Transformer-V2/multihead_flashdiffv2.py",
-          rules=[_Named(r"[qkv]_proj\.weight|o_proj\.weight|lambda_proj\.weight", True)],
-          required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "lambda_proj.weight"),
-          call=_call_rel_pos, build=_diff_build, attrs={"num_heads": "num_heads", "num_kv_heads": "num_kv_heads"}),
-    _Spec("diffclip_attention", "hammoudhasan/DiffCLIP diff_attention.py (DiffAttention)",
-          rules=[_Named(r"[qkv]_proj\.weight|out_proj\.weight", True), _Named(r"[qkv]_proj\.bias|out_proj\.bias", False),
-                 _LAMBDAS, _Named(r"diff_norm\.weight", False)],
-          required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", "out_proj.bias",
-                    "lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"),
-          call=_call_x, build=_x_build("q_proj.weight"), attrs={"num_heads": "num_heads"}),
-    _Spec("galerkin_attention", "scaomath/galerkin-transformer libs/layers.py@2c9d23e (SimpleAttention, "
-          "attention_type='galerkin')",
-          rules=_galerkin_rules("KV"), required=("linears.0.weight", "linears.1.weight", "linears.2.weight"),
-          call=_galerkin_call, build=_galerkin_build, attrs={"n_head": "n_head"}),
-    _Spec("fourier_type_attention", "scaomath/galerkin-transformer libs/layers.py@2c9d23e (SimpleAttention, "
-          "attention_type='fourier')",
-          rules=_galerkin_rules("QK"), required=("linears.0.weight", "linears.1.weight", "linears.2.weight"),
-          call=_galerkin_call, build=_galerkin_build, attrs={"n_head": "n_head"}),
-    _Spec("transolver_physics_attention", "thuml/Transolver PDE-Solving-StandardBenchmark/model/Physics_Attention.py@1f53c15 "
-          "(Physics_Attention_Irregular_Mesh; Structured_Mesh_2D/3D with mesh_shape=)",
-          rules=_transolver_rules,
-          required=("in_project_x.weight", "in_project_fx.weight", "in_project_slice.weight", "temperature",
-                    "to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight"),
-          call=_call_x, build=_transolver_build, attrs={"n_head": "heads"}),
-    _Spec("gnot_hna_attention", "HaoZhongkai/GNOT models/cgpt.py@5df0390 (LinearAttention, LinearCrossAttention)",
-          rules=[_Named(r"(query|key|value|proj|keys\.\d+|values\.\d+)\.weight", True),
-                 _Named(r"(query|key|value|proj|keys\.\d+|values\.\d+)\.bias", False)],
-          required=("query.weight", "proj.weight"),
-          call=_gnot_call, build=_gnot_build, attrs={"n_head": "n_head"}),
-    _Spec("linear_no_attention", "HiPRL/LinearNO Standard_PDE_Benchmark/model/LinearAttnNeuralOperator.py@3f2b80d "
-          "(LinearNO, LinearNO_temp)",
-          rules=_LINEAR_NO_RULES,
-          required=("in_project_x.weight", "to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight"),
-          call=_call_x, build=_x_build("in_project_x.weight"), attrs={"n_head": "heads"}),
-    _Spec("set_transformer_blocks", "juho-lee/set_transformer modules.py (SAB, ISAB, PMA; block= says which)",
-          rules=_set_rules, call=_call_x, build=_set_build, infer=_set_infer,
-          attrs={"num_heads": ("mab.num_heads", "mab0.num_heads")}),
-    _Spec("fno_spectral_conv", "zongyi-li/fourier_neural_operator fourier_1d.py / fourier_2d.py@4ed7737 "
-          "(SpectralConv1d, SpectralConv2d)",
-          rules=[_Complex("weights1"), _Complex("weights2", optional=True)], required=("weights1",),
-          call=_fno_call, build=_fno_build),
-    _Spec("afno_dpot_fourier_mixer", "NVlabs/AFNO-transformer afno/afno2d.py@c3271a2 (AFNO2D); thu-ml/DPOT models/dpot.py "
-          "(AFNO2D, channel-last input)",
-          rules=[_Named(r"[wb][12]", False)], required=("w1", "b1", "w2", "b2"),
-          call=_call_x, build=_afno_build, attrs={"num_blocks": "num_blocks",
-                                                   "hard_thresholding_fraction": "hard_thresholding_fraction"}),
-)
 
 
 # --------------------------------------------------------------------------------------------
@@ -557,14 +69,14 @@ _spec(
 
 def supported_slugs() -> dict[str, str]:
     """``{slug: upstream module}`` for every mechanism ``params_from_state_dict`` maps."""
-    return {s: spec.upstream for s, spec in _SPECS.items()}
+    return {s: spec.upstream for s, spec in SPECS.items()}
 
 
-def _get_spec(slug) -> _Spec:
+def _getadd_specs(slug) -> Spec:
     if not isinstance(slug, str):
         raise TypeError(f"slug must be a registry slug (str); got {type(slug).__name__}")
-    if slug in _SPECS:
-        return _SPECS[slug]
+    if slug in SPECS:
+        return SPECS[slug]
     try:
         rec = registry.get(slug)
     except registry.UnknownMechanism as exc:
@@ -574,11 +86,11 @@ def _get_spec(slug) -> _Spec:
            else f"its official code ({code}) has no state_dict table here yet")
     raise ValueError(f"refattn.interop.torch has no state_dict mapping for {rec.slug!r}: {why} "
                      f"(refattn.interop.coverage.torch_coverage() lists every mechanism). Mapped slugs: "
-                     f"{', '.join(_SPECS)}. Build its params by hand (weights (in, out) = torch weight.T) "
+                     f"{', '.join(SPECS)}. Build its params by hand (weights (in, out) = torch weight.T) "
                      f"and check them with refattn.testing.compare_implementation.")
 
 
-def _check_config(spec: _Spec, config: dict) -> None:
+def _check_config(spec: Spec, config: dict) -> None:
     rec = registry.get(spec.slug)
     sig = inspect.signature(rec.forward)
     allowed = {n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY}
@@ -588,10 +100,6 @@ def _check_config(spec: _Spec, config: dict) -> None:
                         f"{sorted(allowed)}")
 
 
-def _load_rules(spec: _Spec, keys, config) -> list:
-    if spec.slug == "multi_head_attention":
-        return _MHA_FUSED if _mha_fused(keys) else _MHA_SEPARATE
-    return spec.rules(config) if callable(spec.rules) else spec.rules
 
 
 def params_from_state_dict(slug: str, state_dict: Mapping, *, prefix: str = "", strict: bool = True,
@@ -626,18 +134,18 @@ def params_from_state_dict(slug: str, state_dict: Mapping, *, prefix: str = "", 
         A slug without mapping (the message says so), a missing key (named, with its prefix), a
         key refattn has no counterpart for (``strict``), a fused weight that does not split.
     """
-    spec = _get_spec(slug)
+    spec = _getadd_specs(slug)
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping of names to tensors; got {type(state_dict).__name__}")
     _check_config(spec, config)
-    view = _View(state_dict, prefix, spec.slug)
+    view = View(state_dict, prefix, spec.slug)
     if not view.items:
         raise ValueError(f"params_from_state_dict[{spec.slug}]: no key starts with prefix {prefix!r}; "
                          f"first keys: {sorted(state_dict)[:8]}")
     for name in spec.required:
         view.require(name)  # a missing required key is named here, before anything else
     out: dict = {}
-    for rule in _load_rules(spec, view.items, config):
+    for rule in load_rules(spec, view.items, config):
         rule.load(view, out)
     left = sorted(set(view.items) - view.used)
     if strict and left:
@@ -657,7 +165,7 @@ def grads_to_state_dict(slug: str, grads: Mapping, *, prefix: str = "", **config
     Returns NumPy arrays keyed ``prefix + upstream name`` (complex for a complex upstream weight),
     e.g. for ``p.grad = torch.from_numpy(g[name])``.
     """
-    spec = _get_spec(slug)
+    spec = _getadd_specs(slug)
     if not isinstance(grads, Mapping):
         raise TypeError(f"grads must be a dict of gradients; got {type(grads).__name__}")
     _check_config(spec, config)
@@ -703,7 +211,9 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
     Parameters
     ----------
     module
-        A ``torch.nn.Module`` computing mechanism ``slug`` with upstream parameter names.
+        A ``torch.nn.Module`` computing mechanism ``slug`` with upstream parameter names (for a
+        per-layer mechanism of a layer stack, e.g. CRATE, a stack of depth 1: the table reads
+        its first layer).
     slug
         A slug of :func:`supported_slugs`.
     config
@@ -730,7 +240,7 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
     """
     import torch
 
-    spec = _get_spec(slug)
+    spec = _getadd_specs(slug)
     rec = registry.get(spec.slug)
     tdt = _torch_dtype(torch, torch.float64 if dtype is None else dtype)
     np_dt = np.float64 if tdt == torch.float64 else np.float32
@@ -748,6 +258,8 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
             val = _attr_path(m, path)
             if kw not in cfg and isinstance(val, (int, float)):
                 cfg[kw] = val
+    for kw, val in spec.defaults.items():
+        cfg.setdefault(kw, val)
     if spec.infer is not None:
         for kw, val in spec.infer(m.state_dict().keys()).items():
             cfg.setdefault(kw, val)
@@ -758,7 +270,7 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
         raise ValueError(f"check_module[{spec.slug}]: config must give {needed}"
                          + (f" (read from the module's attributes {hint} when it has them)" if hint else ""))
     base_cfg = {k: v for k, v in cfg.items() if k != "rel_pos"}
-    params = params_from_state_dict(spec.slug, m.state_dict(), **base_cfg)
+    params = params_from_state_dict(spec.slug, m.state_dict(), prefix=spec.module_prefix, **base_cfg)
     params = {k: v.astype(np.float64) for k, v in params.items()}
     names_avail = dict(MODULE_CASES)
     if spec.slug == "multi_head_attention":
@@ -808,7 +320,7 @@ def _module_run(torch, m, rec, spec, call, smp: Sample, seed, tdt, np_dt, rtol, 
               for (n, p), g in zip(named_params.items(), gs[len(diff_inputs):])}
         # buffers carry no gradient; the table only reads the keys it maps
         sd.update({n: torch.zeros_like(b) for n, b in m.named_buffers() if n not in sd})
-        res.update(params_from_state_dict(spec.slug, sd, strict=False, **run_cfg))
+        res.update(params_from_state_dict(spec.slug, sd, prefix=spec.module_prefix, strict=False, **run_cfg))
         return res
 
     return compare_implementation(fn, rec, vjp=vjp, sample=smp, seed=seed, dtype=np_dt,
