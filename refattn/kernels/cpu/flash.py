@@ -23,8 +23,6 @@ import numpy as np
 
 from . import _attention as _k
 from ._common import (
-    DEFAULT_BLOCK_K,
-    DEFAULT_BLOCK_Q,
     bwd_splits,
     check_dout,
     compute_dtype,
@@ -33,6 +31,7 @@ from ._common import (
     mask_buffers,
     readonly,
     run_kernel,
+    sdpa_blocks,
     validate_config,
     validate_qkv,
 )
@@ -45,7 +44,7 @@ BACKEND = "numba_cpu"
 def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
                             causal_alignment: str = "top_left", scale=None, softcap=None,
                             kv_group_map: str = "contiguous", return_lse: bool = False,
-                            block_q: int = DEFAULT_BLOCK_Q, block_k: int = DEFAULT_BLOCK_K):
+                            block_q: int | None = None, block_k: int | None = None):
     r"""Scaled dot-product attention, fused and tiled (Numba CPU).
 
     $O = \mathrm{softmax}(T(s\,QK^\top) + M)\,V$, computed one query tile at a time with an online
@@ -67,8 +66,10 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
         GQA: query head $h$ uses kv head $h // (H/H_{kv})$ or $h \bmod H_{kv}$.
     return_lse : bool
         Accepted for signature symmetry with the reference; the LSE is always ``cache["lse"]``.
-    block_q, block_k : int
-        Query / key tile sizes.
+    block_q, block_k : int, optional
+        Query / key tile sizes; by default chosen from ``N`` and ``is_causal``
+        (:func:`refattn.kernels.cpu._common.sdpa_blocks`: ``512 x 256`` non-causal, ``128 x 512``
+        causal up to ``N = 1024``, ``256 x 256`` above).
 
     Returns
     -------
@@ -78,9 +79,11 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
     if not isinstance(return_lse, (bool, np.bool_)):
         raise TypeError(f"return_lse must be a bool; got {type(return_lse).__name__}")
     q, k, v = validate_qkv(q, k, v)
-    attn_mask, is_causal, scale, softcap, block_q, block_k = validate_config(
+    attn_mask, is_causal, scale, softcap, bq_in, bk_in = validate_config(
         q.shape, k.shape[-2], attn_mask, is_causal, causal_alignment, scale, softcap, kv_group_map,
-        block_q, block_k)
+        1 if block_q is None else block_q, 1 if block_k is None else block_k)
+    block_q, block_k = sdpa_blocks(q.shape[-2], is_causal, None if block_q is None else bq_in,
+                                   None if block_k is None else bk_in)
     dt = compute_dtype(q, k, v)
     lead = q.shape[:-3]
     h, n, d = q.shape[-3:]
