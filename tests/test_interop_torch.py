@@ -968,7 +968,9 @@ def test_coverage_sorts_every_catalogue_mechanism():
     implemented = {r.slug for r in registry.all(implemented=True)} & set(registry.catalog_rows())
     assert set(cov) == implemented
     assert {s for s, _ in cov.values()} <= set(STATUSES)
-    assert {k for k, (s, _) in cov.items() if s == "mapped"} == set(supported_slugs())
+    assert {k for k, (s, _) in cov.items() if s == "mapped"} == {k.removesuffix(":layer") for k in supported_slugs()}
+    mta = cov["multi_token_attention"]
+    assert mta[0] == "mapped" and mta[1].startswith("multi_token_attention:layer: ")
     assert cov["grouped_differential_attention"][0] == "no official code"
     assert cov["gqa_mqa"][0] == "mapped" and "LlamaAttention" in cov["gqa_mqa"][1]
     assert cov["sdpa"][0] == "not mapped yet" and "tensor2tensor" in cov["sdpa"][1]
@@ -1017,3 +1019,53 @@ def test_docs_page_examples_run():
     assert len(blocks) == 3
     for block in blocks:
         exec(compile(block, "port-an-official-module.md", "exec"), {"__name__": "__docs__"})
+
+
+# ------------------------------------------------------------------------------ full layers ("slug:layer")
+# The modules are those of tests/test_fidelity_layers.py, written from the upstream files cited in
+# tests/_upstream_layers.py (file@commit); check_module maps their state_dicts by the "slug:layer"
+# specs (the layer function, not the record's core) and compares forward and every gradient.
+
+import _upstream_layers as U  # noqa: E402
+
+_LAYER_CASES = {
+    "multi_token_attention": {
+        "gqa_both_gate1d": lambda r: U.mta_attention(r, dim=6, head_dim=2, n_heads=4, n_kv_heads=2, rope_theta=100.0,
+                                                     pad_key="both", layer_norm_rescale=True, layer_id=2),
+        "mqa_left_wposm": lambda r: U.mta_attention(r, dim=6, head_dim=2, n_heads=4, n_kv_heads=1, pad_key="left",
+                                                    head_kernel_size=None, gate_1d=False),
+        "mha_right": lambda r: U.mta_attention(r, dim=6, head_dim=2, n_heads=4, n_kv_heads=4, pad_key="right")},
+}
+
+
+def _layer_params():
+    return [pytest.param(slug, name, id=f"{slug}-{name}") for slug, cases in _LAYER_CASES.items() for name in cases]
+
+
+@pytest.mark.parametrize("slug,case", _layer_params())
+def test_full_layer_check_module(slug, case):
+    layer = _LAYER_CASES[slug][case](np.random.default_rng(20))
+    _assert_pass(check_module(layer.module, f"{slug}:layer", config=layer.config, seeds=(0,)))
+
+
+@pytest.mark.parametrize("slug", sorted(_LAYER_CASES))
+def test_full_layer_maps_state_dict_and_grads_back(slug):
+    layer = next(iter(_LAYER_CASES[slug].values()))(np.random.default_rng(21))
+    sd = layer.module.double().state_dict()
+    p = params_from_state_dict(f"{slug}:layer", sd)
+    ref = layer.params_from_state_dict({k: v.numpy() for k, v in sd.items()})
+    assert set(ref) <= set(p)
+    for k in ref:
+        np.testing.assert_array_equal(p[k], ref[k])
+    back = grads_to_state_dict(f"{slug}:layer", p, prefix="attn.")
+    assert sorted(back) == sorted("attn." + k for k in sd)
+    for k, v in sd.items():
+        np.testing.assert_array_equal(back["attn." + k], v.numpy())
+
+
+def test_full_layer_slugs_are_named_explicitly():
+    assert "multi_token_attention:layer" in supported_slugs() and "multi_token_attention" not in supported_slugs()
+    with pytest.raises(ValueError, match="pass the slug 'multi_token_attention:layer'"):
+        params_from_state_dict("multi_token_attention", {})
+    with pytest.raises(ValueError, match="the only suffix is ':layer'"):
+        params_from_state_dict("sdpa:layer", {})
