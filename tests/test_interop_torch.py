@@ -1035,6 +1035,7 @@ _LAYER_CASES = {
         "mqa_left_wposm": lambda r: U.mta_attention(r, dim=6, head_dim=2, n_heads=4, n_kv_heads=1, pad_key="left",
                                                     head_kernel_size=None, gate_1d=False),
         "mha_right": lambda r: U.mta_attention(r, dim=6, head_dim=2, n_heads=4, n_kv_heads=4, pad_key="right")},
+    "mala_linear_attention": {"d8": lambda r: U.mala_attention(r, dim=16, num_heads=2)},
 }
 
 

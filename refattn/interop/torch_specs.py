@@ -816,4 +816,8 @@ add_specs(
          rules=[_Named(r"(wq|wk|wv|wo|wpsm|wposm|gate)\.weight", True),
                 _Named(r"wo\.bias|mta_kernel(_after_sm)?|head_kernel|subln\.weight|gate\.bias", False)],
          required=("wq.weight", "wk.weight", "wv.weight", "wo.weight"), call=_call_x, build=_x_build("wq.weight")),
+    Spec("mala_linear_attention", "qhfan/MALA classfication_release/model.py@7114e63 (AddLinearAttention with its "
+         "RoPE; conv kernels keep torch's layout)", layer=_layer("differential.mala", "mala_layer"),
+         rules=[_Named(r"(qkvo|lepe|proj)\.(weight|bias)", False)], required=("qkvo.weight", "lepe.weight"),
+         call=_call_x, build=_grid("qkvo.weight"), attrs={"num_heads": "num_heads"}),
 )
