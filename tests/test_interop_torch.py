@@ -1036,6 +1036,10 @@ _LAYER_CASES = {
                                                     head_kernel_size=None, gate_1d=False),
         "mha_right": lambda r: U.mta_attention(r, dim=6, head_dim=2, n_heads=4, n_kv_heads=4, pad_key="right")},
     "mala_linear_attention": {"d8": lambda r: U.mala_attention(r, dim=16, num_heads=2)},
+    "sinkformer_attention": {
+        "h2": lambda r: U.sinkformer_attention_layer(r, dim=6, heads=2, dim_head=3, max_iter=3, eps=1.0),
+        "h3_eps07": lambda r: U.sinkformer_attention_layer(r, dim=6, heads=3, dim_head=2, max_iter=4, eps=0.7),
+        "identity_out": lambda r: U.sinkformer_attention_layer(r, dim=6, heads=1, dim_head=6, max_iter=1)},
 }
 
 

@@ -820,4 +820,8 @@ add_specs(
          "RoPE; conv kernels keep torch's layout)", layer=_layer("differential.mala", "mala_layer"),
          rules=[_Named(r"(qkvo|lepe|proj)\.(weight|bias)", False)], required=("qkvo.weight", "lepe.weight"),
          call=_call_x, build=_grid("qkvo.weight"), attrs={"num_heads": "num_heads"}),
+    Spec("sinkformer_attention", "michaelsdr/sinkformers vit-pytorch/vit_pytorch/vit.py@045d933 (Attention with "
+         "SinkhornDistance)", layer=_layer("linear.sinkformer", "sinkformer_layer"),
+         rules=[_Named(r"to_qkv\.weight|to_out\.0\.weight", True), _Named(r"to_out\.0\.bias", False)],
+         required=("to_qkv.weight",), call=_call_x, build=_x_build("to_qkv.weight"), attrs={"heads": "heads"}),
 )
