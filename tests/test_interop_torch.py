@@ -1040,6 +1040,8 @@ _LAYER_CASES = {
         "h2": lambda r: U.sinkformer_attention_layer(r, dim=6, heads=2, dim_head=3, max_iter=3, eps=1.0),
         "h3_eps07": lambda r: U.sinkformer_attention_layer(r, dim=6, heads=3, dim_head=2, max_iter=4, eps=0.7),
         "identity_out": lambda r: U.sinkformer_attention_layer(r, dim=6, heads=1, dim_head=6, max_iter=1)},
+    "alibi": {"h4": lambda r: U.alibi_self_attention(r, embed_dim=12, num_heads=4),
+              "h6": lambda r: U.alibi_self_attention(r, embed_dim=12, num_heads=6)},
 }
 
 

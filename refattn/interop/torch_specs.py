@@ -824,4 +824,10 @@ add_specs(
          "SinkhornDistance)", layer=_layer("linear.sinkformer", "sinkformer_layer"),
          rules=[_Named(r"to_qkv\.weight|to_out\.0\.weight", True), _Named(r"to_out\.0\.bias", False)],
          required=("to_qkv.weight",), call=_call_x, build=_x_build("to_qkv.weight"), attrs={"heads": "heads"}),
+    Spec("alibi", "ofirpress/attention_with_linear_biases fairseq/models/transformer.py@4b92f28 (decoder "
+         "self-attention: fairseq MultiheadAttention with buffered_future_mask's ALiBi bias; called on (T, B, C))",
+         layer=_layer("softmax.alibi", "alibi_layer"),
+         rules=[_Named(r"(q|k|v|out)_proj\.weight", True), _Named(r"(q|k|v|out)_proj\.bias|alibi_slopes", False)],
+         required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"), call=_alibi_call,
+         build=_x_build("q_proj.weight"), attrs={"num_heads": "num_heads"}),
 )
