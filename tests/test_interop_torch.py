@@ -1042,6 +1042,11 @@ _LAYER_CASES = {
         "identity_out": lambda r: U.sinkformer_attention_layer(r, dim=6, heads=1, dim_head=6, max_iter=1)},
     "alibi": {"h4": lambda r: U.alibi_self_attention(r, embed_dim=12, num_heads=4),
               "h6": lambda r: U.alibi_self_attention(r, embed_dim=12, num_heads=6)},
+    "relative_position_encodings": {
+        "encoder": lambda r: U.t5_attention(r, d_model=6, d_kv=3, n_heads=2),
+        "decoder_causal": lambda r: U.t5_attention(r, d_model=6, d_kv=3, n_heads=2, is_decoder=True, causal=True),
+        "cross_no_bias": lambda r: U.t5_attention(r, d_model=6, d_kv=3, n_heads=2, is_decoder=True, has_bias=False,
+                                                  cross_dim=5)},
 }
 
 

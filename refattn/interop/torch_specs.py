@@ -830,4 +830,12 @@ add_specs(
          rules=[_Named(r"(q|k|v|out)_proj\.weight", True), _Named(r"(q|k|v|out)_proj\.bias|alibi_slopes", False)],
          required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"), call=_alibi_call,
          build=_x_build("q_proj.weight"), attrs={"num_heads": "num_heads"}),
+    Spec("relative_position_encodings", "huggingface/transformers src/transformers/models/t5/modeling_t5.py@6b8b757 "
+         "(T5Attention: q/k/v/o, relative_attention_bias; no scaling)",
+         layer=_layer("softmax.relative", "t5_attention_layer"),
+         rules=[_Named(r"[qkvo]\.weight", True), _Named(r"relative_attention_bias\.weight", False)],
+         required=("q.weight", "k.weight", "v.weight", "o.weight"), call=_t5_call, build=_t5_build,
+         attrs={"num_heads": "n_heads", "is_decoder": "is_decoder",
+                "num_buckets": "relative_attention_num_buckets",
+                "max_distance": "relative_attention_max_distance"}),
 )
