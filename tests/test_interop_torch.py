@@ -1047,6 +1047,10 @@ _LAYER_CASES = {
         "decoder_causal": lambda r: U.t5_attention(r, d_model=6, d_kv=3, n_heads=2, is_decoder=True, causal=True),
         "cross_no_bias": lambda r: U.t5_attention(r, d_model=6, d_kv=3, n_heads=2, is_decoder=True, has_bias=False,
                                                   cross_dim=5)},
+    "efficient_attention_shen": {
+        "ck8_cv6": lambda r: U.efficient_attention_shen(r, in_channels=5, key_channels=8, head_count=2, value_channels=6),
+        "ck6_cv12": lambda r: U.efficient_attention_shen(r, in_channels=5, key_channels=6, head_count=3,
+                                                         value_channels=12)},
 }
 
 

@@ -838,4 +838,10 @@ add_specs(
          attrs={"num_heads": "n_heads", "is_decoder": "is_decoder",
                 "num_buckets": "relative_attention_num_buckets",
                 "max_distance": "relative_attention_max_distance"}),
+    Spec("efficient_attention_shen", "cmsflash/efficient-attention efficient_attention.py@46a5f9e "
+         "(EfficientAttention; 1x1 conv kernels keep torch's layout)",
+         layer=_layer("linear.efficient", "efficient_attention_layer"),
+         rules=[_Named(r"(keys|queries|values|reprojection)\.(weight|bias)", False)],
+         required=("keys.weight", "queries.weight", "values.weight", "reprojection.weight"),
+         call=_call_x, build=_grid("keys.weight"), attrs={"head_count": "head_count"}),
 )
