@@ -1051,6 +1051,11 @@ _LAYER_CASES = {
         "ck8_cv6": lambda r: U.efficient_attention_shen(r, in_channels=5, key_channels=8, head_count=2, value_channels=6),
         "ck6_cv12": lambda r: U.efficient_attention_shen(r, in_channels=5, key_channels=6, head_count=3,
                                                          value_channels=12)},
+    "transnormer_norm_attention": {
+        "t1_causal": lambda r: U.transnormer_norm_linear_attention(r, embed_dim=12, num_heads=3),
+        "t1_bidirectional": lambda r: U.transnormer_norm_linear_attention(r, embed_dim=12, num_heads=3, causal=False),
+        "gelu_layernorm": lambda r: U.transnormer_norm_linear_attention(r, embed_dim=12, num_heads=3, act="gelu",
+                                                                        norm="layernorm", urpe=False)},
 }
 
 

@@ -844,4 +844,12 @@ add_specs(
          rules=[_Named(r"(keys|queries|values|reprojection)\.(weight|bias)", False)],
          required=("keys.weight", "queries.weight", "values.weight", "reprojection.weight"),
          call=_call_x, build=_grid("keys.weight"), attrs={"head_count": "head_count"}),
+    Spec("transnormer_norm_attention", "OpenNLPLab/fairseq-evo fairseq/modules/x_attention/"
+         "norm_linear_attention.py@38fa81f (NormLinearAttention; Urpe; arch transnormer_t1)",
+         layer=_layer("linear.transnormer", "transnormer_layer"),
+         rules=[_Named(r"(q|k|v|out)_proj\.weight", True), _Named(r"(q|k|v|out)_proj\.bias|layer_norm\.(weight|bias)"
+                                                                   r"|urpe\.v", False),
+                _Reshape("urpe.theta", lambda n: (1, 1, n), optional=True)],
+         required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"), call=_call_x,
+         build=_x_build("q_proj.weight"), attrs={"num_heads": "num_heads"}),
 )
