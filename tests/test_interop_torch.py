@@ -34,6 +34,7 @@ Deviations, all dtype plumbing so that float64 means float64: unilm's softmax in
 dropped (they follow the input's dtype here). Dropout is omitted (eval mode).
 """
 
+import functools
 import math
 import subprocess
 import sys
@@ -1028,6 +1029,12 @@ def test_docs_page_examples_run():
 
 import _upstream_layers as U  # noqa: E402
 
+_SHAPED = {"sas": dict(centre_attn=True),
+           "plain": dict(centre_attn=False, value={"bias": False}, proj={"bias": False}),
+           "reparam": dict(centre_attn=True, value={"resid_gain": 0.7, "skip_gain": 1.2, "init_type": "id"},
+                           proj={"resid_gain": 0.4, "skip_gain": 0.9, "init_type": "normal", "bias": False},
+                           qk_norm=True)}
+
 _LAYER_CASES = {
     "multi_token_attention": {
         "gqa_both_gate1d": lambda r: U.mta_attention(r, dim=6, head_dim=2, n_heads=4, n_kv_heads=2, rope_theta=100.0,
@@ -1056,6 +1063,8 @@ _LAYER_CASES = {
         "t1_bidirectional": lambda r: U.transnormer_norm_linear_attention(r, embed_dim=12, num_heads=3, causal=False),
         "gelu_layernorm": lambda r: U.transnormer_norm_linear_attention(r, embed_dim=12, num_heads=3, act="gelu",
                                                                         norm="layernorm", urpe=False)},
+    "shaped_attention": {name: functools.partial(U.shaped_gpt2_attention, dim=6, heads=2, **kw)
+                         for name, kw in _SHAPED.items()},
 }
 
 

@@ -852,4 +852,11 @@ add_specs(
                 _Reshape("urpe.theta", lambda n: (1, 1, n), optional=True)],
          required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"), call=_call_x,
          build=_x_build("q_proj.weight"), attrs={"num_heads": "num_heads"}),
+    Spec("shaped_attention", "bobby-he/simplified_transformers simplified_transformers/model_utils.py@8d4ea79 "
+         "(myGPT2Attention; MyConv1D weights are already (in, out); a reparameterised MyConv1D's `id` "
+         "matrix is config v_attn_id / c_proj_id)", layer=_layer("differential.shaped", "shaped_attention_layer"),
+         rules=[_Named(r"(qk_attn|v_attn|c_proj)\.(weight|bias|resid_gain|skip_gain)|[qk]_norm\.scale", False)]
+         + [_Reshape(g, lambda n: (1, n, 1, 1)) for g in ("attn_mat_resid_gain", "attn_mat_skip_gain",
+                                                          "centre_attn_gain")],
+         required=("qk_attn.weight",), call=_call_x, build=_x_build("qk_attn.weight")),
 )
