@@ -468,9 +468,9 @@ class _T5Attention(nn.Module):
             self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)
         self.has_bias = has_bias
 
-    def forward(self, x, kv=None, mask=None):
+    def forward(self, x, mask=None, key_value_states=None):  # HF's argument names and order
         b, n = x.shape[:2]
-        kv = x if kv is None else kv
+        kv = x if key_value_states is None else key_value_states
         q = self.q(x).view(b, -1, self.h, self.d).transpose(1, 2)
         k = self.k(kv).view(b, -1, self.h, self.d).transpose(1, 2)
         v = self.v(kv).view(b, -1, self.h, self.d).transpose(1, 2)
@@ -510,7 +510,7 @@ def t5_attention(rng, *, d_model: int, d_kv: int, n_heads: int, is_decoder: bool
         if causal:
             mask = torch.zeros(n, mk, dtype=torch.float64).masked_fill(
                 torch.ones(n, mk, dtype=torch.bool).triu(1), torch.finfo(torch.float64).min)
-        return m(x, key_value_states, mask)
+        return m(x, mask=mask, key_value_states=key_value_states)
 
     config = {"num_heads": n_heads, "is_decoder": is_decoder, "is_causal": causal, "num_buckets": num_buckets,
               "max_distance": max_distance}

@@ -34,6 +34,7 @@ Deviations, all dtype plumbing so that float64 means float64: unilm's softmax in
 dropped (they follow the input's dtype here). Dropout is omitted (eval mode).
 """
 
+import functools
 import math
 import subprocess
 import sys
@@ -968,7 +969,9 @@ def test_coverage_sorts_every_catalogue_mechanism():
     implemented = {r.slug for r in registry.all(implemented=True)} & set(registry.catalog_rows())
     assert set(cov) == implemented
     assert {s for s, _ in cov.values()} <= set(STATUSES)
-    assert {k for k, (s, _) in cov.items() if s == "mapped"} == set(supported_slugs())
+    assert {k for k, (s, _) in cov.items() if s == "mapped"} == {k.removesuffix(":layer") for k in supported_slugs()}
+    mta = cov["multi_token_attention"]
+    assert mta[0] == "mapped" and mta[1].startswith("multi_token_attention:layer: ")
     assert cov["grouped_differential_attention"][0] == "no official code"
     assert cov["gqa_mqa"][0] == "mapped" and "LlamaAttention" in cov["gqa_mqa"][1]
     assert cov["sdpa"][0] == "not mapped yet" and "tensor2tensor" in cov["sdpa"][1]
@@ -1017,3 +1020,82 @@ def test_docs_page_examples_run():
     assert len(blocks) == 3
     for block in blocks:
         exec(compile(block, "port-an-official-module.md", "exec"), {"__name__": "__docs__"})
+
+
+# ------------------------------------------------------------------------------ full layers ("slug:layer")
+# The modules are those of tests/test_fidelity_layers.py, written from the upstream files cited in
+# tests/_upstream_layers.py (file@commit); check_module maps their state_dicts by the "slug:layer"
+# specs (the layer function, not the record's core) and compares forward and every gradient.
+
+import _upstream_layers as U  # noqa: E402
+
+_SHAPED = {"sas": dict(centre_attn=True),
+           "plain": dict(centre_attn=False, value={"bias": False}, proj={"bias": False}),
+           "reparam": dict(centre_attn=True, value={"resid_gain": 0.7, "skip_gain": 1.2, "init_type": "id"},
+                           proj={"resid_gain": 0.4, "skip_gain": 0.9, "init_type": "normal", "bias": False},
+                           qk_norm=True)}
+
+_LAYER_CASES = {
+    "multi_token_attention": {
+        "gqa_both_gate1d": lambda r: U.mta_attention(r, dim=6, head_dim=2, n_heads=4, n_kv_heads=2, rope_theta=100.0,
+                                                     pad_key="both", layer_norm_rescale=True, layer_id=2),
+        "mqa_left_wposm": lambda r: U.mta_attention(r, dim=6, head_dim=2, n_heads=4, n_kv_heads=1, pad_key="left",
+                                                    head_kernel_size=None, gate_1d=False),
+        "mha_right": lambda r: U.mta_attention(r, dim=6, head_dim=2, n_heads=4, n_kv_heads=4, pad_key="right")},
+    "mala_linear_attention": {"d8": lambda r: U.mala_attention(r, dim=16, num_heads=2)},
+    "sinkformer_attention": {
+        "h2": lambda r: U.sinkformer_attention_layer(r, dim=6, heads=2, dim_head=3, max_iter=3, eps=1.0),
+        "h3_eps07": lambda r: U.sinkformer_attention_layer(r, dim=6, heads=3, dim_head=2, max_iter=4, eps=0.7),
+        "identity_out": lambda r: U.sinkformer_attention_layer(r, dim=6, heads=1, dim_head=6, max_iter=1)},
+    "alibi": {"h4": lambda r: U.alibi_self_attention(r, embed_dim=12, num_heads=4),
+              "h6": lambda r: U.alibi_self_attention(r, embed_dim=12, num_heads=6)},
+    "relative_position_encodings": {
+        "encoder": lambda r: U.t5_attention(r, d_model=6, d_kv=3, n_heads=2),
+        "decoder_causal": lambda r: U.t5_attention(r, d_model=6, d_kv=3, n_heads=2, is_decoder=True, causal=True),
+        "cross_no_bias": lambda r: U.t5_attention(r, d_model=6, d_kv=3, n_heads=2, is_decoder=True, has_bias=False,
+                                                  cross_dim=5)},
+    "efficient_attention_shen": {
+        "ck8_cv6": lambda r: U.efficient_attention_shen(r, in_channels=5, key_channels=8, head_count=2, value_channels=6),
+        "ck6_cv12": lambda r: U.efficient_attention_shen(r, in_channels=5, key_channels=6, head_count=3,
+                                                         value_channels=12)},
+    "transnormer_norm_attention": {
+        "t1_causal": lambda r: U.transnormer_norm_linear_attention(r, embed_dim=12, num_heads=3),
+        "t1_bidirectional": lambda r: U.transnormer_norm_linear_attention(r, embed_dim=12, num_heads=3, causal=False),
+        "gelu_layernorm": lambda r: U.transnormer_norm_linear_attention(r, embed_dim=12, num_heads=3, act="gelu",
+                                                                        norm="layernorm", urpe=False)},
+    "shaped_attention": {name: functools.partial(U.shaped_gpt2_attention, dim=6, heads=2, **kw)
+                         for name, kw in _SHAPED.items()},
+}
+
+
+def _layer_params():
+    return [pytest.param(slug, name, id=f"{slug}-{name}") for slug, cases in _LAYER_CASES.items() for name in cases]
+
+
+@pytest.mark.parametrize("slug,case", _layer_params())
+def test_full_layer_check_module(slug, case):
+    layer = _LAYER_CASES[slug][case](np.random.default_rng(20))
+    _assert_pass(check_module(layer.module, f"{slug}:layer", config=layer.config, seeds=(0,)))
+
+
+@pytest.mark.parametrize("slug", sorted(_LAYER_CASES))
+def test_full_layer_maps_state_dict_and_grads_back(slug):
+    layer = next(iter(_LAYER_CASES[slug].values()))(np.random.default_rng(21))
+    sd = layer.module.double().state_dict()
+    p = params_from_state_dict(f"{slug}:layer", sd)
+    ref = layer.params_from_state_dict({k: v.numpy() for k, v in sd.items()})
+    assert set(ref) <= set(p)
+    for k in ref:
+        np.testing.assert_array_equal(p[k], ref[k])
+    back = grads_to_state_dict(f"{slug}:layer", p, prefix="attn.")
+    assert sorted(back) == sorted("attn." + k for k in sd)
+    for k, v in sd.items():
+        np.testing.assert_array_equal(back["attn." + k], v.numpy())
+
+
+def test_full_layer_slugs_are_named_explicitly():
+    assert "multi_token_attention:layer" in supported_slugs() and "multi_token_attention" not in supported_slugs()
+    with pytest.raises(ValueError, match="pass the slug 'multi_token_attention:layer'"):
+        params_from_state_dict("multi_token_attention", {})
+    with pytest.raises(ValueError, match="the only suffix is ':layer'"):
+        params_from_state_dict("sdpa:layer", {})

@@ -5,7 +5,9 @@ data refattn already holds (no torch import):
 
 ``"mapped"``
     :func:`refattn.interop.torch.params_from_state_dict` takes the upstream ``state_dict``; the
-    detail names the upstream module the table follows.
+    detail names the upstream module the table follows. A mechanism whose upstream module is the
+    full layer refattn implements beside the record's core is mapped as ``"slug:layer"`` (the
+    detail starts with that name).
 ``"no official code"``
     neither the record nor the catalogue names code for it (the record's ``official_code``, which
     defaults to the catalogue's "Official code" column, is empty or starts with "—"; the detail
@@ -40,8 +42,9 @@ def torch_coverage() -> dict[str, tuple[str, str]]:
         if rec.slug not in catalogue:
             continue
         code = (rec.official_code or "").strip()
-        if rec.slug in mapped:
-            out[rec.slug] = ("mapped", mapped[rec.slug])
+        if rec.slug in mapped or f"{rec.slug}:layer" in mapped:  # the record's forward, or its full layer
+            out[rec.slug] = ("mapped", "; ".join(f"{key}: {mapped[key]}" if key != rec.slug else mapped[key]
+                                                for key in (rec.slug, f"{rec.slug}:layer") if key in mapped))
         elif not code or code.startswith(("—", "-")):
             out[rec.slug] = ("no official code", code.lstrip("—- ").strip("() ") or "the catalogue names none")
         else:

@@ -33,6 +33,20 @@ arrays under the upstream names (with the prefix), ready for ``torch.from_numpy`
 ``supported_slugs()`` lists the covered mechanisms with the upstream module each follows; any
 other slug raises ``ValueError`` saying whether it has no upstream PyTorch module mapped here.
 
+Full layers: ``"slug:layer"``
+-----------------------------
+Some records' forward is a core on ``(q, k, v)`` while the upstream module is the full layer
+(projections, positions, norms, gates), which refattn implements as a separate function pair, e.g.
+``multi_token_attention_layer_forward/backward``. Such a mechanism is mapped under the name
+``"slug:layer"`` (a spec with ``layer=(forward, backward)`` in the table): the same three functions
+then read, map and check the layer's params, e.g. ``check_module(module, "alibi:layer", config=...)``
+or ``params_from_state_dict("multi_token_attention:layer", sd)``; ``config`` takes the layer
+function's keywords. The plain slug raises ``ValueError`` naming the ``:layer`` spelling, so the
+params you get are never silently those of another function. ``supported_slugs()`` lists these
+names; :func:`refattn.interop.coverage.torch_coverage` counts such a slug as mapped. A frozen upstream parameter
+(``requires_grad=False``: TransNormer's URPE reflection ``urpe.v``, a bias-free ``MyConv1D``'s zero
+bias) is mapped like the others but its gradient, which torch does not compute, is not compared.
+
 ``check_module`` runs your ``nn.Module`` and refattn side by side (the module's own weights,
 mapped by the table) on a battery of inputs sized for the module, and compares the output and the
 gradient of every input and every parameter with
@@ -49,6 +63,7 @@ The per-slug table (the rules above, each slug's input builder and call conventi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 
@@ -68,8 +83,17 @@ __all__ = ["params_from_state_dict", "grads_to_state_dict", "check_module", "sup
 
 
 def supported_slugs() -> dict[str, str]:
-    """``{slug: upstream module}`` for every mechanism ``params_from_state_dict`` maps."""
-    return {s: spec.upstream for s, spec in SPECS.items()}
+    """``{slug: upstream module}`` for every mechanism ``params_from_state_dict`` maps; a full layer
+    is listed as ``"slug:layer"`` (see the module docstring)."""
+    return {key: spec.upstream for key, spec in SPECS.items()}
+
+
+def _record(spec: Spec) -> registry.Mechanism:
+    """The registry record, or for a ``slug:layer`` spec the same record running the layer pair."""
+    rec = registry.get(spec.slug)
+    if spec.layer is None:
+        return rec
+    return dataclasses.replace(rec, slug=spec.key, forward=spec.layer[0], backward=spec.layer[1], cases={})
 
 
 def _getadd_specs(slug) -> Spec:
@@ -77,6 +101,14 @@ def _getadd_specs(slug) -> Spec:
         raise TypeError(f"slug must be a registry slug (str); got {type(slug).__name__}")
     if slug in SPECS:
         return SPECS[slug]
+    if f"{slug}:layer" in SPECS:
+        lay = SPECS[f"{slug}:layer"]
+        raise ValueError(f"refattn.interop.torch maps {slug!r} as its full layer {lay.layer[0].__name__} "
+                         f"({lay.upstream}), not as the record's core {registry.get(slug).forward.__name__}: "
+                         f"pass the slug {slug + ':layer'!r}")
+    if ":" in slug:
+        raise ValueError(f"refattn.interop.torch has no mapping {slug!r}: the only suffix is ':layer', for "
+                         f"{', '.join(k for k in SPECS if k.endswith(':layer'))}")
     try:
         rec = registry.get(slug)
     except registry.UnknownMechanism as exc:
@@ -91,12 +123,12 @@ def _getadd_specs(slug) -> Spec:
 
 
 def _check_config(spec: Spec, config: dict) -> None:
-    rec = registry.get(spec.slug)
+    rec = _record(spec)
     sig = inspect.signature(rec.forward)
     allowed = {n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY}
     unknown = sorted(set(config) - allowed)
     if unknown:
-        raise TypeError(f"{spec.slug}: unknown config keywords {unknown}; {rec.forward.__name__} takes "
+        raise TypeError(f"{spec.key}: unknown config keywords {unknown}; {rec.forward.__name__} takes "
                         f"{sorted(allowed)}")
 
 
@@ -138,9 +170,9 @@ def params_from_state_dict(slug: str, state_dict: Mapping, *, prefix: str = "", 
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping of names to tensors; got {type(state_dict).__name__}")
     _check_config(spec, config)
-    view = View(state_dict, prefix, spec.slug)
+    view = View(state_dict, prefix, spec.key)
     if not view.items:
-        raise ValueError(f"params_from_state_dict[{spec.slug}]: no key starts with prefix {prefix!r}; "
+        raise ValueError(f"params_from_state_dict[{spec.key}]: no key starts with prefix {prefix!r}; "
                          f"first keys: {sorted(state_dict)[:8]}")
     for name in spec.required:
         view.require(name)  # a missing required key is named here, before anything else
@@ -150,7 +182,7 @@ def params_from_state_dict(slug: str, state_dict: Mapping, *, prefix: str = "", 
     left = sorted(set(view.items) - view.used)
     if strict and left:
         why = [f"{prefix + k} ({spec.unsupported[k]})" for k in left if k in spec.unsupported]
-        raise ValueError(f"params_from_state_dict[{spec.slug}]: keys with no counterpart in refattn: "
+        raise ValueError(f"params_from_state_dict[{spec.key}]: keys with no counterpart in refattn: "
                          + "; ".join(why + [prefix + k for k in left if k not in spec.unsupported])
                          + " (strict=False ignores them)")
     if dtype is not None:
@@ -241,7 +273,7 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
     import torch
 
     spec = _getadd_specs(slug)
-    rec = registry.get(spec.slug)
+    rec = _record(spec)
     tdt = _torch_dtype(torch, torch.float64 if dtype is None else dtype)
     np_dt = np.float64 if tdt == torch.float64 else np.float32
     if not isinstance(module, torch.nn.Module):
@@ -267,13 +299,13 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
     needed = [n for n, q in sig.items() if q.kind is q.KEYWORD_ONLY and q.default is q.empty and n not in cfg]
     if needed:
         hint = {kw: attr for kw, attr in spec.attrs.items() if kw in needed}
-        raise ValueError(f"check_module[{spec.slug}]: config must give {needed}"
+        raise ValueError(f"check_module[{spec.key}]: config must give {needed}"
                          + (f" (read from the module's attributes {hint} when it has them)" if hint else ""))
     base_cfg = {k: v for k, v in cfg.items() if k != "rel_pos"}
-    params = params_from_state_dict(spec.slug, m.state_dict(), prefix=spec.module_prefix, **base_cfg)
+    params = params_from_state_dict(spec.key, m.state_dict(), prefix=spec.module_prefix, **base_cfg)
     params = {k: v.astype(np.float64) for k, v in params.items()}
     names_avail = dict(MODULE_CASES)
-    if spec.slug == "multi_head_attention":
+    if spec.key == "multi_head_attention":
         names_avail["cross"] = dict(b=2, n=4, m=9, cross=True)
     names = list(names_avail) if cases is None else [cases] if isinstance(cases, str) else list(cases)
     unknown = [c for c in names if c not in names_avail]
@@ -281,7 +313,7 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
         raise ValueError(f"check_module: unknown cases {unknown}; the cases are {list(names_avail)}")
     call = call or spec.call
 
-    report = CompareReport(spec.slug, vjp_given=True)
+    report = CompareReport(spec.key, vjp_given=True)
     for case in names:
         for seed in seeds:
             rng = np.random.default_rng([int(seed), names.index(case)])
@@ -303,8 +335,15 @@ def _module_run(torch, m, rec, spec, call, smp: Sample, seed, tdt, np_dt, rtol, 
     """One input draw: the module's forward and autograd VJP against refattn's."""
     inputs, params, run_cfg = smp.inputs, smp.params, smp.config
     out, cache = registry.call_forward(rec, inputs, params, run_cfg)
-    diff_inputs = [k for k in inputs if k in rec.backward(np.ones_like(out), cache)]
-    named_params = dict(m.named_parameters())
+    ref_names = list(rec.backward(np.ones_like(out), cache))
+    diff_inputs = [k for k in inputs if k in ref_names]
+    named_params = {n: p for n, p in m.named_parameters() if p.requires_grad}
+    # a frozen parameter (requires_grad=False, e.g. URPE's reflection vector) has no torch gradient:
+    # its refattn names (found by mapping NaN in its place) are left out of the comparison
+    probe = {n: (torch.full_like(p, float("nan")) if n not in named_params and p.is_floating_point() else p)
+             for n, p in m.state_dict().items()}
+    frozen = {k for k, v in params_from_state_dict(spec.key, probe, prefix=spec.module_prefix, strict=False,
+                                                   **run_cfg).items() if np.isnan(v).any()}
 
     def fn(**kw):
         with torch.no_grad():
@@ -320,8 +359,11 @@ def _module_run(torch, m, rec, spec, call, smp: Sample, seed, tdt, np_dt, rtol, 
               for (n, p), g in zip(named_params.items(), gs[len(diff_inputs):])}
         # buffers carry no gradient; the table only reads the keys it maps
         sd.update({n: torch.zeros_like(b) for n, b in m.named_buffers() if n not in sd})
-        res.update(params_from_state_dict(spec.slug, sd, prefix=spec.module_prefix, strict=False, **run_cfg))
+        sd.update({n: torch.zeros_like(t) for n, t in m.state_dict().items() if n not in sd})  # frozen params
+        res.update({k: v for k, v in params_from_state_dict(spec.key, sd, prefix=spec.module_prefix, strict=False,
+                                                            **run_cfg).items() if k not in frozen})
         return res
 
     return compare_implementation(fn, rec, vjp=vjp, sample=smp, seed=seed, dtype=np_dt,
-                                  convert=lambda a: _to_torch(torch, a, tdt), rtol=rtol, atol=atol)
+                                  convert=lambda a: _to_torch(torch, a, tdt), rtol=rtol, atol=atol,
+                                  grads=[k for k in ref_names if k not in frozen] if frozen else None)
