@@ -27,7 +27,7 @@ from torch import nn
 __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "performer_fast_attention",
            "transnormer_norm_linear_attention", "mta_attention", "mala_attention", "t5_attention",
            "alibi_self_attention", "efficient_attention_shen",
-           "sinkformer_attention_layer", "shaped_gpt2_attention"]
+           "sinkformer_attention_layer", "shaped_gpt2_attention", "PhysicsBiasedAttention"]
 
 
 @dataclass
@@ -791,3 +791,32 @@ def shaped_gpt2_attention(rng, *, dim: int, heads: int, centre_attn: bool = True
     return UpstreamLayer(mod, to_params, lambda m, x: m(x), shaped_attention_layer_forward,
                          shaped_attention_layer_backward, config,
                          "bobby-he/simplified_transformers simplified_transformers/model_utils.py@8d4ea79")
+
+
+# ----------------------------------------------------------------------------------------------
+# PIBERT (Samsomyajit/pibert @ 0b48dea18da6faa14d5bba24a1a8a43446fa3437
+# pibert/physics/physics_attention.py: PhysicsBiasedAttention). Dropout omitted (eval mode).
+
+
+class PhysicsBiasedAttention(nn.Module):
+    """Softmax self-attention with logits shifted by ``-lambda (|r_j| - |r_i|)``, as upstream."""
+
+    def __init__(self, hidden_dim: int, num_heads: int, lambda_param: float = 1.0):
+        super().__init__()
+        self.hidden_dim, self.num_heads, self.head_dim = hidden_dim, num_heads, hidden_dim // num_heads
+        self.lambda_param = lambda_param
+        self.q_proj, self.k_proj = nn.Linear(hidden_dim, hidden_dim), nn.Linear(hidden_dim, hidden_dim)
+        self.v_proj, self.out_proj = nn.Linear(hidden_dim, hidden_dim), nn.Linear(hidden_dim, hidden_dim)
+
+    def forward(self, x, coords=None, pde_residuals=None, mask=None):
+        b, s, _ = x.shape
+        q, k, v = (p(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        scores = q @ k.transpose(-2, -1) / self.head_dim ** 0.5
+        if pde_residuals is not None and self.lambda_param > 0:
+            n = torch.norm(pde_residuals, dim=-1)
+            scores = scores - self.lambda_param * (n.unsqueeze(1) - n.unsqueeze(2)).unsqueeze(1)
+        if mask is not None:
+            scores = scores.masked_fill(mask == 0, float("-inf"))
+        out = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).contiguous().view(b, s, self.hidden_dim)
+        return self.out_proj(out)

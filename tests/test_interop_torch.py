@@ -1099,3 +1099,29 @@ def test_full_layer_slugs_are_named_explicitly():
         params_from_state_dict("multi_token_attention", {})
     with pytest.raises(ValueError, match="the only suffix is ':layer'"):
         params_from_state_dict("sdpa:layer", {})
+
+
+# ----------------------------------------------------------------------------------------------
+# refattn/interop/torch_specs_extra.py: record forwards that are the upstream module's forward;
+# the modules are in tests/_upstream_layers.py (file@commit in their comments)
+
+
+@pytest.mark.parametrize("heads,lam", [(2, 0.7), (3, 1.0), (1, 2.5)])
+def test_pibert_physics_biased_attention(heads, lam):
+    torch.manual_seed(3)
+    m = U.PhysicsBiasedAttention(6, heads, lambda_param=lam)
+    _assert_pass(check_module(m, "physics_biased_fourier_wavelet_attention"))
+
+
+def test_extra_specs_are_registered_and_invert():
+    from refattn.interop.torch_specs_extra import EXTRA_SLUGS
+
+    assert set(EXTRA_SLUGS) <= set(supported_slugs())
+    torch.manual_seed(4)
+    sd = U.PhysicsBiasedAttention(6, 2).double().state_dict()
+    p = params_from_state_dict("physics_biased_fourier_wavelet_attention", sd)
+    np.testing.assert_array_equal(p["q_proj.weight"], sd["q_proj.weight"].numpy().T)
+    back = grads_to_state_dict("physics_biased_fourier_wavelet_attention", p, prefix="attn.")
+    assert sorted(back) == sorted("attn." + k for k in sd)
+    for k, v in sd.items():
+        np.testing.assert_array_equal(back["attn." + k], v.numpy())

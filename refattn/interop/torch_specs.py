@@ -25,7 +25,7 @@ import numpy as np
 
 from ..testing.compare import to_numpy
 
-__all__ = ["View", "Spec", "SPECS", "MODULE_CASES", "add_specs", "load_rules"]
+__all__ = ["View", "Spec", "SPECS", "MODULE_CASES", "add_specs", "load_rules", "Named", "Rename", "Reshape"]
 
 # --------------------------------------------------------------------------------------------
 # Rules: one upstream name (or name family) <-> one refattn params key
@@ -257,6 +257,11 @@ class _Derived:
 
     def save(self, grads, out, used):
         pass
+
+
+Named, Rename, Reshape = _Named, _Rename, _Reshape
+"""Public names of three rule classes, for tables kept in other modules
+(:mod:`refattn.interop.torch_specs_extra`)."""
 
 
 # --------------------------------------------------------------------------------------------
