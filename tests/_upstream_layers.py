@@ -27,7 +27,8 @@ from torch import nn
 __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "performer_fast_attention",
            "transnormer_norm_linear_attention", "mta_attention", "mala_attention", "t5_attention",
            "alibi_self_attention", "efficient_attention_shen",
-           "sinkformer_attention_layer", "shaped_gpt2_attention", "PhysicsBiasedAttention"]
+           "sinkformer_attention_layer", "shaped_gpt2_attention", "PhysicsBiasedAttention",
+           "CoherenceAttention"]
 
 
 @dataclass
@@ -820,3 +821,32 @@ class PhysicsBiasedAttention(nn.Module):
             scores = scores.masked_fill(mask == 0, float("-inf"))
         out = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).contiguous().view(b, s, self.hidden_dim)
         return self.out_proj(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sonnet (ClaudiaShu/Sonnet @ 0288de47db8692e82a951d72c9bff54526970afb
+# sonnet/mts_model/models/Sonnet.py: CoherenceAttention). Dropout omitted (eval mode).
+
+
+class CoherenceAttention(nn.Module):
+    """Time weights from the query/key coherence over the hidden axis; returns (B, N, T, d_model)."""
+
+    def __init__(self, d_model: int, d_k: int, hidden_dim: int):
+        super().__init__()
+        self.d_k, self.hidden_dim, self.scale = d_k, hidden_dim, d_k ** -0.5
+        self.proj = nn.Linear(d_model, hidden_dim * 3)
+        self.var_attn = nn.Parameter(torch.eye(d_model))
+        self.var_mlp = nn.Sequential(nn.Linear(hidden_dim, hidden_dim), nn.GELU(), nn.Linear(hidden_dim, hidden_dim))
+        self.out_proj = nn.Linear(hidden_dim, d_model)
+
+    def forward(self, coeffs):
+        b, n, t, _ = coeffs.shape
+        qkv = self.proj(coeffs).reshape(b, n, t, self.hidden_dim, 3)
+        q, k, v = (qkv[..., i].transpose(2, 3) for i in range(3))  # (B, N, hidden, T)
+        qf, kf = torch.fft.rfft(q, dim=2), torch.fft.rfft(k, dim=2)
+        pxy, pxx, pyy = ((a * c.conj()).mean(dim=-2) for a, c in ((qf, kf), (qf, qf), (kf, kf)))
+        coh = pxy.abs().pow(2) / (pxx.abs() * pyy.abs()).clamp(min=1e-6)
+        out = F.softmax(coh / self.scale, dim=-1).unsqueeze(2) * v  # (B, N, hidden, T)
+        out = out.permute(0, 3, 1, 2).reshape(b, t, n * self.hidden_dim)  # b nh hd l -> b l (nh hd)
+        out = torch.einsum("bld,cc->bld", out, F.softmax(self.var_attn, dim=-1)).reshape(b, t, n, self.hidden_dim)
+        return self.out_proj(out + self.var_mlp(out)).permute(0, 2, 1, 3)

@@ -1113,6 +1113,19 @@ def test_pibert_physics_biased_attention(heads, lam):
     _assert_pass(check_module(m, "physics_biased_fourier_wavelet_attention"))
 
 
+@pytest.mark.parametrize("d_model,hidden", [(3, 4), (5, 6), (2, 5)])
+def test_sonnet_coherence_attention(d_model, hidden):
+    from refattn.interop.torch_specs_extra import SONNET_N_ATOMS
+
+    torch.manual_seed(5)
+    m = U.CoherenceAttention(d_model, SONNET_N_ATOMS, hidden)
+    with torch.no_grad():
+        m.var_attn.add_(0.5 * torch.randn_like(m.var_attn))  # off the identity init: the trace matters
+    _assert_pass(check_module(m, "sonnet_mvca"))
+    bad = check_module(U.CoherenceAttention(d_model, 3, hidden), "sonnet_mvca", cases=["small"], seeds=[0])
+    assert not bad.passed and "d_k=2" in str(bad)
+
+
 def test_extra_specs_are_registered_and_invert():
     from refattn.interop.torch_specs_extra import EXTRA_SLUGS
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from .torch_specs import Named, Spec, add_specs
 
-__all__ = ["EXTRA_SLUGS"]
+__all__ = ["EXTRA_SLUGS", "SONNET_N_ATOMS"]
 
 
 # ---- PIBERT PhysicsBiasedAttention: forward(x, coords=None, pde_residuals=None, mask=None)
@@ -31,6 +31,28 @@ def _pibert_call(module, inp, cfg):
     return module(inp["x"], pde_residuals=inp["pde_residuals"])
 
 
+# ---- Sonnet CoherenceAttention: forward(coeffs (B, n_atoms, T, d_model)); scale = d_k ** -0.5 with
+# d_k = n_atoms, which refattn reads from the coefficients' shape, so the draw uses n_atoms = 2
+
+SONNET_N_ATOMS = 2
+"""``n_atoms`` of the coefficients ``check_module`` draws for ``sonnet_mvca``: build the
+``CoherenceAttention`` under test with ``d_k=2``."""
+
+
+def _sonnet_build(rng, p, cfg, z):
+    d = p["proj.weight"].shape[0]
+    return {"coeffs": rng.standard_normal((z["b"], SONNET_N_ATOMS, z["n"], d))}, {}
+
+
+def _sonnet_call(module, inp, cfg):
+    c = inp["coeffs"]
+    if getattr(module, "d_k", c.shape[1]) != c.shape[1]:
+        raise ValueError(f"sonnet_mvca: refattn scales by sqrt(n_atoms) of the coefficients, and check_module "
+                         f"draws n_atoms = {c.shape[1]}; build CoherenceAttention(d_model, d_k={c.shape[1]}, ...) "
+                         f"(got d_k={module.d_k})")
+    return module(c)
+
+
 _SPECS = [
     Spec("physics_biased_fourier_wavelet_attention",
          "Samsomyajit/pibert pibert/physics/physics_attention.py@0b48dea (PhysicsBiasedAttention; "
@@ -39,6 +61,12 @@ _SPECS = [
          required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"),
          call=_pibert_call, build=_pibert_build,
          attrs={"num_heads": "num_heads", "lambda_param": "lambda_param"}),
+    Spec("sonnet_mvca", "ClaudiaShu/Sonnet sonnet/mts_model/models/Sonnet.py@0288de4 (CoherenceAttention; "
+         "forward(coeffs); d_k = n_atoms = 2 in check_module's draw)",
+         rules=[Named(r"(proj|var_mlp\.0|var_mlp\.2|out_proj)\.weight", True),
+                Named(r"(proj|var_mlp\.0|var_mlp\.2|out_proj)\.bias|var_attn", False)],
+         required=("proj.weight", "var_attn", "var_mlp.0.weight", "var_mlp.2.weight", "out_proj.weight"),
+         call=_sonnet_call, build=_sonnet_build),
 ]
 
 add_specs(*_SPECS)
