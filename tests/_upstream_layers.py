@@ -28,7 +28,7 @@ __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "perfo
            "transnormer_norm_linear_attention", "mta_attention", "mala_attention", "t5_attention",
            "alibi_self_attention", "efficient_attention_shen",
            "sinkformer_attention_layer", "shaped_gpt2_attention", "PhysicsBiasedAttention",
-           "CoherenceAttention"]
+           "CoherenceAttention", "NanoGPTSelfValueAttention"]
 
 
 @dataclass
@@ -850,3 +850,51 @@ class CoherenceAttention(nn.Module):
         out = out.permute(0, 3, 1, 2).reshape(b, t, n * self.hidden_dim)  # b nh hd l -> b l (nh hd)
         out = torch.einsum("bld,cc->bld", out, F.softmax(self.var_attn, dim=-1)).reshape(b, t, n, self.hidden_dim)
         return self.out_proj(out + self.var_mlp(out)).permute(0, 2, 1, 3)
+
+
+# ----------------------------------------------------------------------------------------------
+# Value-space parallel suppression (Shwai-He/Transformer-Geometry @ ed6af0b633c1ef0e1a944cbef4721397fbfea7f1
+# _imports/from_MMEBarch_research_snapshot_2026-05-09/neurips_supplement_anonymous_code/pretraining_nanogpt/
+# core/model.py: rotate_half, apply_rotary_pos_emb, CausalSelfAttention manual-softmax path with
+# pre_proj_self_value_op). RoPE tables built in float64 (upstream: float32, then cast); no diagonal mode.
+
+
+class NanoGPTSelfValueAttention(nn.Module):
+    def __init__(self, n_embd: int, n_head: int, *, bias: bool = True, use_rope: bool = True,
+                 rope_base: float = 10000.0, block_size: int = 32):
+        super().__init__()
+        self.n_head, self.head_dim, self.attn_dim = n_head, n_embd // n_head, n_embd
+        self.use_rope, self.rope_base = use_rope, rope_base
+        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        inv = 1.0 / rope_base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim)
+        emb = torch.repeat_interleave(torch.outer(torch.arange(block_size, dtype=torch.float64), inv), 2, dim=-1)
+        self.register_buffer("rope_cos_cached", emb.cos()[None, None], persistent=False)
+        self.register_buffer("rope_sin_cached", emb.sin()[None, None], persistent=False)
+        keep = torch.tril(torch.ones(block_size, block_size, dtype=torch.bool))
+        self.register_buffer("bias", keep[None, None])
+        self.register_buffer("attn_additive_mask",
+                             torch.zeros(block_size, block_size).masked_fill(~keep, float("-inf"))[None, None])
+
+    @staticmethod
+    def _rotate_half(x):
+        return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(start_dim=-2)
+
+    def forward(self, x, pre_proj_self_value_op=None, pre_proj_self_value_alpha=1.0, pre_proj_gamma=None,
+                pre_proj_subtract_scale=1.0):
+        b, t, _ = x.shape
+        q, k, v = (a.view(b, t, self.n_head, self.head_dim).transpose(1, 2)
+                   for a in self.c_attn(x).split(self.attn_dim, dim=2))
+        if self.use_rope:
+            cos, sin = self.rope_cos_cached[:, :, :t].to(x.dtype), self.rope_sin_cached[:, :, :t].to(x.dtype)
+            q, k = q * cos + self._rotate_half(q) * sin, k * cos + self._rotate_half(k) * sin
+        att = q @ k.transpose(-2, -1) / math.sqrt(k.size(-1)) + self.attn_additive_mask[:, :, :t, :t].to(x.dtype)
+        y = F.softmax(att, dim=-1) @ v
+        if pre_proj_self_value_op is not None:
+            a, s = pre_proj_self_value_alpha, pre_proj_subtract_scale
+            coeff = (y * v).sum(-1, keepdim=True) / v.square().sum(-1, keepdim=True).clamp_min(1e-6)
+            y = {"remove_parallel": y - s * a * coeff * v, "keep_parallel": a * coeff * v,
+                 "add_parallel": y + a * coeff * v, "negate_parallel": y - s * (1 + a) * coeff * v}[pre_proj_self_value_op]
+        if pre_proj_gamma is not None:
+            y = y * pre_proj_gamma
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, self.attn_dim))

@@ -1126,6 +1126,16 @@ def test_sonnet_coherence_attention(d_model, hidden):
     assert not bad.passed and "d_k=2" in str(bad)
 
 
+@pytest.mark.parametrize("op,alpha,scale,gamma,rope,bias", [
+    ("remove_parallel", 1.0, 1.0, 1.0, True, True), ("keep_parallel", 0.5, 0.7, 1.3, True, False),
+    ("add_parallel", 0.5, 0.7, 1.0, False, True), ("negate_parallel", 0.5, 0.7, 1.3, True, True)])
+def test_value_parallel_suppression(op, alpha, scale, gamma, rope, bias):
+    torch.manual_seed(6)
+    m = U.NanoGPTSelfValueAttention(8, 2, bias=bias, use_rope=rope, rope_base=100.0)
+    cfg = {"op": op, "alpha": alpha, "subtract_scale": scale, "gamma": gamma}
+    _assert_pass(check_module(m, "value_parallel_suppression", config=cfg))
+
+
 def test_extra_specs_are_registered_and_invert():
     from refattn.interop.torch_specs_extra import EXTRA_SLUGS
 

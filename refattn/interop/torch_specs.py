@@ -25,7 +25,8 @@ import numpy as np
 
 from ..testing.compare import to_numpy
 
-__all__ = ["View", "Spec", "SPECS", "MODULE_CASES", "add_specs", "load_rules", "Named", "Rename", "Reshape"]
+__all__ = ["View", "Spec", "SPECS", "MODULE_CASES", "add_specs", "load_rules", "Named", "Rename", "Reshape",
+           "Derived"]
 
 # --------------------------------------------------------------------------------------------
 # Rules: one upstream name (or name family) <-> one refattn params key
@@ -259,8 +260,8 @@ class _Derived:
         pass
 
 
-Named, Rename, Reshape = _Named, _Rename, _Reshape
-"""Public names of three rule classes, for tables kept in other modules
+Named, Rename, Reshape, Derived = _Named, _Rename, _Reshape, _Derived
+"""Public names of four rule classes, for tables kept in other modules
 (:mod:`refattn.interop.torch_specs_extra`)."""
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Named, Spec, add_specs
+from .torch_specs import Derived, Named, Spec, add_specs
 
 __all__ = ["EXTRA_SLUGS", "SONNET_N_ATOMS"]
 
@@ -53,6 +53,22 @@ def _sonnet_call(module, inp, cfg):
     return module(c)
 
 
+# ---- Transformer-Geometry CausalSelfAttention (nanoGPT): forward(x, pre_proj_self_value_op=, ...)
+
+
+def _xsa_build(rng, p, cfg, z):
+    return {"x": rng.standard_normal((z["b"], z["n"], p["c_attn.weight"].shape[0]))}, {}
+
+
+def _xsa_call(module, inp, cfg):
+    """Upstream ``CausalSelfAttention.forward`` with the pre-``c_proj`` self-value edit, as
+    ``Block.forward`` calls it for ``xsa_forward_ref="self_value"``, ``xsa_forward_space="pre_o_proj"``."""
+    return module(inp["x"], pre_proj_self_value_op=cfg.get("op", "remove_parallel"),
+                  pre_proj_self_value_alpha=float(cfg.get("alpha", 1.0)),
+                  pre_proj_subtract_scale=float(cfg.get("subtract_scale", 1.0)),
+                  pre_proj_gamma=float(cfg.get("gamma", 1.0)))
+
+
 _SPECS = [
     Spec("physics_biased_fourier_wavelet_attention",
          "Samsomyajit/pibert pibert/physics/physics_attention.py@0b48dea (PhysicsBiasedAttention; "
@@ -67,6 +83,13 @@ _SPECS = [
                 Named(r"(proj|var_mlp\.0|var_mlp\.2|out_proj)\.bias|var_attn", False)],
          required=("proj.weight", "var_attn", "var_mlp.0.weight", "var_mlp.2.weight", "out_proj.weight"),
          call=_sonnet_call, build=_sonnet_build),
+    Spec("value_parallel_suppression", "Shwai-He/Transformer-Geometry _imports/from_MMEBarch_research_snapshot_"
+         "2026-05-09/neurips_supplement_anonymous_code/pretraining_nanogpt/core/model.py@ed6af0b "
+         "(CausalSelfAttention with pre_proj_self_value_op; its causal-mask buffers are read and dropped)",
+         rules=[Named(r"c_(attn|proj)\.weight", True), Named(r"c_(attn|proj)\.bias", False),
+                Derived(r"bias|attn_additive_mask")],
+         required=("c_attn.weight", "c_proj.weight"), call=_xsa_call, build=_xsa_build,
+         attrs={"num_heads": "n_head", "use_rope": "use_rope", "rope_base": "rope_base"}),
 ]
 
 add_specs(*_SPECS)
