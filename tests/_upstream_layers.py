@@ -28,7 +28,8 @@ __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "perfo
            "transnormer_norm_linear_attention", "mta_attention", "mala_attention", "t5_attention",
            "alibi_self_attention", "efficient_attention_shen",
            "sinkformer_attention_layer", "shaped_gpt2_attention", "PhysicsBiasedAttention",
-           "CoherenceAttention", "NanoGPTSelfValueAttention"]
+           "CoherenceAttention", "NanoGPTSelfValueAttention",
+           "MultiheadAttentionKV"]
 
 
 @dataclass
@@ -898,3 +899,41 @@ class NanoGPTSelfValueAttention(nn.Module):
         if pre_proj_gamma is not None:
             y = y * pre_proj_gamma
         return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, self.attn_dim))
+
+
+# ----------------------------------------------------------------------------------------------
+# Key-Value attention (aliborji/kv-transformer @ d9eafa5761ab7070d1b9838d216bd611cf9dd6b0
+# Reverse_sort_pos.py: MultiheadAttention_KV; the script-level attn_type and pos_embeddings become
+# constructor arguments; tatp22/multidim-positional-encoding @ efeb8d9d70e8184da50eae9fddd1bbda10896529
+# positional_encodings/torch_encodings.py: get_emb, PositionalEncoding2D, built in float64).
+
+
+def _positional_encoding_2d(n: int, channels: int):
+    half = int(np.ceil(channels / 4) * 2)
+    inv = 1.0 / 10000 ** (torch.arange(0, half, 2, dtype=torch.float64) / half)
+    emb = torch.stack((torch.outer(torch.arange(n, dtype=torch.float64), inv).sin(),
+                       torch.outer(torch.arange(n, dtype=torch.float64), inv).cos()), dim=-1).flatten(-2, -1)
+    out = torch.zeros(n, n, 2 * half, dtype=torch.float64)
+    out[:, :, :half], out[:, :, half:] = emb.unsqueeze(1), emb
+    return out[None, :, :, :channels]
+
+
+class MultiheadAttentionKV(nn.Module):
+    def __init__(self, input_dim: int, embed_dim: int, num_heads: int, *, attn_type: str = "kv", pos_dim: int = 10,
+                 max_len: int = 32):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.head_dim, self.attn_type = embed_dim, num_heads, embed_dim // num_heads, attn_type
+        self.kv_proj = nn.Linear(input_dim, 2 * embed_dim)
+        self.o_proj = nn.Linear(embed_dim, embed_dim)
+        self.map_pos = nn.Linear(pos_dim, 1, bias=True)
+        self.register_buffer("pos_embeddings", _positional_encoding_2d(max_len, pos_dim), persistent=False)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        kv = self.kv_proj(x).reshape(b, n, self.num_heads, 2 * self.head_dim).permute(0, 2, 1, 3)
+        k, v = kv.chunk(2, dim=-1)
+        att = k @ k.transpose(-2, -1) / math.sqrt(self.head_dim)
+        if self.attn_type == "kv":
+            att = self.map_pos(att.unsqueeze(-1) + self.pos_embeddings[:, :n, :n].unsqueeze(0).to(x.dtype)).squeeze(-1)
+        out = (att.softmax(dim=-1) @ v).permute(0, 2, 1, 3).reshape(b, n, self.embed_dim)
+        return self.o_proj(out)

@@ -1136,6 +1136,18 @@ def test_value_parallel_suppression(op, alpha, scale, gamma, rope, bias):
     _assert_pass(check_module(m, "value_parallel_suppression", config=cfg))
 
 
+@pytest.mark.parametrize("attn_type,heads,pos_dim", [("kv", 2, 10), ("kv", 3, 7), ("kv-nopos", 2, 10)])
+def test_key_value_attention(attn_type, heads, pos_dim):
+    torch.manual_seed(7)
+    m = U.MultiheadAttentionKV(6, 6, heads, attn_type=attn_type, pos_dim=pos_dim)
+    _assert_pass(check_module(m, "key_value_attention", config={"positional": attn_type == "kv"}))
+    if attn_type == "kv-nopos":  # map_pos is read and dropped, and not written back
+        sd = m.state_dict()
+        assert "map_pos.weight" not in params_from_state_dict("key_value_attention", sd)
+        p = params_from_state_dict("key_value_attention", sd, positional=True)
+        assert sorted(grads_to_state_dict("key_value_attention", p, positional=True)) == sorted(sd)
+
+
 def test_extra_specs_are_registered_and_invert():
     from refattn.interop.torch_specs_extra import EXTRA_SLUGS
 

@@ -69,6 +69,27 @@ def _xsa_call(module, inp, cfg):
                   pre_proj_gamma=float(cfg.get("gamma", 1.0)))
 
 
+# ---- Borji's KV Transformer MultiheadAttention_KV: forward(x); upstream picks the variant with the
+# script-level attn_type ('kv' = positional=True, 'kv-nopos' = False), refattn with ``positional``
+
+_KV_BASE = [Named(r"(kv|o)_proj\.weight", True), Named(r"(kv|o)_proj\.bias", False)]
+
+
+def _kv_rules(config):
+    """``map_pos`` is in every upstream state_dict; it is used (and mapped) only when positional."""
+    if config.get("positional", False):
+        return _KV_BASE + [Named(r"map_pos\.weight", True), Named(r"map_pos\.bias", False)]
+    return _KV_BASE + [Derived(r"map_pos\.(weight|bias)")]
+
+
+def _kv_build(rng, p, cfg, z):
+    return {"x": rng.standard_normal((z["b"], z["n"], p["kv_proj.weight"].shape[0]))}, {}
+
+
+def _kv_call(module, inp, cfg):
+    return module(inp["x"])
+
+
 _SPECS = [
     Spec("physics_biased_fourier_wavelet_attention",
          "Samsomyajit/pibert pibert/physics/physics_attention.py@0b48dea (PhysicsBiasedAttention; "
@@ -90,6 +111,11 @@ _SPECS = [
                 Derived(r"bias|attn_additive_mask")],
          required=("c_attn.weight", "c_proj.weight"), call=_xsa_call, build=_xsa_build,
          attrs={"num_heads": "n_head", "use_rope": "use_rope", "rope_base": "rope_base"}),
+    Spec("key_value_attention", "aliborji/kv-transformer Reverse_sort_pos.py@d9eafa5 (MultiheadAttention_KV; "
+         "PositionalEncoding2D of tatp22/multidim-positional-encoding@efeb8d9; config positional=True for "
+         "attn_type 'kv', False for 'kv-nopos')",
+         rules=_kv_rules, required=("kv_proj.weight", "o_proj.weight"), call=_kv_call, build=_kv_build,
+         attrs={"num_heads": "num_heads", "pos_dim": "map_pos.in_features"}),
 ]
 
 add_specs(*_SPECS)
