@@ -29,7 +29,7 @@ __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "perfo
            "alibi_self_attention", "efficient_attention_shen",
            "sinkformer_attention_layer", "shaped_gpt2_attention", "PhysicsBiasedAttention",
            "CoherenceAttention", "NanoGPTSelfValueAttention",
-           "MultiheadAttentionKV"]
+           "MultiheadAttentionKV", "IconUncropped"]
 
 
 @dataclass
@@ -937,3 +937,64 @@ class MultiheadAttentionKV(nn.Module):
             att = self.map_pos(att.unsqueeze(-1) + self.pos_embeddings[:, :n, :n].unsqueeze(0).to(x.dtype)).squeeze(-1)
         out = (att.softmax(dim=-1) @ v).permute(0, 2, 1, 3).reshape(b, n, self.embed_dim)
         return self.o_proj(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# VICON (Eydcao/VICON @ be2e2dc6b327259c55b110340c3b55e30a427317 src/models.py ICON_UNCROPPED;
+# src/model_utils.py patchify, depatchify, build_alternating_block_lowtri_mask). The cfg dict becomes
+# a namespace with the same keys (upstream's config object reads both ways); dropout 0.
+
+
+def _vicon_patchify(x, p):
+    bs, c, hp, wp = x.shape
+    return x.view(bs, c, p, hp // p, p, wp // p).permute(0, 2, 4, 1, 3, 5).reshape(bs, p * p, -1)
+
+
+def _vicon_depatchify(x, p, c, h, w):
+    return x.view(x.shape[0], p, p, c, h, w).permute(0, 3, 1, 4, 2, 5).reshape(x.shape[0], c, p * h, p * w)
+
+
+def _vicon_mask(n, s1, s2):  # build_alternating_block_lowtri_mask: 1 = attend
+    inner = torch.ones(s1 + s2, s1 + s2)
+    tail = inner.clone()
+    tail[:s1, s1:] = 0
+    out = torch.kron(torch.tril(torch.ones(n, n)), inner)
+    for i in range(n):
+        out[i * (s1 + s2):(i + 1) * (s1 + s2), i * (s1 + s2):(i + 1) * (s1 + s2)] = tail
+    return out
+
+
+class IconUncropped(nn.Module):
+    def __init__(self, *, dim_channel: int, patch_resolution: int, dim_token: int, nhead: int, dim_feedforward: int,
+                 num_layers: int, patch_num: int, demo_num: int, use_patch_pos_encoding: bool = True,
+                 use_func_pos_encoding: bool = True):
+        super().__init__()
+        import types
+
+        self.cfg = types.SimpleNamespace(patch_num_in=patch_num, dim_token=dim_token,
+                                         use_patch_pos_encoding=use_patch_pos_encoding,
+                                         use_func_pos_encoding=use_func_pos_encoding)
+        self.pre_proj = nn.Linear(dim_channel * patch_resolution ** 2, dim_token)
+        self.post_proj = nn.Linear(dim_token, dim_channel * patch_resolution ** 2)
+        self.patch_pos_encoding = nn.Parameter(torch.randn(patch_num * patch_num, dim_token))
+        self.func_pos_encoding = nn.Parameter(torch.randn(demo_num * 2, dim_token))
+        layer = nn.TransformerEncoderLayer(dim_token, nhead, dim_feedforward, dropout=0.0, activation="gelu",
+                                           batch_first=True)
+        self.transformer = nn.TransformerEncoder(layer, num_layers=num_layers, enable_nested_tensor=False)
+        self.register_buffer("mask", (1 - _vicon_mask(demo_num, patch_num ** 2, patch_num ** 2)).bool())
+
+    def forward(self, x_tuple):
+        init, end, _ = x_tuple
+        x = torch.cat((init[:, :, None], end[:, :, None]), dim=2)
+        p, d = self.cfg.patch_num_in, self.cfg.dim_token
+        bs, pairs, _, c, ph, pw = x.shape
+        f = self.pre_proj(_vicon_patchify(x.reshape(-1, c, ph, pw), p))
+        if self.cfg.use_patch_pos_encoding:
+            f = f + self.patch_pos_encoding
+        f = f.view(bs, -1, p * p, d)
+        if self.cfg.use_func_pos_encoding:
+            f = f + self.func_pos_encoding.view(1, -1, 1, d)[:, :pairs * 2]
+        n = pairs * 2 * p * p
+        f = self.transformer(f.reshape(bs, -1, d), mask=self.mask[:n, :n])
+        f = self.post_proj(f.view(bs, pairs, 2, p * p, d)[:, :, 0])
+        return _vicon_depatchify(f.reshape(bs * pairs, p * p, -1), p, c, ph // p, pw // p).view(bs, pairs, c, ph, pw)

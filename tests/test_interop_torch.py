@@ -1148,6 +1148,16 @@ def test_key_value_attention(attn_type, heads, pos_dim):
         assert sorted(grads_to_state_dict("key_value_attention", p, positional=True)) == sorted(sd)
 
 
+@pytest.mark.parametrize("kw", [
+    dict(dim_channel=2, patch_resolution=2, dim_token=6, nhead=2, dim_feedforward=5, num_layers=2, patch_num=2,
+         demo_num=3),
+    dict(dim_channel=3, patch_resolution=1, dim_token=4, nhead=1, dim_feedforward=3, num_layers=1, patch_num=3,
+         demo_num=2, use_patch_pos_encoding=False)])
+def test_vicon_icon_uncropped(kw):
+    torch.manual_seed(8)
+    _assert_pass(check_module(U.IconUncropped(**kw), "vicon_in_context_operator"))
+
+
 def test_extra_specs_are_registered_and_invert():
     from refattn.interop.torch_specs_extra import EXTRA_SLUGS
 

@@ -90,6 +90,23 @@ def _kv_call(module, inp, cfg):
     return module(inp["x"])
 
 
+# ---- VICON ICON_UNCROPPED: forward((init, end, c_mask)); frames (B, pairs, C, pH, pW)
+
+
+def _vicon_build(rng, p, cfg, z):
+    """Frames whose patches (C, h, w) multiply to ``pre_proj``'s input width (any factorisation
+    is the same computation upstream: ``patchify`` reads C, h, w from the frames)."""
+    width, pn = p["pre_proj.weight"].shape[0], int(cfg["patch_num"])
+    h, w = next((h, w) for h, w in ((2, 3), (3, 2), (2, 2), (1, 2), (2, 1), (1, 1)) if width % (h * w) == 0)
+    pairs = 1 + z["n"] % (p["func_pos_encoding"].shape[0] // 2)
+    shape = (z["b"], pairs, width // (h * w), pn * h, pn * w)
+    return {"init": rng.standard_normal(shape), "end": rng.standard_normal(shape)}, {}
+
+
+def _vicon_call(module, inp, cfg):
+    return module((inp["init"], inp["end"], None))
+
+
 _SPECS = [
     Spec("physics_biased_fourier_wavelet_attention",
          "Samsomyajit/pibert pibert/physics/physics_attention.py@0b48dea (PhysicsBiasedAttention; "
@@ -116,6 +133,21 @@ _SPECS = [
          "attn_type 'kv', False for 'kv-nopos')",
          rules=_kv_rules, required=("kv_proj.weight", "o_proj.weight"), call=_kv_call, build=_kv_build,
          attrs={"num_heads": "num_heads", "pos_dim": "map_pos.in_features"}),
+    Spec("vicon_in_context_operator", "Eydcao/VICON src/models.py@be2e2dc (ICON_UNCROPPED, forward((init, end, "
+         "c_mask)); src/model_utils.py patchify, depatchify, build_alternating_block_lowtri_mask; its mask "
+         "buffer is read and dropped)",
+         rules=[Named(r"(pre_proj|post_proj|transformer\.layers\.\d+\.(linear1|linear2))\.weight", True),
+                Named(r"(pre_proj|post_proj|transformer\.layers\.\d+\.(linear1|linear2))\.bias"
+                      r"|(patch|func)_pos_encoding|transformer\.layers\.\d+\.(norm1|norm2)\.(weight|bias)"
+                      r"|transformer\.layers\.\d+\.self_attn\.in_proj_bias", False),
+                Named(r"transformer\.layers\.\d+\.self_attn\.(in_proj_weight|out_proj\.weight)", True),
+                Named(r"transformer\.layers\.\d+\.self_attn\.out_proj\.bias", False), Derived(r"mask")],
+         required=("pre_proj.weight", "post_proj.weight", "patch_pos_encoding", "func_pos_encoding"),
+         call=_vicon_call, build=_vicon_build,
+         attrs={"num_heads": "transformer.layers.0.self_attn.num_heads", "patch_num": "cfg.patch_num_in",
+                "use_patch_pos_encoding": "cfg.use_patch_pos_encoding",
+                "use_func_pos_encoding": "cfg.use_func_pos_encoding",
+                "layer_norm_eps": "transformer.layers.0.norm1.eps"}),
 ]
 
 add_specs(*_SPECS)
