@@ -29,7 +29,7 @@ __all__ = ["UpstreamLayer", "compare_layer", "torch_multihead_attention", "perfo
            "alibi_self_attention", "efficient_attention_shen",
            "sinkformer_attention_layer", "shaped_gpt2_attention", "PhysicsBiasedAttention",
            "CoherenceAttention", "NanoGPTSelfValueAttention",
-           "MultiheadAttentionKV", "IconUncropped"]
+           "MultiheadAttentionKV", "IconUncropped", "MossFormerBlock"]
 
 
 @dataclass
@@ -998,3 +998,102 @@ class IconUncropped(nn.Module):
         f = self.transformer(f.reshape(bs, -1, d), mask=self.mask[:n, :n])
         f = self.post_proj(f.view(bs, pairs, 2, p * p, d)[:, :, 0])
         return _vicon_depatchify(f.reshape(bs * pairs, p * p, -1), p, c, ph // p, pw // p).view(bs, pairs, c, ph, pw)
+
+
+# ----------------------------------------------------------------------------------------------
+# MossFormer (modelscope/modelscope @ 2905da12205410de83f2fcdaabb4b505430890d5
+# modelscope/models/audio/separation/mossformer_block.py: ScaleNorm, OffsetScale, FFConvM, MossFormerBlock;
+# mossformer_conv_module.py: MossFormerConvModule; rotary_embedding_torch 0.9.1 RotaryEmbedding
+# rotate_queries_or_keys, interleaved, frozen ``freqs``). Dropout omitted (eval mode).
+
+
+class _ScaleNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.scale, self.eps, self.g = dim ** -0.5, eps, nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return x / (torch.norm(x, dim=-1, keepdim=True) * self.scale).clamp(min=self.eps) * self.g
+
+
+class _MossConv(nn.Module):  # MossFormerConvModule: x + depthwise conv over time
+    def __init__(self, c, k=17):
+        super().__init__()
+        self.sequential = nn.Sequential(nn.Identity(), nn.Module())  # index 0: Transpose (no params)
+        self.sequential[1].conv = nn.Conv1d(c, c, k, groups=c, padding=(k - 1) // 2, bias=False)
+
+    def forward(self, x):
+        return x + self.sequential[1].conv(x.transpose(1, 2)).transpose(1, 2)
+
+
+class _FFConvM(nn.Module):
+    def __init__(self, dim_in, dim_out, norm_klass, k):
+        super().__init__()
+        self.mdl = nn.Sequential(norm_klass(dim_in), nn.Linear(dim_in, dim_out), nn.SiLU(), _MossConv(dim_out, k))
+
+    def forward(self, x):
+        return self.mdl(x)
+
+
+class _Rotary(nn.Module):
+    def __init__(self, dim, theta=10000.0):
+        super().__init__()
+        f = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64)[: dim // 2] / dim)
+        self.freqs = nn.Parameter(f, requires_grad=False)
+
+    def rotate_queries_or_keys(self, t):
+        ang = torch.repeat_interleave(torch.arange(t.shape[-2], dtype=t.dtype)[:, None] * self.freqs.to(t.dtype),
+                                      2, dim=-1)
+        r = ang.shape[-1]
+        x = t[..., :r]
+        rot = torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+        return torch.cat((x * ang.cos() + rot * ang.sin(), t[..., r:]), dim=-1)
+
+
+class MossFormerBlock(nn.Module):
+    def __init__(self, dim, *, group_size=256, query_key_dim=128, causal=False, norm="scalenorm",
+                 shift_tokens=True, rotary=True, kernel_size=17):
+        super().__init__()
+        norm_klass = _ScaleNorm if norm == "scalenorm" else nn.LayerNorm
+        self.group_size, self.causal, self.shift_tokens = group_size, causal, shift_tokens
+        self.rotary_pos_emb = _Rotary(min(32, query_key_dim)) if rotary else None
+        self.to_hidden = _FFConvM(dim, 4 * dim, norm_klass, kernel_size)  # expansion_factor 4 (MossFormerModule)
+        self.to_qk = _FFConvM(dim, query_key_dim, norm_klass, kernel_size)
+        self.qk_offset_scale = nn.Module()
+        self.qk_offset_scale.gamma = nn.Parameter(0.02 * torch.randn(4, query_key_dim) + 1.0)  # init off upstream's,
+        self.qk_offset_scale.beta = nn.Parameter(0.1 * torch.randn(4, query_key_dim))  # so every term shows
+        self.to_out = _FFConvM(dim * 2, dim, norm_klass, kernel_size)
+
+    def forward(self, x):
+        nx = x
+        if self.shift_tokens:
+            xs, xp = nx.chunk(2, dim=-1)
+            nx = torch.cat((F.pad(xs, (0, 0, 1, -1), value=0.0), xp), dim=-1)
+        v, u = self.to_hidden(nx).chunk(2, dim=-1)
+        qk = self.to_qk(nx)
+        quads = (torch.einsum("...d,hd->...hd", qk, self.qk_offset_scale.gamma) + self.qk_offset_scale.beta).unbind(-2)
+        att_v, att_u = self._attention(x, *quads, v, u)
+        return x + self.to_out((att_u * v) * torch.sigmoid(att_v * u))
+
+    def _attention(self, x, quad_q, lin_q, quad_k, lin_k, v, u):
+        b, n, g = x.shape[0], x.shape[-2], self.group_size
+        if self.rotary_pos_emb is not None:
+            quad_q, lin_q, quad_k, lin_k = map(self.rotary_pos_emb.rotate_queries_or_keys, (quad_q, lin_q, quad_k, lin_k))
+        pad = (g - n % g) % g
+        mask = F.pad(torch.ones(b, n, dtype=torch.bool), (0, pad), value=False).view(b, -1, 1, g)
+        quad_q, quad_k, lin_q, lin_k, v, u = (F.pad(t, (0, 0, 0, pad)).view(b, -1, g, t.shape[-1])
+                                              for t in (quad_q, quad_k, lin_q, lin_k, v, u))
+        attn = F.relu(quad_q @ quad_k.transpose(-1, -2) / g) ** 2
+        attn = attn.masked_fill(~mask, 0.0)
+        if self.causal:
+            attn = attn.masked_fill(torch.ones(g, g, dtype=torch.bool).triu(1), 0.0)
+        outs = []
+        for w in (v, u):
+            quad = attn @ w
+            if self.causal:
+                kv = F.pad(torch.einsum("bgnd,bgne->bgde", lin_k, w).div(g).cumsum(1), (0, 0, 0, 0, 1, -1))
+                lin = torch.einsum("bgde,bgnd->bgne", kv, lin_q)
+            else:
+                lin = torch.einsum("bgnd,bde->bgne", lin_q, torch.einsum("bgnd,bgne->bde", lin_k, w) / n)
+            outs.append((quad + lin).reshape(b, -1, w.shape[-1])[:, :n])
+        return outs

@@ -1158,6 +1158,14 @@ def test_vicon_icon_uncropped(kw):
     _assert_pass(check_module(U.IconUncropped(**kw), "vicon_in_context_operator"))
 
 
+@pytest.mark.parametrize("kw", [
+    dict(group_size=4, query_key_dim=6, causal=False), dict(group_size=3, query_key_dim=40, causal=True),
+    dict(group_size=5, query_key_dim=4, causal=True, norm="layernorm", shift_tokens=False, rotary=False)])
+def test_mossformer_block(kw):
+    torch.manual_seed(9)
+    _assert_pass(check_module(U.MossFormerBlock(3, kernel_size=3, **kw), "mossformer_gated_joint_attention"))
+
+
 def test_extra_specs_are_registered_and_invert():
     from refattn.interop.torch_specs_extra import EXTRA_SLUGS
 

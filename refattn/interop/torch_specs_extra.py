@@ -107,6 +107,19 @@ def _vicon_call(module, inp, cfg):
     return module((inp["init"], inp["end"], None))
 
 
+# ---- MossFormer MossFormerBlock (modelscope): forward(x); the shared RotaryEmbedding's frequencies
+# (rotary_embedding_torch, a frozen parameter) are read and dropped: refattn rebuilds them
+
+
+def _moss_infer(keys):
+    return {"norm": "scalenorm" if "to_hidden.mdl.0.g" in keys else "layernorm",
+            "rotary": any(k.startswith("rotary_pos_emb.") for k in keys)}
+
+
+def _moss_build(rng, p, cfg, z):
+    return {"x": rng.standard_normal((z["b"], z["n"], p["to_hidden.mdl.1.weight"].shape[0]))}, {}
+
+
 _SPECS = [
     Spec("physics_biased_fourier_wavelet_attention",
          "Samsomyajit/pibert pibert/physics/physics_attention.py@0b48dea (PhysicsBiasedAttention; "
@@ -148,6 +161,15 @@ _SPECS = [
                 "use_patch_pos_encoding": "cfg.use_patch_pos_encoding",
                 "use_func_pos_encoding": "cfg.use_func_pos_encoding",
                 "layer_norm_eps": "transformer.layers.0.norm1.eps"}),
+    Spec("mossformer_gated_joint_attention", "modelscope/modelscope modelscope/models/audio/separation/"
+         "mossformer_block.py@2905da1 (MossFormerBlock with FFConvM, OffsetScale, ScaleNorm or LayerNorm; "
+         "mossformer_conv_module.py MossFormerConvModule; rotary_embedding_torch RotaryEmbedding)",
+         rules=[Named(r"to_(hidden|qk|out)\.mdl\.1\.weight", True),
+                Named(r"to_(hidden|qk|out)\.mdl\.(0\.(g|weight|bias)|1\.bias|3\.sequential\.1\.conv\.weight)"
+                      r"|qk_offset_scale\.(gamma|beta)", False), Derived(r"rotary_pos_emb\..*")],
+         required=("to_hidden.mdl.1.weight", "to_qk.mdl.1.weight", "to_out.mdl.1.weight", "qk_offset_scale.gamma"),
+         call=lambda module, inp, cfg: module(inp["x"]), build=_moss_build, infer=_moss_infer,
+         attrs={"group_size": "group_size", "causal": "causal", "shift_tokens": "shift_tokens"}),
 ]
 
 add_specs(*_SPECS)
