@@ -1166,15 +1166,37 @@ def test_mossformer_block(kw):
     _assert_pass(check_module(U.MossFormerBlock(3, kernel_size=3, **kw), "mossformer_gated_joint_attention"))
 
 
-def test_extra_specs_are_registered_and_invert():
+_EXTRA_MODULES = {
+    "physics_biased_fourier_wavelet_attention": (lambda: U.PhysicsBiasedAttention(6, 2), {}, ()),
+    "sonnet_mvca": (lambda: U.CoherenceAttention(3, 2, 4), {}, ()),
+    "value_parallel_suppression": (lambda: U.NanoGPTSelfValueAttention(8, 2), {}, ("bias", "attn_additive_mask")),
+    "key_value_attention": (lambda: U.MultiheadAttentionKV(6, 6, 2), {"positional": True}, ()),
+    "vicon_in_context_operator": (lambda: U.IconUncropped(dim_channel=2, patch_resolution=2, dim_token=6, nhead=2,
+                                                          dim_feedforward=5, num_layers=2, patch_num=2, demo_num=3),
+                                  {}, ("mask",)),
+    "mossformer_gated_joint_attention": (lambda: U.MossFormerBlock(3, group_size=4, query_key_dim=6, kernel_size=3),
+                                         {}, ("rotary_pos_emb.freqs",)),
+}
+
+
+def test_extra_specs_are_registered():
     from refattn.interop.torch_specs_extra import EXTRA_SLUGS
 
     assert set(EXTRA_SLUGS) <= set(supported_slugs())
+    assert sorted(EXTRA_SLUGS) == sorted(_EXTRA_MODULES)
+
+
+@pytest.mark.parametrize("slug", sorted(_EXTRA_MODULES))
+def test_extra_specs_map_state_dict_and_grads_back(slug):
+    make, cfg, derived = _EXTRA_MODULES[slug]
     torch.manual_seed(4)
-    sd = U.PhysicsBiasedAttention(6, 2).double().state_dict()
-    p = params_from_state_dict("physics_biased_fourier_wavelet_attention", sd)
-    np.testing.assert_array_equal(p["q_proj.weight"], sd["q_proj.weight"].numpy().T)
-    back = grads_to_state_dict("physics_biased_fourier_wavelet_attention", p, prefix="attn.")
-    assert sorted(back) == sorted("attn." + k for k in sd)
+    sd = make().double().state_dict()
+    p = params_from_state_dict(slug, sd, **cfg)
+    assert not set(derived) & set(p)
+    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
+    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
     for k, v in sd.items():
-        np.testing.assert_array_equal(back["attn." + k], v.numpy())
+        if k not in derived:
+            np.testing.assert_array_equal(back["attn." + k], v.numpy())
+    if slug == "physics_biased_fourier_wavelet_attention":  # nn.Linear weights arrive as (in, out)
+        np.testing.assert_array_equal(p["q_proj.weight"], sd["q_proj.weight"].numpy().T)
