@@ -527,7 +527,7 @@ def run(*, sizes, threads, repeats, cases, numpy_max, memory_n, b=1, h=4, d=64, 
         min_sample_ms=20.0, cold=False, log=print) -> dict:
     import numba
 
-    from refattn.kernels.cpu import _runtime
+    from refattn.kernels.cpu import runtime
 
     torch = _torch()
     machine = {"cpu": _cpu_name(), "cores": os.cpu_count(), "numpy": np.__version__, "numba": numba.__version__,
@@ -535,7 +535,7 @@ def run(*, sizes, threads, repeats, cases, numpy_max, memory_n, b=1, h=4, d=64, 
                "B": b, "H": h, "d": d, "repeats": repeats, "min_sample_ms": min_sample_ms,
                "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
                                                       "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "NUMBA_NUM_THREADS")},
-               "loadavg_before": _loadavg(), "kernel_blas": "; ".join(_runtime.blas_libraries()) or "unknown"}
+               "loadavg_before": _loadavg(), "kernel_blas": "; ".join(runtime.blas_libraries()) or "unknown"}
     report = {"machine": machine, "modes": {}}
     for mode in modes:
         nthreads = 1 if mode == "1thread" else threads

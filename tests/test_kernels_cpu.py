@@ -477,13 +477,13 @@ def test_compile_notice_on_stderr(capfd):
     """A compile of a registered entry point prints one line on stderr (not a silent stall)."""
     from numba import njit
 
-    from refattn.kernels.cpu import _runtime
+    from refattn.kernels.cpu import runtime
 
     @njit(cache=False)
     def tiny(x):
         return x + 1.0
 
-    _runtime.register_entry_point(tiny, "tiny_kernel")
+    runtime.register_entry_point(tiny, "tiny_kernel")
     tiny(1.0)
     err = capfd.readouterr().err
     assert "refattn: compiling Numba kernel tiny_kernel for" in err and "one time, up to about" in err
@@ -495,26 +495,26 @@ def test_cache_folder_falls_back_when_package_folder_is_read_only(tmp_path, monk
     """Read-only package folder and user cache: Numba is pointed at $REFATTN_CACHE_DIR/numba."""
     from numba.core import config
 
-    from refattn.kernels.cpu import _runtime
+    from refattn.kernels.cpu import runtime
 
     writeable = tmp_path / "cache"
     monkeypatch.setenv("REFATTN_CACHE_DIR", str(writeable))
     monkeypatch.setattr(config, "CACHE_DIR", "")
-    monkeypatch.setattr(_runtime, "_writeable_dir", lambda p: str(p).startswith(str(writeable)))
-    assert _runtime._setup_cache_dir() == str(writeable / "numba")
+    monkeypatch.setattr(runtime, "_writeable_dir", lambda p: str(p).startswith(str(writeable)))
+    assert runtime._setup_cache_dir() == str(writeable / "numba")
     assert config.CACHE_DIR == str(writeable / "numba")
     monkeypatch.setattr(config, "CACHE_DIR", "/some/user/choice")
-    assert _runtime._setup_cache_dir() == "/some/user/choice"  # NUMBA_CACHE_DIR always wins
+    assert runtime._setup_cache_dir() == "/some/user/choice"  # NUMBA_CACHE_DIR always wins
 
 
 def test_blas_pinned_to_one_thread_inside_kernels_and_restored():
     pytest.importorskip("threadpoolctl")
     from threadpoolctl import threadpool_info, threadpool_limits
 
-    from refattn.kernels.cpu import _runtime
+    from refattn.kernels.cpu import runtime
 
-    assert _runtime.blas_libraries(), "no BLAS library found to pin"
+    assert runtime.blas_libraries(), "no BLAS library found to pin"
     with threadpool_limits(2, user_api="blas"):
-        with _runtime.single_blas_thread():
+        with runtime.single_blas_thread():
             assert all(lib["num_threads"] == 1 for lib in threadpool_info() if lib["user_api"] == "blas")
         assert all(lib["num_threads"] == 2 for lib in threadpool_info() if lib["user_api"] == "blas")

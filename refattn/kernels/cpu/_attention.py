@@ -25,7 +25,7 @@ Array layout (``B`` = all leading batch axes flattened):
 
 **Tile products are BLAS calls.** Inside ``@njit``, ``np.dot`` on C- or F-contiguous 2-D
 float32/float64 arrays calls the BLAS ``gemm`` of SciPy's ``cython_blas`` (the wrappers pin it to
-one thread per Numba worker, see :mod:`._runtime`). Tiles are contiguous views (no copies). Score
+one thread per Numba worker, see :mod:`.runtime`). Tiles are contiguous views (no copies). Score
 tiles are query-major, ``S = Q K^T`` (``nq, nk``), in the forward and in the backward, and the
 backward recomputes each score tile with *the same call on the same tile* as the forward (under a
 causal mask the same trimmed width): OpenBLAS rounds differently for other shapes or layouts, and
@@ -59,7 +59,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _runtime  # (cache folder, before the kernels are defined)
+from . import runtime  # (cache folder, before the kernels are defined)
 
 
 @njit(cache=True, inline="always")
@@ -470,5 +470,5 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
                           vec[0], vec[1], dka, dva, dq_part, dk_part, dv_part)
 
 
-_runtime.register_entry_point(attention_fwd, "attention_fwd")
-_runtime.register_entry_point(attention_bwd, "attention_bwd")
+runtime.register_entry_point(attention_fwd, "attention_fwd")
+runtime.register_entry_point(attention_bwd, "attention_bwd")

@@ -84,8 +84,8 @@ def readonly(x) -> np.ndarray:
 
 
 def run_kernel(kernel, *args):
-    """Call a Numba kernel with the BLAS it calls pinned to one thread (see :mod:`._runtime`)."""
-    from ._runtime import single_blas_thread
+    """Call a Numba kernel with the BLAS it calls pinned to one thread (see :mod:`.runtime`)."""
+    from .runtime import single_blas_thread
 
     with single_blas_thread():
         return kernel(*args)

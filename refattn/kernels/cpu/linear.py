@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..._checks import as_float, check_choice, check_positive, compute_dtype
-from . import _runtime
+from . import runtime
 from ._common import check_dout, readonly, run_kernel
 
 __all__ = ["causal_linear_attention_forward", "causal_linear_attention_backward"]
@@ -192,8 +192,8 @@ def scan_bwd(fq, fk, v, g, out, den, chunk, dfq, dfk, dv_):
         _chunk_bwd(fq, fk, v, g, out, den, b, chunk, S, z, R, r, ubuf, cv, wbuf, tbuf, dfq, dfk, dv_)
 
 
-_runtime.register_entry_point(scan_fwd, "scan_fwd")
-_runtime.register_entry_point(scan_bwd, "scan_bwd")
+runtime.register_entry_point(scan_fwd, "scan_fwd")
+runtime.register_entry_point(scan_bwd, "scan_bwd")
 
 
 def validate_arguments(q, k, v, eps, feature_map):
