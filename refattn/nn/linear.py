@@ -29,7 +29,8 @@ from .._checks import as_dout, as_float, check_param_keys, compute_dtype
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["linear_forward", "linear_backward", "linear", "linear_apply", "linear_vjp", "check_linear_params",
-           "linear_prefixed", "linear_prefixed_vjp", "linear_prefixed_spec", "init_linear_prefixed", "split_heads", "merge_heads"]
+           "linear_prefixed", "linear_prefixed_vjp", "linear_prefixed_spec", "init_linear_prefixed",
+           "init_torch_default", "split_heads", "merge_heads"]
 
 
 def linear_apply(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
@@ -76,6 +77,36 @@ def init_linear_prefixed(rng, n_in: int, n_out: int, prefix: str, bias: bool = T
     if bias:
         out[f"{prefix}.bias"] = rng.uniform(-bound, bound, n_out)
     return out
+
+
+def init_torch_default(rng, shapes: dict, *, normal=(), ones=(), norm=()) -> dict:
+    r"""PyTorch's default initialisation of a flat ``{key: shape}`` dict, drawn from ``rng`` in key order:
+
+    * keys ending in one of ``normal``: $\mathcal N(0, 1)$ (learned queries, position encodings);
+    * keys ending in one of ``ones``: 1;
+    * keys containing one of ``norm``: a norm layer, weight 1 and bias 0;
+    * ``...in_proj_weight`` (``nn.MultiheadAttention``): xavier-uniform; ``...in_proj_bias`` and
+      ``...out_proj.bias``: 0;
+    * every other ``...weight (in, out)`` and its ``...bias``: $U(\pm 1/\sqrt{\text{in}})$ (``nn.Linear``).
+
+    Returns float64 arrays (cast them as needed)."""
+    p = {}
+    for k, s in shapes.items():
+        if normal and k.endswith(tuple(normal)):
+            p[k] = rng.standard_normal(s)
+        elif ones and k.endswith(tuple(ones)):
+            p[k] = np.ones(s)
+        elif k.endswith("in_proj_weight"):
+            lim = np.sqrt(6.0 / (s[0] + s[1]))
+            p[k] = rng.uniform(-lim, lim, s)
+        elif k.endswith(("in_proj_bias", "out_proj.bias")):
+            p[k] = np.zeros(s)
+        elif any(m in k for m in norm):
+            p[k] = np.ones(s) if k.endswith("weight") else np.zeros(s)
+        else:
+            fan_in = shapes[k[:-len("bias")] + "weight"][0] if k.endswith("bias") else s[0]
+            p[k] = rng.uniform(-1 / np.sqrt(fan_in), 1 / np.sqrt(fan_in), s)
+    return p
 
 
 def linear_prefixed(params: dict, prefix: str, x: np.ndarray) -> np.ndarray:

@@ -94,7 +94,7 @@ from .._checks import (
 )
 from ..attention.softmax.mha import mha_backward, mha_forward
 from ..nn.activations import gelu, gelu_grad, silu, silu_grad
-from ..nn.linear import linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp
+from ..nn.linear import init_torch_default, linear_prefixed, linear_prefixed_spec, linear_prefixed_vjp
 from ..nn.norms import group_norm_backward, group_norm_forward
 from ..registry import Mechanism, Sample, register
 
@@ -370,20 +370,7 @@ def init_hypino_decoder_params(rng, stage_dims, *, in_dim: int = 2, out_dim: int
     shapes = hypino_decoder_param_shapes(stage_dims, in_dim=in_dim, out_dim=out_dim, lat_dim=lat_dim,
                                          n_layers=n_layers, num_fourier_features=num_fourier_features,
                                          bias_hidden=bias_hidden)
-    p = {}
-    for k, s in shapes.items():
-        if k.endswith("queries"):
-            p[k] = rng.standard_normal(s)
-        elif k.endswith("in_proj_weight"):
-            lim = np.sqrt(6.0 / (s[0] + s[1]))
-            p[k] = rng.uniform(-lim, lim, s)
-        elif k.endswith(("in_proj_bias", "out_proj.bias")):
-            p[k] = np.zeros(s)
-        elif ".2." in k:
-            p[k] = np.ones(s) if k.endswith("weight") else np.zeros(s)
-        else:
-            fan_in = shapes[k[:-len("bias")] + "weight"][0] if k.endswith("bias") else s[0]
-            p[k] = rng.uniform(-1 / np.sqrt(fan_in), 1 / np.sqrt(fan_in), s)
+    p = init_torch_default(rng, shapes, normal=("queries",), norm=(".2.",))
     return {k: np.asarray(v, dtype=dtype) for k, v in p.items()}
 
 

@@ -56,7 +56,7 @@ import numpy as np
 
 from .._checks import as_dout, as_float, cast_all, check_int, check_params, check_positive, compute_dtype
 from ..attention.softmax import mha_backward, mha_forward, naive_attention
-from ..nn.linear import linear_apply, linear_vjp
+from ..nn.linear import init_torch_default, linear_apply, linear_vjp
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["make_time_sequence", "wave_activation_forward", "wave_activation_backward", "wave_activation",
@@ -294,18 +294,8 @@ def init_pinnsformer_params(rng, d_model: int = 32, num_layers: int = 1, *, d_ff
                             d_out: int = 1, dtype=np.float64) -> dict:
     """PyTorch-default initialisation: Linear $U(\\pm1/\\sqrt{\\text{in}})$ weights and biases,
     ``nn.MultiheadAttention``'s xavier-uniform ``in_proj_weight`` and zero in/out biases, $\\omega = (1, 1)$."""
-    p = {}
-    for k, s in pinnsformer_param_shapes(d_model, num_layers, d_ff=d_ff, d_hidden=d_hidden, d_out=d_out).items():
-        if k.endswith((".w1", ".w2")):
-            p[k] = np.ones(s)
-        elif k.endswith("in_proj_weight"):
-            lim = np.sqrt(6.0 / (s[0] + s[1]))
-            p[k] = rng.uniform(-lim, lim, s)
-        elif k.endswith(("in_proj_bias", "out_proj.bias")):
-            p[k] = np.zeros(s)
-        else:
-            fan_in = s[0] if len(s) == 2 else p[k[:-len("bias")] + "weight"].shape[0]
-            p[k] = rng.uniform(-1 / np.sqrt(fan_in), 1 / np.sqrt(fan_in), s)
+    shapes = pinnsformer_param_shapes(d_model, num_layers, d_ff=d_ff, d_hidden=d_hidden, d_out=d_out)
+    p = init_torch_default(rng, shapes, ones=(".w1", ".w2"))
     return {k: v.astype(dtype) for k, v in p.items()}
 
 

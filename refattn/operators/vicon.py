@@ -91,7 +91,7 @@ from .._checks import as_dout, as_float, cast_all, check_int, check_params, chec
 from ..attention.softmax.mha import mha_backward, mha_forward
 from ..blocks.core import mlp_backward, mlp_forward, norm_backward, norm_forward
 from ..blocks.patch_embed import patchify, unpatchify
-from ..nn.linear import linear_apply, linear_vjp
+from ..nn.linear import init_torch_default, linear_apply, linear_vjp
 from ..registry import Mechanism, Sample, register
 
 __all__ = ["in_context_mask", "vicon_param_shapes", "vicon_forward", "vicon_backward", "vicon",
@@ -287,22 +287,9 @@ def init_vicon_params(rng, channels: int, patch_size, patch_num: int, dim_token:
                       dim_feedforward: int, demo_num: int, dtype=np.float64) -> dict:
     """PyTorch-default initialisation: Linear $U(\\pm1/\\sqrt{\\text{in}})$, ``in_proj_weight``
     xavier-uniform with zero in/out-projection biases, LayerNorm 1/0, encodings $N(0, 1)$."""
-    p = {}
     shapes = vicon_param_shapes(channels, patch_size, patch_num, dim_token, num_layers,
                                 dim_feedforward=dim_feedforward, demo_num=demo_num)
-    for k, s in shapes.items():
-        if k.endswith("pos_encoding"):
-            p[k] = rng.standard_normal(s)
-        elif k.endswith("in_proj_weight"):
-            lim = np.sqrt(6.0 / (s[0] + s[1]))
-            p[k] = rng.uniform(-lim, lim, s)
-        elif k.endswith(("in_proj_bias", "out_proj.bias")):
-            p[k] = np.zeros(s)
-        elif ".norm" in k:
-            p[k] = np.ones(s) if k.endswith("weight") else np.zeros(s)
-        else:
-            fan_in = s[0] if k.endswith("weight") else shapes[k[:-len("bias")] + "weight"][0]
-            p[k] = rng.uniform(-1 / np.sqrt(fan_in), 1 / np.sqrt(fan_in), s)
+    p = init_torch_default(rng, shapes, normal=("pos_encoding",), norm=(".norm",))
     return {k: np.asarray(v, dtype=dtype) for k, v in p.items()}
 
 
