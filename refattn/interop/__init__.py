@@ -9,7 +9,8 @@ that need it: ``import refattn`` (and ``import refattn.interop``) never imports 
   (your ``nn.Module`` against refattn, forward and every gradient) and ``supported_slugs``.
 * :mod:`refattn.interop.torch_specs` — the per-slug table those functions read: each mapped
   mechanism's rules, the inputs ``check_module`` draws for it and how its upstream module is called.
-* :mod:`refattn.interop.torch_specs_extra` — more rows of that table, registered into it on import.
+* :mod:`refattn.interop.torch_specs_layers` (the full layers, ``"slug:layer"``) and
+  :mod:`refattn.interop.torch_specs_extra` — more rows of that table, registered into it on import.
 * :mod:`refattn.interop.coverage` — ``torch_coverage()``: every implemented catalogue mechanism as
   mapped, not mapped yet, or without official code.
 

@@ -72,7 +72,7 @@ import numpy as np
 from .. import registry
 from ..registry import Sample
 from ..testing.compare import CompareReport, compare_implementation
-from . import torch_specs_extra  # noqa: F401  (registers its specs into SPECS)
+from . import torch_specs_extra, torch_specs_layers  # noqa: F401  (they register their specs into SPECS)
 from .torch_specs import MODULE_CASES, SPECS, Spec, View, load_rules
 
 __all__ = ["params_from_state_dict", "grads_to_state_dict", "check_module", "supported_slugs",

@@ -1,5 +1,5 @@
-r"""More rows of the :mod:`refattn.interop.torch` table, kept apart from
-:mod:`refattn.interop.torch_specs` (which is near the line cap of one module).
+r"""More rows of the :mod:`refattn.interop.torch` table, beside :mod:`refattn.interop.torch_specs`
+(one module per group of rows keeps each under the line cap).
 
 Each :class:`~refattn.interop.torch_specs.Spec` here maps a mechanism whose registry record's
 forward is the upstream module's forward and whose params already carry the upstream names; it is
