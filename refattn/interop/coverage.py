@@ -1,6 +1,6 @@
 """Which catalogue mechanisms ``refattn.interop.torch`` maps, and why the others are not.
 
-``torch_coverage()`` sorts every implemented catalogue mechanism into one of three groups, from
+``torch_coverage()`` sorts every implemented catalogue mechanism into one of the groups of :data:`STATUSES`, from
 data refattn already holds (no torch import):
 
 ``"mapped"``
@@ -8,6 +8,10 @@ data refattn already holds (no torch import):
     detail names the upstream module the table follows. A mechanism whose upstream module is the
     full layer refattn implements beside the record's core is mapped as ``"slug:layer"`` (the
     detail starts with that name).
+``"no weights"``, ``"no PyTorch module"``, ``"code not readable"``
+    official code exists but there is no ``state_dict`` to map: the mechanism has no trainable
+    parameters, or its code is JAX/TensorFlow/Theano/Lua/MindSpore, or it could not be read here
+    (:data:`refattn.interop.unmapped.UNMAPPED` holds each one's reason, which the detail quotes).
 ``"no official code"``
     neither the record nor the catalogue names code for it (the record's ``official_code``, which
     defaults to the catalogue's "Official code" column, is empty or starts with "—"; the detail
@@ -25,10 +29,11 @@ from __future__ import annotations
 
 from .. import registry
 from .torch import supported_slugs
+from .unmapped import UNMAPPED, UNMAPPED_STATUSES
 
 __all__ = ["torch_coverage", "STATUSES"]
 
-STATUSES = ("mapped", "not mapped yet", "no official code")
+STATUSES = ("mapped", *UNMAPPED_STATUSES, "not mapped yet", "no official code")
 
 
 def torch_coverage() -> dict[str, tuple[str, str]]:
@@ -45,6 +50,8 @@ def torch_coverage() -> dict[str, tuple[str, str]]:
         if rec.slug in mapped or f"{rec.slug}:layer" in mapped:  # the record's forward, or its full layer
             out[rec.slug] = ("mapped", "; ".join(f"{key}: {mapped[key]}" if key != rec.slug else mapped[key]
                                                 for key in (rec.slug, f"{rec.slug}:layer") if key in mapped))
+        elif rec.slug in UNMAPPED:
+            out[rec.slug] = UNMAPPED[rec.slug]
         elif not code or code.startswith(("—", "-")):
             out[rec.slug] = ("no official code", code.lstrip("—- ").strip("() ") or "the catalogue names none")
         else:

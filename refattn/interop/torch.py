@@ -31,7 +31,12 @@ exactly the pair refattn returns for ``_real`` / ``_imag``. ``grads_to_state_dic
 arrays under the upstream names (with the prefix), ready for ``torch.from_numpy``.
 
 ``supported_slugs()`` lists the covered mechanisms with the upstream module each follows; any
-other slug raises ``ValueError`` saying whether it has no upstream PyTorch module mapped here.
+other slug raises ``ValueError`` with the reason :mod:`refattn.interop.unmapped` gives (no weights,
+no PyTorch module, code not readable) or saying that its table is not written yet. A mechanism
+without weights (``sdpa``, ``rope`` …) maps an empty ``state_dict`` to ``{}``.
+
+The table's rows live in :mod:`refattn.interop.torch_specs` and in every sibling module named
+``torch_specs_<group>`` (imported here, each registering its rows with ``add_specs``).
 
 Full layers: ``"slug:layer"``
 -----------------------------
@@ -72,8 +77,24 @@ import numpy as np
 from .. import registry
 from ..registry import Sample
 from ..testing.compare import CompareReport, compare_implementation
-from . import torch_specs_extra, torch_specs_layers  # noqa: F401  (they register their specs into SPECS)
 from .torch_specs import MODULE_CASES, SPECS, Spec, View, load_rules
+from .unmapped import UNMAPPED
+
+
+def _load_spec_groups() -> None:
+    """Import every sibling ``torch_specs_<group>`` module: each registers its rows into ``SPECS``
+    (and its unmappable slugs into ``UNMAPPED``) on import. A new group is a new file, nothing else."""
+    import importlib
+    import pkgutil
+
+    from . import __path__ as here
+
+    for info in sorted(pkgutil.iter_modules(here), key=lambda i: i.name):
+        if info.name.startswith("torch_specs_"):
+            importlib.import_module(f"{__package__}.{info.name}")
+
+
+_load_spec_groups()
 
 __all__ = ["params_from_state_dict", "grads_to_state_dict", "check_module", "supported_slugs",
            "MODULE_CASES"]
@@ -97,7 +118,7 @@ def _record(spec: Spec) -> registry.Mechanism:
     return dataclasses.replace(rec, slug=spec.key, forward=spec.layer[0], backward=spec.layer[1], cases={})
 
 
-def _getadd_specs(slug) -> Spec:
+def _get_spec(slug) -> Spec:
     if not isinstance(slug, str):
         raise TypeError(f"slug must be a registry slug (str); got {type(slug).__name__}")
     if slug in SPECS:
@@ -114,6 +135,10 @@ def _getadd_specs(slug) -> Spec:
         rec = registry.get(slug)
     except registry.UnknownMechanism as exc:
         raise ValueError(f"refattn.interop.torch: {exc}") from None
+    if slug in UNMAPPED:
+        status, reason = UNMAPPED[slug]
+        raise ValueError(f"refattn.interop.torch has no state_dict table for {slug!r} ({status}): {reason}. "
+                         f"Compare it with refattn.testing.compare_implementation.")
     code = (rec.official_code or "").strip()
     why = ("the catalogue names no official PyTorch code for it" if not code or code.startswith(("—", "-"))
            else f"its official code ({code}) has no state_dict table here yet")
@@ -121,6 +146,10 @@ def _getadd_specs(slug) -> Spec:
                      f"(refattn.interop.coverage.torch_coverage() lists every mechanism). Mapped slugs: "
                      f"{', '.join(SPECS)}. Build its params by hand (weights (in, out) = torch weight.T) "
                      f"and check them with refattn.testing.compare_implementation.")
+
+
+def _weightless(slug) -> bool:
+    return isinstance(slug, str) and UNMAPPED.get(slug, ("",))[0] == "no weights"
 
 
 def _check_config(spec: Spec, config: dict) -> None:
@@ -167,9 +196,16 @@ def params_from_state_dict(slug: str, state_dict: Mapping, *, prefix: str = "", 
         A slug without mapping (the message says so), a missing key (named, with its prefix), a
         key refattn has no counterpart for (``strict``), a fused weight that does not split.
     """
-    spec = _getadd_specs(slug)
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping of names to tensors; got {type(state_dict).__name__}")
+    if _weightless(slug):
+        keys = sorted(k for k in state_dict if k.startswith(prefix))
+        if keys:
+            raise ValueError(f"params_from_state_dict[{slug}]: the mechanism has no weights "
+                             f"({UNMAPPED[slug][1]}), but the state_dict has {prefix!r}-keys {keys[:8]}: "
+                             f"they belong to layers around it (project q, k, v yourself)")
+        return {}
+    spec = _get_spec(slug)
     _check_config(spec, config)
     view = View(state_dict, prefix, spec.key)
     if not view.items:
@@ -198,9 +234,11 @@ def grads_to_state_dict(slug: str, grads: Mapping, *, prefix: str = "", **config
     Returns NumPy arrays keyed ``prefix + upstream name`` (complex for a complex upstream weight),
     e.g. for ``p.grad = torch.from_numpy(g[name])``.
     """
-    spec = _getadd_specs(slug)
     if not isinstance(grads, Mapping):
         raise TypeError(f"grads must be a dict of gradients; got {type(grads).__name__}")
+    if _weightless(slug):
+        return {}
+    spec = _get_spec(slug)
     _check_config(spec, config)
     if spec.save_pick is not None:
         rules = spec.save_pick(grads)
@@ -273,7 +311,7 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
     """
     import torch
 
-    spec = _getadd_specs(slug)
+    spec = _get_spec(slug)
     rec = _record(spec)
     tdt = _torch_dtype(torch, torch.float64 if dtype is None else dtype)
     np_dt = np.float64 if tdt == torch.float64 else np.float32

@@ -317,6 +317,8 @@ SPECS: dict[str, Spec] = {}
 
 def add_specs(*specs: Spec) -> None:
     for s in specs:
+        if s.key in SPECS:
+            raise ValueError(f"add_specs: {s.key!r} is already in the table ({SPECS[s.key].upstream})")
         SPECS[s.key] = s
 
 
