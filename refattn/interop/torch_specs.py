@@ -26,7 +26,7 @@ import numpy as np
 from ..testing.compare import to_numpy
 
 __all__ = ["View", "Spec", "SPECS", "MODULE_CASES", "add_specs", "load_rules", "Named", "Rename", "Reshape",
-           "Derived", "x_build", "call_x"]
+           "Derived", "Split", "Stack", "Complex", "Strip", "Reprefix", "x_build", "call_x"]
 
 # --------------------------------------------------------------------------------------------
 # Rules: one upstream name (or name family) <-> one refattn params key
@@ -261,8 +261,8 @@ class _Derived:
 
 
 Named, Rename, Reshape, Derived = _Named, _Rename, _Reshape, _Derived
-"""Public names of four rule classes, for tables kept in other modules
-(:mod:`refattn.interop.torch_specs_extra`)."""
+Split, Stack, Complex, Strip, Reprefix = _Split, _Stack, _Complex, _Strip, _Reprefix
+"""Public names of the rule classes, for the tables kept in the ``torch_specs_<group>`` modules."""
 
 
 # --------------------------------------------------------------------------------------------
