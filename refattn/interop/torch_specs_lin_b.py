@@ -1,0 +1,68 @@
+r"""Rows of the :mod:`refattn.interop.torch` table for group ``lin_b`` (linear-family mechanisms and
+the Converter block), beside :mod:`refattn.interop.torch_specs`.
+
+Each :class:`~refattn.interop.torch_specs.Spec` here maps a mechanism whose registry record's
+forward is the upstream module's forward and whose params already carry the upstream names; it is
+registered with the public :func:`~refattn.interop.torch_specs.add_specs` into the same
+:data:`~refattn.interop.torch_specs.SPECS` that :mod:`refattn.interop.torch` reads (that module
+imports this one). Mechanisms of the group that have no PyTorch ``state_dict`` to read are listed
+with :func:`~refattn.interop.unmapped.add_unmapped`. The reference modules the tests run are in
+``tests/_upstream_lin_b.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .torch_specs import Named, Spec, add_specs
+
+__all__ = ["GROUP_SLUGS"]
+
+
+# ---- Deformable DETR MSDeformAttn: forward(query, reference_points, input_flatten, input_spatial_shapes,
+# input_level_start_index); the level count is read from attention_weights' width (heads x levels x points)
+
+_MSDA_SHAPES = ((3, 4), (2, 3), (2, 2), (1, 3), (2, 1))
+
+
+def _msda_build(rng, p, cfg, z):
+    """Levels of the shapes above (as many as the module has) unless the config gives ``spatial_shapes``;
+    point references (B, Lq, L, 2), or box references (cx, cy, w, h) for the cases of 5 and 7 queries."""
+    c = p["value_proj.weight"].shape[0]
+    nl = p["attention_weights.weight"].shape[1] // (int(cfg["n_heads"]) * int(cfg.get("n_points", 4)))
+    shapes = cfg.get("spatial_shapes") or tuple(_MSDA_SHAPES[i % len(_MSDA_SHAPES)] for i in range(nl))
+    shapes = tuple((int(h), int(w)) for h, w in shapes)
+    s = sum(h * w for h, w in shapes)
+    box = z["n"] in (5, 7)
+    ref = rng.uniform(0.1, 0.9, (z["b"], z["n"], nl, 2))
+    if box:
+        ref = np.concatenate([ref, rng.uniform(0.2, 0.6, (z["b"], z["n"], nl, 2))], axis=-1)
+    return ({"query": rng.standard_normal((z["b"], z["n"], c)), "reference_points": ref,
+             "input_flatten": rng.standard_normal((z["b"], s, c))}, {"spatial_shapes": shapes})
+
+
+def _msda_call(module, inp, cfg):
+    import torch
+
+    shapes = torch.as_tensor(cfg["spatial_shapes"], dtype=torch.long)
+    start = torch.cat([shapes.new_zeros(1), (shapes[:, 0] * shapes[:, 1]).cumsum(0)[:-1]])
+    return module(inp["query"], inp["reference_points"], inp["input_flatten"], shapes, start)
+
+
+_SPECS = [
+    Spec("multiscale_deformable_attention",
+         "fundamentalvision/Deformable-DETR models/ops/modules/ms_deform_attn.py@11169a6 (MSDeformAttn; "
+         "forward(query, reference_points, input_flatten, input_spatial_shapes, input_level_start_index), its "
+         "CUDA function replaced by models/ops/functions/ms_deform_attn_func.py ms_deform_attn_core_pytorch; "
+         "point and box references)",
+         rules=[Named(r"(sampling_offsets|attention_weights|value_proj|output_proj)\.weight", True),
+                Named(r"(sampling_offsets|attention_weights|value_proj|output_proj)\.bias", False)],
+         required=("sampling_offsets.weight", "attention_weights.weight", "value_proj.weight", "output_proj.weight"),
+         call=_msda_call, build=_msda_build, attrs={"n_heads": "n_heads", "n_points": "n_points"},
+         defaults={"spatial_shapes": None}),
+]
+
+add_specs(*_SPECS)
+
+GROUP_SLUGS = tuple(s.key for s in _SPECS)
+"""The keys this module adds to :data:`~refattn.interop.torch_specs.SPECS`."""

@@ -1,0 +1,66 @@
+"""refattn.interop.torch, group ``lin_b`` (``refattn/interop/torch_specs_lin_b.py``): ``check_module`` in
+float64 against the PyTorch modules of ``tests/_upstream_lin_b.py`` (upstream file@commit in their
+comments), and the state_dict round trip of every spec of the group."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import _upstream_lin_b as U  # noqa: E402
+
+from refattn.interop.torch import (  # noqa: E402
+    check_module,
+    grads_to_state_dict,
+    params_from_state_dict,
+    supported_slugs,
+)
+
+
+def _assert_pass(report):
+    assert report.passed, "\n" + str(report)
+    return report
+
+
+def _jitter(module, scale=0.3, seed=0):
+    """Replace the upstream initialisation (zeros, identities) by random weights: every path matters."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.is_floating_point():
+                p.copy_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return module
+
+
+@pytest.mark.parametrize("d_model,n_levels,n_heads,n_points", [(4, 2, 2, 2), (6, 3, 3, 1), (2, 1, 1, 3)])
+def test_multiscale_deformable_attention(d_model, n_levels, n_heads, n_points):
+    m = _jitter(U.MSDeformAttn(d_model, n_levels, n_heads, n_points), seed=n_levels)
+    _assert_pass(check_module(m, "multiscale_deformable_attention"))
+
+
+# ---------------------------------------------------------------------------------------------- the group
+
+_MODULES = {
+    "multiscale_deformable_attention": (lambda: U.MSDeformAttn(4, 2, 2, 2), {}, ()),
+}
+
+
+def test_lin_b_specs_are_registered():
+    from refattn.interop.torch_specs_lin_b import GROUP_SLUGS
+
+    assert set(GROUP_SLUGS) <= set(supported_slugs())
+    assert sorted(k for k in GROUP_SLUGS) == sorted(_MODULES)
+
+
+@pytest.mark.parametrize("slug", sorted(_MODULES))
+def test_lin_b_specs_map_state_dict_and_grads_back(slug):
+    make, cfg, derived = _MODULES[slug]
+    torch.manual_seed(4)
+    sd = _jitter(make().double()).state_dict()
+    p = params_from_state_dict(slug, sd, **cfg)
+    assert not set(derived) & set(p)
+    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
+    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
+    for k, v in sd.items():
+        if k not in derived:
+            np.testing.assert_array_equal(back["attn." + k], v.numpy())
