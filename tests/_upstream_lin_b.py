@@ -5,11 +5,13 @@ cited file (not copied). Deviations are listed per module; dropout is omitted (e
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MSDeformAttn"]
+__all__ = ["MSDeformAttn", "LocalDownsampleAttention"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -62,3 +64,40 @@ class MSDeformAttn(nn.Module):
                    + offsets / self.n_points * reference_points[:, :, None, :, None, 2:] * 0.5)
         out = ms_deform_attn_core_pytorch(value, input_spatial_shapes, loc, attn)
         return self.output_proj(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# Huage001/CLEAR@98e9fed2b8a776a043a0421100db9831879de784 attention_processor.py:
+# LocalDownsampleFlexAttnProcessor (its attention on projected q, k, v) and init_local_downsample_mask_flex.
+# Deviations: the diffusers Attention projections, norms and rotary embedding around it are left out (the
+# record is the core on q, k, v); flex_attention under the block mask is SDPA under the same boolean mask;
+# the globals HEIGHT, WIDTH and the mask's text_length, window_size are attributes; the text length 512 of
+# `key[:, :, 512:]` is text_length.
+
+
+def local_downsample_mask(height, width, text_length, window_size, down_factor):
+    q_idx = torch.arange(text_length + height * width)[:, None]
+    kv_idx = torch.arange(text_length + height * width + (height // down_factor) * (width // down_factor))[None, :]
+    q_y, q_x = (q_idx - text_length) // width, (q_idx - text_length) % width
+    kv_y, kv_x = (kv_idx - text_length) // width, (kv_idx - text_length) % width
+    image = (kv_idx < text_length) | (kv_idx >= text_length + height * width) | (
+        (q_y - kv_y) ** 2 + (q_x - kv_x) ** 2 < window_size ** 2)
+    return ((q_idx < text_length) & (kv_idx < text_length + height * width)) | ((q_idx >= text_length) & image)
+
+
+class LocalDownsampleAttention(nn.Module):
+    def __init__(self, height, width, text_length, window_size, down_factor=4):
+        super().__init__()
+        self.height, self.width, self.text_length = height, width, text_length
+        self.window_size, self.down_factor = window_size, down_factor
+        self.spatial_weight = nn.Parameter(torch.ones(1, 1, 1, down_factor, 1, down_factor, 1) / down_factor ** 2)
+
+    def forward(self, query, key, value):
+        f, t, h, w = self.down_factor, self.text_length, self.height, self.width
+        scale = math.sqrt(1 / query.shape[-1])
+        key_down = (key[:, :, t:].unflatten(2, (h // f, f, w // f, f)) * self.spatial_weight).sum(dim=(3, 5)).flatten(2, 3)
+        value_down = (value[:, :, t:].unflatten(2, (h // f, f, w // f, f)) * self.spatial_weight).sum(
+            dim=(3, 5)).flatten(2, 3)
+        mask = local_downsample_mask(h, w, t, self.window_size, f)
+        return F.scaled_dot_product_attention(query, torch.cat([key, key_down], 2), torch.cat([value, value_down], 2),
+                                              attn_mask=mask, scale=scale)

@@ -38,10 +38,20 @@ def test_multiscale_deformable_attention(d_model, n_levels, n_heads, n_points):
     _assert_pass(check_module(m, "multiscale_deformable_attention"))
 
 
+@pytest.mark.parametrize("height,width,text_length,window_size,down_factor", [
+    (4, 6, 3, 2.3, 2), (3, 6, 0, 1.5, 3), (4, 4, 2, 1.1, 4)])
+def test_clear_local_downsample_attention(height, width, text_length, window_size, down_factor):
+    m = U.LocalDownsampleAttention(height, width, text_length, window_size, down_factor)
+    with torch.no_grad():
+        m.spatial_weight.add_(0.2 * torch.randn(m.spatial_weight.shape, generator=torch.Generator().manual_seed(1)))
+    _assert_pass(check_module(m, "local_window_attention_variants"))
+
+
 # ---------------------------------------------------------------------------------------------- the group
 
 _MODULES = {
     "multiscale_deformable_attention": (lambda: U.MSDeformAttn(4, 2, 2, 2), {}, ()),
+    "local_window_attention_variants": (lambda: U.LocalDownsampleAttention(4, 6, 3, 2.3, 2), {}, ()),
 }
 
 

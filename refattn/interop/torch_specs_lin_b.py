@@ -12,6 +12,8 @@ with :func:`~refattn.interop.unmapped.add_unmapped`. The reference modules the t
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .torch_specs import Named, Spec, add_specs
@@ -49,6 +51,42 @@ def _msda_call(module, inp, cfg):
     return module(inp["query"], inp["reference_points"], inp["input_flatten"], shapes, start)
 
 
+# ---- CLEAR LocalDownsampleFlexAttnProcessor: its attention on the projected (q, k, v) of (B, heads, T + H*W, d);
+# upstream's globals HEIGHT, WIDTH and the block mask's text_length, window_size are module attributes here
+
+
+@dataclass(frozen=True)
+class _CellWeight:
+    """CLEAR's ``spatial_weight (1, 1, 1, f, 1, f, 1)`` as refattn's ``(f, f)`` (the same entries)."""
+
+    name: str = "spatial_weight"
+
+    def load(self, view, out):
+        a = view.get(self.name)
+        f = a.shape[3]
+        if a.shape != (1, 1, 1, f, 1, f, 1):
+            raise ValueError(f"params_from_state_dict[{view.slug}]: {view.prefix + self.name} must be "
+                             f"(1, 1, 1, f, 1, f, 1), as upstream; got {tuple(a.shape)}")
+        out[self.name] = a.reshape(f, f)
+
+    def save(self, grads, out, used):
+        if self.name in grads:
+            used.add(self.name)
+            g = np.asarray(grads[self.name])
+            out[self.name] = g.reshape(1, 1, 1, g.shape[0], 1, g.shape[1], 1)
+
+
+def _clear_build(rng, p, cfg, z):
+    """(B, heads, T + H*W, d) with the grid of the config; heads and d vary with the case."""
+    n = int(cfg.get("text_length", 0)) + int(cfg["height"]) * int(cfg["width"])
+    shape = (z["b"], 1 + z["n"] % 3, n, 2 + z["m"] % 3)
+    return {k: rng.standard_normal(shape) for k in ("q", "k", "v")}, {}
+
+
+def _clear_call(module, inp, cfg):
+    return module(inp["q"], inp["k"], inp["v"])
+
+
 _SPECS = [
     Spec("multiscale_deformable_attention",
          "fundamentalvision/Deformable-DETR models/ops/modules/ms_deform_attn.py@11169a6 (MSDeformAttn; "
@@ -60,6 +98,13 @@ _SPECS = [
          required=("sampling_offsets.weight", "attention_weights.weight", "value_proj.weight", "output_proj.weight"),
          call=_msda_call, build=_msda_build, attrs={"n_heads": "n_heads", "n_points": "n_points"},
          defaults={"spatial_shapes": None}),
+    Spec("local_window_attention_variants",
+         "Huage001/CLEAR attention_processor.py@98e9fed (LocalDownsampleFlexAttnProcessor with "
+         "init_local_downsample_mask_flex: its attention on projected q, k, v (B, heads, T + H*W, d), flex_attention "
+         "as SDPA under the same mask, the text length 512 as text_length; forward(q, k, v))",
+         rules=[_CellWeight()], required=("spatial_weight",), call=_clear_call, build=_clear_build,
+         attrs={"height": "height", "width": "width", "text_length": "text_length", "radius": "window_size",
+                "down_factor": "down_factor"}),
 ]
 
 add_specs(*_SPECS)
