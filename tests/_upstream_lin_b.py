@@ -101,3 +101,96 @@ class LocalDownsampleAttention(nn.Module):
         mask = local_downsample_mask(h, w, t, self.window_size, f)
         return F.scaled_dot_product_attention(query, torch.cat([key, key_down], 2), torch.cat([value, value_down], 2),
                                               attn_mask=mask, scale=scale)
+
+
+# ----------------------------------------------------------------------------------------------
+# HazyResearch/safari@02220c69d247e5473616cd053a443ad99fd2559b src/models/sequence/hyena.py: HyenaOperator,
+# HyenaFilter, PositionalEmbedding, ExponentialModulation, Sin, fftconv_ref.
+# Deviations: num_heads = num_blocks = inner_factor = 1 and no outer_mixing / post_order_ffn / fused kernels
+# (the rearranges are then reshapes); OptimModule.register is a parameter (z) or a buffer (t, deltas, lr=0);
+# the buffers t and deltas are computed in float64 (upstream: float32), so float64 stays float64.
+
+
+class HyenaSin(nn.Module):
+    def __init__(self, dim, w=10):
+        super().__init__()
+        self.freq = nn.Parameter(w * torch.ones(1, dim))
+
+    def forward(self, x):
+        return torch.sin(self.freq * x)
+
+
+class HyenaPositionalEmbedding(nn.Module):
+    def __init__(self, emb_dim, seq_len):
+        super().__init__()
+        t = torch.linspace(0, 1, seq_len, dtype=torch.float64)[None, :, None]
+        bands = (emb_dim - 1) // 2
+        w = 2 * math.pi * torch.linspace(0, seq_len - 1, seq_len, dtype=torch.float64)[None, :, None] / seq_len
+        f = torch.linspace(1e-4, bands - 1, bands, dtype=torch.float64)[None, None]
+        z = torch.exp(-1j * f * w)
+        self.z = nn.Parameter(torch.cat([t, z.real, z.imag], dim=-1))
+        self.register_buffer("t", t)
+
+    def forward(self, length):
+        return self.z[:, :length], self.t[:, :length]
+
+
+class HyenaExponentialModulation(nn.Module):
+    def __init__(self, d_model, fast_decay_pct=0.3, slow_decay_pct=1.5, target=1e-2, modulate=True, shift=0.0):
+        super().__init__()
+        self.modulate, self.shift = modulate, shift
+        lo, hi = math.log(target) / slow_decay_pct, math.log(target) / fast_decay_pct
+        self.register_buffer("deltas", torch.linspace(lo, hi, d_model, dtype=torch.float64)[None, None])
+
+    def forward(self, t, x):
+        return x * (torch.exp(-t * self.deltas.abs()) + self.shift) if self.modulate else x
+
+
+def hyena_fftconv_ref(u, k, d):
+    seqlen = u.shape[-1]
+    k_f = torch.fft.rfft(k, n=2 * seqlen) / (2 * seqlen)
+    y = torch.fft.irfft(torch.fft.rfft(u, n=2 * seqlen) * k_f, n=2 * seqlen, norm="forward")[..., :seqlen]
+    return y + u * d.unsqueeze(-1)
+
+
+class HyenaFilter(nn.Module):
+    def __init__(self, d_model, emb_dim=3, order=16, seq_len=1024, w=1, bias=True, num_inner_mlps=2, **kwargs):
+        super().__init__()
+        self.use_bias = bias
+        self.bias = nn.Parameter(torch.randn(d_model))
+        act = HyenaSin(order, w)
+        self.pos_emb = HyenaPositionalEmbedding(emb_dim, seq_len)
+        self.implicit_filter = nn.Sequential(nn.Linear(emb_dim, order), act)
+        for _ in range(num_inner_mlps):
+            self.implicit_filter.append(nn.Linear(order, order))
+            self.implicit_filter.append(act)
+        self.implicit_filter.append(nn.Linear(order, d_model, bias=False))
+        self.modulation = HyenaExponentialModulation(d_model, **kwargs)
+
+    def filter(self, length):
+        z, t = self.pos_emb(length)
+        return self.modulation(t, self.implicit_filter(z))
+
+    def forward(self, x, length, k, bias):
+        return hyena_fftconv_ref(x, k, bias if self.use_bias else 0 * bias)
+
+
+class HyenaOperator(nn.Module):
+    def __init__(self, d_model, l_max, order=2, filter_order=64, short_filter_order=3, **filter_args):
+        super().__init__()
+        self.d_model, self.l_max, self.order = d_model, l_max, order
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.in_proj = nn.Linear(d_model, (order + 1) * d_model)
+        width = d_model * (order + 1)
+        self.short_filter = nn.Conv1d(width, width, short_filter_order, groups=width, padding=short_filter_order - 1)
+        self.filter_fn = HyenaFilter(d_model * (order - 1), order=filter_order, seq_len=l_max, **filter_args)
+
+    def forward(self, u):
+        length = min(u.size(-2), self.l_max)
+        uc = self.short_filter(self.in_proj(u).transpose(1, 2))[..., :length]
+        *x, v = uc.split(self.d_model, dim=1)
+        k = self.filter_fn.filter(length)[0].reshape(length, self.d_model, self.order - 1).permute(2, 1, 0)
+        bias = self.filter_fn.bias.reshape(self.d_model, self.order - 1).T
+        for o, x_i in enumerate(reversed(x[1:])):
+            v = self.filter_fn(v * x_i, length, k=k[o], bias=bias[o])
+        return self.out_proj((v * x[0]).transpose(1, 2))

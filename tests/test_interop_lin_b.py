@@ -47,11 +47,25 @@ def test_clear_local_downsample_attention(height, width, text_length, window_siz
     _assert_pass(check_module(m, "local_window_attention_variants"))
 
 
+@pytest.mark.parametrize("order,kw", [(2, {}), (3, dict(shift=0.05, num_inner_mlps=1)),
+                                      (2, dict(fast_decay_pct=0.5, modulate=False, bias=False))])
+def test_hyena_operator(order, kw):
+    torch.manual_seed(order)
+    m = U.HyenaOperator(3, 16, order=order, filter_order=4, **kw)
+    with torch.no_grad():
+        m.filter_fn.pos_emb.z.add_(0.1 * torch.randn_like(m.filter_fn.pos_emb.z))
+        m.filter_fn.implicit_filter[1].freq.mul_(1 + 0.3 * torch.rand_like(m.filter_fn.implicit_filter[1].freq))
+    cfg = {"fast_decay_pct": 0.5} if "fast_decay_pct" in kw else {}
+    _assert_pass(check_module(m, "hyena_operator", config=cfg))
+
+
 # ---------------------------------------------------------------------------------------------- the group
 
 _MODULES = {
     "multiscale_deformable_attention": (lambda: U.MSDeformAttn(4, 2, 2, 2), {}, ()),
     "local_window_attention_variants": (lambda: U.LocalDownsampleAttention(4, 6, 3, 2.3, 2), {}, ()),
+    "hyena_operator": (lambda: U.HyenaOperator(3, 8, order=3, filter_order=4), {},
+                       ("filter_fn.pos_emb.t", "filter_fn.modulation.deltas")),
 }
 
 

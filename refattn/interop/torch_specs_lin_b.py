@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .torch_specs import Named, Spec, add_specs
+from .torch_specs import Derived, Named, Spec, add_specs
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -87,6 +87,15 @@ def _clear_call(module, inp, cfg):
     return module(inp["q"], inp["k"], inp["v"])
 
 
+# ---- safari HyenaOperator: forward(u (B, L, D)), L <= l_max (the rows of filter_fn.pos_emb.z); the buffers t and
+# deltas upstream computes from the config are read and dropped (refattn rebuilds them from the same config)
+
+
+def _hyena_build(rng, p, cfg, z):
+    n = min(z["n"], p["filter_fn.pos_emb.z"].shape[1])
+    return {"u": rng.standard_normal((z["b"], n, p["in_proj.weight"].shape[0]))}, {}
+
+
 _SPECS = [
     Spec("multiscale_deformable_attention",
          "fundamentalvision/Deformable-DETR models/ops/modules/ms_deform_attn.py@11169a6 (MSDeformAttn; "
@@ -105,6 +114,19 @@ _SPECS = [
          rules=[_CellWeight()], required=("spatial_weight",), call=_clear_call, build=_clear_build,
          attrs={"height": "height", "width": "width", "text_length": "text_length", "radius": "window_size",
                 "down_factor": "down_factor"}),
+    Spec("hyena_operator",
+         "HazyResearch/safari src/models/sequence/hyena.py@02220c6 (HyenaOperator with HyenaFilter, "
+         "PositionalEmbedding, ExponentialModulation, Sin, fftconv_ref; forward(u); num_heads = num_blocks = "
+         "inner_factor = 1, no outer_mixing / post_order_ffn; fast_decay_pct, slow_decay_pct, target by config, "
+         "since upstream keeps only the deltas they give)",
+         rules=[Named(r"(in_proj|out_proj|filter_fn\.implicit_filter\.\d+)\.weight", True),
+                Named(r"(in_proj|out_proj|short_filter|filter_fn\.implicit_filter\.\d+)\.bias|short_filter\.weight"
+                      r"|filter_fn\.bias|filter_fn\.pos_emb\.z|filter_fn\.implicit_filter\.\d+\.freq", False),
+                Derived(r"filter_fn\.pos_emb\.t|filter_fn\.modulation\.deltas")],
+         required=("in_proj.weight", "short_filter.weight", "filter_fn.bias", "filter_fn.pos_emb.z", "out_proj.weight"),
+         call=lambda module, inp, cfg: module(inp["u"]), build=_hyena_build,
+         attrs={"order": "order", "shift": "filter_fn.modulation.shift", "modulate": "filter_fn.modulation.modulate",
+                "use_bias": "filter_fn.use_bias"}),
 ]
 
 add_specs(*_SPECS)
