@@ -194,3 +194,61 @@ class HyenaOperator(nn.Module):
         for o, x_i in enumerate(reversed(x[1:])):
             v = self.filter_fn(v * x_i, length, k=k[o], bias=bias[o])
         return self.out_proj((v * x[0]).transpose(1, 2))
+
+
+# ----------------------------------------------------------------------------------------------
+# togethercomputer/stripedhyena@7e13f618027fea9625be1f2d2d94f9a361f6bd02 stripedhyena/model.py:
+# ParallelHyenaFilter (parallel_forward, compute_filter, update_time) and stripedhyena/engine.py:
+# HyenaInferenceEngine.parallel_fir (F.conv1d, bias added after) and parallel_iir (the FFT path).
+# Deviations: no inference_params / padding_mask / flash kernels / long_fir_threshold; the time vector t is
+# rebuilt per call instead of cached on the module; the config object is keyword arguments.
+
+
+class ParallelHyenaFilter(nn.Module):
+    def __init__(self, hidden_size, state_size, num_attention_heads, short_filter_length=3, hyena_filter_groups=None,
+                 column_split_hyena=True):
+        super().__init__()
+        self.hidden_size, self.state_size = hidden_size, state_size
+        self.hyena_filter_groups = hidden_size if hyena_filter_groups is None else hyena_filter_groups
+        self.column_split_hyena = column_split_hyena
+        self.num_attention_heads = num_attention_heads
+        self.hidden_size_per_attention_head = hidden_size // num_attention_heads
+        self.short_filter_length = short_filter_length
+        self.D = nn.Parameter(torch.zeros(hidden_size))
+        self.short_filter_weight = nn.Parameter(torch.randn(3 * hidden_size, 1, short_filter_length))
+        self.short_filter_bias = nn.Parameter(torch.randn(3 * hidden_size))
+        self.num_systems = hidden_size // self.hyena_filter_groups
+        poles = torch.randn(self.num_systems, state_size, 1, 2)
+        poles[..., 0] = 1e-2 * torch.randn(self.num_systems, state_size, 1)
+        poles[..., 1] = 1e-3 * torch.randn(self.num_systems, state_size, 1)
+        self.poles = nn.Parameter(poles)
+        self.residues = nn.Parameter(torch.randn(self.num_systems, state_size, 1, 2))
+
+    def compute_filter(self, length):
+        t = torch.arange(length)[None, None]
+        residues = torch.view_as_complex(self.residues.to(torch.float64))
+        log_poles = torch.view_as_complex(self.poles.to(torch.float64)).log()
+        return (residues * (log_poles * t).exp()).real.sum(1)[None]
+
+    def forward(self, u):
+        length = u.shape[1]
+        z = F.conv1d(u.permute(0, 2, 1), self.short_filter_weight, bias=None, padding=self.short_filter_length - 1,
+                     groups=u.shape[2])[..., :length]
+        z = z + self.short_filter_bias[None, :, None]
+        h = self.compute_filter(length)
+        if self.hyena_filter_groups > 1:
+            h = h.repeat_interleave(self.hidden_size // self.hyena_filter_groups, 1)
+        hd = self.hidden_size_per_attention_head
+        if self.column_split_hyena:
+            zh = z.reshape(z.shape[0], self.num_attention_heads, 3 * hd, z.shape[2])
+            x2, x1, v = (a.reshape(a.shape[0], -1, a.shape[-1])
+                         for a in (zh[:, :, :hd], zh[:, :, hd:2 * hd], zh[:, :, 2 * hd:]))
+        else:
+            x2, x1, v = z.split([self.hidden_size] * 3, dim=1)
+        x1v = x1 * v
+        fft_size = 2 * length
+        hf = torch.fft.rfft(h.to(torch.float64), n=fft_size) / fft_size
+        xs = torch.fft.fft(x1v.to(torch.float64), n=fft_size)[..., :hf.shape[-1]]
+        y = torch.fft.irfft(xs * hf, n=fft_size, norm="forward")[..., :length].to(x1v.dtype)
+        y = (y + x1v * self.D.unsqueeze(-1)) * x2
+        return y.permute(0, 2, 1), None

@@ -59,11 +59,30 @@ def test_hyena_operator(order, kw):
     _assert_pass(check_module(m, "hyena_operator", config=cfg))
 
 
+def _stable_poles(m, seed):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        shape = m.poles.shape[:-1]
+        ang, rad = 2.5 * torch.rand(shape, generator=g), 0.5 + 0.45 * torch.rand(shape, generator=g)
+        m.poles.copy_(torch.stack([rad * ang.cos(), rad * ang.sin()], -1))
+        m.D.copy_(torch.randn(m.D.shape, generator=g))
+    return m
+
+
+@pytest.mark.parametrize("hidden,heads,groups,split", [(4, 2, 1, True), (4, 1, 4, True), (6, 3, 1, False)])
+def test_laughing_hyena_parallel_filter(hidden, heads, groups, split):
+    torch.manual_seed(hidden + heads)
+    m = _stable_poles(U.ParallelHyenaFilter(hidden, 3, heads, hyena_filter_groups=groups, column_split_hyena=split),
+                      seed=groups)
+    _assert_pass(check_module(m, "laughing_hyena_modal_ssm"))
+
+
 # ---------------------------------------------------------------------------------------------- the group
 
 _MODULES = {
     "multiscale_deformable_attention": (lambda: U.MSDeformAttn(4, 2, 2, 2), {}, ()),
     "local_window_attention_variants": (lambda: U.LocalDownsampleAttention(4, 6, 3, 2.3, 2), {}, ()),
+    "laughing_hyena_modal_ssm": (lambda: U.ParallelHyenaFilter(4, 3, 2, hyena_filter_groups=1), {}, ()),
     "hyena_operator": (lambda: U.HyenaOperator(3, 8, order=3, filter_order=4), {},
                        ("filter_fn.pos_emb.t", "filter_fn.modulation.deltas")),
 }

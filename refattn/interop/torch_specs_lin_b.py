@@ -96,6 +96,13 @@ def _hyena_build(rng, p, cfg, z):
     return {"u": rng.standard_normal((z["b"], n, p["in_proj.weight"].shape[0]))}, {}
 
 
+# ---- stripedhyena ParallelHyenaFilter: forward(u (B, L, 3D)) -> (y, inference_params), its parallel (FFT) path
+
+
+def _lh_build(rng, p, cfg, z):
+    return {"u": rng.standard_normal((z["b"], z["n"], p["short_filter_weight"].shape[0]))}, {}
+
+
 _SPECS = [
     Spec("multiscale_deformable_attention",
          "fundamentalvision/Deformable-DETR models/ops/modules/ms_deform_attn.py@11169a6 (MSDeformAttn; "
@@ -127,6 +134,15 @@ _SPECS = [
          call=lambda module, inp, cfg: module(inp["u"]), build=_hyena_build,
          attrs={"order": "order", "shift": "filter_fn.modulation.shift", "modulate": "filter_fn.modulation.modulate",
                 "use_bias": "filter_fn.use_bias"}),
+    Spec("laughing_hyena_modal_ssm",
+         "togethercomputer/stripedhyena stripedhyena/model.py, stripedhyena/engine.py@7e13f61 (ParallelHyenaFilter."
+         "parallel_forward with HyenaInferenceEngine.parallel_fir / parallel_iir, the FFT path; forward(u)[0]; "
+         "hyena_filter_groups 1 (one system per channel) or hidden_size (one shared system), as upstream's "
+         "repeat_interleave allows)",
+         rules=[Named(r"D|short_filter_weight|short_filter_bias|poles|residues", False)],
+         required=("D", "short_filter_weight", "short_filter_bias", "poles", "residues"),
+         call=lambda module, inp, cfg: module(inp["u"])[0], build=_lh_build,
+         attrs={"num_heads": "num_attention_heads", "column_split": "column_split_hyena"}),
 ]
 
 add_specs(*_SPECS)
