@@ -252,3 +252,42 @@ class ParallelHyenaFilter(nn.Module):
         y = torch.fft.irfft(xs * hf, n=fft_size, norm="forward")[..., :length].to(x1v.dtype)
         y = (y + x1v * self.D.unsqueeze(-1)) * x2
         return y.permute(0, 2, 1), None
+
+
+# ----------------------------------------------------------------------------------------------
+# bdusell/stack-attention@244167afa71ebfaf9edcfa891b235ef44d694e20 src/stack_attention/superposition.py:
+# SuperpositionStackAttention, on src/stack_attention/stack_attention.py: StackAttention (State._outputs_and_stack),
+# src/torch_extras/layer.py: Layer and src/stack_rnn_models/joulin_mikolov.py: JoulinMikolovStack.next.
+# Deviations: the stack keeps every element (height = sequence length) where upstream trims the elements
+# that can no longer reach the top (the readings are the same); no Unidirectional state machinery.
+
+
+class StackLayer(nn.Module):  # torch_extras.layer.Layer with the identity activation
+    def __init__(self, input_size, output_size, bias=True):
+        super().__init__()
+        self.linear = nn.Linear(input_size, output_size, bias=bias)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+class SuperpositionStackAttention(nn.Module):
+    def __init__(self, d_model, stack_embedding_size):
+        super().__init__()
+        self.action_layer = StackLayer(d_model, 3, bias=False)
+        self.input_to_pushed_vector_layer = StackLayer(d_model, stack_embedding_size, bias=False)
+        self.stack_reading_to_output_layer = StackLayer(stack_embedding_size, d_model, bias=False)
+
+    def forward(self, input_sequence, include_first=True):
+        actions = F.softmax(self.action_layer(input_sequence), dim=-1)
+        pushed = self.input_to_pushed_vector_layer(input_sequence)
+        b, n, m = pushed.shape
+        stack = pushed.new_zeros(b, m, n + 1)  # elements (B, m, depth), top first
+        readings = [stack[..., 0]] if include_first else []
+        for t in range(n):
+            push, pop, noop = (p[:, None, None] for p in actions[:, t].unbind(-1))
+            pushed_down = torch.cat([pushed[:, t, :, None], stack[..., :-1]], dim=-1)
+            popped_up = torch.cat([stack[..., 1:], stack.new_zeros(b, m, 1)], dim=-1)
+            stack = push * pushed_down + noop * stack + pop * popped_up
+            readings.append(stack[..., 0])
+        return self.stack_reading_to_output_layer(torch.stack(readings, dim=1))

@@ -77,12 +77,19 @@ def test_laughing_hyena_parallel_filter(hidden, heads, groups, split):
     _assert_pass(check_module(m, "laughing_hyena_modal_ssm"))
 
 
+@pytest.mark.parametrize("d_model,size", [(6, 4), (3, 5), (4, 1)])
+def test_superposition_stack_attention(d_model, size):
+    torch.manual_seed(d_model)
+    _assert_pass(check_module(U.SuperpositionStackAttention(d_model, size), "stack_attention"))
+
+
 # ---------------------------------------------------------------------------------------------- the group
 
 _MODULES = {
     "multiscale_deformable_attention": (lambda: U.MSDeformAttn(4, 2, 2, 2), {}, ()),
     "local_window_attention_variants": (lambda: U.LocalDownsampleAttention(4, 6, 3, 2.3, 2), {}, ()),
     "laughing_hyena_modal_ssm": (lambda: U.ParallelHyenaFilter(4, 3, 2, hyena_filter_groups=1), {}, ()),
+    "stack_attention": (lambda: U.SuperpositionStackAttention(4, 3), {}, ()),
     "hyena_operator": (lambda: U.HyenaOperator(3, 8, order=3, filter_order=4), {},
                        ("filter_fn.pos_emb.t", "filter_fn.modulation.deltas")),
 }

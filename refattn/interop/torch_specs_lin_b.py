@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .torch_specs import Derived, Named, Spec, add_specs
+from .torch_specs import Derived, Named, Spec, add_specs, x_build
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -121,6 +121,16 @@ _SPECS = [
          rules=[_CellWeight()], required=("spatial_weight",), call=_clear_call, build=_clear_build,
          attrs={"height": "height", "width": "width", "text_length": "text_length", "radius": "window_size",
                 "down_factor": "down_factor"}),
+    Spec("stack_attention",
+         "bdusell/stack-attention src/stack_attention/superposition.py@244167a (SuperpositionStackAttention on "
+         "stack_attention.py StackAttention and stack_rnn_models/joulin_mikolov.py JoulinMikolovStack; "
+         "forward(x, include_first=False))",
+         rules=[Named(r"(action_layer|input_to_pushed_vector_layer|stack_reading_to_output_layer)\.linear\.weight",
+                      True)],
+         required=("action_layer.linear.weight", "input_to_pushed_vector_layer.linear.weight",
+                   "stack_reading_to_output_layer.linear.weight"),
+         call=lambda module, inp, cfg: module(inp["x"], include_first=False),
+         build=x_build("action_layer.linear.weight")),
     Spec("hyena_operator",
          "HazyResearch/safari src/models/sequence/hyena.py@02220c6 (HyenaOperator with HyenaFilter, "
          "PositionalEmbedding, ExponentialModulation, Sin, fftconv_ref; forward(u); num_heads = num_blocks = "
