@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -291,3 +292,102 @@ class SuperpositionStackAttention(nn.Module):
             stack = push * pushed_down + noop * stack + pop * popped_up
             readings.append(stack[..., 0])
         return self.stack_reading_to_output_layer(torch.stack(readings, dim=1))
+
+
+# ----------------------------------------------------------------------------------------------
+# kerighan/seqcond@360d9d6ad79558f8007a9d1f72363fe47665ddcb seqcond/torch/seqcond.py: SeqCondAttention.forward
+# (return_state=False, no mask) and seqcond/torch/norm.py: GatedRMSNorm.
+# Deviations: the float32 casts (.float(), float32 positions) are removed so float64 stays float64; the unused
+# step() caches (None buffers) and the Triton path are left out.
+
+
+class SeqCondGatedRMSNorm(nn.Module):
+    def __init__(self, hidden_size, epsilon=1e-6):
+        super().__init__()
+        self.epsilon = epsilon
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+
+    def forward(self, x, residual):
+        x = x * F.silu(residual)
+        return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.epsilon) * self.weight
+
+
+class SeqCondAttention(nn.Module):
+    def __init__(self, d_model, num_heads=12, num_query_heads=6, num_anchor_heads=0, num_thetas=1, conv_kernel_size=4,
+                 expand_factor=1, out_expand_factor=3, maxlen=None):
+        super().__init__()
+        self.K, self.K_q, self.n_rep, self.M = num_heads, num_query_heads, num_heads // num_query_heads, num_thetas
+        self.num_decay_heads, self.num_anchor_heads = num_heads - num_anchor_heads, num_anchor_heads
+        self.conv_kernel_size, self.maxlen = conv_kernel_size, maxlen
+        self.H = max(1, int(d_model * expand_factor) // (self.K * self.M))
+        self.dim_memory = self.K * self.H
+        self.dim_swiglu_head = self.H * out_expand_factor * 2
+        self.dim_mem_total = self.dim_memory + self.K
+        self.dim_conv_total = self.dim_mem_total + self.K_q * self.H * self.M * 2
+        self.in_proj = nn.Linear(d_model, self.dim_conv_total, bias=False)
+        self.conv_weight = nn.Parameter(torch.randn(self.dim_conv_total, 1, conv_kernel_size) / conv_kernel_size)
+        k, h, m = self.K, self.H, self.M
+        if m == 1:
+            th = np.tile(np.geomspace(0.001, 3.0, k).reshape(1, 1, k, 1, 1), (1, 1, 1, h, 1))
+            th = np.clip((th - 0.001) / 2.999, 1e-4, 1 - 1e-4)
+            self.theta_raw = nn.Parameter(torch.from_numpy(np.log(th) - np.log(1 - th)))
+        else:
+            init = np.tile(np.geomspace(0.001, 3.0, m).reshape(1, 1, 1, 1, m), (1, 1, k, h, 1))
+            self.theta_d_raw = nn.Parameter(torch.from_numpy(np.log(np.exp(init) - 1.0 + 1e-4)))
+        self.w_int_raw = nn.Parameter(torch.zeros(1, 1, self.K_q, self.n_rep, h, m))
+        if self.num_decay_heads > 0:
+            self.decay_slopes = nn.Parameter(torch.from_numpy(
+                np.log(np.exp(np.geomspace(0.001, 0.1, self.num_decay_heads)) - 1)))
+        if num_anchor_heads > 0:
+            self.anchor_slopes = nn.Parameter(torch.from_numpy(
+                np.log(np.exp(np.geomspace(0.01, 0.1, num_anchor_heads)) - 1)))
+        self.score_scale, self.score_bias = nn.Parameter(torch.ones(k)), nn.Parameter(torch.zeros(k))
+        self.phase_scale = nn.Parameter(torch.ones(k))
+        self.gate_proj = nn.Linear(d_model, k * 2 * h, bias=False)
+        self.gated_norm = SeqCondGatedRMSNorm(k * 2 * h)
+        self.W_readout = nn.Parameter(nn.init.xavier_uniform_(torch.empty(k, 2 * h, self.dim_swiglu_head)))
+        self.out_proj = nn.Linear(k * self.dim_swiglu_head // 2, d_model, bias=False)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        k, h, m = self.K, self.H, self.M
+        z = F.conv1d(F.pad(self.in_proj(x).transpose(1, 2), (self.conv_kernel_size - 1, 0)), self.conv_weight,
+                     groups=self.dim_conv_total)
+        z = F.silu(z.transpose(1, 2))
+        k_val = z[..., :self.dim_memory].reshape(b, n, k, h)
+        s_raw = z[..., self.dim_memory:self.dim_mem_total]
+        q = z[..., self.dim_mem_total:].reshape(b, n, self.K_q, 1, h, m, 2)
+        q_re, q_im = q[..., 0], q[..., 1]
+        if m == 1:
+            theta = 0.001 + 2.999 * torch.sigmoid(self.theta_raw)
+        else:
+            acc = torch.cumsum(F.softplus(self.theta_d_raw) + 1e-4, dim=-1)
+            theta = 0.001 + (acc / acc[..., -1:]) * 2.999
+        w_int = torch.exp(self.w_int_raw)
+        w_int = w_int / (w_int.sum(dim=-1, keepdim=True) + 1e-6)
+        pos = torch.arange(n, dtype=x.dtype)
+        log_w = []
+        if self.num_decay_heads > 0:
+            dist = torch.clamp((self.maxlen or n) - 1 - pos, min=0.0).view(1, n, 1)
+            log_w.append(-F.softplus(self.decay_slopes).view(1, 1, -1) * dist)
+        if self.num_anchor_heads > 0:
+            log_w.append(-F.softplus(self.anchor_slopes).view(1, 1, -1) * pos.view(1, n, 1))
+        p_w = F.softplus(self.score_scale.view(1, 1, -1) * s_raw + self.score_bias.view(1, 1, -1))
+        p_w = (p_w * torch.exp(torch.cat(log_w, dim=2))).clamp(1e-4, 5000.0)
+        kf = k_val.unsqueeze(-1)
+        ks = kf * self.phase_scale.view(1, 1, k, 1, 1)
+        phi = (ks / (1.0 + ks.abs())) * theta
+        kvw = kf * p_w.unsqueeze(-1).unsqueeze(-1)
+        flat = k * h * m
+        acc = torch.cumsum(torch.cat([p_w, (kvw * torch.cos(phi)).reshape(b, n, -1),
+                                      (kvw * torch.sin(phi)).reshape(b, n, -1)], dim=-1), dim=1)
+        inv_den = (1.0 / torch.clamp(acc[..., :k], min=1e-4)).unsqueeze(-1).unsqueeze(-1)
+        st_re = (acc[..., k:k + flat].reshape(b, n, k, h, m) * inv_den).reshape(b, n, self.K_q, self.n_rep, h, m)
+        st_im = (acc[..., k + flat:].reshape(b, n, k, h, m) * inv_den).reshape(b, n, self.K_q, self.n_rep, h, m)
+        scale = 1.0 / (h ** 0.5)
+        out_re = (((st_re * q_re + st_im * q_im) * scale) * w_int).sum(dim=-1).reshape(b, n, k, h)
+        out_im = (((st_im * q_re - st_re * q_im) * scale) * w_int).sum(dim=-1).reshape(b, n, k, h)
+        out = self.gated_norm(torch.cat([out_re, out_im], dim=-1).reshape(b, n, -1), self.gate_proj(x))
+        y = torch.einsum("blkf,kfn->blkn", out.reshape(b, n, k, 2 * h), self.W_readout)
+        y_val, y_gate = y.chunk(2, dim=-1)
+        return self.out_proj((y_val * torch.sigmoid(y_gate)).reshape(b, n, -1))

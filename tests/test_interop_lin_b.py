@@ -83,6 +83,34 @@ def test_superposition_stack_attention(d_model, size):
     _assert_pass(check_module(U.SuperpositionStackAttention(d_model, size), "stack_attention"))
 
 
+def _seqcond_jitter(m, seed):
+    """Off upstream's initialisation (unit scales, zero biases, tiny slopes), as in the parity script."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, t in m.named_parameters():
+            r = torch.randn(t.shape, generator=g, dtype=t.dtype)
+            if n in ("score_scale", "phase_scale"):
+                t.copy_(1 + 0.3 * r)
+            elif n in ("score_bias", "w_int_raw"):
+                t.copy_(0.5 * r)
+            elif n in ("decay_slopes", "anchor_slopes"):
+                t.add_(2 + torch.rand(t.shape, generator=g, dtype=t.dtype))
+            elif n == "gated_norm.weight":
+                t.add_(0.2 * r)
+    return m
+
+
+@pytest.mark.parametrize("kw", [
+    dict(num_heads=4, num_query_heads=2, num_anchor_heads=1, num_thetas=2, conv_kernel_size=3, out_expand_factor=2,
+         maxlen=20),
+    dict(num_heads=2, num_query_heads=1, num_thetas=1, conv_kernel_size=4, out_expand_factor=3),
+    dict(num_heads=4, num_query_heads=4, num_anchor_heads=2, num_thetas=1, conv_kernel_size=2, out_expand_factor=1)])
+def test_seqcond_attention(kw):
+    torch.manual_seed(kw["num_heads"])
+    m = _seqcond_jitter(U.SeqCondAttention(8, **kw), seed=kw["conv_kernel_size"])
+    _assert_pass(check_module(m, "seqcond_attention"))
+
+
 # ---------------------------------------------------------------------------------------------- the group
 
 _MODULES = {
@@ -90,6 +118,7 @@ _MODULES = {
     "local_window_attention_variants": (lambda: U.LocalDownsampleAttention(4, 6, 3, 2.3, 2), {}, ()),
     "laughing_hyena_modal_ssm": (lambda: U.ParallelHyenaFilter(4, 3, 2, hyena_filter_groups=1), {}, ()),
     "stack_attention": (lambda: U.SuperpositionStackAttention(4, 3), {}, ()),
+    "seqcond_attention": (lambda: U.SeqCondAttention(8, 4, 2, 1, 2, 3, out_expand_factor=2), {}, ()),
     "hyena_operator": (lambda: U.HyenaOperator(3, 8, order=3, filter_order=4), {},
                        ("filter_fn.pos_emb.t", "filter_fn.modulation.deltas")),
 }

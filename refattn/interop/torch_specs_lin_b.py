@@ -103,6 +103,16 @@ def _lh_build(rng, p, cfg, z):
     return {"u": rng.standard_normal((z["b"], z["n"], p["short_filter_weight"].shape[0]))}, {}
 
 
+# ---- SeqCond SeqCondAttention: forward(x); out_expand_factor is read off W_readout (K, 2H, 2H out_expand_factor),
+# since upstream keeps only the product
+
+
+def _seqcond_build(rng, p, cfg, z):
+    w = p["W_readout"]
+    return ({"x": rng.standard_normal((z["b"], z["n"], p["in_proj.weight"].shape[0]))},
+            {"out_expand_factor": w.shape[2] // w.shape[1]})
+
+
 _SPECS = [
     Spec("multiscale_deformable_attention",
          "fundamentalvision/Deformable-DETR models/ops/modules/ms_deform_attn.py@11169a6 (MSDeformAttn; "
@@ -131,6 +141,16 @@ _SPECS = [
                    "stack_reading_to_output_layer.linear.weight"),
          call=lambda module, inp, cfg: module(inp["x"], include_first=False),
          build=x_build("action_layer.linear.weight")),
+    Spec("seqcond_attention",
+         "kerighan/seqcond seqcond/torch/seqcond.py@360d9d6 (SeqCondAttention.forward(x) with seqcond/torch/norm.py "
+         "GatedRMSNorm; expand_factor by config)",
+         rules=[Named(r"(in_proj|gate_proj|out_proj)\.weight", True),
+                Named(r"conv_weight|theta_raw|theta_d_raw|w_int_raw|decay_slopes|anchor_slopes|score_scale|score_bias"
+                      r"|phase_scale|gated_norm\.weight|W_readout", False)],
+         required=("in_proj.weight", "conv_weight", "w_int_raw", "gate_proj.weight", "W_readout", "out_proj.weight"),
+         call=lambda module, inp, cfg: module(inp["x"]), build=_seqcond_build,
+         attrs={"num_heads": "K", "num_query_heads": "K_q", "num_anchor_heads": "num_anchor_heads",
+                "num_thetas": "M", "conv_kernel_size": "conv_kernel_size", "maxlen": "maxlen"}),
     Spec("hyena_operator",
          "HazyResearch/safari src/models/sequence/hyena.py@02220c6 (HyenaOperator with HyenaFilter, "
          "PositionalEmbedding, ExponentialModulation, Sin, fftconv_ref; forward(u); num_heads = num_blocks = "
