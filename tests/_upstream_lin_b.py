@@ -391,3 +391,94 @@ class SeqCondAttention(nn.Module):
         y = torch.einsum("blkf,kfn->blkn", out.reshape(b, n, k, 2 * h), self.W_readout)
         y_val, y_gate = y.chunk(2, dim=-1)
         return self.out_proj((y_val * torch.sigmoid(y_gate)).reshape(b, n, -1))
+
+
+# ----------------------------------------------------------------------------------------------
+# PCR-git/Adaptive-Filter-Attention@dc4f7b7a6a1d269599e991df27051f29f1fdfbee model/multihead_isotropic_AFA.py:
+# MultiheadIsotropicAFA (forward, _compute_attention_matrix, _compute_estimate), model/model_utils.py: compute_lambda,
+# isotropic_afa/simplified_precision_utils.py: compute_exp_kernel_isotropic, compute_covariance_matrix_safe,
+# compute_residual_norm_isotropic, utils/complex_ops.py: apply_interleaved_rope.
+# Deviations: only the flags of the repository's Main.ipynb (learn_rotations, no sep_params, no complex norms,
+# DLE additive and multiplicative biases, robust weight, value rotation, inner residual with the learned gate
+# use_total_precision_gate=2, next-step prediction, regular times, no Gaussian noise); the gate P_scale, a plain
+# random attribute of shape (1, 1, 2, 64, 1) upstream, is a buffer of shape (1, 1, H, d, 1) (so that the state_dict
+# holds it); the output_dict is reduced to the attention matrix; the complex weight initialisation is torch's.
+
+AFA_NOTEBOOK_ARGS = dict(epsilon=1e-5, min_exponent=-10, max_exponent=10, lambda_real_zero=0)
+
+
+def afa_interleaved_rope(x, cos, sin):
+    return torch.stack([x[..., 0] * cos - x[..., 1] * sin, x[..., 0] * sin + x[..., 1] * cos], dim=-1)
+
+
+def afa_compute_lambda(lambda_real_input, lambda_imag_input, seq_len, scale_c=10, epsilon=1e-5):
+    scale_r, scale_i = scale_c / (2 * seq_len), scale_c * 2 * np.pi / (2 * seq_len)
+    n_heads, d_half = lambda_imag_input.shape
+    lambda_real = (torch.sigmoid(lambda_real_input) - 1.0) * scale_r - epsilon
+    imag = (torch.stack([lambda_imag_input, -lambda_imag_input], dim=-1) * scale_i).reshape(n_heads, 2 * d_half)
+    return lambda_real, imag
+
+
+def afa_covariance_matrix_safe(mu, delta_t, exp_rel_safe, sigma_sq, eta_sq, gamma_sq, epsilon=1e-5):
+    numerator = -torch.expm1(2 * exp_rel_safe).unsqueeze(0)
+    mask = torch.abs(mu) < epsilon
+    frac = torch.where(mask, delta_t, numerator / torch.where(mask, torch.ones_like(mu), -2 * mu))
+    v = sigma_sq[None, None] * frac + eta_sq[None, None] * torch.exp(2 * exp_rel_safe) + gamma_sq[None, None, None]
+    return v.squeeze(0)
+
+
+def afa_residual_norm_isotropic(q_tilde, k_tilde, e_rel):
+    t1 = torch.sum(q_tilde ** 2, dim=[-1, -2]).unsqueeze(2)
+    t2 = (e_rel ** 2) * torch.sum(k_tilde ** 2, dim=[-1, -2]).unsqueeze(1)
+    q_c = torch.cat((q_tilde[..., 0], q_tilde[..., 1]), axis=-1).permute(0, 2, 1, 3)
+    k_c = torch.cat((k_tilde[..., 0], k_tilde[..., 1]), axis=-1).permute(0, 2, 3, 1)
+    dot = torch.matmul(q_c, k_c).permute(0, 2, 3, 1)
+    return t1 + t2 - 2 * e_rel * dot
+
+
+class MultiheadIsotropicAFA(nn.Module):
+    def __init__(self, d_e, n_heads, head_dim, seq_len):
+        super().__init__()
+        from types import SimpleNamespace
+
+        self.args = SimpleNamespace(d_e=d_e, d_k_total=n_heads * head_dim, d_v_total=n_heads * head_dim,
+                                    seq_len=seq_len, **AFA_NOTEBOOK_ARGS)
+        self.n_heads, self.d_k_head, self.d_v_head = n_heads, head_dim, head_dim
+        self.d_k_total = self.d_v_total = n_heads * head_dim
+        self.W_q, self.W_k = nn.Linear(d_e, 2 * self.d_k_total), nn.Linear(d_e, 2 * self.d_k_total)
+        self.W_v, self.W_o = nn.Linear(d_e, 2 * self.d_v_total), nn.Linear(2 * self.d_v_total, d_e)
+        self.lambda_imag_v = nn.Parameter(torch.randn(n_heads, head_dim // 2))
+        self.mu_v, self.sigma_v = nn.Parameter(torch.randn(n_heads)), nn.Parameter(torch.randn(n_heads))
+        self.eta_v, self.gamma_v = nn.Parameter(torch.randn(n_heads)), nn.Parameter(torch.randn(n_heads))
+        self.tau, self.nu_sqrt = nn.Parameter(torch.ones(n_heads)), nn.Parameter(torch.ones(n_heads))
+        self.register_buffer("causal_mask", torch.tril(torch.ones(seq_len, seq_len)).view(1, seq_len, seq_len, 1))
+        self.register_buffer("P_scale", torch.rand(1, 1, n_heads, head_dim, 1))
+
+    def forward(self, z_q, z_k, z_v):
+        a = self.args
+        b, _, n, _ = z_q.shape
+        t = torch.arange(n).to(z_q.dtype)
+        q, k, v = (w(z).view(b, n, 2, self.n_heads, self.d_k_head).permute(0, 1, 3, 4, 2).contiguous()
+                   for w, z in ((self.W_q, z_q), (self.W_k, z_k), (self.W_v, z_v)))
+        mu, omega = afa_compute_lambda(self.mu_v, self.lambda_imag_v, a.seq_len)
+        sigma_sq = F.softplus(self.sigma_v)
+        eta_sq, gamma_sq = F.softplus(self.eta_v) + a.epsilon, F.softplus(self.gamma_v) + a.epsilon
+        nu = F.softplus(self.nu_sqrt) + a.epsilon
+        delta_t = torch.abs(t[:, None] - t[None, :]).unsqueeze(-1)
+        exp_rel = torch.clamp(mu * delta_t, min=a.min_exponent, max=a.max_exponent)
+        omega_t = omega * t.view(n, 1, 1)
+        phi = torch.stack((torch.cos(omega_t), torch.sin(omega_t)), axis=-1)
+        e_rel = torch.exp(exp_rel).unsqueeze(0)
+        v_ij = afa_covariance_matrix_safe(mu, delta_t, exp_rel, sigma_sq, eta_sq, gamma_sq)
+        cos, sin = phi[..., 0], phi[..., 1]
+        q_t, k_t, v_t = (afa_interleaved_rope(x, cos, -sin) for x in (q, k, v))
+        r = afa_residual_norm_isotropic(q_t, k_t, e_rel)
+        scores = self.tau ** 2 * (-torch.log(v_ij) - torch.log(1 + r / (nu * self.d_k_head * v_ij)))
+        attn = torch.softmax(scores.masked_fill(self.causal_mask == 0, float("-inf")), dim=2)
+        est = afa_interleaved_rope(torch.einsum("bijh,bjhdc->bihdc", attn * e_rel, v_t), cos, sin)
+        g = torch.sigmoid(self.P_scale)
+        latent = g * est + (1 - g) * v
+        pred = torch.exp(mu).unsqueeze(-1).unsqueeze(-1) * afa_interleaved_rope(
+            latent, phi[1, :, :, 0].unsqueeze(0), phi[1, :, :, 1].unsqueeze(0))
+        out = self.W_o(pred.permute(0, 1, 4, 2, 3).contiguous().view(b, 1, n, 2 * self.d_v_total))
+        return out, {"attn_mat": attn}

@@ -111,6 +111,20 @@ def test_seqcond_attention(kw):
     _assert_pass(check_module(m, "seqcond_attention"))
 
 
+@pytest.mark.parametrize("d_e,heads,head_dim,seq_len", [(5, 2, 4, 9), (4, 1, 2, 5), (3, 3, 2, 12)])
+def test_adaptive_filter_attention(d_e, heads, head_dim, seq_len):
+    torch.manual_seed(seq_len)
+    m = U.MultiheadIsotropicAFA(d_e, heads, head_dim, seq_len)
+    with torch.no_grad():
+        for n, t in m.named_parameters():
+            t.copy_(torch.randn_like(t) * (0.5 if n.startswith("W_") else 1.0))
+        m.P_scale.copy_(torch.randn_like(m.P_scale))
+    _assert_pass(check_module(m, "adaptive_filter_attention"))
+    sd = {k: v for k, v in m.state_dict().items() if k != "P_scale"}  # upstream's state_dict: no gate
+    with pytest.raises(ValueError, match="register_buffer"):
+        params_from_state_dict("adaptive_filter_attention", sd)
+
+
 # ---------------------------------------------------------------------------------------------- the group
 
 _MODULES = {
@@ -119,6 +133,7 @@ _MODULES = {
     "laughing_hyena_modal_ssm": (lambda: U.ParallelHyenaFilter(4, 3, 2, hyena_filter_groups=1), {}, ()),
     "stack_attention": (lambda: U.SuperpositionStackAttention(4, 3), {}, ()),
     "seqcond_attention": (lambda: U.SeqCondAttention(8, 4, 2, 1, 2, 3, out_expand_factor=2), {}, ()),
+    "adaptive_filter_attention": (lambda: U.MultiheadIsotropicAFA(5, 2, 4, 9), {}, ("causal_mask",)),
     "hyena_operator": (lambda: U.HyenaOperator(3, 8, order=3, filter_order=4), {},
                        ("filter_fn.pos_emb.t", "filter_fn.modulation.deltas")),
 }

@@ -113,6 +113,44 @@ def _seqcond_build(rng, p, cfg, z):
             {"out_expand_factor": w.shape[2] // w.shape[1]})
 
 
+# ---- Adaptive Filter Attention MultiheadIsotropicAFA (the notebook's flags): forward(Z_q, Z_k, Z_v) on (B, 1, L, d_e),
+# returning (out, output_dict); L = args.seq_len (its causal_mask buffer, read and dropped). Upstream's gate P_scale
+# is a plain tensor attribute outside the state_dict: register it as a buffer ``P_scale (1, 1, H, d, 1)`` first
+
+
+@dataclass(frozen=True)
+class _GateScale:
+    """AFA's ``P_scale (1, 1, H, d, 1)`` as refattn's ``(H, d)``."""
+
+    name: str = "P_scale"
+
+    def load(self, view, out):
+        if not view.has(self.name):
+            raise ValueError(f"params_from_state_dict[{view.slug}]: the state_dict has no {view.prefix + self.name!r}: "
+                             f"MultiheadIsotropicAFA keeps its gate as a plain attribute; register it first, e.g. "
+                             f"module.register_buffer('P_scale', module.P_scale) with shape (1, 1, H, d, 1)")
+        a = view.get(self.name)
+        if a.ndim != 5 or a.shape[:2] != (1, 1) or a.shape[4] != 1:
+            raise ValueError(f"params_from_state_dict[{view.slug}]: {view.prefix + self.name} must be (1, 1, H, d, 1); "
+                             f"got {tuple(a.shape)}")
+        out[self.name] = a[0, 0, :, :, 0]
+
+    def save(self, grads, out, used):
+        if self.name in grads:
+            used.add(self.name)
+            out[self.name] = np.asarray(grads[self.name])[None, None, :, :, None]
+
+
+def _afa_build(rng, p, cfg, z):
+    n = int(cfg.get("seq_len") or z["n"])
+    c = p["W_q.weight"].shape[0]
+    return {k: rng.standard_normal((z["b"], n, c)) for k in ("z_q", "z_k", "z_v")}, {}
+
+
+def _afa_call(module, inp, cfg):
+    return module(inp["z_q"][:, None], inp["z_k"][:, None], inp["z_v"][:, None])[0][:, 0]
+
+
 _SPECS = [
     Spec("multiscale_deformable_attention",
          "fundamentalvision/Deformable-DETR models/ops/modules/ms_deform_attn.py@11169a6 (MSDeformAttn; "
@@ -151,6 +189,16 @@ _SPECS = [
          call=lambda module, inp, cfg: module(inp["x"]), build=_seqcond_build,
          attrs={"num_heads": "K", "num_query_heads": "K_q", "num_anchor_heads": "num_anchor_heads",
                 "num_thetas": "M", "conv_kernel_size": "conv_kernel_size", "maxlen": "maxlen"}),
+    Spec("adaptive_filter_attention",
+         "PCR-git/Adaptive-Filter-Attention model/multihead_isotropic_AFA.py@dc4f7b7 (MultiheadIsotropicAFA with "
+         "isotropic_afa/simplified_precision_utils.py, model/model_utils.py compute_lambda, utils/complex_ops.py; the "
+         "flags of Main.ipynb; forward(Z_q, Z_k, Z_v)[0] on (B, 1, L, d_e), L = args.seq_len; its P_scale attribute "
+         "registered as a buffer (1, 1, H, d, 1); the causal_mask buffer is read and dropped)",
+         rules=[Named(r"W_[qkvo]\.weight", True), Named(r"W_[qkvo]\.bias|lambda_imag_v|(mu|sigma|eta|gamma)_v|tau|nu_sqrt",
+                                                           False),
+                _GateScale(), Derived(r"causal_mask")],
+         required=("W_q.weight", "W_k.weight", "W_v.weight", "W_o.weight", "lambda_imag_v", "mu_v", "tau", "nu_sqrt"),
+         call=_afa_call, build=_afa_build, attrs={"num_heads": "n_heads", "seq_len": "args.seq_len"}),
     Spec("hyena_operator",
          "HazyResearch/safari src/models/sequence/hyena.py@02220c6 (HyenaOperator with HyenaFilter, "
          "PositionalEmbedding, ExponentialModulation, Sin, fftconv_ref; forward(u); num_heads = num_blocks = "
