@@ -482,3 +482,48 @@ class MultiheadIsotropicAFA(nn.Module):
             latent, phi[1, :, :, 0].unsqueeze(0), phi[1, :, :, 1].unsqueeze(0))
         out = self.W_o(pred.permute(0, 1, 4, 2, 3).contiguous().view(b, 1, n, 2 * self.d_v_total))
         return out, {"attn_mat": attn}
+
+
+# ----------------------------------------------------------------------------------------------
+# gmongaras/2Mamba2Furious@7ad98b5dde9e729563fbabf82454b4fa3fdbc39f GPT_Trainer/LlamaDecoderLayerClean.py:
+# LlamaAttention with attention_type "squared__sm_norm__A_mask_type_neg_softplus__in_conv_k_2" (power 2, no qk
+# activation, in-conv of width 2, NoPE, sm_norm, A_mask_type neg_softplus, no D residual / z gate / value
+# discretisation), its explicit path forwrd_gated (use_kernel=False).
+# Deviations: the config object is keyword arguments; causal_conv1d_fn is F.conv1d with w-1 left zeros; the
+# activation checkpoint and the .float() casts are dropped (float64 stays float64); only this configuration.
+
+
+class TwoMambaAttention(nn.Module):
+    def __init__(self, hidden_size, num_attention_heads, attention_bias=False, in_conv_dim=2,
+                 max_position_embeddings=64):
+        super().__init__()
+        self.head_dim = hidden_size // num_attention_heads
+        self.num_heads = num_attention_heads
+        qkv_dim = 3 * num_attention_heads * self.head_dim
+        self.q_size = self.kv_size = num_attention_heads * self.head_dim
+        self.qkv_proj = nn.Linear(hidden_size, qkv_dim, bias=attention_bias)
+        self.o_proj = nn.Linear(num_attention_heads * self.head_dim, hidden_size, bias=attention_bias)
+        self.A_mask_proj = nn.Linear(hidden_size, num_attention_heads, bias=attention_bias)
+        self.conv1d = nn.Conv1d(qkv_dim, qkv_dim, bias=True, kernel_size=in_conv_dim, groups=qkv_dim,
+                                padding=in_conv_dim - 1)
+        n = max_position_embeddings
+        self.register_buffer("attn_mask", ~torch.tril(torch.ones(n, n)).bool()[None, None, :, :])
+
+    def forward(self, hidden_states, position_embeddings, attention_mask):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        qkv = self.qkv_proj(hidden_states).transpose(1, 2)
+        w = self.conv1d.weight.shape[-1]
+        qkv = F.conv1d(F.pad(qkv, (w - 1, 0)), self.conv1d.weight, self.conv1d.bias, groups=qkv.shape[1]).transpose(1, 2)
+        q, k, v = (t.reshape(hidden_shape).transpose(1, 2) for t in (
+            qkv[:, :, :self.q_size], qkv[:, :, self.q_size:self.q_size + self.kv_size],
+            qkv[:, :, self.q_size + self.kv_size:]))
+        a = -F.softplus(self.A_mask_proj(hidden_states))
+        mask = self.attn_mask[:, :, :q.shape[2], :q.shape[2]]
+        attn = (q @ k.mT * (1 / math.sqrt(k.shape[-1]))) ** 2
+        a_cum = torch.cumsum(a, dim=-2).mT
+        attn = attn * (a_cum[:, :, :, None] - a_cum[:, :, None, :]).masked_fill(mask, -torch.inf).exp()
+        denom = attn.sum(dim=-1, keepdim=True)
+        attn = torch.where(denom > 0, attn / denom, (~mask).to(attn.dtype))
+        out = (attn @ v).transpose(1, 2).reshape(*input_shape, -1).contiguous()
+        return self.o_proj(out), None

@@ -199,6 +199,15 @@ _SPECS = [
                 _GateScale(), Derived(r"causal_mask")],
          required=("W_q.weight", "W_k.weight", "W_v.weight", "W_o.weight", "lambda_imag_v", "mu_v", "tau", "nu_sqrt"),
          call=_afa_call, build=_afa_build, attrs={"num_heads": "n_heads", "seq_len": "args.seq_len"}),
+    Spec("two_mamba_second_order_attention",
+         "gmongaras/2Mamba2Furious GPT_Trainer/LlamaDecoderLayerClean.py@7ad98b5 (LlamaAttention with attention_type "
+         "squared__sm_norm__A_mask_type_neg_softplus__in_conv_k_2, the explicit path forwrd_gated (use_kernel=False; "
+         "the Triton kernel computes the same); forward(x, None, None)[0]; its attn_mask buffer is read and dropped)",
+         rules=[Named(r"(qkv_proj|A_mask_proj|o_proj)\.weight", True),
+                Named(r"(qkv_proj|A_mask_proj|o_proj|conv1d)\.bias|conv1d\.weight", False), Derived(r"attn_mask")],
+         required=("qkv_proj.weight", "conv1d.weight", "conv1d.bias", "A_mask_proj.weight", "o_proj.weight"),
+         call=lambda module, inp, cfg: module(inp["x"], None, None)[0], build=x_build("qkv_proj.weight"),
+         attrs={"num_heads": "num_heads"}),
     Spec("hyena_operator",
          "HazyResearch/safari src/models/sequence/hyena.py@02220c6 (HyenaOperator with HyenaFilter, "
          "PositionalEmbedding, ExponentialModulation, Sin, fftconv_ref; forward(u); num_heads = num_blocks = "
