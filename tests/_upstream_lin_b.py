@@ -527,3 +527,111 @@ class TwoMambaAttention(nn.Module):
         attn = torch.where(denom > 0, attn / denom, (~mask).to(attn.dtype))
         out = (attn @ v).transpose(1, 2).reshape(*input_shape, -1).contiguous()
         return self.o_proj(out), None
+
+
+# ----------------------------------------------------------------------------------------------
+# shrutiOx/DARTS_GT@41e59ded4abec9d50fff588b14e5a9a1af0ba44a DARTS_GT_LRGB/dartsgt/layer/NAS_layer.py: NASLayer
+# (_initialize_kv_models with gnns_type_used=1, forward's KV path and global attention), with torch_geometric's
+# GINConv (eps buffer 0), GCNConv, GATConv (edge_dim set, as upstream), SAGEConv(aggr='max') and nni's DARTS
+# InputChoice (its alpha).
+# Deviations: only the attention sub-block (no feed-forward block, batch_norm = layer_norm = False, eval mode);
+# dense graphs (x (B, N, C), adj (B, N, N), adj[b, i, j] = 1 for an edge j -> i) instead of a PyG Batch; the PyG
+# convolutions written as edge-list message passing with index_add_ / index_reduce_ (torch_geometric is not
+# installable here); the candidates run without edge features, as upstream's flag leaves them.
+
+
+class PygLinear(nn.Linear):
+    pass
+
+
+class GINConv(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.nn = nn.Sequential(PygLinear(dim, dim), nn.ReLU(), PygLinear(dim, dim))
+        self.register_buffer("eps", torch.zeros(1))
+
+    def forward(self, x, src, dst):
+        return self.nn((1 + self.eps) * x + torch.zeros_like(x).index_add_(0, dst, x[src]))
+
+
+class GCNConv(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.lin = PygLinear(dim, dim, bias=False)
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x, src, dst):
+        loop = torch.arange(x.shape[0])
+        s, d = torch.cat([src, loop]), torch.cat([dst, loop])
+        deg = torch.zeros(x.shape[0], dtype=x.dtype).index_add_(0, d, torch.ones(len(d), dtype=x.dtype))
+        norm = deg[s].rsqrt() * deg[d].rsqrt()
+        return torch.zeros_like(x).index_add_(0, d, self.lin(x)[s] * norm[:, None]) + self.bias
+
+
+class GATConv(nn.Module):
+    def __init__(self, in_channels, out_channels, heads, edge_dim):
+        super().__init__()
+        self.heads, self.out_channels = heads, out_channels
+        self.lin = PygLinear(in_channels, heads * out_channels, bias=False)
+        self.att_src = nn.Parameter(torch.randn(1, heads, out_channels))
+        self.att_dst = nn.Parameter(torch.randn(1, heads, out_channels))
+        self.lin_edge = PygLinear(edge_dim, heads * out_channels, bias=False)
+        self.att_edge = nn.Parameter(torch.randn(1, heads, out_channels))
+        self.bias = nn.Parameter(torch.zeros(heads * out_channels))
+
+    def forward(self, x, src, dst):
+        n, h, c = x.shape[0], self.heads, self.out_channels
+        loop = torch.arange(n)
+        s, d = torch.cat([src, loop]), torch.cat([dst, loop])
+        xp = self.lin(x).view(n, h, c)
+        e = F.leaky_relu((xp * self.att_src).sum(-1)[s] + (xp * self.att_dst).sum(-1)[d], 0.2)
+        emax = torch.full((n, h), -1e300, dtype=x.dtype).index_reduce_(0, d, e, "amax")
+        w = (e - emax[d]).exp()
+        a = w / torch.zeros(n, h, dtype=x.dtype).index_add_(0, d, w)[d]
+        return torch.zeros(n, h, c, dtype=x.dtype).index_add_(0, d, xp[s] * a[..., None]).view(n, h * c) + self.bias
+
+
+class SAGEConv(nn.Module):  # aggr='max'
+    def __init__(self, dim):
+        super().__init__()
+        self.lin_l, self.lin_r = PygLinear(dim, dim), PygLinear(dim, dim, bias=False)
+
+    def forward(self, x, src, dst):
+        agg = torch.zeros_like(x)
+        for i in range(x.shape[0]):
+            nb = src[dst == i]
+            if len(nb):
+                agg[i] = x[nb].max(0).values
+        return self.lin_l(agg) + self.lin_r(x)
+
+
+class DartsInputChoice(nn.Module):
+    def __init__(self, n_candidates):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.randn(n_candidates) * 1e-3)
+
+    def forward(self, inputs):
+        return (torch.stack(inputs) * F.softmax(self.alpha, -1).view(-1, *([1] * inputs[0].dim()))).sum(0)
+
+
+class NASAttention(nn.Module):
+    """NASLayer's KV candidates, InputChoice and Transformer attention (the record's sub-block)."""
+
+    def __init__(self, dim_h, num_heads):
+        super().__init__()
+        self.kv_model = nn.ModuleDict({"0": GINConv(dim_h), "1": GCNConv(dim_h),
+                                       "2": GATConv(dim_h, dim_h // num_heads, num_heads, dim_h), "3": SAGEConv(dim_h)})
+        self.input_choice = DartsInputChoice(4)
+        self.self_attn = nn.MultiheadAttention(dim_h, num_heads, batch_first=True)
+
+    def forward(self, x, adj):
+        outs = []
+        for b in range(x.shape[0]):
+            dst, src = torch.nonzero(adj[b] != 0, as_tuple=True)
+            h = x[b]
+            experts = [self.kv_model[str(i)](h, src, dst) for i in range(4)]
+            allx = torch.cat(experts, 0)
+            mean, std = allx.mean(), allx.std()
+            kv = self.input_choice([(e - mean) / (std + 1e-8) for e in experts])
+            outs.append(self.self_attn(h[None], kv[None], kv[None], need_weights=False)[0][0])
+        return torch.stack(outs)

@@ -137,6 +137,15 @@ def test_two_mamba_attention(hidden, heads, bias, conv):
     _assert_pass(check_module(m, "two_mamba_second_order_attention"))
 
 
+@pytest.mark.parametrize("dim,heads", [(6, 2), (4, 1), (6, 3)])
+def test_darts_gt_nas_attention(dim, heads):
+    m = _jitter(U.NASAttention(dim, heads), scale=0.5, seed=dim + heads)
+    _assert_pass(check_module(m, "darts_gt_asymmetric_attention"))
+    sd = dict(m.state_dict(), **{"ff_linear1.weight": torch.zeros(2 * dim, dim)})
+    with pytest.raises(ValueError, match="feed-forward block"):
+        params_from_state_dict("darts_gt_asymmetric_attention", sd)
+
+
 # ---------------------------------------------------------------------------------------------- the group
 
 _MODULES = {
@@ -147,6 +156,8 @@ _MODULES = {
     "seqcond_attention": (lambda: U.SeqCondAttention(8, 4, 2, 1, 2, 3, out_expand_factor=2), {}, ()),
     "adaptive_filter_attention": (lambda: U.MultiheadIsotropicAFA(5, 2, 4, 9), {}, ("causal_mask",)),
     "two_mamba_second_order_attention": (lambda: U.TwoMambaAttention(6, 3, attention_bias=True), {}, ("attn_mask",)),
+    "darts_gt_asymmetric_attention": (lambda: U.NASAttention(6, 2), {},
+                                      ("kv_model.0.eps", "kv_model.2.lin_edge.weight", "kv_model.2.att_edge")),
     "hyena_operator": (lambda: U.HyenaOperator(3, 8, order=3, filter_order=4), {},
                        ("filter_fn.pos_emb.t", "filter_fn.modulation.deltas")),
 }

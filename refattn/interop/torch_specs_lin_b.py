@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .torch_specs import Derived, Named, Spec, add_specs, x_build
+from .torch_specs import Derived, Named, Rename, Spec, Split, add_specs, x_build
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -151,6 +151,21 @@ def _afa_call(module, inp, cfg):
     return module(inp["z_q"][:, None], inp["z_k"][:, None], inp["z_v"][:, None])[0][:, 0]
 
 
+# ---- DARTS-GT NASLayer's attention sub-block (gnns_type_used=1, routing_mode 'nas', global 'Transformer', no kv norm):
+# forward(x (B, N, C), adj (B, N, N)), one graph per batch entry; the adjacency is a 0/1 input that is not differentiated
+
+
+def _darts_build(rng, p, cfg, z):
+    n, c = z["n"] + 2, p["self_attn.q_proj"].shape[0]
+    adj = (rng.random((z["b"], n, n)) < 0.4).astype(float)
+    adj = np.maximum(adj, np.swapaxes(adj, 1, 2)) * (1 - np.eye(n))
+    adj[:, -1, :] = adj[:, :, -1] = 0  # an isolated node (SAGE's empty max, GCN/GAT's self loop alone)
+    return {"x": rng.standard_normal((z["b"], n, c)), "adj": adj}, {}
+
+
+_DARTS_FF = {f"ff_linear{i}.{w}": "NASLayer's feed-forward block after the attention is not part of the record"
+             for i in (1, 2) for w in ("weight", "bias")}
+
 _SPECS = [
     Spec("multiscale_deformable_attention",
          "fundamentalvision/Deformable-DETR models/ops/modules/ms_deform_attn.py@11169a6 (MSDeformAttn; "
@@ -208,6 +223,24 @@ _SPECS = [
          required=("qkv_proj.weight", "conv1d.weight", "conv1d.bias", "A_mask_proj.weight", "o_proj.weight"),
          call=lambda module, inp, cfg: module(inp["x"], None, None)[0], build=x_build("qkv_proj.weight"),
          attrs={"num_heads": "num_heads"}),
+    Spec("darts_gt_asymmetric_attention",
+         "shrutiOx/DARTS_GT DARTS_GT_LRGB/dartsgt/layer/NAS_layer.py@41e59de (NASLayer's KV path and attention with "
+         "gnns_type_used=1 (PyG GINConv, GCNConv, GATConv, SAGEConv('max')), routing_mode 'nas' (nni InputChoice "
+         "alpha), global_model_type 'Transformer', batch_norm = layer_norm = False; forward(x, adj) on dense graphs; "
+         "GATConv's lin_edge/att_edge (unused: the candidates run without edge features) and GINConv's eps buffer "
+         "(0) are read and dropped)",
+         rules=[Named(r"kv_model\.\d+\.(nn\.[02]|lin|lin_l|lin_r)\.weight", True),
+                Named(r"kv_model\.\d+\.((nn\.[02]|lin_l)\.bias|bias|att_src|att_dst)|input_choice\.alpha", False),
+                Split(("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "self_attn.in_proj_weight", True),
+                Split(("self_attn.q_proj_bias", "self_attn.k_proj_bias", "self_attn.v_proj_bias"),
+                      "self_attn.in_proj_bias", False),
+                Rename("self_attn.out_proj", "self_attn.out_proj.weight", True),
+                Rename("self_attn.out_proj_bias", "self_attn.out_proj.bias", False),
+                Derived(r"kv_model\.\d+\.(lin_edge\.weight|att_edge|eps)")],
+         required=("input_choice.alpha", "self_attn.in_proj_weight", "self_attn.in_proj_bias",
+                   "self_attn.out_proj.weight", "self_attn.out_proj.bias"),
+         call=lambda module, inp, cfg: module(inp["x"], inp["adj"]), build=_darts_build,
+         attrs={"num_heads": "self_attn.num_heads"}, unsupported=_DARTS_FF),
     Spec("hyena_operator",
          "HazyResearch/safari src/models/sequence/hyena.py@02220c6 (HyenaOperator with HyenaFilter, "
          "PositionalEmbedding, ExponentialModulation, Sin, fftconv_ref; forward(u); num_heads = num_blocks = "
