@@ -536,7 +536,7 @@ class TwoMambaAttention(nn.Module):
 # InputChoice (its alpha).
 # Deviations: only the attention sub-block (no feed-forward block, batch_norm = layer_norm = False, eval mode);
 # dense graphs (x (B, N, C), adj (B, N, N), adj[b, i, j] = 1 for an edge j -> i) instead of a PyG Batch; the PyG
-# convolutions written as edge-list message passing with index_add_ / index_reduce_ (torch_geometric is not
+# convolutions written as edge-list message passing with index_add_ / scatter_reduce_ (torch_geometric is not
 # installable here); the candidates run without edge features, as upstream's flag leaves them.
 
 
@@ -585,7 +585,8 @@ class GATConv(nn.Module):
         s, d = torch.cat([src, loop]), torch.cat([dst, loop])
         xp = self.lin(x).view(n, h, c)
         e = F.leaky_relu((xp * self.att_src).sum(-1)[s] + (xp * self.att_dst).sum(-1)[d], 0.2)
-        emax = torch.full((n, h), -1e300, dtype=x.dtype).index_reduce_(0, d, e, "amax")
+        emax = torch.zeros(n, h, dtype=x.dtype).scatter_reduce_(0, d[:, None].expand(-1, h), e, "amax",
+                                                               include_self=False)
         w = (e - emax[d]).exp()
         a = w / torch.zeros(n, h, dtype=x.dtype).index_add_(0, d, w)[d]
         return torch.zeros(n, h, c, dtype=x.dtype).index_add_(0, d, xp[s] * a[..., None]).view(n, h * c) + self.bias
