@@ -636,3 +636,210 @@ class NASAttention(nn.Module):
             kv = self.input_choice([(e - mean) / (std + 1e-8) for e in experts])
             outs.append(self.self_attn(h[None], kv[None], kv[None], need_weights=False)[0][0])
         return torch.stack(outs)
+
+
+# ----------------------------------------------------------------------------------------------
+# hazdzz/converter@dccb8f2f3014c3bcec44da787df1a35b89e5d393 model/encoder/converter.py: ConverterEncoder, Kernelution,
+# GenerateEigenvalue, GenerateParameters, gengerate_dhhp_parameters, DHHPTransform, InverseDHHPTransform,
+# KernelPolynomial, GatedFeedForward, Sine; model/norm.py: ScaleNorm, FixNorm; utils/pscan.py: pscan.
+# Deviations: the embedding is left out (the record is the block on embedded tokens); pscan is its plain loop
+# h_t = A_t h_{t-1} + X_t (the same forward; upstream's PScan.backward is wrong for complex inputs); the Gibbs
+# damping (a plain float32 attribute upstream) is computed in float64; the 'vekic' kernel is left out; dropouts
+# are omitted (eval mode); the config object is keyword arguments.
+
+
+def converter_scan(a, x, y0):
+    h, out = y0, []
+    for t in range(x.shape[1]):
+        h = a[:, t, None] * h + x[:, t]
+        out.append(h)
+    return torch.stack(out, 1)
+
+
+class ConverterScaleNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return self.weight * x / (torch.norm(x, p=2, dim=-1, keepdim=True) + self.eps)
+
+
+class ConverterFixNorm(nn.Module):
+    def __init__(self, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x):
+        return x / (torch.norm(x, p=2, dim=-1, keepdim=True) + self.eps)
+
+
+class ConverterSine(nn.Module):
+    def forward(self, x):
+        return torch.sin(x)
+
+
+def converter_siren(dim, fix_norm):
+    layers = [nn.Linear(dim, dim), ConverterSine(), ConverterScaleNorm(dim), nn.Identity(), nn.Linear(dim, dim),
+              ConverterSine()]
+    return nn.Sequential(*(layers + [ConverterFixNorm()] if fix_norm else layers))
+
+
+class ConverterGenerateEigenvalue(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.siren = converter_siren(dim, False)
+
+    def forward(self, x):
+        return torch.mean(self.siren(x), dim=2)
+
+
+class ConverterGenerateParameters(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.siren = converter_siren(dim, True)
+        self.pool = nn.AdaptiveAvgPool1d(7)
+
+    def forward(self, x):
+        b, n, _ = x.size()
+        al, bl, gl, au, bu, gu, theta = self.pool(self.siren(x)).view(b, 7 * n).chunk(7, dim=1)
+        return al[:, 0:-1], bl[:, 0:-1], gl[:, 0:-1], au[:, 1:n], bu[:, 1:n], gu[:, 1:n], theta
+
+
+def converter_dhhp_parameters(alpha, beta, gamma):
+    a, b, c = (alpha + beta) * math.pi, (alpha - beta) * math.pi, gamma * math.pi
+    g_ii, g_ij = torch.exp(-1j * a) * torch.cos(c), -torch.exp(1j * b) * torch.sin(c)
+    g_ji, g_jj = torch.exp(-1j * b) * torch.sin(c), torch.exp(1j * a) * torch.cos(c)
+    return g_ii, g_ij, g_ji, g_jj, g_jj, -g_ij, -g_ji, g_ii
+
+
+class ConverterDHHPTransform(nn.Module):
+    def __init__(self, transform=True, permutation_dim=None):
+        super().__init__()
+        self.transform, self.M = transform, permutation_dim
+
+    def forward(self, x, g_l_ii, g_l_ij, g_l_ji, g_l_jj, g_u_ii, g_u_ij, g_u_ji, g_u_jj, diag=None):
+        b, n, d = x.size()
+        if self.transform and self.M is not None:
+            x = x.reshape(b, n // self.M, self.M, d).transpose(1, 2).reshape(b, n, d)
+        elif not self.transform and diag is not None:
+            x = torch.einsum("bn,bnd->bnd", diag, x)
+        x_, y = torch.zeros_like(x), torch.zeros_like(x)
+        x_[:, :-1, :] = g_u_ii.unsqueeze(-1) * x[:, :-1, :]
+        x_ = x_.flip(1)
+        g_u_ij = torch.cat([g_u_ij.flip(1), torch.zeros_like(g_u_ij[:, :1])], dim=1)
+        p_u = torch.zeros_like(g_u_ij)
+        p_u[:, 1:] = g_u_ij[:, :-1].clone()
+        h_u = converter_scan(p_u, x_, x_[:, 0, :].clone()).flip(1)
+        y[:, 1:, :] = g_u_ji.unsqueeze(-1) * x[:, :-1, :] + g_u_jj.unsqueeze(-1) * h_u[:, 1:, :]
+        y[:, 0, :] = h_u[:, 0, :]
+        y_, z = torch.zeros_like(y), torch.zeros_like(y)
+        y_[:, 1:, :] = g_l_jj.unsqueeze(-1) * y[:, 1:, :]
+        g_l_ji = torch.cat([g_l_ji, torch.zeros_like(g_l_ji[:, :1])], dim=1)
+        p_l = torch.zeros_like(g_l_ji)
+        p_l[:, 1:] = g_l_ji[:, :-1].clone()
+        h_l = converter_scan(p_l, y_, y_[:, 0, :].clone())
+        z[:, :-1, :] = g_l_ii.unsqueeze(-1) * h_l[:, :-1, :] + g_l_ij.unsqueeze(-1) * y[:, 1:, :]
+        z[:, n - 1, :] = h_l[:, n - 1, :]
+        if self.transform and diag is not None:
+            z = torch.einsum("bn,bnd->bnd", diag, z)
+        elif not self.transform and self.M is not None:
+            z = z.reshape(b, self.M, n // self.M, d).transpose(1, 2).reshape(b, n, d)
+        return z
+
+
+class ConverterKernelPolynomial(nn.Module):
+    def __init__(self, batch_size, kernel_type="none", max_order=2, mu=3, xi=4.0, stigma=0.5, heta=2):
+        super().__init__()
+        self.kernel_type, self.max_order, self.mu, self.xi, self.stigma, self.heta = (
+            kernel_type, max_order, mu, xi, stigma, heta)
+        k_max = max_order
+        self.cheb_coef = nn.Parameter(torch.full((batch_size, k_max + 1), 2 / (k_max + 1)))
+        with torch.no_grad():
+            self.cheb_coef[:, 0] = 1 / (k_max + 1)
+        g = torch.ones(batch_size, k_max + 1, dtype=torch.float64)
+        for k in range(1, k_max + 1):
+            if kernel_type == "fejer":
+                g[:, k] = 1 - k / (k_max + 1)
+            elif kernel_type == "jackson":
+                c = math.pi / (k_max + 2)
+                g[:, k] = ((k_max + 2 - k) * math.sin(c) * math.cos(k * c) + math.cos(c) * math.sin(k * c)) / (
+                    (k_max + 2) * math.sin(c))
+            elif kernel_type == "lanczos":
+                g[:, k] = torch.sinc(torch.tensor(k / (k_max + 1), dtype=torch.float64))
+            elif kernel_type == "lorentz":
+                g[:, k] = math.sinh(xi * (1 - k / (k_max + 1))) / math.sinh(xi)
+            elif kernel_type == "wang":
+                g[:, k] = math.exp(-((k / (stigma * (k_max + 1))) ** heta))
+        self.gibbs_damp = g ** mu if kernel_type == "lanczos" else g
+
+    def forward(self, seq):
+        g = self.gibbs_damp
+        t0 = torch.ones_like(seq)
+        out = t0 * self.cheb_coef[:, 0].unsqueeze(1)
+        if self.max_order == 0:
+            return out
+        t1 = seq
+        out = out + t1 * self.cheb_coef[:, 1].unsqueeze(1) * g[:, 1].unsqueeze(1)
+        for k in range(2, self.max_order + 1):
+            t0, t1 = t1, 2.0 * seq * t1 - t0
+            out = out + t1 * self.cheb_coef[:, k].unsqueeze(1) * g[:, k].unsqueeze(1)
+        return out
+
+
+class ConverterKernelution(nn.Module):
+    def __init__(self, batch_size, feat_dim, permutation_dim=None, enable_kpm=True, kernel_type="none", max_order=2,
+                 mu=3, xi=4.0, stigma=0.5, heta=2):
+        super().__init__()
+        self.enable_kpm = enable_kpm
+        self.seq_eigenvalue = ConverterGenerateEigenvalue(feat_dim)
+        self.seq_kernel_poly = ConverterKernelPolynomial(batch_size, kernel_type, max_order, mu, xi, stigma, heta)
+        self.givens_parameters = ConverterGenerateParameters(feat_dim)
+        self.value_linear_real = nn.Linear(feat_dim, feat_dim, bias=False)
+        self.value_linear_imag = nn.Linear(feat_dim, feat_dim, bias=False)
+        permutation_dim = None if permutation_dim in (None, "none", 0) else permutation_dim
+        self.dhhp_transform = ConverterDHHPTransform(True, permutation_dim)
+        self.inverse_dhhp_transform = ConverterDHHPTransform(False, permutation_dim)
+
+    def forward(self, x):
+        al, bl, gl, au, bu, gu, theta = self.givens_parameters(x)
+        l_ii, l_ij, l_ji, l_jj, l_ii_c, l_ij_c, l_ji_c, l_jj_c = converter_dhhp_parameters(al, bl, gl)
+        u_ii, u_ij, u_ji, u_jj, u_ii_c, u_ij_c, u_ji_c, u_jj_c = converter_dhhp_parameters(au, bu, gu)
+        diag = torch.exp(2j * math.pi * theta)
+        eig = self.seq_eigenvalue(x)
+        eig = self.seq_kernel_poly(eig) if self.enable_kpm else eig
+        value = torch.complex(self.value_linear_real(x), self.value_linear_imag(x))
+        fwd = self.dhhp_transform(value, l_ii, l_ij, l_ji, l_jj, u_ii, u_ij, u_ji, u_jj, diag)
+        conv = torch.einsum("bn,bnd->bnd", torch.exp(1j * eig), fwd)
+        # Kernelution passes the u set first and InverseDHHPTransform swaps the sets back: the l set goes first
+        return self.inverse_dhhp_transform(conv, l_ii_c, l_ij_c, l_ji_c, l_jj_c, u_ii_c, u_ij_c, u_ji_c, u_jj_c,
+                                           diag.conj())
+
+
+class ConverterGatedFeedForward(nn.Module):
+    def __init__(self, feat_dim, hid_dim):
+        super().__init__()
+        self.linear1_real, self.linear1_imag = nn.Linear(feat_dim, hid_dim), nn.Linear(feat_dim, hid_dim)
+        self.linear2 = nn.Linear(hid_dim, feat_dim)
+        self.softplus = nn.Softplus(beta=1.0, threshold=5.0)
+
+    def forward(self, x):
+        re, im = (x.real, x.imag) if x.is_complex() else (x, x)
+        return self.linear2(self.softplus(self.linear1_real(re)) * torch.tanh(self.linear1_imag(im)))
+
+
+class ConverterBlock(nn.Module):
+    """ConverterEncoder without its embedding (forward on embedded tokens)."""
+
+    def __init__(self, batch_size, embed_dim, hidden_dim, **converter):
+        super().__init__()
+        self.kernelution = ConverterKernelution(batch_size, embed_dim, **converter)
+        self.gffn = ConverterGatedFeedForward(embed_dim, hidden_dim)
+        self.kernelution_norm, self.gffn_norm = ConverterScaleNorm(embed_dim), ConverterScaleNorm(embed_dim)
+        self.alpha = nn.Parameter(torch.ones(1))
+
+    def forward(self, embed):
+        alpha = torch.clamp(self.alpha, min=0.0, max=1.0)
+        k = self.kernelution_norm(self.kernelution(embed) + embed)
+        return self.gffn_norm(self.gffn(k) + alpha * k.real + (1.0 - alpha) * k.imag)

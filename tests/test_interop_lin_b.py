@@ -146,6 +146,19 @@ def test_darts_gt_nas_attention(dim, heads):
         params_from_state_dict("darts_gt_asymmetric_attention", sd)
 
 
+@pytest.mark.parametrize("batch,kw", [(2, dict(kernel_type="none")), (2, dict(kernel_type="jackson", permutation_dim=2)),
+                                      (1, dict(kernel_type="lanczos", max_order=3)),
+                                      (3, dict(kernel_type="wang", enable_kpm=False))])
+def test_converter_block(batch, kw):
+    torch.manual_seed(batch)
+    m = U.ConverterBlock(batch, 6, 10, **kw)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+        m.alpha.fill_(0.4)
+    _assert_pass(check_module(m, "converter_digraph_convolution", config={"kernel_type": kw["kernel_type"]}))
+
+
 # ---------------------------------------------------------------------------------------------- the group
 
 _MODULES = {
@@ -158,6 +171,7 @@ _MODULES = {
     "two_mamba_second_order_attention": (lambda: U.TwoMambaAttention(6, 3, attention_bias=True), {}, ("attn_mask",)),
     "darts_gt_asymmetric_attention": (lambda: U.NASAttention(6, 2), {},
                                       ("kv_model.0.eps", "kv_model.2.lin_edge.weight", "kv_model.2.att_edge")),
+    "converter_digraph_convolution": (lambda: U.ConverterBlock(2, 6, 10), {}, ()),
     "hyena_operator": (lambda: U.HyenaOperator(3, 8, order=3, filter_order=4), {},
                        ("filter_fn.pos_emb.t", "filter_fn.modulation.deltas")),
 }

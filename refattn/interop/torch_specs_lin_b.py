@@ -166,6 +166,20 @@ def _darts_build(rng, p, cfg, z):
 _DARTS_FF = {f"ff_linear{i}.{w}": "NASLayer's feed-forward block after the attention is not part of the record"
              for i in (1, 2) for w in ("weight", "bias")}
 
+# ---- Converter ConverterEncoder without its embedding: forward(x (B, N, D)); cheb_coef has one row per batch slot
+# (batch_size, K+1), so the draw uses that batch; N >= 2 and a multiple of permutation_dim
+
+
+def _converter_build(rng, p, cfg, z):
+    b = p["kernelution.seq_kernel_poly.cheb_coef"].shape[0]
+    m = int(cfg.get("permutation_dim") or 1)
+    n = -(-max(z["n"], 2) // m) * m
+    return {"x": rng.standard_normal((b, n, p["kernelution.value_linear_real.weight"].shape[0]))}, {}
+
+
+_CONVERTER_EMBED = {"embedding.token_embed.weight": "ConverterEncoder's embedding is not part of the record: map the "
+                                                    "block (its keys without embedding.*), feed it embedded tokens"}
+
 _SPECS = [
     Spec("multiscale_deformable_attention",
          "fundamentalvision/Deformable-DETR models/ops/modules/ms_deform_attn.py@11169a6 (MSDeformAttn; "
@@ -241,6 +255,24 @@ _SPECS = [
                    "self_attn.out_proj.weight", "self_attn.out_proj.bias"),
          call=lambda module, inp, cfg: module(inp["x"], inp["adj"]), build=_darts_build,
          attrs={"num_heads": "self_attn.num_heads"}, unsupported=_DARTS_FF),
+    Spec("converter_digraph_convolution",
+         "hazdzz/converter model/encoder/converter.py@dccb8f2 (ConverterEncoder without its embedding: Kernelution "
+         "(GenerateEigenvalue, GenerateParameters, KernelPolynomial, DHHPTransform, InverseDHHPTransform), "
+         "GatedFeedForward, model/norm.py ScaleNorm/FixNorm, utils/pscan.py as its plain loop (PScan's own backward "
+         "is wrong for complex inputs); forward(x); kernel_type by config)",
+         rules=[Named(r"kernelution\.(seq_eigenvalue|givens_parameters)\.siren\.[04]\.weight"
+                      r"|kernelution\.value_linear_(real|imag)\.weight|gffn\.linear(1_real|1_imag|2)\.weight", True),
+                Named(r"kernelution\.(seq_eigenvalue|givens_parameters)\.siren\.([04]\.bias|2\.weight)"
+                      r"|kernelution\.seq_kernel_poly\.cheb_coef|gffn\.linear(1_real|1_imag|2)\.bias"
+                      r"|(kernelution_norm|gffn_norm)\.weight|alpha", False)],
+         required=("kernelution.seq_eigenvalue.siren.0.weight", "kernelution.givens_parameters.siren.0.weight",
+                   "kernelution.seq_kernel_poly.cheb_coef", "kernelution.value_linear_real.weight",
+                   "gffn.linear2.weight", "kernelution_norm.weight", "gffn_norm.weight", "alpha"),
+         call=lambda module, inp, cfg: module(inp["x"]), build=_converter_build, unsupported=_CONVERTER_EMBED,
+         attrs={"enable_kpm": "kernelution.enable_kpm", "permutation_dim": "kernelution.dhhp_transform.M",
+                "mu": "kernelution.seq_kernel_poly.mu", "xi": "kernelution.seq_kernel_poly.xi",
+                "stigma": "kernelution.seq_kernel_poly.stigma", "heta": "kernelution.seq_kernel_poly.heta",
+                "eps": "gffn_norm.eps"}),
     Spec("hyena_operator",
          "HazyResearch/safari src/models/sequence/hyena.py@02220c6 (HyenaOperator with HyenaFilter, "
          "PositionalEmbedding, ExponentialModulation, Sin, fftconv_ref; forward(u); num_heads = num_blocks = "
