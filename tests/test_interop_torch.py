@@ -1124,7 +1124,7 @@ def test_full_layer_slugs_are_named_explicitly():
     assert "multi_token_attention:layer" in supported_slugs() and "multi_token_attention" not in supported_slugs()
     with pytest.raises(ValueError, match="pass the slug 'multi_token_attention:layer'"):
         params_from_state_dict("multi_token_attention", {})
-    with pytest.raises(ValueError, match="the only suffix is ':layer'"):
+    with pytest.raises(ValueError, match="no mapping 'sdpa:layer'; the suffixed names are .*alibi:layer"):
         params_from_state_dict("sdpa:layer", {})
 
 

@@ -304,12 +304,18 @@ class Spec:
     """load_pick(state_dict keys) -> the rules to load with (when the upstream layout shows in the keys)"""
     layer: tuple = None
     """``(forward, backward)`` of the full layer the upstream module is, when the record's forward is
-    a core on ``(q, k, v)``: the spec is then keyed ``"{slug}:layer"`` and maps the layer's params"""
+    a core on ``(q, k, v)``: the spec is then keyed ``"{slug}:{variant}"`` and maps the layer's params"""
+    variant: str = "layer"
+    """the suffix of a ``layer`` spec's key: ``"layer"``, or what the function pair is (``"model"``,
+    ``"neuralop"`` ...)"""
+    build_keys: tuple = ()
+    """config keywords ``build`` reads that are not the forward's (e.g. ``cross=True``): accepted by
+    ``check_module`` and ``params_from_state_dict``, never passed to the forward"""
 
     @property
     def key(self) -> str:
-        """The name :func:`refattn.interop.torch.supported_slugs` lists: the slug, or ``slug:layer``."""
-        return f"{self.slug}:layer" if self.layer is not None else self.slug
+        """The name :func:`refattn.interop.torch.supported_slugs` lists: the slug, or ``slug:variant``."""
+        return f"{self.slug}:{self.variant}" if self.layer is not None else self.slug
 
 
 SPECS: dict[str, Spec] = {}
