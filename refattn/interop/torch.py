@@ -159,6 +159,8 @@ def _check_config(spec: Spec, config: dict) -> None:
     rec = _record(spec)
     sig = inspect.signature(rec.forward)
     allowed = {n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY} | set(spec.build_keys)
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return  # e.g. IPOT's whole model passes its core's keywords on: the core checks them
     unknown = sorted(set(config) - allowed)
     if unknown:
         raise TypeError(f"{spec.key}: unknown config keywords {unknown}; {rec.forward.__name__} takes "
@@ -338,7 +340,8 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
         for kw, val in spec.infer(m.state_dict().keys()).items():
             cfg.setdefault(kw, val)
     sig = inspect.signature(rec.forward).parameters
-    needed = [n for n, q in sig.items() if q.kind is q.KEYWORD_ONLY and q.default is q.empty and n not in cfg]
+    needed = [n for n, q in sig.items() if q.kind is q.KEYWORD_ONLY and q.default is q.empty and n not in cfg
+              and n not in spec.kw_inputs]
     if needed:
         hint = {kw: attr for kw, attr in spec.attrs.items() if kw in needed}
         raise ValueError(f"check_module[{spec.key}]: config must give {needed}"
@@ -346,6 +349,8 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
     base_cfg = {k: v for k, v in cfg.items() if k != "rel_pos" and k not in spec.build_keys}
     params = params_from_state_dict(spec.key, m.state_dict(), prefix=spec.module_prefix, **base_cfg)
     params = {k: v.astype(np.float64) for k, v in params.items()}
+    if "params" not in sig:  # a weightless core (performer, codomain attention ...)
+        params = None
     names_avail = dict(MODULE_CASES)
     if spec.key == "multi_head_attention":
         names_avail["cross"] = dict(b=2, n=4, m=9, cross=True)
