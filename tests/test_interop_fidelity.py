@@ -200,3 +200,23 @@ def test_fidelity_specs_are_registered():
     assert params_from_state_dict("coda_no_codomain_attention", {}) == {}
     with pytest.raises(ValueError, match="pass the slug 'ipot_inducing_point_operator:model'"):
         params_from_state_dict("ipot_inducing_point_operator", {})
+
+
+# ------------------------------------------- the real modules of installable upstream packages
+
+
+@pytest.mark.parametrize("is_decoder,cross", [(False, False), (True, False), (True, True)])
+def test_t5_attention_real_module(is_decoder, cross):
+    """HF transformers' own ``T5Attention`` (an optional test dependency): the encoder's bidirectional
+    buckets, the decoder's causal ones and the decoder's cross-attention (no relative bias there)."""
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    from transformers import T5Config
+
+    torch.manual_seed(2)
+    cfg = T5Config(d_model=8, d_kv=3, num_heads=2, relative_attention_num_buckets=6,
+                   relative_attention_max_distance=10, dropout_rate=0.0, is_decoder=is_decoder)
+    m = t5.T5Attention(cfg, has_relative_attention_bias=not cross)
+    config = {"is_causal": is_decoder and not cross}
+    if cross:  # a cross-attention block reads the encoder's states (the build draws them when k is wider)
+        m.k, m.v = torch.nn.Linear(5, 6, bias=False), torch.nn.Linear(5, 6, bias=False)
+    _assert_pass(check_module(m, "relative_position_encodings:layer", config=config))
