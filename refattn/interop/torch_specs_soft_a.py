@@ -1,0 +1,80 @@
+r"""Rows of the :mod:`refattn.interop.torch` table for vision and softmax-variant mechanisms (group
+``soft_a``), beside :mod:`refattn.interop.torch_specs` and :mod:`refattn.interop.torch_specs_extra`.
+
+Each :class:`~refattn.interop.torch_specs.Spec` here maps a mechanism whose registry record's
+forward is the upstream module's forward (or the upstream block's use of it, spelled out in the
+spec's ``call``) and whose params carry the upstream names; it is registered with the public
+:func:`~refattn.interop.torch_specs.add_specs` into the same
+:data:`~refattn.interop.torch_specs.SPECS` that :mod:`refattn.interop.torch` reads (that module
+imports this one). The reference modules the tests run are in ``tests/_upstream_soft_a.py``.
+"""
+
+from __future__ import annotations
+
+from .torch_specs import Derived, Named, Spec, add_specs
+
+__all__ = ["GROUP_SLUGS"]
+
+
+# ---- Swin WindowAttention (microsoft, V1 and V2): the module runs on windows; the call is the
+# attention half of SwinTransformerBlock.forward (cyclic shift, window_partition, the -100 shift mask
+# of the block's __init__, window_reverse, reverse shift) on a grid of at least two windows a side
+
+
+def _swin_infer(keys):
+    return {"version": "v2" if "logit_scale" in keys else "v1"}
+
+
+def _swin_build(rng, p, cfg, z):
+    m = int(cfg.get("window_size", 7))
+    c = p["qkv.weight"].shape[0]
+    h, w = m * (2 + z["b"] % 2), m * (2 + z["n"] % 2)  # microsoft asserts divisibility; min(H, W) > M
+    return {"x": rng.standard_normal((z["b"], h, w, c))}, {}
+
+
+def _swin_shift_mask(torch, h, w, m, s, dtype):
+    """The attention mask of microsoft's ``SwinTransformerBlock.__init__`` for a shift ``s > 0``."""
+    img = torch.zeros((h, w), dtype=dtype)
+    cnt = 0
+    for hs in (slice(0, -m), slice(-m, -s), slice(-s, None)):
+        for ws in (slice(0, -m), slice(-m, -s), slice(-s, None)):
+            img[hs, ws] = cnt
+            cnt += 1
+    win = img.view(h // m, m, w // m, m).permute(0, 2, 1, 3).reshape(-1, m * m)
+    diff = win.unsqueeze(1) - win.unsqueeze(2)
+    return diff.masked_fill(diff != 0, -100.0).masked_fill(diff == 0, 0.0)
+
+
+def _swin_call(module, inp, cfg):
+    import torch
+
+    x = inp["x"]
+    b, h, w, c = x.shape
+    m, s = int(cfg.get("window_size", 7)), int(cfg.get("shift_size", 0))
+    if tuple(module.window_size) != (m, m):
+        raise ValueError(f"swin_window_attention: the module's window_size is {tuple(module.window_size)}; pass "
+                         f"config={{'window_size': {module.window_size[0]}}} (refattn's default is 7)")
+    if s:
+        x = torch.roll(x, shifts=(-s, -s), dims=(1, 2))
+    win = x.view(b, h // m, m, w // m, m, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, m * m, c)
+    y = module(win, mask=_swin_shift_mask(torch, h, w, m, s, x.dtype) if s else None)
+    y = y.view(b, h // m, w // m, m, m, -1).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, -1)
+    return torch.roll(y, shifts=(s, s), dims=(1, 2)) if s else y
+
+
+_SPECS = [
+    Spec("swin_window_attention",
+         "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
+         "(WindowAttention, V1 or V2 by its keys; called as SwinTransformerBlock does: roll, window_partition, "
+         "the block's -100 shift mask, window_reverse; config window_size and shift_size as the block's)",
+         rules=[Named(r"(qkv|proj|cpb_mlp\.0|cpb_mlp\.2)\.weight", True),
+                Named(r"(qkv|proj|cpb_mlp\.0)\.bias|q_bias|v_bias|relative_position_bias_table|logit_scale", False),
+                Derived(r"relative_position_index|relative_coords_table")],
+         required=("qkv.weight", "proj.weight"), call=_swin_call, build=_swin_build, infer=_swin_infer,
+         attrs={"num_heads": "num_heads", "scale": "scale"}, defaults={"param_names": "microsoft"}),
+]
+
+add_specs(*_SPECS)
+
+GROUP_SLUGS = tuple(s.key for s in _SPECS)
+"""The keys this module adds to :data:`~refattn.interop.torch_specs.SPECS`."""

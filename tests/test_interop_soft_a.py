@@ -1,0 +1,63 @@
+"""refattn.interop.torch rows of ``refattn/interop/torch_specs_soft_a.py``: check_module in float64 against
+the upstream modules re-stated in ``tests/_upstream_soft_a.py`` (file@commit in their comments)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import _upstream_soft_a as U  # noqa: E402
+
+from refattn.interop.torch import check_module, grads_to_state_dict, params_from_state_dict, supported_slugs  # noqa: E402
+
+
+def _assert_pass(report):
+    assert report.passed, "\n" + str(report)
+    return report
+
+
+def _jitter(m, scale=0.3):
+    """Move zero-initialised parameters (biases, gates) off their init so that every gradient matters."""
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return m
+
+
+@pytest.mark.parametrize("version,window,shift,heads,bias", [
+    ("v1", 2, 0, 2, True), ("v1", 3, 1, 3, False), ("v2", 2, 1, 2, True), ("v2", 3, 0, 1, False)])
+def test_swin_window_attention(version, window, shift, heads, bias):
+    torch.manual_seed(1)
+    cls = U.WindowAttention if version == "v1" else U.WindowAttentionV2
+    m = _jitter(cls(6, (window, window), heads, qkv_bias=bias))
+    _assert_pass(check_module(m, "swin_window_attention", config={"window_size": window, "shift_size": shift}))
+    if version == "v1":
+        with pytest.raises(ValueError, match="relative_position_bias_table"):  # refattn's default window is 7
+            check_module(m, "swin_window_attention", cases=["small"], seeds=[0])
+
+
+_MODULES = {
+    "swin_window_attention": (lambda: U.WindowAttentionV2(6, (2, 2), 2), {},
+                              ("relative_position_index", "relative_coords_table")),
+}
+
+
+def test_soft_a_specs_are_registered():
+    from refattn.interop.torch_specs_soft_a import GROUP_SLUGS
+
+    assert set(GROUP_SLUGS) <= set(supported_slugs())
+    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+
+
+@pytest.mark.parametrize("slug", sorted(_MODULES))
+def test_soft_a_specs_map_state_dict_and_grads_back(slug):
+    make, cfg, derived = _MODULES[slug]
+    torch.manual_seed(4)
+    sd = make().double().state_dict()
+    p = params_from_state_dict(slug, sd, **cfg)
+    assert not set(derived) & set(p)
+    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
+    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
+    for k, v in sd.items():
+        if k not in derived:
+            np.testing.assert_array_equal(back["attn." + k], v.numpy())
