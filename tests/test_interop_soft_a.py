@@ -36,9 +36,21 @@ def test_swin_window_attention(version, window, shift, heads, bias):
             check_module(m, "swin_window_attention", cases=["small"], seeds=[0])
 
 
+@pytest.mark.parametrize("block,window,shift,heads", [("hab", 2, 0, 2), ("hab", 2, 1, 3), ("ocab", 2, 0, 2)])
+def test_hat_hybrid_attention(block, window, shift, heads):
+    torch.manual_seed(2)
+    if block == "hab":
+        m = U.HAB(6, (6, 6), heads, window_size=window, shift_size=shift, compress_ratio=3, squeeze_factor=3,
+                  mlp_ratio=2.)
+    else:
+        m = U.OCAB(6, (6, 6), window, 1.0, heads)
+    _assert_pass(check_module(_jitter(m), "hat_hybrid_attention"))
+
+
 _MODULES = {
     "swin_window_attention": (lambda: U.WindowAttentionV2(6, (2, 2), 2), {},
                               ("relative_position_index", "relative_coords_table")),
+    "hat_hybrid_attention": (lambda: U.HAB(6, (6, 6), 2, window_size=2, squeeze_factor=3), {}, ()),
 }
 
 

@@ -11,6 +11,8 @@ imports this one). The reference modules the tests run are in ``tests/_upstream_
 
 from __future__ import annotations
 
+import numpy as np
+
 from .torch_specs import Derived, Named, Spec, add_specs
 
 __all__ = ["GROUP_SLUGS"]
@@ -62,6 +64,54 @@ def _swin_call(module, inp, cfg):
     return torch.roll(y, shifts=(s, s), dims=(1, 2)) if s else y
 
 
+# ---- HAT (XPixelGroup) HAB or OCAB, by the keys: forward(x (b, h*w, c), x_size, rpi[, attn_mask]); the
+# call builds rpi_sa / rpi_oca and the shift mask as HAT.calculate_rpi_sa / calculate_rpi_oca /
+# calculate_mask do (the OCA index's negative entries wrap, as torch indexing does upstream)
+
+
+def _hat_infer(keys):
+    return {"block": "hab" if "conv_block.cab.0.weight" in keys else "ocab"}
+
+
+def _hat_build(rng, p, cfg, z):
+    m = int(cfg.get("window_size", 16))
+    c = p["norm1.weight"].shape[0]
+    extra = {}
+    if cfg.get("block") == "ocab" and "overlap_ratio" not in cfg:
+        mo = int(round(np.sqrt(p["relative_position_bias_table"].shape[0]))) - m + 1
+        extra["overlap_ratio"] = (mo - m + 0.5) / m  # int(m * ratio) + m == mo, as OCAB's overlap_win_size
+    h, w = m * (2 + z["b"] % 2), m * (2 + z["n"] % 2)  # multiples of the window, min(H, W) > M
+    return {"x": rng.standard_normal((z["b"], h, w, c))}, extra
+
+
+def _hat_rpi_sa(torch, m):
+    coords = torch.stack(torch.meshgrid(torch.arange(m), torch.arange(m), indexing="ij")).flatten(1)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0).contiguous() + (m - 1)
+    return rel[:, :, 0] * (2 * m - 1) + rel[:, :, 1]
+
+
+def _hat_rpi_oca(torch, m, mo):
+    ori = torch.stack(torch.meshgrid(torch.arange(m), torch.arange(m), indexing="ij")).flatten(1)
+    ext = torch.stack(torch.meshgrid(torch.arange(mo), torch.arange(mo), indexing="ij")).flatten(1)
+    rel = (ext[:, None, :] - ori[:, :, None]).permute(1, 2, 0).contiguous() + (m - mo + 1)
+    return rel[:, :, 0] * (m + mo - 1) + rel[:, :, 1]
+
+
+def _hat_call(module, inp, cfg):
+    import torch
+
+    x = inp["x"]
+    b, h, w, c = x.shape
+    m = int(module.window_size)
+    if hasattr(module, "conv_block"):  # HAB
+        s = int(module.shift_size)
+        mask = _swin_shift_mask(torch, h, w, m, s, x.dtype) if s else None
+        y = module(x.reshape(b, h * w, c), (h, w), _hat_rpi_sa(torch, m), mask)
+    else:
+        y = module(x.reshape(b, h * w, c), (h, w), _hat_rpi_oca(torch, m, int(module.overlap_win_size)))
+    return y.view(b, h, w, -1)
+
+
 _SPECS = [
     Spec("swin_window_attention",
          "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
@@ -72,6 +122,17 @@ _SPECS = [
                 Derived(r"relative_position_index|relative_coords_table")],
          required=("qkv.weight", "proj.weight"), call=_swin_call, build=_swin_build, infer=_swin_infer,
          attrs={"num_heads": "num_heads", "scale": "scale"}, defaults={"param_names": "microsoft"}),
+    Spec("hat_hybrid_attention",
+         "XPixelGroup/HAT hat/archs/hat_arch.py@1638a9a (HAB with CAB/ChannelAttention/WindowAttention, or OCAB, "
+         "by the keys; forward(x, x_size, rpi[, attn_mask]) with HAT.calculate_rpi_sa/_rpi_oca/calculate_mask)",
+         rules=[Named(r"(attn\.)?(qkv|proj)\.weight|mlp\.fc[12]\.weight", True),
+                Named(r"(attn\.)?(qkv|proj)\.bias|mlp\.fc[12]\.bias|norm[12]\.(weight|bias)"
+                      r"|(attn\.)?relative_position_bias_table|conv_block\.cab\.(0|2|3\.attention\.1|3\.attention\.3)"
+                      r"\.(weight|bias)", False)],
+         required=("norm1.weight", "norm2.weight", "mlp.fc1.weight"), call=_hat_call, build=_hat_build,
+         infer=_hat_infer,
+         attrs={"num_heads": "num_heads", "window_size": "window_size", "shift_size": "shift_size",
+                "conv_scale": "conv_scale", "scale": ("attn.scale", "scale"), "eps": "norm1.eps"}),
 ]
 
 add_specs(*_SPECS)
