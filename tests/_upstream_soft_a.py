@@ -256,3 +256,166 @@ class OCAB(nn.Module):
         attn_windows = (attn @ v).transpose(1, 2).reshape(b_, nq, self.dim).view(-1, ws, ws, self.dim)
         x = self.proj(_hat_reverse(attn_windows, ws, h, w).view(b, h * w, self.dim)) + shortcut
         return x + self.mlp(self.norm2(x))
+
+
+# microsoft/Cream@4a13c40 iRPE/DeiT-with-iRPE/irpe.py: piecewise_index, _rp_2d_*, get_bucket_ids_2d, iRPE,
+# iRPE_Cross, get_single_rpe_config, get_rpe_config, build_rpe; rpe_vision_transformer.py: RPEAttention
+# (dropout omitted; no bucket cache and no rpe_ops kernel, the pure-PyTorch path; EasyDict as SimpleNamespace;
+# the buckets keep upstream's float32 arithmetic)
+class METHOD:
+    EUCLIDEAN, QUANT, PRODUCT, CROSS, CROSS_ROWS, CROSS_COLS = 0, 1, 3, 4, 41, 42
+
+
+@torch.no_grad()
+def piecewise_index(relative_position, alpha, beta, gamma, dtype):
+    rp_abs = relative_position.abs()
+    not_mask = ~(rp_abs <= alpha)
+    rp_out, rp_abs_out = relative_position[not_mask], rp_abs[not_mask]
+    y_out = (torch.sign(rp_out) * (alpha + torch.log(rp_abs_out / alpha) / math.log(gamma / alpha) * (beta - alpha))
+             .round().clip(max=beta)).to(dtype)
+    idx = relative_position.clone()
+    if idx.dtype in [torch.float32, torch.float64]:
+        idx = idx.round().to(dtype)
+    idx[not_mask] = y_out
+    return idx
+
+
+def _rp_2d_product(diff, **kw):
+    b = int(kw["beta"])
+    return (piecewise_index(diff[:, :, 0], **kw) + b) * (2 * b + 1) + piecewise_index(diff[:, :, 1], **kw) + b
+
+
+_METHOD_FUNC = {
+    METHOD.EUCLIDEAN: lambda diff, **kw: piecewise_index(diff.square().sum(2).float().sqrt().round(), **kw),
+    METHOD.QUANT: lambda diff, **kw: piecewise_index(diff.square().sum(2), **kw),
+    METHOD.PRODUCT: _rp_2d_product,
+    METHOD.CROSS_ROWS: lambda diff, **kw: piecewise_index(diff[:, :, 0], **kw),
+    METHOD.CROSS_COLS: lambda diff, **kw: piecewise_index(diff[:, :, 1], **kw),
+}
+
+
+def get_num_buckets(method, alpha, beta, gamma):
+    return (2 * int(beta) + 1) ** 2 if method == METHOD.PRODUCT else 2 * int(beta) + 1
+
+
+@torch.no_grad()
+def get_bucket_ids_2d(method, height, width, skip, alpha, beta, gamma, dtype=torch.long):
+    rows = torch.arange(height, dtype=dtype).view(height, 1).repeat(1, width)
+    cols = torch.arange(width, dtype=dtype).view(1, width).repeat(height, 1)
+    L = height * width
+    pos = torch.stack([rows, cols], 2)
+    diff = pos.view((L, 1, 2)) - pos.view((1, L, 2))
+    bucket_ids = _METHOD_FUNC[method](diff, alpha=alpha, beta=beta, gamma=gamma, dtype=dtype)
+    if method != METHOD.PRODUCT:
+        bucket_ids += int(beta)
+    num_buckets = get_num_buckets(method, alpha, beta, gamma)
+    if skip > 0:
+        new_bids = bucket_ids.new_empty(size=(skip + L, skip + L))
+        new_bids[:skip] = num_buckets
+        new_bids[:, :skip] = num_buckets
+        new_bids[skip:, skip:] = bucket_ids
+        bucket_ids, num_buckets = new_bids, num_buckets + 1
+    return bucket_ids.contiguous(), num_buckets
+
+
+class iRPE(nn.Module):
+    def __init__(self, head_dim, num_heads=8, mode=None, method=None, transposed=True, num_buckets=None,
+                 rpe_config=None):
+        super().__init__()
+        self.num_heads, self.head_dim, self.mode, self.method = num_heads, head_dim, mode, method
+        self.transposed, self.num_buckets, self.rpe_config = transposed, num_buckets, rpe_config
+        if transposed:
+            if mode == "bias":
+                self.lookup_table_bias = nn.Parameter(torch.zeros(num_heads, num_buckets))
+            elif mode == "contextual":
+                self.lookup_table_weight = nn.Parameter(torch.zeros(num_heads, head_dim, num_buckets))
+        elif mode == "bias":
+            raise NotImplementedError("[Error] Bias non-transposed RPE does not exist.")
+        elif mode == "contextual":
+            self.lookup_table_weight = nn.Parameter(torch.zeros(num_heads, num_buckets, head_dim))
+
+    def forward(self, x, height=None, width=None):
+        B, H, L, D = x.shape
+        if height is None:
+            height = width = int(math.sqrt(L))
+        c = self.rpe_config
+        rp_bucket, num_buckets = get_bucket_ids_2d(self.method, height, width, L - height * width, c.alpha, c.beta,
+                                                   c.gamma)
+        assert num_buckets == self.num_buckets
+        L_query, L_key = rp_bucket.shape
+        if not self.transposed:
+            weight = self.lookup_table_weight[:, rp_bucket.flatten()].view(self.num_heads, L_query, L_key, self.head_dim)
+            return torch.matmul(x.permute(1, 2, 0, 3), weight).permute(2, 0, 1, 3)
+        if self.mode == "bias":
+            return self.lookup_table_bias[:, rp_bucket.flatten()].view(1, self.num_heads, L_query, L_key)
+        offset = torch.arange(0, L * self.num_buckets, self.num_buckets, dtype=rp_bucket.dtype).view(-1, 1)
+        flat = (rp_bucket + offset).flatten()
+        lookup_table = torch.matmul(x.transpose(0, 1).reshape(-1, B * L_query, self.head_dim),
+                                    self.lookup_table_weight).view(-1, B, L_query, self.num_buckets).transpose(0, 1)
+        return lookup_table.flatten(2)[:, :, flat].view(B, -1, L_query, L_key)
+
+
+class iRPE_Cross(nn.Module):
+    def __init__(self, method, **kwargs):
+        super().__init__()
+        assert method == METHOD.CROSS
+        self.rp_rows = iRPE(**kwargs, method=METHOD.CROSS_ROWS)
+        self.rp_cols = iRPE(**kwargs, method=METHOD.CROSS_COLS)
+
+    def forward(self, x, height=None, width=None):
+        return self.rp_rows(x, height=height, width=width) + self.rp_cols(x, height=height, width=width)
+
+
+def get_single_rpe_config(ratio=1.9, method=METHOD.PRODUCT, mode="contextual", shared_head=True, skip=0):
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(shared_head=shared_head, mode=mode, method=method, alpha=1 * ratio, beta=2 * ratio,
+                             gamma=8 * ratio)
+    config.num_buckets = get_num_buckets(method, config.alpha, config.beta, config.gamma) + (1 if skip > 0 else 0)
+    return config
+
+
+def get_rpe_config(ratio=1.9, method=METHOD.PRODUCT, mode="contextual", shared_head=True, skip=0, rpe_on="k"):
+    from types import SimpleNamespace
+
+    if isinstance(method, str):
+        method = dict(euc=METHOD.EUCLIDEAN, quant=METHOD.QUANT, cross=METHOD.CROSS, product=METHOD.PRODUCT)[method]
+    kw = dict(ratio=ratio, method=method, mode="contextual" if mode == "ctx" else mode, shared_head=shared_head,
+              skip=skip)
+    return SimpleNamespace(**{f"rpe_{t}": get_single_rpe_config(**kw) if t in rpe_on else None for t in "qkv"})
+
+
+def build_rpe(config, head_dim, num_heads):
+    def single(rpe, transposed):
+        if rpe is None:
+            return None
+        cls = iRPE if rpe.method != METHOD.CROSS else iRPE_Cross
+        return cls(head_dim=head_dim, num_heads=1 if rpe.shared_head else num_heads, mode=rpe.mode, method=rpe.method,
+                   transposed=transposed, num_buckets=rpe.num_buckets, rpe_config=rpe)
+    return [single(rpe, t) for rpe, t in zip([config.rpe_q, config.rpe_k, config.rpe_v], [True, True, False])]
+
+
+class RPEAttention(nn.Module):
+    def __init__(self, dim, num_heads=8, qkv_bias=False, qk_scale=None, rpe_config=None):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = qk_scale or (dim // num_heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.rpe_q, self.rpe_k, self.rpe_v = build_rpe(rpe_config, head_dim=dim // num_heads, num_heads=num_heads)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        q *= self.scale
+        attn = q @ k.transpose(-2, -1)
+        if self.rpe_k is not None:
+            attn += self.rpe_k(q)
+        if self.rpe_q is not None:
+            attn += self.rpe_q(k * self.scale).transpose(2, 3)
+        attn = attn.softmax(dim=-1)
+        out = attn @ v
+        if self.rpe_v is not None:
+            out += self.rpe_v(attn)
+        return self.proj(out.transpose(1, 2).reshape(B, N, C))

@@ -47,9 +47,21 @@ def test_hat_hybrid_attention(block, window, shift, heads):
     _assert_pass(check_module(_jitter(m), "hat_hybrid_attention"))
 
 
+@pytest.mark.parametrize("method,mode,rpe_on,shared,skip", [
+    ("product", "contextual", "k", True, 1), ("euc", "bias", "qk", False, 0), ("cross", "contextual", "qkv", False, 1)])
+def test_irpe_rpe_attention(method, mode, rpe_on, shared, skip):
+    torch.manual_seed(3)
+    conf = U.get_rpe_config(ratio=1.3, method=method, mode=mode, shared_head=shared, skip=skip, rpe_on=rpe_on)
+    m = _jitter(U.RPEAttention(6, num_heads=2, qkv_bias=True, rpe_config=conf))
+    cfg = {"method": method} if method in ("euc", "quant") else {}
+    _assert_pass(check_module(m, "irpe_image_relative_position", config=cfg))
+
+
 _MODULES = {
     "swin_window_attention": (lambda: U.WindowAttentionV2(6, (2, 2), 2), {},
                               ("relative_position_index", "relative_coords_table")),
+    "irpe_image_relative_position": (
+        lambda: U.RPEAttention(6, 2, True, rpe_config=U.get_rpe_config(method="cross", rpe_on="qkv", skip=1)), {}, ()),
     "hat_hybrid_attention": (lambda: U.HAB(6, (6, 6), 2, window_size=2, squeeze_factor=3), {}, ()),
 }
 

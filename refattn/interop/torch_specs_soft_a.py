@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Derived, Named, Spec, add_specs
+from .torch_specs import Derived, Named, Spec, add_specs, call_x
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -112,6 +112,25 @@ def _hat_call(module, inp, cfg):
     return y.view(b, h, w, -1)
 
 
+# ---- iRPE (microsoft/Cream) RPEAttention: forward(x (B, skip + E*E, C)); upstream reads the grid as
+# E = floor(sqrt(N)), and the skip (class) tokens show in the tables as one extra bucket
+
+
+def _irpe_infer(keys):
+    return {"rpe_on": "".join(t for t in "qkv" if any(k.startswith(f"rpe_{t}.") for k in keys)),
+            "mode": "bias" if any(k.endswith("lookup_table_bias") for k in keys) else "contextual",
+            "method": "cross" if any(".rp_rows." in k for k in keys) else "product"}  # get_rpe_config's default
+
+
+def _irpe_build(rng, p, cfg, z):
+    beta = int(2 * float(cfg.get("ratio", 1.9)))
+    base = (2 * beta + 1) ** 2 if cfg.get("method", "product") == "product" else 2 * beta + 1
+    name = next(k for k in sorted(p) if "lookup_table" in k)
+    nb = p[name].shape[1] if name.startswith("rpe_v.") else p[name].shape[-1]
+    e = 2 + z["n"] % 2
+    return {"x": rng.standard_normal((z["b"], (nb != base) + e * e, p["qkv.weight"].shape[0]))}, {}
+
+
 _SPECS = [
     Spec("swin_window_attention",
          "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
@@ -122,6 +141,16 @@ _SPECS = [
                 Derived(r"relative_position_index|relative_coords_table")],
          required=("qkv.weight", "proj.weight"), call=_swin_call, build=_swin_build, infer=_swin_infer,
          attrs={"num_heads": "num_heads", "scale": "scale"}, defaults={"param_names": "microsoft"}),
+    Spec("irpe_image_relative_position",
+         "microsoft/Cream iRPE/DeiT-with-iRPE/rpe_vision_transformer.py, irpe.py@4a13c40 (RPEAttention with "
+         "iRPE/iRPE_Cross from get_rpe_config; rpe_on, mode and cross read from the keys, method 'product' "
+         "(upstream's default) unless config says 'euc' or 'quant'; pure-PyTorch path, no rpe_ops)",
+         rules=[Named(r"(qkv|proj)\.weight", True),
+                Named(r"(qkv|proj)\.bias|rpe_[qkv]\.(rp_rows\.|rp_cols\.)?lookup_table_(weight|bias)", False)],
+         required=("qkv.weight", "proj.weight"), call=call_x, build=_irpe_build, infer=_irpe_infer,
+         attrs={"num_heads": "num_heads", "scale": "scale",
+                "ratio": tuple(f"rpe_{t}.{r}rpe_config.alpha" for t in "kqv" for r in ("", "rp_rows.")),
+                "shared_head": tuple(f"rpe_{t}.{r}rpe_config.shared_head" for t in "kqv" for r in ("", "rp_rows."))}),
     Spec("hat_hybrid_attention",
          "XPixelGroup/HAT hat/archs/hat_arch.py@1638a9a (HAB with CAB/ChannelAttention/WindowAttention, or OCAB, "
          "by the keys; forward(x, x_size, rpi[, attn_mask]) with HAT.calculate_rpi_sa/_rpi_oca/calculate_mask)",
