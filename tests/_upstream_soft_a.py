@@ -419,3 +419,54 @@ class RPEAttention(nn.Module):
         if self.rpe_v is not None:
             out += self.rpe_v(attn)
         return self.proj(out.transpose(1, 2).reshape(B, N, C))
+
+
+# xiuqhou/Relation-DETR@b485955 models/bricks/relation_transformer.py: box_rel_encoding, PositionRelationEmbedding,
+# and the self-attention step of RelationTransformerDecoder.forward / RelationTransformerDecoderLayer.forward;
+# models/bricks/position_encoding.py: get_dim_t, get_sine_pos_embed (exchange_xy=False path)
+# (RelationDecoderSelfAttention is a test holder: the decoder's position_relation_embedding beside one
+# layer's self_attn, their names as upstream; dropout omitted; the residual and norm2 after it left out)
+def box_rel_encoding(src_boxes, tgt_boxes, eps=1e-5):
+    xy1, wh1 = src_boxes.split([2, 2], -1)
+    xy2, wh2 = tgt_boxes.split([2, 2], -1)
+    delta_xy = torch.log(torch.abs(xy1.unsqueeze(-2) - xy2.unsqueeze(-3)) / (wh1.unsqueeze(-2) + eps) + 1.0)
+    delta_wh = torch.log((wh1.unsqueeze(-2) + eps) / (wh2.unsqueeze(-3) + eps))
+    return torch.cat([delta_xy, delta_wh], -1)
+
+
+def get_sine_pos_embed(pos_tensor, num_pos_feats=128, temperature=10000, scale=2 * math.pi):
+    dim_t = temperature ** (torch.arange(num_pos_feats // 2, dtype=torch.float32) * 2 / num_pos_feats)
+    pos_res = pos_tensor.unsqueeze(-1) * scale / dim_t
+    return torch.stack((pos_res.sin(), pos_res.cos()), dim=-1).flatten(-2).flatten(-2)
+
+
+class PositionRelationEmbedding(nn.Module):
+    def __init__(self, embed_dim=256, num_heads=8, temperature=10000.0, scale=100.0):
+        super().__init__()
+        # torchvision Conv2dNormActivation(embed_dim * 4, num_heads, kernel_size=1, norm_layer=None, ReLU)
+        self.pos_proj = nn.Sequential(nn.Conv2d(embed_dim * 4, num_heads, 1, bias=True), nn.ReLU(inplace=True))
+        self.embed_dim, self.temperature, self.scale = embed_dim, temperature, scale
+
+    def forward(self, src_boxes, tgt_boxes=None):
+        if tgt_boxes is None:
+            tgt_boxes = src_boxes
+        with torch.no_grad():
+            pos_embed = box_rel_encoding(src_boxes, tgt_boxes)
+            pos_embed = get_sine_pos_embed(pos_embed, self.embed_dim, self.temperature, self.scale).permute(0, 3, 1, 2)
+        return self.pos_proj(pos_embed).clone()
+
+
+class RelationDecoderSelfAttention(nn.Module):
+    def __init__(self, embed_dim, n_heads):
+        super().__init__()
+        self.num_heads = n_heads
+        self.self_attn = nn.MultiheadAttention(embed_dim, n_heads, dropout=0.0, batch_first=True)
+        self.position_relation_embedding = PositionRelationEmbedding(16, n_heads)
+
+    def forward(self, query, query_pos, src_boxes, tgt_boxes, attn_mask=None):
+        pos_relation = self.position_relation_embedding(src_boxes, tgt_boxes).flatten(0, 1)
+        if attn_mask is not None:
+            pos_relation.masked_fill_(attn_mask, float("-inf"))
+        query_with_pos = key_with_pos = query + query_pos
+        return self.self_attn(query=query_with_pos, key=key_with_pos, value=query, attn_mask=pos_relation,
+                              need_weights=False)[0]

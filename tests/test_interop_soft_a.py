@@ -57,11 +57,19 @@ def test_irpe_rpe_attention(method, mode, rpe_on, shared, skip):
     _assert_pass(check_module(m, "irpe_image_relative_position", config=cfg))
 
 
+@pytest.mark.parametrize("c,heads", [(6, 2), (4, 1)])
+def test_relation_detr_position_bias(c, heads):
+    torch.manual_seed(5)
+    m = _jitter(U.RelationDecoderSelfAttention(c, heads), 0.1)
+    _assert_pass(check_module(m, "relation_detr_position_bias"))
+
+
 _MODULES = {
     "swin_window_attention": (lambda: U.WindowAttentionV2(6, (2, 2), 2), {},
                               ("relative_position_index", "relative_coords_table")),
     "irpe_image_relative_position": (
         lambda: U.RPEAttention(6, 2, True, rpe_config=U.get_rpe_config(method="cross", rpe_on="qkv", skip=1)), {}, ()),
+    "relation_detr_position_bias": (lambda: U.RelationDecoderSelfAttention(6, 2), {}, ()),
     "hat_hybrid_attention": (lambda: U.HAB(6, (6, 6), 2, window_size=2, squeeze_factor=3), {}, ()),
 }
 

@@ -131,6 +131,25 @@ def _irpe_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], (nb != base) + e * e, p["qkv.weight"].shape[0]))}, {}
 
 
+# ---- Relation-DETR: the decoder's PositionRelationEmbedding (boxes under no_grad, hence detach_boxes) as the
+# float attn_mask of a decoder layer's self_attn (nn.MultiheadAttention, batch_first; q, k = query + query_pos)
+
+
+def _relation_build(rng, p, cfg, z):
+    b, n, c = z["b"], z["n"], p["self_attn.in_proj_weight"].shape[0]
+
+    def boxes():
+        return np.concatenate([rng.uniform(0.05, 0.95, (b, n, 2)), rng.uniform(0.05, 0.5, (b, n, 2))], -1)
+
+    inp = {"query": rng.standard_normal((b, n, c)), "query_pos": rng.standard_normal((b, n, c)),
+           "src_boxes": boxes(), "tgt_boxes": boxes()}
+    return inp, {"num_pos_feats": p["position_relation_embedding.pos_proj.0.weight"].shape[1] // 4}
+
+
+def _relation_call(module, inp, cfg):
+    return module(inp["query"], inp["query_pos"], inp["src_boxes"], inp["tgt_boxes"])
+
+
 _SPECS = [
     Spec("swin_window_attention",
          "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
@@ -151,6 +170,18 @@ _SPECS = [
          attrs={"num_heads": "num_heads", "scale": "scale",
                 "ratio": tuple(f"rpe_{t}.{r}rpe_config.alpha" for t in "kqv" for r in ("", "rp_rows.")),
                 "shared_head": tuple(f"rpe_{t}.{r}rpe_config.shared_head" for t in "kqv" for r in ("", "rp_rows."))}),
+    Spec("relation_detr_position_bias",
+         "xiuqhou/Relation-DETR models/bricks/relation_transformer.py@b485955 (PositionRelationEmbedding of "
+         "RelationTransformerDecoder, its relation the float attn_mask of RelationTransformerDecoderLayer.self_attn "
+         "(nn.MultiheadAttention, batch_first); keys position_relation_embedding.* and self_attn.* as upstream; "
+         "upstream computes the relation under no_grad: detach_boxes=True)",
+         rules=[Named(r"self_attn\.(in_proj_weight|out_proj\.weight)", True),
+                Named(r"self_attn\.(in_proj_bias|out_proj\.bias)|position_relation_embedding\.pos_proj\.0\.(weight|bias)",
+                      False)],
+         required=("self_attn.in_proj_weight", "self_attn.out_proj.weight",
+                   "position_relation_embedding.pos_proj.0.weight"),
+         call=_relation_call, build=_relation_build,
+         attrs={"num_heads": "self_attn.num_heads"}, defaults={"detach_boxes": True}),
     Spec("hat_hybrid_attention",
          "XPixelGroup/HAT hat/archs/hat_arch.py@1638a9a (HAB with CAB/ChannelAttention/WindowAttention, or OCAB, "
          "by the keys; forward(x, x_size, rpi[, attn_mask]) with HAT.calculate_rpi_sa/_rpi_oca/calculate_mask)",
