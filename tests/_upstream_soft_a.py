@@ -470,3 +470,45 @@ class RelationDecoderSelfAttention(nn.Module):
         query_with_pos = key_with_pos = query + query_pos
         return self.self_attn(query=query_with_pos, key=key_with_pos, value=query, attn_mask=pos_relation,
                               need_weights=False)[0]
+
+
+# AliSerwat/duoformer_TCGA@3b207c2 models/multiscale_attn.py: MultiScaleAttention (the authors' release of
+# xiaoyatang/DuoFormer), on timm 0.9's vision_transformer.Attention (qkv, q_norm/k_norm = Identity, proj;
+# the unfused path). Dropout omitted; upstream hard-codes 50 tokens (49 patches + CLS) in
+# forward_with_region's reshapes, here the token count is the input's.
+class TimmAttention(nn.Module):  # timm 0.9.16 Attention, qk_norm=False
+    def __init__(self, dim, num_heads=8, qkv_bias=False):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.q_norm = self.k_norm = nn.Identity()
+        self.proj = nn.Linear(dim, dim)
+
+
+class MultiScaleAttention(TimmAttention):
+    def __init__(self, dim, num_heads=8, qkv_bias=False):
+        super().__init__(dim, num_heads, qkv_bias)
+        self.scale = 2 * dim ** -0.5
+        self.qkv1 = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj1 = nn.Linear(dim, dim)
+
+    def forward_with_scale(self, x):
+        B, num_regions, num_scales, C = x.shape
+        qkv = self.qkv1(x).reshape(B, num_regions, num_scales, 3, self.num_heads, self.head_dim).permute(3, 0, 1, 4, 2, 5)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        return self.proj1((attn @ v).transpose(2, 3).reshape(B, num_regions, num_scales, C))
+
+    def forward_with_region(self, x, cls_token=None, pos_embed=None, pos_drop=None):
+        B = x.shape[0]
+        scaled_x = x[:, :, 0, :] if len(x.size()) > 3 else x
+        if cls_token is not None:
+            scaled_x = torch.cat((cls_token.squeeze(1), scaled_x), dim=1)
+        if pos_embed is not None:
+            scaled_x = pos_drop(scaled_x + pos_embed)
+        n_tokens = scaled_x.shape[1]
+        qkv1 = self.qkv(scaled_x).reshape(B, n_tokens, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q1, k1, v1 = qkv1[0], qkv1[1], qkv1[2]
+        attn1 = ((q1 @ k1.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        return self.proj((attn1 @ v1).transpose(1, 2).reshape(B, n_tokens, -1))

@@ -64,12 +64,20 @@ def test_relation_detr_position_bias(c, heads):
     _assert_pass(check_module(m, "relation_detr_position_bias"))
 
 
+@pytest.mark.parametrize("stage,heads,bias", [("both", 2, True), ("scale", 3, False), ("patch", 1, True)])
+def test_duoformer_multiscale_attention(stage, heads, bias):
+    torch.manual_seed(6)
+    m = _jitter(U.MultiScaleAttention(6, heads, qkv_bias=bias))
+    _assert_pass(check_module(m, "duoformer_scale_wise_attention", config={"stage": stage}))
+
+
 _MODULES = {
     "swin_window_attention": (lambda: U.WindowAttentionV2(6, (2, 2), 2), {},
                               ("relative_position_index", "relative_coords_table")),
     "irpe_image_relative_position": (
         lambda: U.RPEAttention(6, 2, True, rpe_config=U.get_rpe_config(method="cross", rpe_on="qkv", skip=1)), {}, ()),
     "relation_detr_position_bias": (lambda: U.RelationDecoderSelfAttention(6, 2), {}, ()),
+    "duoformer_scale_wise_attention": (lambda: U.MultiScaleAttention(6, 2, qkv_bias=True), {}, ()),
     "hat_hybrid_attention": (lambda: U.HAB(6, (6, 6), 2, window_size=2, squeeze_factor=3), {}, ()),
 }
 

@@ -150,6 +150,34 @@ def _relation_call(module, inp, cfg):
     return module(inp["query"], inp["query_pos"], inp["src_boxes"], inp["tgt_boxes"])
 
 
+# ---- DuoFormer MultiScaleAttention: forward_with_scale(x (B, P, S, C)) and/or forward_with_region(x, cls_token)
+# (cls_token (B, 1, 1, C) upstream, (B, 1, C) in refattn); the projections of a stage not run are read and dropped
+
+_DUO_STAGE = {"scale": r"(qkv1|proj1)\.(weight|bias)", "patch": r"(qkv|proj)\.(weight|bias)"}
+
+
+def _duo_rules(config):
+    stage = config.get("stage", "both")
+    used = {"scale": r"(qkv1|proj1)", "patch": r"(qkv|proj)", "both": r"(qkv1?|proj1?)"}[stage]
+    rules = [Named(used + r"\.weight", True), Named(used + r"\.bias", False)]
+    return rules + ([Derived(_DUO_STAGE["patch" if stage == "scale" else "scale"])] if stage != "both" else [])
+
+
+def _duo_build(rng, p, cfg, z):
+    c = p["qkv1.weight" if "qkv1.weight" in p else "qkv.weight"].shape[0]
+    inp = {"x": rng.standard_normal((z["b"], z["n"], 2 + z["n"] % 3, c))}
+    if cfg.get("stage", "both") != "scale":
+        inp["cls_token"] = rng.standard_normal((z["b"], 1, c))
+    return inp, {}
+
+
+def _duo_call(module, inp, cfg):
+    stage, x = cfg.get("stage", "both"), inp["x"]
+    if stage != "patch":
+        x = module.forward_with_scale(x)
+    return x if stage == "scale" else module.forward_with_region(x, inp["cls_token"].unsqueeze(1))
+
+
 _SPECS = [
     Spec("swin_window_attention",
          "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
@@ -182,6 +210,12 @@ _SPECS = [
                    "position_relation_embedding.pos_proj.0.weight"),
          call=_relation_call, build=_relation_build,
          attrs={"num_heads": "self_attn.num_heads"}, defaults={"detach_boxes": True}),
+    Spec("duoformer_scale_wise_attention",
+         "AliSerwat/duoformer_TCGA models/multiscale_attn.py@3b207c2 (MultiScaleAttention on timm 0.9 Attention, "
+         "the authors' release of xiaoyatang/DuoFormer; forward_with_scale and/or forward_with_region(x, cls_token) "
+         "by config stage; pos_embed is the model's parameter, not the layer's)",
+         rules=_duo_rules, required=(), call=_duo_call, build=_duo_build, attrs={"num_heads": "num_heads",
+                                                                                 "scale": "scale"}),
     Spec("hat_hybrid_attention",
          "XPixelGroup/HAT hat/archs/hat_arch.py@1638a9a (HAB with CAB/ChannelAttention/WindowAttention, or OCAB, "
          "by the keys; forward(x, x_size, rpi[, attn_mask]) with HAT.calculate_rpi_sa/_rpi_oca/calculate_mask)",
