@@ -512,3 +512,39 @@ class MultiScaleAttention(TimmAttention):
         q1, k1, v1 = qkv1[0], qkv1[1], qkv1[2]
         attn1 = ((q1 @ k1.transpose(-2, -1)) * self.scale).softmax(dim=-1)
         return self.proj((attn1 @ v1).transpose(1, 2).reshape(B, n_tokens, -1))
+
+
+# huggingface/pytorch-image-models@f63d2e8 timm/models/dependencyvit.py: ReversedAttention (qk_norm=False),
+# with timm.layers.Mlp (fc1, act, fc2; no norm); dropout omitted
+class TimmMlp(nn.Module):  # timm.layers.Mlp
+    def __init__(self, in_features, hidden_features=None, out_features=None, bias=True):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden_features or in_features, bias=bias)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden_features or in_features, out_features or in_features, bias=bias)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class ReversedAttention(nn.Module):
+    def __init__(self, dim, num_heads=8, qkv_bias=False):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.head_selector_temperature = 0.1
+        self.head_selector = nn.Linear(dim, num_heads, bias=False)
+        self.message_controller = TimmMlp(dim, int(dim / 2), 1, bias=False)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x, m):
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        p = (self.head_selector(x) / self.head_selector_temperature).softmax(dim=-1)
+        p = p.transpose(-2, -1).reshape(B, self.num_heads, 1, N)
+        m = m * self.message_controller(x).sigmoid().reshape(B, 1, 1, N)
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1).transpose(-2, -1)
+        attn = attn * p * m
+        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        return self.proj(x), m, m.detach().reshape(B, N)

@@ -71,6 +71,13 @@ def test_duoformer_multiscale_attention(stage, heads, bias):
     _assert_pass(check_module(m, "duoformer_scale_wise_attention", config={"stage": stage}))
 
 
+@pytest.mark.parametrize("dim,heads,bias", [(8, 2, False), (6, 3, True)])
+def test_dependencyvit_reversed_attention(dim, heads, bias):
+    torch.manual_seed(7)
+    m = _jitter(U.ReversedAttention(dim, heads, qkv_bias=bias))
+    _assert_pass(check_module(m, "reversed_attention_dependencyvit"))
+
+
 _MODULES = {
     "swin_window_attention": (lambda: U.WindowAttentionV2(6, (2, 2), 2), {},
                               ("relative_position_index", "relative_coords_table")),
@@ -78,6 +85,7 @@ _MODULES = {
         lambda: U.RPEAttention(6, 2, True, rpe_config=U.get_rpe_config(method="cross", rpe_on="qkv", skip=1)), {}, ()),
     "relation_detr_position_bias": (lambda: U.RelationDecoderSelfAttention(6, 2), {}, ()),
     "duoformer_scale_wise_attention": (lambda: U.MultiScaleAttention(6, 2, qkv_bias=True), {}, ()),
+    "reversed_attention_dependencyvit": (lambda: U.ReversedAttention(8, 2, qkv_bias=True), {}, ()),
     "hat_hybrid_attention": (lambda: U.HAB(6, (6, 6), 2, window_size=2, squeeze_factor=3), {}, ()),
 }
 

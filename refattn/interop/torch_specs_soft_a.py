@@ -178,6 +178,20 @@ def _duo_call(module, inp, cfg):
     return x if stage == "scale" else module.forward_with_region(x, inp["cls_token"].unsqueeze(1))
 
 
+# ---- DependencyViT ReversedAttention (timm side branch): forward(x, m (B, 1, 1, N)) -> (x, m, prune_mask);
+# refattn's m is (B, N) and its output is the first of the three
+
+
+def _dvit_build(rng, p, cfg, z):
+    b, n = z["b"], z["n"]
+    return {"x": rng.standard_normal((b, n, p["qkv.weight"].shape[0])), "m": rng.uniform(0.3, 1.0, (b, n))}, {}
+
+
+def _dvit_call(module, inp, cfg):
+    m = inp["m"]
+    return module(inp["x"], m.reshape(m.shape[0], 1, 1, m.shape[1]))[0]
+
+
 _SPECS = [
     Spec("swin_window_attention",
          "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
@@ -216,6 +230,16 @@ _SPECS = [
          "by config stage; pos_embed is the model's parameter, not the layer's)",
          rules=_duo_rules, required=(), call=_duo_call, build=_duo_build, attrs={"num_heads": "num_heads",
                                                                                  "scale": "scale"}),
+    Spec("reversed_attention_dependencyvit",
+         "huggingface/pytorch-image-models timm/models/dependencyvit.py@f63d2e8 (ReversedAttention, qk_norm=False, "
+         "with timm.layers.Mlp as message_controller; forward(x, m (B, 1, 1, N))[0]; the official "
+         "dingmyu/DependencyViT holds no code)",
+         rules=[Named(r"(qkv|proj|head_selector|message_controller\.fc[12])\.weight", True),
+                Named(r"(qkv|proj)\.bias", False)],
+         required=("qkv.weight", "proj.weight", "head_selector.weight", "message_controller.fc1.weight",
+                   "message_controller.fc2.weight"),
+         call=_dvit_call, build=_dvit_build,
+         attrs={"num_heads": "num_heads", "scale": "scale", "head_selector_temperature": "head_selector_temperature"}),
     Spec("hat_hybrid_attention",
          "XPixelGroup/HAT hat/archs/hat_arch.py@1638a9a (HAB with CAB/ChannelAttention/WindowAttention, or OCAB, "
          "by the keys; forward(x, x_size, rpi[, attn_mask]) with HAT.calculate_rpi_sa/_rpi_oca/calculate_mask)",
