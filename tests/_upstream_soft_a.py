@@ -548,3 +548,74 @@ class ReversedAttention(nn.Module):
         attn = attn * p * m
         x = (attn @ v).transpose(1, 2).reshape(B, N, C)
         return self.proj(x), m, m.detach().reshape(B, N)
+
+
+# facebookresearch/adaptive-span@27b815f persistent_memory.py: PersistentMemory; models.py: _skew, _unskew,
+# SeqAttention, MultiHeadSeqAttention (adapt_span_enabled=False; dropout omitted)
+class PersistentMemory(nn.Module):
+    def __init__(self, size, nb_heads, head_dim):
+        super().__init__()
+        self.size, self.nb_heads, self.head_dim = size, nb_heads, head_dim
+        self.key = nn.Parameter(torch.randn(nb_heads, head_dim, size) / math.sqrt(head_dim))
+        self.val = nn.Parameter(torch.randn(nb_heads, size, head_dim) / math.sqrt(size))
+
+    def forward(self, query, attn):
+        key, val = self.key.unsqueeze(0), self.val.unsqueeze(0)
+        query = query.view((-1, self.nb_heads) + query.size()[1:])
+        attn_pers = torch.matmul(query, key * math.sqrt(self.head_dim))
+        attn_pers = attn_pers.view((-1,) + attn_pers.size()[2:])
+        attn = F.softmax(torch.cat((attn, attn_pers), dim=-1) / math.sqrt(self.head_dim), dim=-1)
+        attn_pers, attn = attn[:, :, -key.size(-1):], attn[:, :, :-key.size(-1)]
+        attn_pers = attn_pers.view((-1, self.nb_heads) + attn_pers.size()[1:])
+        out = torch.matmul(attn_pers, val * math.sqrt(self.size))
+        return attn, out.view((-1,) + out.size()[2:])
+
+
+def _skew(X, pad_value):
+    B, M, L = X.size()
+    return F.pad(X, (0, M + 1), value=pad_value).view(B, -1)[:, :-M].view(B, M, M + L)
+
+
+def _unskew(X):
+    B, M, L = X.size()
+    L -= M
+    return F.pad(X.view(B, -1), (0, M)).view(B, M, M + L + 1)[:, :, :L]
+
+
+class SeqAttention(nn.Module):
+    def __init__(self, hidden_size, nb_heads, attn_span, pers_mem_size):
+        super().__init__()
+        self.hidden_size, self.attn_span = hidden_size, attn_span
+        self.persistent_memory = PersistentMemory(pers_mem_size, nb_heads, hidden_size) if pers_mem_size > 0 else None
+
+    def forward(self, query, key, value, key_pe):
+        attn = _unskew(torch.matmul(query, key.transpose(-1, -2))) + torch.matmul(query, key_pe)
+        if self.persistent_memory is not None:
+            attn, pers_mem_out = self.persistent_memory(query, attn)
+        else:
+            attn = F.softmax(attn / math.sqrt(self.hidden_size), dim=-1)
+        out = torch.matmul(_skew(attn, 0), value)
+        return out + pers_mem_out if self.persistent_memory is not None else out
+
+
+class MultiHeadSeqAttention(nn.Module):
+    def __init__(self, hidden_size, nb_heads, attn_span, pers_mem_size):
+        super().__init__()
+        self.nb_heads, self.head_dim = nb_heads, hidden_size // nb_heads
+        self.attn = SeqAttention(self.head_dim, nb_heads, attn_span, pers_mem_size)
+        self.proj_query = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.proj_out = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.proj_val = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.proj_key = nn.Linear(hidden_size, hidden_size, bias=False)
+
+    def head_reshape(self, x):
+        x = x.view(x.size()[:-1] + (self.nb_heads, self.head_dim)).transpose(1, 2).contiguous()
+        return x.view(-1, x.size(-2), x.size(-1))
+
+    def forward(self, query, key, value, key_pe):
+        B, M = query.size(0), query.size(1)
+        query = self.head_reshape(self.proj_query(query))
+        value = self.head_reshape(self.proj_val(value))
+        key = self.head_reshape(self.proj_key(key))
+        out = self.attn(query, key, value, key_pe).view(B, self.nb_heads, M, self.head_dim)
+        return self.proj_out(out.transpose(1, 2).contiguous().view(B, M, -1))

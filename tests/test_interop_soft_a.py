@@ -78,6 +78,13 @@ def test_dependencyvit_reversed_attention(dim, heads, bias):
     _assert_pass(check_module(m, "reversed_attention_dependencyvit"))
 
 
+@pytest.mark.parametrize("hidden,heads,mem", [(6, 2, 3), (4, 1, 2)])
+def test_adaptive_span_persistent_memory(hidden, heads, mem):
+    torch.manual_seed(8)
+    m = U.MultiHeadSeqAttention(hidden, heads, attn_span=4, pers_mem_size=mem)
+    _assert_pass(check_module(m, "persistent_memory_attention"))
+
+
 _MODULES = {
     "swin_window_attention": (lambda: U.WindowAttentionV2(6, (2, 2), 2), {},
                               ("relative_position_index", "relative_coords_table")),
@@ -86,6 +93,7 @@ _MODULES = {
     "relation_detr_position_bias": (lambda: U.RelationDecoderSelfAttention(6, 2), {}, ()),
     "duoformer_scale_wise_attention": (lambda: U.MultiScaleAttention(6, 2, qkv_bias=True), {}, ()),
     "reversed_attention_dependencyvit": (lambda: U.ReversedAttention(8, 2, qkv_bias=True), {}, ()),
+    "persistent_memory_attention": (lambda: U.MultiHeadSeqAttention(6, 2, 4, 3), {}, ()),
     "hat_hybrid_attention": (lambda: U.HAB(6, (6, 6), 2, window_size=2, squeeze_factor=3), {}, ()),
 }
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Derived, Named, Spec, add_specs, call_x
+from .torch_specs import Derived, Named, Spec, Strip, add_specs, call_x
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -192,6 +192,28 @@ def _dvit_call(module, inp, cfg):
     return module(inp["x"], m.reshape(m.shape[0], 1, 1, m.shape[1]))[0]
 
 
+# ---- adaptive-span MultiHeadSeqAttention with PersistentMemory: forward(h, [cache; h], [cache; h], key_pe);
+# its span (query i sees the L cached positions before it, not itself) is refattn's attn_mask over the
+# context; key_pe (TransformerSeq's parameter, not the layer's) is zero in the call
+
+
+def _pm_build(rng, p, cfg, z):
+    b, n, span, c = z["b"], z["n"], z["m"], p["proj_query.weight"].shape[0]
+    keep = np.zeros((n, span + n), bool)
+    for i in range(n):
+        keep[i, i:i + span] = True
+    inp = {"x": rng.standard_normal((b, n, c)), "context": rng.standard_normal((b, span + n, c))}
+    return inp, {"attn_mask": keep}
+
+
+def _pm_call(module, inp, cfg):
+    import torch
+
+    x, ctx = inp["x"], inp["context"]
+    key_pe = torch.zeros((1, module.head_dim, ctx.shape[1] - x.shape[1]), dtype=x.dtype)
+    return module(x, ctx, ctx, key_pe)
+
+
 _SPECS = [
     Spec("swin_window_attention",
          "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
@@ -240,6 +262,14 @@ _SPECS = [
                    "message_controller.fc2.weight"),
          call=_dvit_call, build=_dvit_build,
          attrs={"num_heads": "num_heads", "scale": "scale", "head_selector_temperature": "head_selector_temperature"}),
+    Spec("persistent_memory_attention",
+         "facebookresearch/adaptive-span models.py, persistent_memory.py@27b815f (MultiHeadSeqAttention with "
+         "SeqAttention and PersistentMemory, adapt_span_enabled=False; forward(h, [cache; h], [cache; h], key_pe=0), "
+         "its span as refattn's attn_mask over the context)",
+         rules=[Named(r"proj_(query|key|val|out)\.weight", True),
+                Strip("attn.", r"persistent_memory\.(key|val)", False)],
+         required=("proj_query.weight", "proj_key.weight", "proj_val.weight", "proj_out.weight"),
+         call=_pm_call, build=_pm_build, attrs={"num_heads": "nb_heads"}),
     Spec("hat_hybrid_attention",
          "XPixelGroup/HAT hat/archs/hat_arch.py@1638a9a (HAB with CAB/ChannelAttention/WindowAttention, or OCAB, "
          "by the keys; forward(x, x_size, rpi[, attn_mask]) with HAT.calculate_rpi_sa/_rpi_oca/calculate_mask)",
