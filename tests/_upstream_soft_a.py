@@ -619,3 +619,64 @@ class MultiHeadSeqAttention(nn.Module):
         key = self.head_reshape(self.proj_key(key))
         out = self.attn(query, key, value, key_pe).view(B, self.nb_heads, M, self.head_dim)
         return self.proj_out(out.transpose(1, 2).contiguous().view(B, M, -1))
+
+
+# facebookresearch/ParlAI@a29567f parlai/agents/transformer/modules/attention.py: BasicAttention;
+# parlai/agents/transformer/polyencoder.py: PolyBasicAttention, PolyEncoderModule (polyencoder_type="codes",
+# basic/sqrt attentions). The float32 cast of BasicAttention's softmax is removed; the encoders
+# (encoder_ctxt, encoder_cand: TransformerEncoders) are outside the record and left out: encode's code
+# attention is called through attend() on the context encoder's output, as encode() does.
+class BasicAttention(nn.Module):
+    def __init__(self, dim=1, attn="cosine", residual=False, get_weights=True):
+        super().__init__()
+        if attn == "cosine":
+            self.cosine = nn.CosineSimilarity(dim=dim)
+        self.attn, self.dim, self.get_weights, self.residual = attn, dim, get_weights, residual
+
+    def forward(self, xs, ys, mask_ys=None, values=None):
+        bsz, y_len, x_len = xs.size(0), ys.size(1), xs.size(1)
+        if self.attn == "cosine":
+            l1 = self.cosine(xs, ys).unsqueeze(self.dim - 1)
+        else:
+            l1 = torch.bmm(xs, ys.transpose(1, 2))
+            if self.attn == "sqrt":
+                l1 = l1 / math.sqrt(ys.size(-1))
+        if mask_ys is not None:
+            attn_mask = (mask_ys == 0).view(bsz, 1, y_len).repeat(1, x_len, 1)
+            l1.masked_fill_(attn_mask, -65504 if l1.dtype is torch.float16 else -1e20)
+        l2 = F.softmax(l1, dim=self.dim)
+        lhs_emb = torch.bmm(l2, ys if values is None else values)
+        if self.residual:
+            lhs_emb = lhs_emb.add(xs)
+        return (lhs_emb.squeeze(self.dim - 1), l2) if self.get_weights else lhs_emb.squeeze(self.dim - 1)
+
+
+class PolyBasicAttention(BasicAttention):
+    def __init__(self, poly_type, n_codes, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.poly_type, self.n_codes = poly_type, n_codes
+
+    def forward(self, *args, **kwargs):
+        lhs_emb = super().forward(*args, **kwargs)
+        if self.poly_type == "codes" and self.n_codes == 1 and len(lhs_emb.shape) == 2:
+            lhs_emb = lhs_emb.unsqueeze(self.dim - 1)
+        return lhs_emb
+
+
+class PolyEncoderModule(nn.Module):
+    def __init__(self, n_codes, embed_dim, codes_attention_type="basic", poly_attention_type="basic"):
+        super().__init__()
+        self.type, self.n_codes = "codes", n_codes
+        self.attention_type, self.codes_attention_type = poly_attention_type, codes_attention_type
+        self.codes = nn.Parameter(torch.nn.init.uniform_(torch.empty(n_codes, embed_dim)))
+        self.code_attention = PolyBasicAttention("codes", n_codes, dim=2, attn=codes_attention_type, get_weights=False)
+        self.attention = PolyBasicAttention("codes", n_codes, dim=2, attn=poly_attention_type, get_weights=False)
+
+    def attend(self, attention_layer, queries, keys, values, mask):
+        if keys is None:
+            keys = values
+        return attention_layer(queries, keys, mask_ys=mask, values=values)
+
+    def score(self, ctxt_rep, ctxt_rep_mask, cand_embed):
+        ctxt_final_rep = self.attend(self.attention, cand_embed, ctxt_rep, ctxt_rep, ctxt_rep_mask)
+        return torch.sum(ctxt_final_rep * cand_embed, 2)

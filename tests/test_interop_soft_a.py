@@ -85,6 +85,18 @@ def test_adaptive_span_persistent_memory(hidden, heads, mem):
     _assert_pass(check_module(m, "persistent_memory_attention"))
 
 
+@pytest.mark.parametrize("n_codes,codes_type,poly_type", [(4, "basic", "basic"), (3, "sqrt", "sqrt"),
+                                                        (1, "basic", "sqrt")])
+def test_parlai_poly_encoder(n_codes, codes_type, poly_type):
+    torch.manual_seed(9)
+    m = U.PolyEncoderModule(n_codes, 5, codes_type, poly_type)
+    cfg = {"codes_attention_type": codes_type, "poly_attention_type": poly_type}
+    _assert_pass(check_module(m, "poly_encoder_attention", config=cfg))
+    if codes_type == "sqrt":
+        bad = check_module(m, "poly_encoder_attention", cases=["small"], seeds=[0])
+        assert not bad.passed and "codes_attention_type" in str(bad)
+
+
 _MODULES = {
     "swin_window_attention": (lambda: U.WindowAttentionV2(6, (2, 2), 2), {},
                               ("relative_position_index", "relative_coords_table")),
@@ -94,6 +106,7 @@ _MODULES = {
     "duoformer_scale_wise_attention": (lambda: U.MultiScaleAttention(6, 2, qkv_bias=True), {}, ()),
     "reversed_attention_dependencyvit": (lambda: U.ReversedAttention(8, 2, qkv_bias=True), {}, ()),
     "persistent_memory_attention": (lambda: U.MultiHeadSeqAttention(6, 2, 4, 3), {}, ()),
+    "poly_encoder_attention": (lambda: U.PolyEncoderModule(4, 5), {}, ()),
     "hat_hybrid_attention": (lambda: U.HAB(6, (6, 6), 2, window_size=2, squeeze_factor=3), {}, ()),
 }
 

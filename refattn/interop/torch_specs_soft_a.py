@@ -214,6 +214,33 @@ def _pm_call(module, inp, cfg):
     return module(x, ctx, ctx, key_pe)
 
 
+# ---- ParlAI PolyEncoderModule (polyencoder_type "codes", basic/sqrt attentions): encode()'s code attention
+# attend(code_attention, codes.repeat(bsz, 1, 1), ctxt_out, ctxt_out, ctxt_mask) on the context encoder's
+# output, then score(ctxt_rep, ones, cand_embed); the two TransformerEncoders are outside the record
+
+
+def _poly_build(rng, p, cfg, z):
+    b, n, d = z["b"], z["n"] + 1, p["codes"].shape[1]
+    mask = np.ones((b, n), bool)
+    mask[0, n - 1:] = False  # one padded context token
+    return ({"ctxt": rng.standard_normal((b, n, d)), "cand": rng.standard_normal((b, 1 + z["m"] % 4, d))},
+            {"ctxt_mask": mask})
+
+
+def _poly_call(module, inp, cfg):
+    import torch
+
+    for name, layer in (("codes_attention_type", module.code_attention), ("poly_attention_type", module.attention)):
+        if getattr(layer, "attn", None) != cfg.get(name, "basic"):
+            raise ValueError(f"poly_encoder_attention: the module's {name} is {getattr(layer, 'attn', layer)!r}; "
+                             f"pass config={{{name!r}: ...}} (refattn's default is 'basic')")
+    ctxt, cand = inp["ctxt"], inp["cand"]
+    mask = torch.from_numpy(np.asarray(cfg["ctxt_mask"]))
+    rep = module.attend(module.code_attention, queries=module.codes.repeat(ctxt.shape[0], 1, 1), keys=ctxt,
+                        values=ctxt, mask=mask)
+    return module.score(rep, rep.new_ones(ctxt.shape[0], module.n_codes).byte(), cand)
+
+
 _SPECS = [
     Spec("swin_window_attention",
          "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
@@ -270,6 +297,12 @@ _SPECS = [
                 Strip("attn.", r"persistent_memory\.(key|val)", False)],
          required=("proj_query.weight", "proj_key.weight", "proj_val.weight", "proj_out.weight"),
          call=_pm_call, build=_pm_build, attrs={"num_heads": "nb_heads"}),
+    Spec("poly_encoder_attention",
+         "facebookresearch/ParlAI parlai/agents/transformer/polyencoder.py, modules/attention.py@a29567f "
+         "(PolyEncoderModule, polyencoder_type 'codes', PolyBasicAttention 'basic'/'sqrt': encode()'s attend on the "
+         "context encoder's output, then score(); its encoder_ctxt/encoder_cand weights are not the record's: "
+         "pass prefix or strict=False)",
+         rules=[Named(r"codes", False)], required=("codes",), call=_poly_call, build=_poly_build),
     Spec("hat_hybrid_attention",
          "XPixelGroup/HAT hat/archs/hat_arch.py@1638a9a (HAB with CAB/ChannelAttention/WindowAttention, or OCAB, "
          "by the keys; forward(x, x_size, rpi[, attn_mask]) with HAT.calculate_rpi_sa/_rpi_oca/calculate_mask)",
