@@ -680,3 +680,176 @@ class PolyEncoderModule(nn.Module):
     def score(self, ctxt_rep, ctxt_rep_mask, cand_embed):
         ctxt_final_rep = self.attend(self.attention, cand_embed, ctxt_rep, ctxt_rep, ctxt_rep_mask)
         return torch.sum(ctxt_final_rep * cand_embed, 2)
+
+
+# Awni00/abstract_transformer@b7da583 attention.py: Attention (SDPA path); relational_attention.py:
+# RelationalAttention (rel_activation identity); dual_attention.py: DualAttention (ra_type relational_attention);
+# symbol_retrieval.py: SymbolicAttention, PositionalSymbolRetriever, PositionRelativeSymbolRetriever;
+# positional_encoding.py: RelativePositionalEncoding; attention_utils.py: repeat_kv, compute_causal_mask.
+# Dropout omitted, no RoPE (freqs None); einops.rearrange written as view/permute.
+# DualAttentionWithRetriever is a test holder: the model's symbol_retriever beside the layer's two branches.
+def repeat_kv(x, n_rep):
+    bs, slen, n_kv_heads, head_dim = x.shape
+    if n_rep == 1:
+        return x
+    return x[:, :, :, None, :].expand(bs, slen, n_kv_heads, n_rep, head_dim).reshape(bs, slen, n_kv_heads * n_rep,
+                                                                                        head_dim)
+
+
+class AbstractAttention(nn.Module):  # upstream name: Attention
+    def __init__(self, d_model, n_heads, dropout=0.0, n_kv_heads=None, add_bias_kv=False, add_bias_out=False,
+                 total_n_heads=None):
+        super().__init__()
+        self.n_heads = n_heads
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self.total_n_heads = n_heads if total_n_heads is None else total_n_heads
+        self.key_dim = self.head_dim = d_model // self.total_n_heads
+        self.n_rep_kv = self.n_heads // self.n_kv_heads
+        self.attn_scale = 1 / math.sqrt(self.head_dim)
+        self.wq = nn.Linear(d_model, self.n_heads * self.key_dim, bias=False)
+        self.wk = nn.Linear(d_model, self.n_kv_heads * self.key_dim, bias=add_bias_kv)
+        self.wv = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=add_bias_kv)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, self.n_heads * self.head_dim, bias=add_bias_out)
+
+    def forward(self, query, key, value, attn_mask=None, is_causal=False):
+        bsz, qseqlen, _ = query.shape
+        xq = self.wq(query).view(bsz, qseqlen, self.n_heads, self.key_dim)
+        xk = self.wk(key).view(bsz, key.shape[1], self.n_kv_heads, self.key_dim)
+        xv = self.wv(value).view(bsz, value.shape[1], self.n_kv_heads, self.head_dim)
+        xk, xv = repeat_kv(xk, self.n_rep_kv), repeat_kv(xv, self.n_rep_kv)
+        output = F.scaled_dot_product_attention(xq.transpose(1, 2), xk.transpose(1, 2), xv.transpose(1, 2),
+                                                attn_mask=attn_mask, is_causal=is_causal, scale=self.attn_scale)
+        return self.wo(output.transpose(1, 2).contiguous().view(bsz, qseqlen, -1)), None
+
+
+class RelationalAttention(nn.Module):
+    def __init__(self, d_model, n_heads, n_relations=None, dropout=0.0, n_kv_heads=None, add_bias_kv=False,
+                 add_bias_out=False, total_n_heads=None, symmetric_rels=False, use_relative_positional_symbols=False):
+        super().__init__()
+        self.n_heads = n_heads
+        self.n_relations = n_relations if n_relations is not None else n_heads
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        self.symmetric_rels = symmetric_rels
+        self.use_relative_positional_symbols = use_relative_positional_symbols
+        self.total_n_heads = n_heads if total_n_heads is None else total_n_heads
+        self.head_dim = d_model // self.total_n_heads
+        self.n_rep_kv = self.n_heads // self.n_kv_heads
+        self.key_dim = self.head_dim
+        self.rel_proj_dim = self.head_dim * self.n_heads // self.n_relations
+        assert self.rel_proj_dim * self.n_relations == self.head_dim * self.n_heads
+        self.attn_scale, self.rel_scale = 1 / math.sqrt(self.head_dim), 1 / math.sqrt(self.rel_proj_dim)
+        self.wq_attn = nn.Linear(d_model, self.n_heads * self.key_dim, bias=False)
+        self.wk_attn = nn.Linear(d_model, self.n_kv_heads * self.key_dim, bias=add_bias_kv)
+        self.wq_rel = nn.Linear(d_model, self.n_relations * self.rel_proj_dim, bias=False)
+        self.wk_rel = self.wq_rel if symmetric_rels else nn.Linear(d_model, self.n_relations * self.rel_proj_dim,
+                                                                   bias=False)
+        self.wr = nn.Parameter(torch.empty(self.n_heads, self.head_dim, self.n_relations))
+        torch.nn.init.kaiming_uniform_(self.wr, a=math.sqrt(5))
+        self.wv = nn.Linear(d_model, self.n_kv_heads * self.head_dim, bias=add_bias_kv)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, self.n_heads * self.head_dim, bias=add_bias_out)
+
+    def forward(self, x, symbols, attn_mask=None, is_causal=False):
+        bsz, seqlen, _ = x.shape
+        xq_attn = self.wq_attn(x).view(bsz, seqlen, self.n_heads, -1)
+        xk_attn = repeat_kv(self.wk_attn(x).view(bsz, seqlen, self.n_kv_heads, -1), self.n_rep_kv)
+        xq_attn, xk_attn = xq_attn.transpose(1, 2), xk_attn.transpose(1, 2)
+        if is_causal and attn_mask is None:
+            attn_mask = torch.tril(torch.ones(seqlen, seqlen)).bool()
+        attn_scores = torch.matmul(xq_attn, xk_attn.transpose(2, 3)) * self.attn_scale
+        if attn_mask is not None:
+            attn_scores = attn_scores + torch.zeros(seqlen, seqlen, dtype=xq_attn.dtype).masked_fill(
+                attn_mask.logical_not(), float("-inf"))
+        attn_scores = nn.functional.softmax(attn_scores, dim=-1)
+        xq_rel = self.wq_rel(x).view(bsz, seqlen, self.n_relations, -1).transpose(1, 2)
+        xk_rel = self.wk_rel(x).view(bsz, seqlen, self.n_relations, -1).transpose(1, 2)
+        sv = self.wv(symbols)
+        sv = repeat_kv(sv.view(sv.shape[0], sv.shape[1], self.n_kv_heads, self.head_dim), self.n_rep_kv)
+        relations = (torch.matmul(xq_rel, xk_rel.transpose(2, 3)) * self.rel_scale).permute(0, 2, 3, 1)
+        if not self.use_relative_positional_symbols:
+            attended_symbols = torch.einsum("bhij,bjhd->bihd", attn_scores, sv)
+        else:
+            attended_symbols = torch.einsum("bhij,ijhd->bihd", attn_scores, sv)
+        attended_relations = torch.einsum("bhij,bijr->bihr", attn_scores, relations)
+        output = attended_symbols + torch.einsum("bihr,hdr->bihd", attended_relations, self.wr)
+        return self.wo(output.reshape(bsz, seqlen, -1)), attn_scores, relations
+
+
+class DualAttention(nn.Module):
+    def __init__(self, d_model, n_heads_sa, n_heads_ra, dropout=0.0, sa_kwargs=None, ra_kwargs=None):
+        super().__init__()
+        self.n_heads_sa, self.n_heads_ra = n_heads_sa, n_heads_ra
+        self.use_self_attn, self.use_rel_attn = n_heads_sa > 0, n_heads_ra > 0
+        total = n_heads_sa + n_heads_ra
+        if self.use_self_attn:
+            self.self_attention = AbstractAttention(d_model, n_heads_sa, total_n_heads=total, **(sa_kwargs or {}))
+        if self.use_rel_attn:
+            self.relational_attention = RelationalAttention(d_model, n_heads_ra, total_n_heads=total,
+                                                            **(ra_kwargs or {}))
+
+    def forward(self, x, symbols, attn_mask=None, is_causal=False):
+        outs = []
+        if self.use_self_attn:
+            outs.append(self.self_attention(query=x, key=x, value=x, attn_mask=attn_mask, is_causal=is_causal)[0])
+        if self.use_rel_attn:
+            outs.append(self.relational_attention(x, symbols, attn_mask=attn_mask, is_causal=is_causal)[0])
+        return torch.concat(outs, dim=-1), None, None
+
+
+class SymbolicAttention(nn.Module):
+    def __init__(self, d_model, n_heads, n_symbols, scale=None):
+        super().__init__()
+        self.d_model, self.n_heads, self.n_symbols, self.scale = d_model, n_heads, n_symbols, scale
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.template_features = nn.Parameter(torch.randn(n_symbols, d_model))
+        self.symbol_library = nn.Parameter(torch.randn(n_symbols, d_model))
+
+    def forward(self, x):
+        batch_size, seq_len, dim = x.size()
+        query = self.q_proj(x).view(batch_size, seq_len, self.n_heads, dim // self.n_heads).transpose(1, 2)
+        key = self.template_features.view(self.n_symbols, self.n_heads, -1).transpose(0, 1)
+        value = self.symbol_library.view(self.n_symbols, self.n_heads, -1).transpose(0, 1)
+        key, value = (t.unsqueeze(0).repeat(batch_size, 1, 1, 1) for t in (key, value))
+        out = F.scaled_dot_product_attention(query, key, value, scale=self.scale)
+        return out.transpose(1, 2).contiguous().view(batch_size, seq_len, dim)
+
+
+class PositionalSymbolRetriever(nn.Module):
+    def __init__(self, symbol_dim, max_length):
+        super().__init__()
+        self.symbol_library = nn.Embedding(max_length, symbol_dim)
+
+    def forward(self, x):
+        pos = torch.arange(0, x.shape[1], dtype=torch.long)
+        return self.symbol_library(pos).unsqueeze(0).repeat(x.shape[0], 1, 1)
+
+
+class RelativePositionalEncoding(nn.Module):
+    def __init__(self, dim, max_rel_pos):
+        super().__init__()
+        self.max_relative_position = max_rel_pos
+        self.rel_pos_embeddings = nn.Parameter(torch.empty(max_rel_pos * 2 + 1, dim))
+        nn.init.xavier_uniform_(self.rel_pos_embeddings)
+
+    def forward(self, length_q, length_k=None):
+        length_k = length_q if length_k is None else length_k
+        distance_mat = torch.arange(length_k)[None, :] - torch.arange(length_q)[:, None]
+        clipped = torch.clamp(distance_mat, -self.max_relative_position, self.max_relative_position)
+        return self.rel_pos_embeddings[clipped + self.max_relative_position]
+
+
+class PositionRelativeSymbolRetriever(nn.Module):
+    def __init__(self, symbol_dim, max_rel_pos):
+        super().__init__()
+        self.rel_pos_enc = RelativePositionalEncoding(symbol_dim, max_rel_pos)
+
+    def forward(self, x):
+        return self.rel_pos_enc(x.shape[1])
+
+
+class DualAttentionWithRetriever(DualAttention):
+    def __init__(self, symbol_retriever, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.symbol_retriever = symbol_retriever
+
+    def forward(self, x, is_causal=False):
+        return super().forward(x, self.symbol_retriever(x), is_causal=is_causal)[0]

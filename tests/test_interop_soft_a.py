@@ -97,6 +97,23 @@ def test_parlai_poly_encoder(n_codes, codes_type, poly_type):
         assert not bad.passed and "codes_attention_type" in str(bad)
 
 
+@pytest.mark.parametrize("retriever,sym,causal,nkv,bias", [
+    ("symbolic", False, False, None, True), ("positional", True, True, 1, False), ("relative", False, True, None, False)])
+def test_abstract_transformer_dual_attention(retriever, sym, causal, nkv, bias):
+    torch.manual_seed(10)
+    ra = {"symmetric_rels": sym, "use_relative_positional_symbols": retriever == "relative", "add_bias_kv": bias,
+          "add_bias_out": bias}
+    if nkv:
+        ra["n_kv_heads"] = nkv
+    sr = {"symbolic": lambda: U.SymbolicAttention(8, 2, 3), "positional": lambda: U.PositionalSymbolRetriever(8, 20),
+          "relative": lambda: U.PositionRelativeSymbolRetriever(8, 2)}[retriever]()
+    m = U.DualAttentionWithRetriever(sr, 8, 2, 2, sa_kwargs={"add_bias_kv": bias}, ra_kwargs=ra)
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.mul_(2.0)
+    _assert_pass(check_module(m, "relational_attention", config={"is_causal": causal}))
+
+
 _MODULES = {
     "swin_window_attention": (lambda: U.WindowAttentionV2(6, (2, 2), 2), {},
                               ("relative_position_index", "relative_coords_table")),
@@ -107,6 +124,8 @@ _MODULES = {
     "reversed_attention_dependencyvit": (lambda: U.ReversedAttention(8, 2, qkv_bias=True), {}, ()),
     "persistent_memory_attention": (lambda: U.MultiHeadSeqAttention(6, 2, 4, 3), {}, ()),
     "poly_encoder_attention": (lambda: U.PolyEncoderModule(4, 5), {}, ()),
+    "relational_attention": (lambda: U.DualAttentionWithRetriever(U.SymbolicAttention(8, 2, 3), 8, 2, 2, ra_kwargs={
+        "add_bias_kv": True, "add_bias_out": True}), {}, ()),
     "hat_hybrid_attention": (lambda: U.HAB(6, (6, 6), 2, window_size=2, squeeze_factor=3), {}, ()),
 }
 

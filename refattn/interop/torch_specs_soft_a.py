@@ -241,6 +241,33 @@ def _poly_call(module, inp, cfg):
     return module.score(rep, rep.new_ones(ctxt.shape[0], module.n_codes).byte(), cand)
 
 
+# ---- Abstract Transformer DualAttention (self_attention + relational_attention) with the model's symbol
+# retriever (symbol_retriever.*, the kind read from its keys); with symmetric_rels upstream ties wk_rel to
+# wq_rel (both keys in the state_dict): wk_rel is read and dropped
+
+_DUAL_W = Named(r"(self_attention\.w[qkvo]|relational_attention\.(w[qk]_(attn|rel)|w[vo])|symbol_retriever\.q_proj)"
+                r"\.weight", True)
+_DUAL_B = Named(r"(self_attention\.w[kvo]|relational_attention\.(wk_attn|w[vo]))\.bias|relational_attention\.wr"
+                r"|symbol_retriever\.(q_proj\.bias|template_features|symbol_library(\.weight)?"
+                r"|rel_pos_enc\.rel_pos_embeddings)", False)
+
+
+def _dual_rules(config):
+    tied = [Derived(r"relational_attention\.wk_rel\.weight")] if config.get("symmetric_rels", False) else []
+    return tied + [_DUAL_W, _DUAL_B]
+
+
+def _dual_infer(keys):
+    kind = ("positional_symbols" if "symbol_retriever.symbol_library.weight" in keys else
+            "position_relative" if "symbol_retriever.rel_pos_enc.rel_pos_embeddings" in keys else "symbolic_attention")
+    return {"symbol_retrieval": kind}
+
+
+def _dual_build(rng, p, cfg, z):
+    w = p["self_attention.wq.weight" if "self_attention.wq.weight" in p else "relational_attention.wq_attn.weight"]
+    return {"x": rng.standard_normal((z["b"], z["n"], w.shape[0]))}, {}
+
+
 _SPECS = [
     Spec("swin_window_attention",
          "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
@@ -303,6 +330,17 @@ _SPECS = [
          "context encoder's output, then score(); its encoder_ctxt/encoder_cand weights are not the record's: "
          "pass prefix or strict=False)",
          rules=[Named(r"codes", False)], required=("codes",), call=_poly_call, build=_poly_build),
+    Spec("relational_attention",
+         "Awni00/abstract_transformer dual_attention.py, relational_attention.py, attention.py, symbol_retrieval.py@"
+         "b7da583 (DualAttention with RelationalAttention, rel_activation identity, no RoPE; symbols from the "
+         "model's symbol_retriever (SymbolicAttention, PositionalSymbolRetriever or PositionRelativeSymbolRetriever) "
+         "on the layer input: module(x, is_causal=) of a holder with the three)",
+         rules=_dual_rules, required=(), call=lambda module, inp, cfg: module(inp["x"],
+                                                                              is_causal=cfg.get("is_causal", False)),
+         build=_dual_build, infer=_dual_infer,
+         attrs={"n_heads_sa": "n_heads_sa", "n_heads_ra": "n_heads_ra", "symbolic_n_heads": "symbol_retriever.n_heads",
+                "n_relations": "relational_attention.n_relations", "n_kv_heads": "relational_attention.n_kv_heads",
+                "symmetric_rels": "relational_attention.symmetric_rels"}),
     Spec("hat_hybrid_attention",
          "XPixelGroup/HAT hat/archs/hat_arch.py@1638a9a (HAB with CAB/ChannelAttention/WindowAttention, or OCAB, "
          "by the keys; forward(x, x_size, rpi[, attn_mask]) with HAT.calculate_rpi_sa/_rpi_oca/calculate_mask)",
