@@ -853,3 +853,47 @@ class DualAttentionWithRetriever(DualAttention):
 
     def forward(self, x, is_causal=False):
         return super().forward(x, self.symbol_retriever(x), is_causal=is_causal)[0]
+
+
+# huggingface/transformers@v4.46.3 src/transformers/models/bert/modeling_bert.py: BertSelfAttention (eager,
+# self-attention, no past_key_value; position_embedding_type "relative_key_query" / "relative_key"); dropout
+# omitted; config fields as constructor arguments
+class BertSelfAttention(nn.Module):
+    def __init__(self, hidden_size, num_attention_heads, max_position_embeddings,
+                 position_embedding_type="relative_key_query"):
+        super().__init__()
+        self.num_attention_heads = num_attention_heads
+        self.attention_head_size = hidden_size // num_attention_heads
+        self.all_head_size = self.num_attention_heads * self.attention_head_size
+        self.query = nn.Linear(hidden_size, self.all_head_size)
+        self.key = nn.Linear(hidden_size, self.all_head_size)
+        self.value = nn.Linear(hidden_size, self.all_head_size)
+        self.position_embedding_type = position_embedding_type
+        self.max_position_embeddings = max_position_embeddings
+        self.distance_embedding = nn.Embedding(2 * max_position_embeddings - 1, self.attention_head_size)
+
+    def transpose_for_scores(self, x):
+        return x.view(x.size()[:-1] + (self.num_attention_heads, self.attention_head_size)).permute(0, 2, 1, 3)
+
+    def forward(self, hidden_states, attention_mask=None):
+        query_layer = self.transpose_for_scores(self.query(hidden_states))
+        key_layer = self.transpose_for_scores(self.key(hidden_states))
+        value_layer = self.transpose_for_scores(self.value(hidden_states))
+        attention_scores = torch.matmul(query_layer, key_layer.transpose(-1, -2))
+        query_length, key_length = query_layer.shape[2], key_layer.shape[2]
+        position_ids_l = torch.arange(query_length, dtype=torch.long).view(-1, 1)
+        position_ids_r = torch.arange(key_length, dtype=torch.long).view(1, -1)
+        distance = position_ids_l - position_ids_r
+        positional_embedding = self.distance_embedding(distance + self.max_position_embeddings - 1)
+        positional_embedding = positional_embedding.to(dtype=query_layer.dtype)
+        if self.position_embedding_type == "relative_key":
+            attention_scores = attention_scores + torch.einsum("bhld,lrd->bhlr", query_layer, positional_embedding)
+        elif self.position_embedding_type == "relative_key_query":
+            attention_scores = (attention_scores + torch.einsum("bhld,lrd->bhlr", query_layer, positional_embedding)
+                                + torch.einsum("bhrd,lrd->bhlr", key_layer, positional_embedding))
+        attention_scores = attention_scores / math.sqrt(self.attention_head_size)
+        if attention_mask is not None:
+            attention_scores = attention_scores + attention_mask
+        context_layer = torch.matmul(nn.functional.softmax(attention_scores, dim=-1), value_layer)
+        context_layer = context_layer.permute(0, 2, 1, 3).contiguous()
+        return (context_layer.view(context_layer.size()[:-2] + (self.all_head_size,)),)

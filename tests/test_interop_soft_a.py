@@ -114,6 +114,16 @@ def test_abstract_transformer_dual_attention(retriever, sym, causal, nkv, bias):
     _assert_pass(check_module(m, "relational_attention", config={"is_causal": causal}))
 
 
+@pytest.mark.parametrize("kind,heads", [("relative_key_query", 2), ("relative_key", 3)])
+def test_bert_relative_key_query(kind, heads):
+    torch.manual_seed(11)
+    m = U.BertSelfAttention(6, heads, 16, position_embedding_type=kind)
+    _assert_pass(check_module(m, "rpe_key_query_huang", config={"position_embedding_type": kind}))
+    if kind == "relative_key":
+        bad = check_module(m, "rpe_key_query_huang", cases=["small"], seeds=[0])
+        assert not bad.passed and "position_embedding_type" in str(bad)
+
+
 _MODULES = {
     "swin_window_attention": (lambda: U.WindowAttentionV2(6, (2, 2), 2), {},
                               ("relative_position_index", "relative_coords_table")),
@@ -126,6 +136,7 @@ _MODULES = {
     "poly_encoder_attention": (lambda: U.PolyEncoderModule(4, 5), {}, ()),
     "relational_attention": (lambda: U.DualAttentionWithRetriever(U.SymbolicAttention(8, 2, 3), 8, 2, 2, ra_kwargs={
         "add_bias_kv": True, "add_bias_out": True}), {}, ()),
+    "rpe_key_query_huang": (lambda: U.BertSelfAttention(6, 2, 16), {}, ()),
     "hat_hybrid_attention": (lambda: U.HAB(6, (6, 6), 2, window_size=2, squeeze_factor=3), {}, ()),
 }
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Derived, Named, Spec, Strip, add_specs, call_x
+from .torch_specs import Derived, Named, Spec, Strip, add_specs, call_x, x_build
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -268,6 +268,17 @@ def _dual_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], z["n"], w.shape[0]))}, {}
 
 
+# ---- BERT BertSelfAttention with relative distance embeddings (transformers 4.x): forward(hidden_states)[0]
+
+
+def _bert_call(module, inp, cfg):
+    kind = getattr(module, "position_embedding_type", None)
+    if kind != cfg.get("position_embedding_type", "relative_key_query"):
+        raise ValueError(f"rpe_key_query_huang: the module's position_embedding_type is {kind!r}; pass "
+                         f"config={{'position_embedding_type': {kind!r}}} (refattn's default is 'relative_key_query')")
+    return module(inp["x"])[0]
+
+
 _SPECS = [
     Spec("swin_window_attention",
          "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
@@ -341,6 +352,15 @@ _SPECS = [
          attrs={"n_heads_sa": "n_heads_sa", "n_heads_ra": "n_heads_ra", "symbolic_n_heads": "symbol_retriever.n_heads",
                 "n_relations": "relational_attention.n_relations", "n_kv_heads": "relational_attention.n_kv_heads",
                 "symmetric_rels": "relational_attention.symmetric_rels"}),
+    Spec("rpe_key_query_huang",
+         "huggingface/transformers src/transformers/models/bert/modeling_bert.py@v4.46.3 (BertSelfAttention, eager, "
+         "position_embedding_type 'relative_key_query' or 'relative_key' as config; forward(hidden_states)[0], "
+         "the context layer; N <= max_position_embeddings as upstream)",
+         rules=[Named(r"(query|key|value)\.weight", True),
+                Named(r"(query|key|value)\.bias|distance_embedding\.weight", False)],
+         required=("query.weight", "key.weight", "value.weight", "distance_embedding.weight"),
+         call=_bert_call, build=x_build("query.weight"),
+         attrs={"num_attention_heads": "num_attention_heads", "max_position_embeddings": "max_position_embeddings"}),
     Spec("hat_hybrid_attention",
          "XPixelGroup/HAT hat/archs/hat_arch.py@1638a9a (HAB with CAB/ChannelAttention/WindowAttention, or OCAB, "
          "by the keys; forward(x, x_size, rpi[, attn_mask]) with HAT.calculate_rpi_sa/_rpi_oca/calculate_mask)",
