@@ -897,3 +897,27 @@ class BertSelfAttention(nn.Module):
         context_layer = torch.matmul(nn.functional.softmax(attention_scores, dim=-1), value_layer)
         context_layer = context_layer.permute(0, 2, 1, 3).contiguous()
         return (context_layer.view(context_layer.size()[:-2] + (self.all_head_size,)),)
+
+
+# Strawberry-Eat-Mango/PCT_Pytorch@471ad3a model.py: SA_Layer (q_conv's weight tied to k_conv's, as upstream)
+class SA_Layer(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.q_conv = nn.Conv1d(channels, channels // 4, 1, bias=False)
+        self.k_conv = nn.Conv1d(channels, channels // 4, 1, bias=False)
+        self.q_conv.weight = self.k_conv.weight
+        self.q_conv.bias = self.k_conv.bias
+        self.v_conv = nn.Conv1d(channels, channels, 1)
+        self.trans_conv = nn.Conv1d(channels, channels, 1)
+        self.after_norm = nn.BatchNorm1d(channels)
+        self.act = nn.ReLU()
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x):
+        x_q = self.q_conv(x).permute(0, 2, 1)
+        x_k = self.k_conv(x)
+        x_v = self.v_conv(x)
+        attention = self.softmax(torch.bmm(x_q, x_k))
+        attention = attention / (1e-9 + attention.sum(dim=1, keepdim=True))
+        x_r = torch.bmm(x_v, attention)
+        return x + self.act(self.after_norm(self.trans_conv(x - x_r)))

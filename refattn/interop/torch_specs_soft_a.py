@@ -11,6 +11,8 @@ imports this one). The reference modules the tests run are in ``tests/_upstream_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .torch_specs import Derived, Named, Spec, Strip, add_specs, call_x, x_build
@@ -279,6 +281,43 @@ def _bert_call(module, inp, cfg):
     return module(inp["x"])[0]
 
 
+# ---- PCT_Pytorch SA_Layer: forward(x (B, C, N)); 1x1 Conv1d weights (C_out, C_in, 1) are refattn's (C_in, C_out);
+# q_conv.weight IS k_conv.weight upstream (named_parameters lists it as q_conv.weight): refattn's k_conv.weight
+# is read from q_conv.weight and the k_conv.weight alias is dropped; BatchNorm1d's running statistics are
+# refattn's config (bn_mode="eval", running_mean=, running_var=), and the call runs after_norm in the mode
+# bn_mode names (refattn's default "train": batch statistics, as upstream in training)
+
+
+@dataclass(frozen=True)
+class _Conv1x1:
+    """A kernel-1 ``Conv1d`` weight ``up (C_out, C_in, 1)`` as refattn's ``ref (C_in, C_out)``."""
+
+    ref: str
+    up: str
+
+    def load(self, view, out):
+        a = view.get(self.up)
+        if a.ndim != 3 or a.shape[2] != 1:
+            raise ValueError(f"params_from_state_dict[{view.slug}]: {view.prefix + self.up} must be a kernel-1 Conv1d "
+                             f"weight (C_out, C_in, 1); got shape {a.shape}")
+        out[self.ref] = a[:, :, 0].T.copy()
+
+    def save(self, grads, out, used):
+        if self.ref in grads:
+            used.add(self.ref)
+            out[self.up] = np.asarray(grads[self.ref]).T[:, :, None].copy()
+
+
+def _pct_build(rng, p, cfg, z):
+    """At least two points: BatchNorm1d in train mode needs more than one value per channel (torch raises)."""
+    return {"x": rng.standard_normal((z["b"], max(z["n"], 2), p["v_conv.weight"].shape[0]))}, {}
+
+
+def _pct_call(module, inp, cfg):
+    module.after_norm.train(cfg.get("bn_mode", "train") == "train")
+    return module(inp["x"].transpose(1, 2)).transpose(1, 2)
+
+
 _SPECS = [
     Spec("swin_window_attention",
          "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
@@ -361,6 +400,16 @@ _SPECS = [
          required=("query.weight", "key.weight", "value.weight", "distance_embedding.weight"),
          call=_bert_call, build=x_build("query.weight"),
          attrs={"num_attention_heads": "num_attention_heads", "max_position_embeddings": "max_position_embeddings"}),
+    Spec("pct_offset_attention",
+         "Strawberry-Eat-Mango/PCT_Pytorch model.py@471ad3a (SA_Layer, the PyTorch port of the Jittor MenghaoGuo/PCT; "
+         "forward(x (B, C, N)); q_conv.weight is k_conv.weight; after_norm run in bn_mode, its running statistics "
+         "passed as config running_mean/running_var for bn_mode='eval')",
+         rules=[_Conv1x1("k_conv.weight", "q_conv.weight"), _Conv1x1("v_conv.weight", "v_conv.weight"),
+                _Conv1x1("trans_conv.weight", "trans_conv.weight"),
+                Named(r"(v_conv|trans_conv)\.bias|after_norm\.(weight|bias)", False),
+                Derived(r"k_conv\.weight|after_norm\.(running_mean|running_var|num_batches_tracked)")],
+         required=("q_conv.weight", "v_conv.weight", "trans_conv.weight", "after_norm.weight"),
+         call=_pct_call, build=_pct_build, attrs={"bn_eps": "after_norm.eps"}),
     Spec("hat_hybrid_attention",
          "XPixelGroup/HAT hat/archs/hat_arch.py@1638a9a (HAB with CAB/ChannelAttention/WindowAttention, or OCAB, "
          "by the keys; forward(x, x_size, rpi[, attn_mask]) with HAT.calculate_rpi_sa/_rpi_oca/calculate_mask)",
