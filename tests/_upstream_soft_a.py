@@ -921,3 +921,68 @@ class SA_Layer(nn.Module):
         attention = attention / (1e-9 + attention.sum(dim=1, keepdim=True))
         x_r = torch.bmm(x_v, attention)
         return x + self.act(self.after_norm(self.trans_conv(x - x_r)))
+
+
+# wuw2135/ReflexSplit@268c213 models/arch/reflexsplit.py: DifferentialDualStreamAttention (forward_sa, forward_ca;
+# lambda_init_fn's value is unused by both and left out; dropout omitted)
+class DifferentialDualStreamAttention(nn.Module):
+    def __init__(self, dim, window_size, num_heads, depth=1, qkv_bias=True, qk_scale=None):
+        super().__init__()
+        self.dim, self.window_size, self.num_heads = dim, window_size, num_heads
+        self.head_dim = dim // num_heads
+        self.scale = qk_scale or self.head_dim ** -0.5
+        self.lambda_sa = nn.Parameter(torch.tensor(0.1))
+        self.lambda_ca = nn.Parameter(torch.tensor(0.1))
+        self.sa_qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.sa_cross_trans_proj = nn.Linear(dim, dim, bias=False)
+        self.sa_cross_refl_proj = nn.Linear(dim, dim, bias=False)
+        self.sa_enhance_weight = nn.Parameter(torch.tensor(0.1))
+        self.ca_q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.ca_kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+        self.ca_cross_trans_proj = nn.Linear(dim, dim, bias=False)
+        self.ca_cross_refl_proj = nn.Linear(dim, dim, bias=False)
+        self.ca_enhance_weight = nn.Parameter(torch.tensor(0.1))
+        self.relative_position_bias_table = nn.Parameter(
+            0.02 * torch.randn((2 * window_size[0] - 1) * (2 * window_size[1] - 1), num_heads))
+        self.register_buffer("relative_position_index", _swin_relative_position_index(*window_size))
+        self.proj_sa = nn.Linear(dim, dim)
+        self.proj_ca = nn.Linear(dim, dim)
+        self.softmax = nn.Softmax(dim=-1)
+
+    def _bias(self, N):
+        table = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+        return table.view(N, N, -1).permute(2, 0, 1).contiguous().unsqueeze(0)
+
+    def _diff(self, q_t, k_t, v_t, q_r, k_r, v_r, lam, proj, B, N, C):
+        attn_t = self.softmax((q_t * self.scale) @ k_t.transpose(-2, -1) + self._bias(N))
+        attn_r = self.softmax((q_r * self.scale) @ k_r.transpose(-2, -1) + self._bias(N))
+        lam = torch.clamp(torch.sigmoid(lam), 0.01, 0.99)
+        out_t = ((attn_t - lam * attn_r) @ v_t).transpose(1, 2).reshape(B, N, C)
+        out_r = ((attn_r - lam * attn_t) @ v_r).transpose(1, 2).reshape(B, N, C)
+        return proj(out_t), proj(out_r)
+
+    def forward_sa(self, x_concat):
+        B2, N, C = x_concat.shape
+        B = B2 // 2
+        x_t, x_r = x_concat[:B], x_concat[B:]
+        t_e = x_t + self.sa_enhance_weight * self.sa_cross_refl_proj(x_r)
+        r_e = x_r + self.sa_enhance_weight * self.sa_cross_trans_proj(x_t)
+        qkv_t = self.sa_qkv(t_e).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkv_r = self.sa_qkv(r_e).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        out_t, out_r = self._diff(qkv_t[0], qkv_t[1], qkv_t[2], qkv_r[0], qkv_r[1], qkv_r[2], self.lambda_sa,
+                                  self.proj_sa, B, N, C)
+        return torch.cat([out_t, out_r], dim=0)
+
+    def forward_ca(self, x_concat):
+        B, N2, C = x_concat.shape
+        N = N2 // 2
+        x_t, x_r = x_concat[:, :N, :], x_concat[:, N:, :]
+        t_e = x_t + self.ca_enhance_weight * self.ca_cross_refl_proj(x_r)
+        r_e = x_r + self.ca_enhance_weight * self.ca_cross_trans_proj(x_t)
+        q_t = self.ca_q(t_e).reshape(B, N, self.num_heads, self.head_dim).permute(0, 2, 1, 3)
+        q_r = self.ca_q(r_e).reshape(B, N, self.num_heads, self.head_dim).permute(0, 2, 1, 3)
+        kv = self.ca_kv(torch.cat([t_e, r_e], dim=-2)).reshape(B, N2, 2, self.num_heads, self.head_dim)
+        k, v = kv.permute(2, 0, 3, 1, 4)
+        out_t, out_r = self._diff(q_t, k[:, :, :N], v[:, :, :N], q_r, k[:, :, N:], v[:, :, N:], self.lambda_ca,
+                                  self.proj_ca, B, N, C)
+        return torch.cat([out_t, out_r], dim=-2)

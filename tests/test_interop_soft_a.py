@@ -138,6 +138,14 @@ def test_pct_sa_layer(channels, bn_mode):
     _assert_pass(check_module(m, "pct_offset_attention", config=cfg))
 
 
+@pytest.mark.parametrize("branch,window,heads,bias", [("sa", (2, 3), 2, True), ("ca", (2, 2), 2, True),
+                                                     ("ca", (3, 2), 1, False)])
+def test_reflexsplit_dual_stream_attention(branch, window, heads, bias):
+    torch.manual_seed(13)
+    m = _jitter(U.DifferentialDualStreamAttention(8, window, heads, qkv_bias=bias))
+    _assert_pass(check_module(m, "reflexsplit_dual_stream_attention", config={"branch": branch, "window_size": window}))
+
+
 _MODULES = {
     "swin_window_attention": (lambda: U.WindowAttentionV2(6, (2, 2), 2), {},
                               ("relative_position_index", "relative_coords_table")),
@@ -154,6 +162,10 @@ _MODULES = {
     "pct_offset_attention": (lambda: U.SA_Layer(8), {},  # k_conv.weight: the alias of q_conv.weight
                              ("k_conv.weight", "after_norm.running_mean", "after_norm.running_var",
                               "after_norm.num_batches_tracked")),
+    "reflexsplit_dual_stream_attention": (lambda: U.DifferentialDualStreamAttention(8, (2, 3), 2), {"branch": "ca"},
+                                          ("relative_position_index", "sa_qkv.weight", "sa_qkv.bias", "lambda_sa",
+                                           "sa_cross_trans_proj.weight", "sa_cross_refl_proj.weight",
+                                           "sa_enhance_weight", "proj_sa.weight", "proj_sa.bias")),
     "hat_hybrid_attention": (lambda: U.HAB(6, (6, 6), 2, window_size=2, squeeze_factor=3), {}, ()),
 }
 

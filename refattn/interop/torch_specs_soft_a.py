@@ -318,6 +318,46 @@ def _pct_call(module, inp, cfg):
     return module(inp["x"].transpose(1, 2)).transpose(1, 2)
 
 
+# ---- ReflexSplit DifferentialDualStreamAttention: forward_sa(cat([x_T, x_R], 0)) or forward_ca(cat([x_T, x_R], -2))
+# by config branch (refattn's x (B, 2, N, C)); the other branch's parameters are read and dropped
+
+_REFLEX = {"sa": r"sa_qkv\.(weight|bias)|sa_cross_(trans|refl)_proj\.weight|sa_enhance_weight|lambda_sa|proj_sa\.(weight|bias)",
+           "ca": r"ca_(q|kv)\.(weight|bias)|ca_cross_(trans|refl)_proj\.weight|ca_enhance_weight|lambda_ca"
+                 r"|proj_ca\.(weight|bias)"}
+
+
+def _reflex_rules(config):
+    br = config.get("branch", "sa")
+    return [Named(rf"({br}_qkv|{br}_q|{br}_kv|{br}_cross_(trans|refl)_proj|proj_{br})\.weight", True),
+            Named(rf"({br}_qkv|{br}_q|{br}_kv|proj_{br})\.bias|{br}_enhance_weight|lambda_{br}"
+                  r"|relative_position_bias_table", False),
+            Derived(_REFLEX["ca" if br == "sa" else "sa"] + r"|relative_position_index")]
+
+
+def _reflex_infer(keys):
+    return {"qkv_bias": "sa_qkv.bias" in keys or "ca_q.bias" in keys}
+
+
+def _reflex_build(rng, p, cfg, z):
+    wh, ww = cfg["window_size"]
+    c = p[f"proj_{cfg.get('branch', 'sa')}.weight"].shape[0]
+    return {"x": rng.standard_normal((z["b"], 2, wh * ww, c))}, {}
+
+
+def _reflex_call(module, inp, cfg):
+    import torch
+
+    if tuple(module.window_size) != tuple(cfg["window_size"]):
+        raise ValueError(f"reflexsplit_dual_stream_attention: config window_size {cfg['window_size']} is not the "
+                         f"module's {tuple(module.window_size)}")
+    x = inp["x"]
+    if cfg.get("branch", "sa") == "sa":
+        y = module.forward_sa(torch.cat([x[:, 0], x[:, 1]], dim=0)).chunk(2, dim=0)
+    else:
+        y = module.forward_ca(torch.cat([x[:, 0], x[:, 1]], dim=-2)).chunk(2, dim=-2)
+    return torch.stack(y, dim=1)
+
+
 _SPECS = [
     Spec("swin_window_attention",
          "microsoft/Swin-Transformer models/swin_transformer.py, models/swin_transformer_v2.py@f82860b "
@@ -410,6 +450,12 @@ _SPECS = [
                 Derived(r"k_conv\.weight|after_norm\.(running_mean|running_var|num_batches_tracked)")],
          required=("q_conv.weight", "v_conv.weight", "trans_conv.weight", "after_norm.weight"),
          call=_pct_call, build=_pct_build, attrs={"bn_eps": "after_norm.eps"}),
+    Spec("reflexsplit_dual_stream_attention",
+         "wuw2135/ReflexSplit models/arch/reflexsplit.py@268c213 (DifferentialDualStreamAttention; forward_sa or "
+         "forward_ca by config branch, on the two streams' windows concatenated as DifferentialDualAttention"
+         "InteractiveBlock does; config window_size = the module's)",
+         rules=_reflex_rules, required=("relative_position_bias_table",), call=_reflex_call, build=_reflex_build,
+         infer=_reflex_infer, attrs={"num_heads": "num_heads", "scale": "scale"}),
     Spec("hat_hybrid_attention",
          "XPixelGroup/HAT hat/archs/hat_arch.py@1638a9a (HAB with CAB/ChannelAttention/WindowAttention, or OCAB, "
          "by the keys; forward(x, x_size, rpi[, attn_mask]) with HAT.calculate_rpi_sa/_rpi_oca/calculate_mask)",
