@@ -1,0 +1,48 @@
+r"""Rows of the :mod:`refattn.interop.torch` table for a group of softmax-family mechanisms (group ``soft_b``).
+
+Each :class:`~refattn.interop.torch_specs.Spec` here maps a mechanism whose registry record's
+forward is the upstream module's forward and whose params carry the upstream names (``nn.Linear``
+weights transposed to ``(in, out)``); it is registered with
+:func:`~refattn.interop.torch_specs.add_specs` into the same
+:data:`~refattn.interop.torch_specs.SPECS` that :mod:`refattn.interop.torch` reads (that module
+imports this one). The reference modules the tests run are in ``tests/_upstream_soft_b.py``.
+"""
+
+from __future__ import annotations
+
+from .torch_specs import Named, Spec, add_specs, x_build
+
+__all__ = ["GROUP_SLUGS"]
+
+
+# ---- CoCA LlamaAttention (t_proj instead of k_proj): forward(hidden_states, attention_mask, position_ids)
+
+
+def _coca_call(module, inp, cfg):
+    """Upstream ``LlamaAttention.forward`` with ``position_ids = arange(N)`` and, when causal, the
+    additive ``(B, 1, N, N)`` mask at ``finfo.min`` that ``LlamaModel`` builds; returns the output."""
+    import torch
+
+    x = inp["x"]
+    b, n, _ = x.shape
+    mask = None
+    if cfg.get("is_causal", True):
+        mask = torch.full((n, n), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)[None, None].expand(b, 1, n, n)
+    return module(x, attention_mask=mask, position_ids=torch.arange(n)[None].expand(b, n))[0]
+
+
+_SPECS = [
+    Spec("coca_collinear_attention", "codefuse-ai/Collinear-Constrained-Attention model/llama/modeling_llama.py@79bee17 "
+         "(LlamaAttention with t_proj; forward(x, attention_mask=causal finfo.min mask or None, "
+         "position_ids=arange(N)); coca_mode='code', the released einsum)",
+         rules=[Named(r"(q|t|v|o)_proj\.weight", True), Named(r"(q|t|v|o)_proj\.bias", False)],
+         required=("q_proj.weight", "t_proj.weight", "v_proj.weight", "o_proj.weight"),
+         call=_coca_call, build=x_build("q_proj.weight"),
+         attrs={"num_heads": "num_heads", "num_key_value_heads": "num_key_value_heads", "rope_theta": "rotary_emb.base"},
+         defaults={"coca_mode": "code", "is_causal": True}),
+]
+
+add_specs(*_SPECS)
+
+GROUP_SLUGS = tuple(s.key for s in _SPECS)
+"""The keys this module adds to :data:`~refattn.interop.torch_specs.SPECS`."""

@@ -1,0 +1,54 @@
+"""refattn.interop.torch rows of group ``soft_b`` (refattn/interop/torch_specs_soft_b.py) against the
+upstream modules restated in tests/_upstream_soft_b.py (file@commit in their comments), in float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import _upstream_soft_b as U  # noqa: E402
+
+from refattn.interop.torch import check_module, grads_to_state_dict, params_from_state_dict, supported_slugs  # noqa: E402
+
+
+def _assert_pass(report):
+    assert report.passed, "\n" + str(report)
+    return report
+
+
+@pytest.mark.parametrize("hidden,heads,kv_heads,causal,bias", [
+    (8, 2, 2, True, False), (8, 4, 1, True, False), (12, 3, 1, False, True)])
+def test_coca_llama_attention(hidden, heads, kv_heads, causal, bias):
+    torch.manual_seed(1)
+    m = U.CocaLlamaAttention(hidden, heads, kv_heads, base=100.0, bias=bias)
+    _assert_pass(check_module(m, "coca_collinear_attention", config={"is_causal": causal}))
+
+
+# ------------------------------------------------------------------------------ every row of the group
+
+_MODULES = {
+    "coca_collinear_attention": (lambda: U.CocaLlamaAttention(8, 4, 2, bias=True), {}, ()),
+}
+
+
+def test_soft_b_specs_are_registered():
+    from refattn.interop.torch_specs_soft_b import GROUP_SLUGS
+
+    assert set(GROUP_SLUGS) <= set(supported_slugs())
+    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+
+
+@pytest.mark.parametrize("slug", sorted(_MODULES))
+def test_soft_b_specs_map_state_dict_and_grads_back(slug):
+    make, cfg, derived = _MODULES[slug]
+    torch.manual_seed(4)
+    sd = make().double().state_dict()
+    p = params_from_state_dict(slug, sd, **cfg)
+    assert not set(derived) & set(p)
+    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
+    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
+    for k, v in sd.items():
+        if k not in derived:
+            np.testing.assert_array_equal(back["attn." + k], v.numpy())
