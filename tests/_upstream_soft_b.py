@@ -68,3 +68,80 @@ class CocaLlamaAttention(nn.Module):
             w = w + attention_mask
         out = torch.matmul(F.softmax(w, dim=-1), v).transpose(1, 2).reshape(b, n, self.hidden_size)
         return self.o_proj(out), None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# lsj2408/URPE@47b711f85be5de010deeafa9d8788d399912c3a2 fairseq/modules/transformer_sentence_encoder.py:
+# relative_position_bucket and TransformerSentenceEncoder (the rp_bias / ur_rp_bias tables, their buckets and
+# padding fills), around fairseq/modules/multihead_attention.py: MultiheadAttention (self_attention=True) with
+# rel_pos_bias added before and ur_rel_pos_bias multiplied after the softmax. One attention layer only: the
+# encoder's tables and one layer's self_attn.{q,k,v,out}_proj under one module; token-major (B, N, C) in and
+# out. Deviations: dropout omitted (eval); the softmax without fairseq's float32 upcast.
+
+
+def _relative_position_bucket(relative_position, num_buckets=32, max_distance=128):
+    sign = torch.sign(relative_position)
+    num_buckets //= 2
+    n = torch.abs(relative_position)
+    max_exact = num_buckets // 2
+    large = max_exact + (torch.log(n.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return torch.where(n < max_exact, n, large) * sign
+
+
+def _urpe_bucket(max_seq_len, unique, num_buckets, max_distance):
+    rel = torch.arange(max_seq_len)[None, :] - torch.arange(max_seq_len)[:, None]
+    if unique:
+        return rel - rel.min()
+    b = _relative_position_bucket(rel, num_buckets=num_buckets, max_distance=max_distance)
+    b[b >= 0] += 2
+    return b - b.min()
+
+
+class UrpeSelfAttention(nn.Module):
+    def __init__(self, embed_dim, num_attention_heads, max_seq_len, rel_pos=True, rel_pos_unique=False, rp_bucket=64,
+                 max_rp=128, ur_attn=True, ur_attn_unique=False, ur_rp_bucket=64, ur_max_rp=128):
+        super().__init__()
+        self.num_attention_heads, self.max_seq_len = num_attention_heads, max_seq_len
+        self.head_dim = embed_dim // num_attention_heads
+        self.scaling = self.head_dim ** -0.5
+        self.q_proj, self.k_proj = nn.Linear(embed_dim, embed_dim), nn.Linear(embed_dim, embed_dim)
+        self.v_proj, self.out_proj = nn.Linear(embed_dim, embed_dim), nn.Linear(embed_dim, embed_dim)
+        self.rel_pos, self.rel_pos_unique, self.rp_bucket, self.max_rp = rel_pos, rel_pos_unique, rp_bucket, max_rp
+        self.ur_attn, self.ur_attn_unique = ur_attn, ur_attn_unique
+        self.ur_rp_bucket, self.ur_max_rp = ur_rp_bucket, ur_max_rp
+        if rel_pos:
+            self.bucket = _urpe_bucket(max_seq_len, rel_pos_unique, rp_bucket, max_rp)
+            self.rp_bias = nn.Embedding(rp_bucket + 1 if not rel_pos_unique else self.bucket.max() + 1,
+                                        num_attention_heads)
+        if ur_attn:
+            self.ur_bucket = _urpe_bucket(max_seq_len, ur_attn_unique, ur_rp_bucket, ur_max_rp)
+            self.ur_rp_bias = nn.Embedding(ur_rp_bucket + 1 if not ur_attn_unique else self.ur_bucket.max() + 1,
+                                           num_attention_heads)
+            with torch.no_grad():  # upstream's tables are trained; off the N(0, 1) init so both signs occur
+                self.ur_rp_bias.weight.add_(1.0)
+
+    def _table(self, bucket, emb, b, n, padding_mask, fill):
+        t = F.embedding(bucket[:n, :n], emb.weight).permute(2, 0, 1)[None].expand(b, -1, -1, -1)
+        if padding_mask is not None:
+            t = t.masked_fill(padding_mask[:, None, None, :], fill)
+        return t.reshape(b * self.num_attention_heads, n, n)
+
+    def forward(self, x, padding_mask=None):
+        b, n, c = x.shape
+        h, d = self.num_attention_heads, self.head_dim
+        x = x.transpose(0, 1)  # fairseq is time-major
+        q = self.q_proj(x) * self.scaling
+        k, v = self.k_proj(x), self.v_proj(x)
+        q, k, v = (t.reshape(n, b * h, d).transpose(0, 1) for t in (q, k, v))
+        w = torch.bmm(q, k.transpose(1, 2))
+        if padding_mask is not None:
+            w = w.view(b, h, n, n).masked_fill(padding_mask[:, None, None, :], float("-inf")).view(b * h, n, n)
+        if self.rel_pos:
+            w = w + self._table(self.bucket, self.rp_bias, b, n, padding_mask, float("-inf"))
+        w = F.softmax(w, dim=-1)
+        if self.ur_attn:
+            w = w * self._table(self.ur_bucket, self.ur_rp_bias, b, n, padding_mask, 0.0)
+        out = torch.bmm(w, v).transpose(0, 1).reshape(n, b, c)
+        return self.out_proj(out).transpose(0, 1)

@@ -26,10 +26,21 @@ def test_coca_llama_attention(hidden, heads, kv_heads, causal, bias):
     _assert_pass(check_module(m, "coca_collinear_attention", config={"is_causal": causal}))
 
 
+@pytest.mark.parametrize("kw", [
+    dict(rp_bucket=8, max_rp=16, ur_rp_bucket=8, ur_max_rp=16),
+    dict(rel_pos_unique=True, ur_attn_unique=True),
+    dict(rp_bucket=6, max_rp=12, ur_attn=False)])
+def test_urpe_self_attention(kw):
+    torch.manual_seed(2)
+    m = U.UrpeSelfAttention(6, 3, max_seq_len=20, **kw)
+    _assert_pass(check_module(m, "urpe_toeplitz_modulated_attention"))
+
+
 # ------------------------------------------------------------------------------ every row of the group
 
 _MODULES = {
     "coca_collinear_attention": (lambda: U.CocaLlamaAttention(8, 4, 2, bias=True), {}, ()),
+    "urpe_toeplitz_modulated_attention": (lambda: U.UrpeSelfAttention(6, 3, 20, rp_bucket=8, max_rp=16), {}, ()),
 }
 
 

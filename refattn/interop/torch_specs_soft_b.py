@@ -10,6 +10,8 @@ imports this one). The reference modules the tests run are in ``tests/_upstream_
 
 from __future__ import annotations
 
+import numpy as np
+
 from .torch_specs import Named, Spec, add_specs, x_build
 
 __all__ = ["GROUP_SLUGS"]
@@ -31,6 +33,28 @@ def _coca_call(module, inp, cfg):
     return module(x, attention_mask=mask, position_ids=torch.arange(n)[None].expand(b, n))[0]
 
 
+# ---- URPE: fairseq MultiheadAttention with the encoder's rp_bias / ur_rp_bias tables; forward(x, padding_mask)
+
+
+def _urpe_build(rng, p, cfg, z):
+    """Token-major ``x``; when a row has more than one key, the last key of the last row is padding
+    (fairseq's ``key_padding_mask``, True = pad), given to both sides."""
+    b, n = z["b"], z["n"]
+    inp = {"x": rng.standard_normal((b, n, p["q_proj.weight"].shape[0]))}
+    if n < 2:
+        return inp, {}
+    pad = np.zeros((b, n), dtype=bool)
+    pad[-1, -1] = True
+    return inp, {"key_padding_mask": pad}
+
+
+def _urpe_call(module, inp, cfg):
+    import torch
+
+    pad = cfg.get("key_padding_mask")
+    return module(inp["x"], None if pad is None else torch.from_numpy(np.asarray(pad, dtype=bool)))
+
+
 _SPECS = [
     Spec("coca_collinear_attention", "codefuse-ai/Collinear-Constrained-Attention model/llama/modeling_llama.py@79bee17 "
          "(LlamaAttention with t_proj; forward(x, attention_mask=causal finfo.min mask or None, "
@@ -40,6 +64,17 @@ _SPECS = [
          call=_coca_call, build=x_build("q_proj.weight"),
          attrs={"num_heads": "num_heads", "num_key_value_heads": "num_key_value_heads", "rope_theta": "rotary_emb.base"},
          defaults={"coca_mode": "code", "is_causal": True}),
+    Spec("urpe_toeplitz_modulated_attention", "lsj2408/URPE fairseq/modules/multihead_attention.py@47b711f "
+         "(MultiheadAttention, self_attention=True, with rel_pos_bias / ur_rel_pos_bias) and "
+         "fairseq/modules/transformer_sentence_encoder.py (TransformerSentenceEncoder's rp_bias / ur_rp_bias "
+         "tables and buckets; in the encoder they sit at the top level and the projections at "
+         "layers.{i}.self_attn.: give one dict with both); key_padding_mask drawn on the last key",
+         rules=[Named(r"(q|k|v|out)_proj\.weight", True),
+                Named(r"(q|k|v|out)_proj\.bias|(rp_bias|ur_rp_bias)\.weight", False)],
+         required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight"),
+         call=_urpe_call, build=_urpe_build,
+         attrs={k: k for k in ("max_seq_len", "rel_pos", "rel_pos_unique", "rp_bucket", "max_rp", "ur_attn",
+                               "ur_attn_unique", "ur_rp_bucket", "ur_max_rp")} | {"num_heads": "num_attention_heads"}),
 ]
 
 add_specs(*_SPECS)
