@@ -145,3 +145,19 @@ class UrpeSelfAttention(nn.Module):
             w = w * self._table(self.ur_bucket, self.ur_rp_bias, b, n, padding_mask, 0.0)
         out = torch.bmm(w, v).transpose(0, 1).reshape(n, b, c)
         return self.out_proj(out).transpose(0, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# HanseulJo/position-coupling@b9cad9476b1044a4232b2410ccfb7c6f758b6b36 src/model/modeling/custom_gpt2.py:
+# CustomGPT2Model's embedding step with position_encoding_type='abs_learned' (hidden_states = inputs_embeds +
+# wpe(position_ids)), called with inputs_embeds. Deviations: only the embedding step (no blocks, no token
+# types); dropout omitted (eval).
+
+
+class CoupledPositionEmbedding(nn.Module):
+    def __init__(self, max_position_embeddings: int, embed_dim: int):
+        super().__init__()
+        self.wpe = nn.Embedding(max_position_embeddings, embed_dim)
+
+    def forward(self, inputs_embeds, position_ids):
+        return inputs_embeds + self.wpe(position_ids)

@@ -36,10 +36,17 @@ def test_urpe_self_attention(kw):
     _assert_pass(check_module(m, "urpe_toeplitz_modulated_attention"))
 
 
+@pytest.mark.parametrize("positions,width", [(13, 4), (8, 3)])
+def test_position_coupling_wpe(positions, width):
+    torch.manual_seed(3)
+    _assert_pass(check_module(U.CoupledPositionEmbedding(positions, width), "position_coupling"))
+
+
 # ------------------------------------------------------------------------------ every row of the group
 
 _MODULES = {
     "coca_collinear_attention": (lambda: U.CocaLlamaAttention(8, 4, 2, bias=True), {}, ()),
+    "position_coupling": (lambda: U.CoupledPositionEmbedding(13, 4), {}, ()),
     "urpe_toeplitz_modulated_attention": (lambda: U.UrpeSelfAttention(6, 3, 20, rp_bucket=8, max_rp=16), {}, ()),
 }
 

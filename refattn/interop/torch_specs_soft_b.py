@@ -55,6 +55,22 @@ def _urpe_call(module, inp, cfg):
     return module(inp["x"], None if pad is None else torch.from_numpy(np.asarray(pad, dtype=bool)))
 
 
+# ---- Position coupling: CustomGPT2Model's abs_learned embedding, forward(inputs_embeds, position_ids)
+
+
+def _pc_build(rng, p, cfg, z):
+    """Token embeddings and coupled IDs: few distinct IDs, so tokens share rows (the scatter-add)."""
+    num, d = p["wpe.weight"].shape
+    ids = rng.integers(0, min(num, max(2, z["n"] // 2)), (z["b"], z["n"]))
+    return {"x": rng.standard_normal((z["b"], z["n"], d))}, {"position_ids": ids}
+
+
+def _pc_call(module, inp, cfg):
+    import torch
+
+    return module(inp["x"], torch.from_numpy(np.asarray(cfg["position_ids"], dtype=np.int64)))
+
+
 _SPECS = [
     Spec("coca_collinear_attention", "codefuse-ai/Collinear-Constrained-Attention model/llama/modeling_llama.py@79bee17 "
          "(LlamaAttention with t_proj; forward(x, attention_mask=causal finfo.min mask or None, "
@@ -75,6 +91,11 @@ _SPECS = [
          call=_urpe_call, build=_urpe_build,
          attrs={k: k for k in ("max_seq_len", "rel_pos", "rel_pos_unique", "rp_bucket", "max_rp", "ur_attn",
                                "ur_attn_unique", "ur_rp_bucket", "ur_max_rp")} | {"num_heads": "num_attention_heads"}),
+    Spec("position_coupling", "HanseulJo/position-coupling src/model/modeling/custom_gpt2.py@b9cad94 (CustomGPT2Model, "
+         "position_encoding_type='abs_learned': inputs_embeds + wpe(position_ids); the coupled IDs of "
+         "src/data/addition.py are the config position_ids)",
+         rules=[Named(r"wpe\.weight", False)], required=("wpe.weight",), call=_pc_call, build=_pc_build,
+         defaults={"position_ids": None}),  # None: the builder draws the IDs for each case
 ]
 
 add_specs(*_SPECS)
