@@ -161,3 +161,76 @@ class CoupledPositionEmbedding(nn.Module):
 
     def forward(self, inputs_embeds, position_ids):
         return inputs_embeds + self.wpe(position_ids)
+
+
+# ----------------------------------------------------------------------------------------------
+# bshall/Tacotron@6fee34a7c3a9d4ceb9215ed3063771a9287010e1 tacotron/model.py: DynamicConvolutionAttention
+# (forward(s, alpha) -> the next alignment; one decoder step). Deviation: the prior taps P are kept in
+# float64 (upstream: torch.FloatTensor, float32-rounded taps).
+
+
+class DynamicConvolutionAttention(nn.Module):
+    def __init__(self, attn_rnn_size, hidden_size, static_channels, static_kernel_size, dynamic_channels,
+                 dynamic_kernel_size, prior_length, alpha, beta):
+        super().__init__()
+        from scipy.stats import betabinom
+
+        self.prior_length, self.dynamic_channels = prior_length, dynamic_channels
+        self.dynamic_kernel_size = dynamic_kernel_size
+        taps = betabinom.pmf(range(prior_length), prior_length - 1, alpha, beta)
+        self.register_buffer("P", torch.from_numpy(taps.copy()).flip(0))
+        self.W = nn.Linear(attn_rnn_size, hidden_size)
+        self.V = nn.Linear(hidden_size, dynamic_channels * dynamic_kernel_size, bias=False)
+        self.F = nn.Conv1d(1, static_channels, static_kernel_size, padding=(static_kernel_size - 1) // 2, bias=False)
+        self.U = nn.Linear(static_channels, hidden_size, bias=False)
+        self.T = nn.Linear(dynamic_channels, hidden_size)
+        self.v = nn.Linear(hidden_size, 1, bias=False)
+
+    def forward(self, s, alpha):
+        b = s.size(0)
+        p = F.conv1d(F.pad(alpha.unsqueeze(1), (self.prior_length - 1, 0)), self.P.view(1, 1, -1))
+        p = torch.log(p.clamp_min(1e-6)).squeeze(1)
+        G = self.V(torch.tanh(self.W(s)))
+        g = F.conv1d(alpha.unsqueeze(0), G.view(-1, 1, self.dynamic_kernel_size),
+                     padding=(self.dynamic_kernel_size - 1) // 2, groups=b)
+        g = g.view(b, self.dynamic_channels, -1).transpose(1, 2)
+        f = self.F(alpha.unsqueeze(1)).transpose(1, 2)
+        e = self.v(torch.tanh(self.U(f) + self.T(g))).squeeze(-1) + p
+        return F.softmax(e, dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------
+# LeoniusChen/Attentions-in-Tacotron@82150125da901caf38c91647b9710b04bd572e8c gmm.py: GMMAttention on
+# attention_base.py: BahdanauAttention (whose query_layer and v are in the state_dict but unused by GMM);
+# init_attention(memory) then forward(query, memory, mask=None) per decoder step. Deviation: no mask.
+
+
+class GMMAttention(nn.Module):
+    def __init__(self, query_dim, attn_dim, K, version, score_mask_value=1e-8):
+        super().__init__()
+        self.query_layer = nn.Linear(query_dim, attn_dim, bias=False)  # BahdanauAttention's, unused here
+        self.v = nn.Linear(attn_dim, 1, bias=False)
+        self.score_mask_value, self.gmm_version, self.K, self.eps = score_mask_value, version, K, 1e-5
+        self.mlp = nn.Sequential(nn.Linear(query_dim, attn_dim, bias=True), nn.Tanh(), nn.Linear(attn_dim, 3 * K))
+
+    def init_attention(self, processed_memory):
+        b, t, _ = processed_memory.shape
+        self.mu_prev = processed_memory.new_zeros(b, self.K, 1)
+        self.j = torch.arange(t).view(1, 1, t)
+
+    def forward(self, query, processed_memory, mask=None):
+        w_hat, d_hat, s_hat = (t.squeeze(1) for t in self.mlp(query).view(query.size(0), -1, self.K).chunk(3, dim=1))
+        if self.gmm_version == "0":
+            sigma = (torch.sqrt(torch.exp(-s_hat) / 2) + self.eps).unsqueeze(-1)
+            delta, omega, Z = torch.exp(d_hat).unsqueeze(-1), torch.exp(w_hat).unsqueeze(-1), 1.0
+        else:
+            if self.gmm_version == "1":
+                sigma = (torch.sqrt(torch.exp(s_hat)) + self.eps).unsqueeze(-1)
+                delta = torch.exp(d_hat).unsqueeze(-1)
+            else:
+                sigma = (F.softplus(s_hat) + self.eps).unsqueeze(-1)
+                delta = F.softplus(d_hat).unsqueeze(-1)
+            omega, Z = F.softmax(w_hat, dim=-1).unsqueeze(-1), torch.sqrt(2 * math.pi * sigma ** 2)
+        mu = self.mu_prev + delta
+        self.mu_prev = mu
+        return torch.sum(omega / Z * torch.exp(-(self.j - mu) ** 2 / sigma ** 2 / 2), 1)

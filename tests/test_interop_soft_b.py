@@ -42,10 +42,32 @@ def test_position_coupling_wpe(positions, width):
     _assert_pass(check_module(U.CoupledPositionEmbedding(positions, width), "position_coupling"))
 
 
+@pytest.mark.parametrize("kw", [dict(static_channels=2, static_kernel_size=5, dynamic_channels=3, dynamic_kernel_size=3,
+                                     prior_length=11, alpha=0.1, beta=0.9),
+                                dict(static_channels=3, static_kernel_size=3, dynamic_channels=2, dynamic_kernel_size=5,
+                                     prior_length=4, alpha=0.3, beta=0.7)])
+def test_dca_location_attention(kw):
+    torch.manual_seed(5)
+    m = U.DynamicConvolutionAttention(4, 5, **kw)
+    with torch.no_grad():  # larger weights so the alignment moves
+        for t in m.parameters():
+            t.mul_(3.0)
+    cfg = {"prior_alpha": kw["alpha"], "prior_beta": kw["beta"]}
+    _assert_pass(check_module(m, "gmm_dca_location_attention", config=cfg))
+
+
+@pytest.mark.parametrize("version", ["0", "1", "2"])
+def test_gmm_location_attention(version):
+    torch.manual_seed(6)
+    m = U.GMMAttention(4, 5, 3, version)
+    _assert_pass(check_module(m, "gmm_dca_location_attention", config={"version": version}))
+
+
 # ------------------------------------------------------------------------------ every row of the group
 
 _MODULES = {
     "coca_collinear_attention": (lambda: U.CocaLlamaAttention(8, 4, 2, bias=True), {}, ()),
+    "gmm_dca_location_attention": (lambda: U.DynamicConvolutionAttention(4, 5, 2, 5, 3, 3, 11, 0.1, 0.9), {}, ("P",)),
     "position_coupling": (lambda: U.CoupledPositionEmbedding(13, 4), {}, ()),
     "urpe_toeplitz_modulated_attention": (lambda: U.UrpeSelfAttention(6, 3, 20, rp_bucket=8, max_rp=16), {}, ()),
 }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Named, Spec, add_specs, x_build
+from .torch_specs import Derived, Named, Spec, add_specs, x_build
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -71,6 +71,48 @@ def _pc_call(module, inp, cfg):
     return module(inp["x"], torch.from_numpy(np.asarray(cfg["position_ids"], dtype=np.int64)))
 
 
+# ---- Location-relative attention: bshall's DynamicConvolutionAttention or LeoniusChen's GMMAttention,
+# one decoder step per call; check_module runs the decoder loop over the queries
+
+
+_DCA_RULES = [Named(r"(W|V|U|T|v)\.weight", True), Named(r"(W|T)\.bias|F\.weight", False), Derived(r"P")]
+_GMM_RULES = [Named(r"mlp\.[02]\.weight", True), Named(r"mlp\.[02]\.bias", False),
+              Derived(r"query_layer\.weight|v\.weight")]  # BahdanauAttention's layers, unused by GMMAttention
+
+
+def _loc_pick(keys):
+    return _GMM_RULES if "mlp.0.weight" in keys else _DCA_RULES
+
+
+def _loc_infer(keys):
+    return {"kind": "gmm" if "mlp.0.weight" in keys else "dca"}
+
+
+def _loc_build(rng, p, cfg, z):
+    """Decoder queries ``(B, T = n, D_q)`` and a memory ``(B, m, 3)`` (its width is free)."""
+    dq = (p["mlp.0.weight"] if "mlp.0.weight" in p else p["W.weight"]).shape[0]
+    return {"query": rng.standard_normal((z["b"], z["n"], dq)), "memory": rng.standard_normal((z["b"], z["m"], 3))}, {}
+
+
+def _loc_call(module, inp, cfg):
+    """The decoder loop: DCA from the one-hot alignment at position 0 (``alpha = module(s_t, alpha)``),
+    GMM after ``init_attention(memory)`` (``alpha = module(s_t, memory)``); contexts ``alpha @ memory``."""
+    import torch
+
+    q, mem = inp["query"], inp["memory"]
+    gmm = hasattr(module, "mlp")
+    if gmm:
+        module.init_attention(mem)
+    else:
+        alpha = torch.zeros(mem.shape[:2], dtype=mem.dtype)
+        alpha[:, 0] = 1.0
+    out = []
+    for t in range(q.shape[1]):
+        alpha = module(q[:, t], mem) if gmm else module(q[:, t], alpha)
+        out.append(torch.bmm(alpha.unsqueeze(1), mem))
+    return torch.cat(out, dim=1)
+
+
 _SPECS = [
     Spec("coca_collinear_attention", "codefuse-ai/Collinear-Constrained-Attention model/llama/modeling_llama.py@79bee17 "
          "(LlamaAttention with t_proj; forward(x, attention_mask=causal finfo.min mask or None, "
@@ -96,6 +138,12 @@ _SPECS = [
          "src/data/addition.py are the config position_ids)",
          rules=[Named(r"wpe\.weight", False)], required=("wpe.weight",), call=_pc_call, build=_pc_build,
          defaults={"position_ids": None}),  # None: the builder draws the IDs for each case
+    Spec("gmm_dca_location_attention", "bshall/Tacotron tacotron/model.py@6fee34a (DynamicConvolutionAttention; its "
+         "prior buffer P is read and dropped, prior_alpha/prior_beta are config) or LeoniusChen/Attentions-in-"
+         "Tacotron gmm.py@8215012 (GMMAttention; version is config; BahdanauAttention's unused query_layer/v are "
+         "read and dropped); one module call per decoder step, run over the queries from the one-hot alpha_0",
+         rules=_DCA_RULES, load_pick=_loc_pick, save_pick=_loc_pick, call=_loc_call, build=_loc_build,
+         attrs={"prior_length": "prior_length", "eps": "eps"}, infer=_loc_infer),
 ]
 
 add_specs(*_SPECS)
