@@ -234,3 +234,54 @@ class GMMAttention(nn.Module):
         mu = self.mu_prev + delta
         self.mu_prev = mu
         return torch.sum(omega / Z * torch.exp(-(self.j - mu) ** 2 / sigma ** 2 / 2), 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# harvardnlp/var-attn@ce2ac9ae9e9ad1374ce252bec6bfe9dfa5f00165 onmt/modules/VariationalAttention.py:
+# VariationalAttention (score, forward for mode 'exact'/'enum': h_c and h_y of every source position) and
+# onmt/Models.py: Generator (proj; 'exact' log-sum-exp over log_pa, 'enum' expectation over pa) with the ELBO's
+# kl_divergence(q, p) of onmt/Loss.py. One module holding the attention's layers and the generator's proj at
+# its top level; all decoder steps at once (upstream: one step per call, the same per-step math); the
+# inference network's q scores are an input, masked like upstream's. Deviations: the sampled modes are left out.
+
+
+class VarAttnGenerator(nn.Module):
+    def __init__(self, src_dim, tgt_dim, attn_dim, vocab, attn_type="mlp"):
+        super().__init__()
+        self.attn_type, self.tgt_dim, self.src_dim = attn_type, tgt_dim, src_dim
+        if attn_type == "general":
+            self.linear_in = nn.Linear(tgt_dim, src_dim, bias=False)
+        else:
+            self.linear_context = nn.Linear(src_dim, attn_dim, bias=False)
+            self.linear_query = nn.Linear(tgt_dim, attn_dim, bias=False)
+            self.v = nn.Linear(attn_dim, 1, bias=False)
+        self.linear_out = nn.Linear(src_dim + tgt_dim, tgt_dim, bias=attn_type == "mlp")
+        self.proj = nn.Linear(tgt_dim, vocab)
+
+    def score(self, h_t, h_s):
+        if self.attn_type == "general":
+            return torch.bmm(self.linear_in(h_t), h_s.transpose(1, 2))
+        return self.v(torch.tanh(self.linear_query(h_t)[:, :, None] + self.linear_context(h_s)[:, None])).squeeze(-1)
+
+    def forward(self, h, memory_bank, mode, memory_lengths=None, q_scores=None, kl_weight=1.0):
+        b, t, _ = h.shape
+        s = memory_bank.shape[1]
+        scores = self.score(h, memory_bank)
+        mask = None
+        if memory_lengths is not None:
+            mask = (torch.arange(s)[None] < memory_lengths[:, None])[:, None]
+            scores = scores.masked_fill(~mask, -float("inf"))
+        log_alpha = F.log_softmax(scores, dim=-1)
+        if mode == "soft":
+            h_c = torch.tanh(self.linear_out(torch.cat([h, torch.bmm(log_alpha.exp(), memory_bank)], -1)))
+            return F.log_softmax(self.proj(h_c), dim=-1)
+        concat_y = torch.cat([h[:, :, None].expand(b, t, s, -1), memory_bank[:, None].expand(b, t, s, -1)], -1)
+        logp = F.log_softmax(self.proj(torch.tanh(self.linear_out(concat_y))), dim=-1)  # (B, T, S, V)
+        if mode == "exact":
+            return torch.logsumexp(logp + log_alpha[..., None], dim=2)
+        if mask is not None:
+            q_scores = q_scores.masked_fill(~mask, -float("inf"))
+        qa = F.softmax(q_scores, dim=-1)
+        kl = torch.distributions.kl.kl_divergence(torch.distributions.Categorical(probs=qa),
+                                                  torch.distributions.Categorical(probs=log_alpha.exp()))
+        return (logp * qa[..., None]).sum(2) - kl_weight * kl[..., None]

@@ -63,11 +63,19 @@ def test_gmm_location_attention(version):
     _assert_pass(check_module(m, "gmm_dca_location_attention", config={"version": version}))
 
 
+@pytest.mark.parametrize("mode,attn_type", [("exact", "mlp"), ("enum", "mlp"), ("soft", "mlp"), ("enum", "general")])
+def test_latent_alignment_var_attn(mode, attn_type):
+    torch.manual_seed(7)
+    m = U.VarAttnGenerator(4, 3, 5, 6, attn_type=attn_type)
+    _assert_pass(check_module(m, "latent_alignment_attention", config={"mode": mode, "kl_weight": 0.7}))
+
+
 # ------------------------------------------------------------------------------ every row of the group
 
 _MODULES = {
     "coca_collinear_attention": (lambda: U.CocaLlamaAttention(8, 4, 2, bias=True), {}, ()),
     "gmm_dca_location_attention": (lambda: U.DynamicConvolutionAttention(4, 5, 2, 5, 3, 3, 11, 0.1, 0.9), {}, ("P",)),
+    "latent_alignment_attention": (lambda: U.VarAttnGenerator(4, 3, 5, 6), {}, ()),
     "position_coupling": (lambda: U.CoupledPositionEmbedding(13, 4), {}, ()),
     "urpe_toeplitz_modulated_attention": (lambda: U.UrpeSelfAttention(6, 3, 20, rp_bucket=8, max_rp=16), {}, ()),
 }

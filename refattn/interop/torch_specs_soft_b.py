@@ -113,6 +113,35 @@ def _loc_call(module, inp, cfg):
     return torch.cat(out, dim=1)
 
 
+# ---- var-attn VariationalAttention + Generator.proj: forward(h, memory, mode, memory_lengths, q_scores)
+
+
+def _latent_infer(keys):
+    return {"attn_type": "general" if "linear_in.weight" in keys else "mlp"}
+
+
+def _latent_build(rng, p, cfg, z):
+    """Decoder states ``h (B, n, D_t)``, a memory ``(B, m, 4)`` (its width is what ``linear_out`` reads
+    beside ``D_t``), q scores in ``"enum"`` mode, and a memory mask (the last row one shorter)."""
+    dt = p["proj.weight"].shape[0]
+    b, n, m = z["b"], z["n"], z["m"]
+    inp = {"h": rng.standard_normal((b, n, dt)), "memory": rng.standard_normal((b, m, p["linear_out.weight"].shape[0] - dt))}
+    if cfg.get("mode", "exact") == "enum":
+        inp["q_scores"] = rng.standard_normal((b, n, m))
+    lengths = np.full(b, m)
+    lengths[-1] -= 1 if m > 1 else 0
+    return inp, {"memory_mask": np.arange(m)[None, :] < lengths[:, None]}
+
+
+def _latent_call(module, inp, cfg):
+    import torch
+
+    mm = cfg.get("memory_mask")
+    lengths = None if mm is None else torch.from_numpy(np.asarray(mm).sum(-1).astype(np.int64))
+    return module(inp["h"], inp["memory"], cfg.get("mode", "exact"), memory_lengths=lengths,
+                  q_scores=inp.get("q_scores"), kl_weight=float(cfg.get("kl_weight", 1.0)))
+
+
 _SPECS = [
     Spec("coca_collinear_attention", "codefuse-ai/Collinear-Constrained-Attention model/llama/modeling_llama.py@79bee17 "
          "(LlamaAttention with t_proj; forward(x, attention_mask=causal finfo.min mask or None, "
@@ -144,6 +173,13 @@ _SPECS = [
          "read and dropped); one module call per decoder step, run over the queries from the one-hot alpha_0",
          rules=_DCA_RULES, load_pick=_loc_pick, save_pick=_loc_pick, call=_loc_call, build=_loc_build,
          attrs={"prior_length": "prior_length", "eps": "eps"}, infer=_loc_infer),
+    Spec("latent_alignment_attention", "harvardnlp/var-attn onmt/modules/VariationalAttention.py@ce2ac9a "
+         "(VariationalAttention, mode 'exact'/'enum', attn_type 'mlp'/'general'; at decoder.attn. upstream) with "
+         "onmt/Models.py Generator (proj; at generator. upstream: give one dict with both) and onmt/Loss.py's "
+         "kl_divergence(q, p); the module under test takes (h, memory, mode, memory_lengths, q_scores)",
+         rules=[Named(r"(linear_(context|query|in|out)|v|proj)\.weight", True), Named(r"(linear_out|proj)\.bias", False)],
+         required=("linear_out.weight", "proj.weight", "proj.bias"),
+         call=_latent_call, build=_latent_build, infer=_latent_infer),
 ]
 
 add_specs(*_SPECS)
