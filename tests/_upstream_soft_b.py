@@ -285,3 +285,99 @@ class VarAttnGenerator(nn.Module):
         kl = torch.distributions.kl.kl_divergence(torch.distributions.Categorical(probs=qa),
                                                   torch.distributions.Categorical(probs=log_alpha.exp()))
         return (logp * qa[..., None]).sum(2) - kl_weight * kl[..., None]
+
+
+# ----------------------------------------------------------------------------------------------
+# JRC1995/MonotonicLocationAttention@234f5b5561859c80cd647a0a9b4e97dce2c00dc9
+# models/attentions/Multiheaded_Monotonic_Attention.py: Multiheaded_Monotonic_Attention (attention_only=False;
+# location_attention_only = not mix_attention), driven as models/layers/GRUEncoderDecoder.py drives it:
+# dir_gater on the first decoder state (mix_forward_reverse), the flip-and-shift reversal of the valid memory,
+# value_transform + leaky_relu, one step per decoder state with past_attention carried. Only the attention
+# path of GRUEncoderDecoder (its GRU cells and embeddings are left out: the decoder states are the input).
+# Deviations: attention dropout omitted (eval); T.ones(...).float() casts dropped (the default dtype).
+
+
+class MonotonicAttentionLayer(nn.Module):
+    def __init__(self, heads, qk_head_dim, v_head_dim, query_dim, key_dim, value_dim, out_dim, step_act,
+                 mix_attention=False, position_past=False, softstair_temp=20.0):
+        super().__init__()
+        self.heads, self.d, self.vd, self.scaling = heads, qk_head_dim, v_head_dim, qk_head_dim ** -0.5
+        self.mix_attention, self.location_attention_only = mix_attention, not mix_attention
+        self.step_act, self.position_past, self.softstair_temp = step_act, position_past, softstair_temp
+        self.step_bias = nn.Parameter(torch.ones(1) * 20)
+        if not self.location_attention_only:
+            self.query_linear = nn.Linear(query_dim, heads * qk_head_dim, bias=False)
+            self.key_linear = nn.Linear(key_dim, heads * qk_head_dim, bias=False)
+        self.value_linear = nn.Linear(value_dim, heads * v_head_dim, bias=False)
+        self.head_compose_linear = nn.Linear(heads * v_head_dim, out_dim, bias=False)
+        self.position_state_linear = nn.Linear(query_dim, heads * qk_head_dim)
+        self.Wsigma = nn.Parameter(torch.randn(heads, qk_head_dim, 1))
+        self.Wrho = nn.Parameter(torch.randn(heads, qk_head_dim, 1))
+        if mix_attention:
+            self.mix_scorer = nn.Linear(query_dim, 1)
+
+    def _steps(self, rho):
+        if self.step_act == "relu":
+            return F.relu(rho)
+        if self.step_act == "sigmoid":
+            return torch.sigmoid(5 * rho)
+        if self.step_act == "controlled_relu":
+            sb = torch.sigmoid(self.step_bias)
+            return sb * F.relu(rho) + (1 - sb) * torch.sigmoid(5 * rho)
+        if self.step_act == "softstair":
+            return torch.floor(rho) + torch.sigmoid(self.softstair_temp * (rho - torch.floor(rho) - 0.5))
+        return rho  # "free"
+
+    def forward(self, Q, K, V, past_attention, attention_mask, value_positions):
+        n, qs, _ = Q.shape
+        vs = K.shape[1]
+        h, d = self.heads, self.d
+        lengths = attention_mask.sum(-1)
+        step_size = torch.ones(n, h, qs, 1) / torch.clamp(lengths.view(n, 1, qs, 1) - 1, min=1)
+        pos = value_positions.view(1, 1, 1, vs) * step_size
+        mask = attention_mask.unsqueeze(1).bool()
+        qpos = self.position_state_linear(Q).view(n, qs, h, d).transpose(1, 2)
+        if past_attention is None:
+            past_attention = torch.zeros(n, h, qs, 1)
+        sigma = (F.relu(qpos @ self.Wsigma.view(1, h, d, 1)) + 0.27) / lengths.view(n, 1, qs, 1)
+        mu = self._steps(qpos @ self.Wrho.view(1, h, d, 1)) * step_size + past_attention
+        e = torch.exp(-(pos - mu) * (pos - mu) / (2 * sigma * sigma)) * mask
+        position_scores = e / torch.sum(e + 1e-20, keepdim=True, dim=-1)
+        scores = position_scores
+        if not self.location_attention_only:
+            q = self.query_linear(Q).view(n, qs, h, d).transpose(1, 2)
+            k = self.key_linear(K).view(n, vs, h, d).transpose(1, 2)
+            content = F.softmax((q @ k.transpose(2, 3) * self.scaling).masked_fill(~mask, float("-inf")), dim=-1)
+            lam = torch.sigmoid(self.mix_scorer(Q)).unsqueeze(1)
+            scores = lam * position_scores + (1 - lam) * content
+        v = self.value_linear(V).view(n, vs, h, self.vd).transpose(1, 2)
+        past = position_scores if (self.position_past or self.location_attention_only) else scores
+        past_attention = torch.sum(past * pos, dim=-1, keepdim=True)
+        out = (scores @ v).transpose(1, 2).reshape(n, qs, h * self.vd)
+        return {"attended_values": self.head_compose_linear(out), "past_attention": past_attention}
+
+
+class MonotonicEncoderDecoderAttention(nn.Module):
+    def __init__(self, query_dim, memory_dim, value_dim, out_dim, heads, qk_head_dim, v_head_dim, step_act,
+                 mix_attention=False, position_past=False):
+        super().__init__()
+        self.dir_gater = nn.Linear(query_dim, 1)
+        self.value_transform = nn.Linear(memory_dim, value_dim)
+        self.attention_layer = MonotonicAttentionLayer(heads, qk_head_dim, v_head_dim, query_dim, memory_dim,
+                                                       value_dim, out_dim, step_act, mix_attention, position_past)
+
+    def forward(self, query, memory, memory_mask):
+        b, s, _ = memory.shape
+        im = memory_mask.to(memory.dtype)
+        cz = (1 - im).sum(-1)
+        rev = torch.cat([torch.flip(memory, dims=[1]), torch.zeros_like(memory)], 1)
+        rev = torch.stack([rev[i, int(cz[i]):int(cz[i]) + s] for i in range(b)], 0)
+        g = torch.sigmoid(5 * self.dir_gater(query[:, 0])).view(b, 1, 1)
+        key = g * memory + (1 - g) * rev
+        value = F.leaky_relu(self.value_transform(key))
+        past, outs = None, []
+        for t in range(query.shape[1]):
+            o = self.attention_layer(query[:, t:t + 1], key, value, past, im.unsqueeze(1), torch.arange(s))
+            past = o["past_attention"]
+            outs.append(o["attended_values"])
+        return torch.cat(outs, 1)

@@ -70,12 +70,26 @@ def test_latent_alignment_var_attn(mode, attn_type):
     _assert_pass(check_module(m, "latent_alignment_attention", config={"mode": mode, "kl_weight": 0.7}))
 
 
+@pytest.mark.parametrize("step_act,mix,past", [("controlled_relu", False, False), ("sigmoid", False, False),
+                                                ("relu", True, False), ("softstair", True, True)])
+def test_monotonic_location_attention(step_act, mix, past):
+    torch.manual_seed(8)
+    m = U.MonotonicEncoderDecoderAttention(4, 3, 5, 4, 2, 3, 2, step_act, mix_attention=mix, position_past=past)
+    with torch.no_grad():
+        m.attention_layer.step_bias.fill_(0.3)
+        for t in m.parameters():
+            t.mul_(1.5)
+    _assert_pass(check_module(m, "monotonic_location_attention", config={"step_act": step_act}))
+
+
 # ------------------------------------------------------------------------------ every row of the group
 
 _MODULES = {
     "coca_collinear_attention": (lambda: U.CocaLlamaAttention(8, 4, 2, bias=True), {}, ()),
     "gmm_dca_location_attention": (lambda: U.DynamicConvolutionAttention(4, 5, 2, 5, 3, 3, 11, 0.1, 0.9), {}, ("P",)),
     "latent_alignment_attention": (lambda: U.VarAttnGenerator(4, 3, 5, 6), {}, ()),
+    "monotonic_location_attention": (lambda: U.MonotonicEncoderDecoderAttention(4, 3, 5, 4, 2, 3, 2, "relu", True),
+                                     {}, ()),
     "position_coupling": (lambda: U.CoupledPositionEmbedding(13, 4), {}, ()),
     "urpe_toeplitz_modulated_attention": (lambda: U.UrpeSelfAttention(6, 3, 20, rp_bucket=8, max_rp=16), {}, ()),
 }

@@ -142,6 +142,32 @@ def _latent_call(module, inp, cfg):
                   q_scores=inp.get("q_scores"), kl_weight=float(cfg.get("kl_weight", 1.0)))
 
 
+# ---- Monotonic location attention: GRUEncoderDecoder's attention path (dir_gater, value_transform,
+# attention_layer = Multiheaded_Monotonic_Attention); forward(query, memory, memory_mask)
+
+
+def _mono_infer(keys):
+    return {"mix_attention": "attention_layer.query_linear.weight" in keys}
+
+
+def _mono_build(rng, p, cfg, z):
+    """Decoder states ``(B, n, D_q)``, a memory ``(B, m, D_m)`` and a memory mask (the last row one shorter)."""
+    b, n, m = z["b"], z["n"], z["m"]
+    inp = {"query": rng.standard_normal((b, n, p["dir_gater.weight"].shape[0])),
+           "memory": rng.standard_normal((b, m, p["value_transform.weight"].shape[0]))}
+    lengths = np.full(b, m)
+    lengths[-1] -= 1 if m > 1 else 0
+    return inp, {"memory_mask": np.arange(m)[None, :] < lengths[:, None]}
+
+
+def _mono_call(module, inp, cfg):
+    import torch
+
+    mm = cfg.get("memory_mask")
+    mm = np.ones(inp["memory"].shape[:2], dtype=bool) if mm is None else np.asarray(mm, dtype=bool)
+    return module(inp["query"], inp["memory"], torch.from_numpy(mm))
+
+
 _SPECS = [
     Spec("coca_collinear_attention", "codefuse-ai/Collinear-Constrained-Attention model/llama/modeling_llama.py@79bee17 "
          "(LlamaAttention with t_proj; forward(x, attention_mask=causal finfo.min mask or None, "
@@ -180,6 +206,20 @@ _SPECS = [
          rules=[Named(r"(linear_(context|query|in|out)|v|proj)\.weight", True), Named(r"(linear_out|proj)\.bias", False)],
          required=("linear_out.weight", "proj.weight", "proj.bias"),
          call=_latent_call, build=_latent_build, infer=_latent_infer),
+    Spec("monotonic_location_attention", "JRC1995/MonotonicLocationAttention models/attentions/"
+         "Multiheaded_Monotonic_Attention.py@234f5b5 (Multiheaded_Monotonic_Attention at attention_layer., "
+         "location_attention_only = not mix_attention) with models/layers/GRUEncoderDecoder.py's dir_gater, "
+         "value_transform and decoder loop; the module under test takes (query, memory, memory_mask)",
+         rules=[Named(r"(dir_gater|value_transform)\.weight|attention_layer\.(position_state_linear|value_linear|"
+                      r"head_compose_linear|query_linear|key_linear|mix_scorer)\.weight", True),
+                Named(r"(dir_gater|value_transform)\.bias|attention_layer\.(position_state_linear\.bias|"
+                      r"mix_scorer\.bias|Wsigma|Wrho|step_bias)", False)],
+         required=("dir_gater.weight", "value_transform.weight", "attention_layer.position_state_linear.weight",
+                   "attention_layer.Wsigma", "attention_layer.Wrho", "attention_layer.value_linear.weight",
+                   "attention_layer.head_compose_linear.weight"),
+         call=_mono_call, build=_mono_build, infer=_mono_infer,
+         attrs={"heads": "attention_layer.heads", "position_past": "attention_layer.position_past",
+                "softstair_temp": "attention_layer.softstair_temp"}),
 ]
 
 add_specs(*_SPECS)
