@@ -381,3 +381,38 @@ class MonotonicEncoderDecoderAttention(nn.Module):
             past = o["past_attention"]
             outs.append(o["attended_values"])
         return torch.cat(outs, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# awayfromzel/neural-attention-research@f6572f573ec43ddf26b01d468557b1b6e5649cb7
+# nlp_neural_attention/Models/NeuralAttention.py: NeuralAttention (to_qkv split 'b n (d k h)', q_proj/k_proj,
+# the linear1-3 ReLU MLP on every (query, key) pair, causal mask, W_out). No deviations (einops replaced by
+# view/permute).
+
+
+class NeuralAttention(nn.Module):
+    def __init__(self, dim, heads=8, dim_head=None, causal=True, projection_dim=None):
+        super().__init__()
+        self.dim_head = int(dim / heads) if dim_head is None else dim_head
+        inner = self.dim_head * heads
+        self.heads, self.causal = heads, causal
+        self.to_qkv = nn.Linear(dim, inner * 3, bias=False)
+        self.W_out = nn.Linear(inner, dim, bias=False)
+        self.projection_dim = projection_dim if projection_dim is not None else self.dim_head // 32
+        self.q_proj = nn.Linear(self.dim_head, self.projection_dim)
+        self.k_proj = nn.Linear(self.dim_head, self.projection_dim)
+        self.linear1 = nn.Linear(self.projection_dim * 2, self.projection_dim)
+        self.linear2 = nn.Linear(self.projection_dim, self.projection_dim // 2)
+        self.linear3 = nn.Linear(self.projection_dim // 2, 1)
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        qkv = self.to_qkv(x).view(b, n, self.dim_head, 3, self.heads).permute(3, 0, 4, 1, 2)  # k b h n d
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        q, k = self.q_proj(q), self.k_proj(k)
+        pair = torch.cat((q[:, :, :, None].expand(-1, -1, -1, n, -1), k[:, :, None].expand(-1, -1, n, -1, -1)), -1)
+        score = self.linear3(torch.relu(self.linear2(torch.relu(self.linear1(pair))))).squeeze(-1)
+        if self.causal:
+            score = score.masked_fill(torch.ones_like(score).triu(1).bool(), float("-inf"))
+        out = torch.softmax(score, dim=-1) @ v
+        return self.W_out(out.transpose(1, 2).reshape(b, n, -1))

@@ -82,6 +82,13 @@ def test_monotonic_location_attention(step_act, mix, past):
     _assert_pass(check_module(m, "monotonic_location_attention", config={"step_act": step_act}))
 
 
+@pytest.mark.parametrize("dim,heads,dim_head,causal,proj", [(8, 2, 4, True, 4), (6, 3, None, False, 6)])
+def test_neural_attention(dim, heads, dim_head, causal, proj):
+    torch.manual_seed(9)
+    m = U.NeuralAttention(dim, heads, dim_head, causal=causal, projection_dim=proj)
+    _assert_pass(check_module(m, "neural_attention_mlp_scores"))
+
+
 # ------------------------------------------------------------------------------ every row of the group
 
 _MODULES = {
@@ -90,6 +97,7 @@ _MODULES = {
     "latent_alignment_attention": (lambda: U.VarAttnGenerator(4, 3, 5, 6), {}, ()),
     "monotonic_location_attention": (lambda: U.MonotonicEncoderDecoderAttention(4, 3, 5, 4, 2, 3, 2, "relu", True),
                                      {}, ()),
+    "neural_attention_mlp_scores": (lambda: U.NeuralAttention(8, 2, 4, projection_dim=4), {}, ()),
     "position_coupling": (lambda: U.CoupledPositionEmbedding(13, 4), {}, ()),
     "urpe_toeplitz_modulated_attention": (lambda: U.UrpeSelfAttention(6, 3, 20, rp_bucket=8, max_rp=16), {}, ()),
 }

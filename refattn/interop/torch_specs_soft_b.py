@@ -220,6 +220,14 @@ _SPECS = [
          call=_mono_call, build=_mono_build, infer=_mono_infer,
          attrs={"heads": "attention_layer.heads", "position_past": "attention_layer.position_past",
                 "softstair_temp": "attention_layer.softstair_temp"}),
+    Spec("neural_attention_mlp_scores", "awayfromzel/neural-attention-research nlp_neural_attention/Models/"
+         "NeuralAttention.py@f6572f5 (NeuralAttention; forward(x); vision_neural_attention's copy with causal=False)",
+         rules=[Named(r"(to_qkv|W_out|q_proj|k_proj|linear[123])\.weight", True),
+                Named(r"(q_proj|k_proj|linear[123])\.bias", False)],
+         required=("to_qkv.weight", "W_out.weight", "q_proj.weight", "k_proj.weight", "linear1.weight",
+                   "linear2.weight", "linear3.weight"),
+         call=lambda module, inp, cfg: module(inp["x"]), build=x_build("to_qkv.weight"),
+         attrs={"heads": "heads", "causal": "causal"}),
 ]
 
 add_specs(*_SPECS)
