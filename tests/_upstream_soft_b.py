@@ -416,3 +416,30 @@ class NeuralAttention(nn.Module):
             score = score.masked_fill(torch.ones_like(score).triu(1).bool(), float("-inf"))
         out = torch.softmax(score, dim=-1) @ v
         return self.W_out(out.transpose(1, 2).reshape(b, n, -1))
+
+
+# ----------------------------------------------------------------------------------------------
+# chenbinghui1/MHN@4375c1aa973e9a998c6839a0e0b5bf9518402f40 model.py: HighDivModule (order-R attention:
+# 1x1 convs order{R}_{j}_{i}, products, ReLU, convb{R}_{i} + Sigmoid, x * sum / R). No deviations.
+
+
+class HighDivModule(nn.Module):
+    def __init__(self, in_channels, order=1):
+        super().__init__()
+        self.order, self.inter_channels = order, in_channels // 8 * 2
+        for j in range(order):
+            for i in range(j + 1):
+                setattr(self, f"order{order}_{j + 1}_{i + 1}",
+                        nn.Sequential(nn.Conv2d(in_channels, self.inter_channels, 1, bias=False)))
+        for i in range(order):
+            setattr(self, f"convb{order}_{i + 1}",
+                    nn.Sequential(nn.Conv2d(self.inter_channels, in_channels, 1, bias=False), nn.Sigmoid()))
+
+    def forward(self, x):
+        r, total = self.order, 0
+        for j in range(r):
+            prod = 1
+            for i in range(j + 1):
+                prod = prod * getattr(self, f"order{r}_{j + 1}_{i + 1}")(x)
+            total = total + getattr(self, f"convb{r}_{j + 1}")(F.relu(prod))
+        return x * total / r

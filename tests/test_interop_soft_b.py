@@ -89,11 +89,18 @@ def test_neural_attention(dim, heads, dim_head, causal, proj):
     _assert_pass(check_module(m, "neural_attention_mlp_scores"))
 
 
+@pytest.mark.parametrize("channels,order", [(8, 1), (8, 2), (12, 4)])
+def test_mhn_high_div_module(channels, order):
+    torch.manual_seed(10)
+    _assert_pass(check_module(U.HighDivModule(channels, order), "high_order_attention_hoa"))
+
+
 # ------------------------------------------------------------------------------ every row of the group
 
 _MODULES = {
     "coca_collinear_attention": (lambda: U.CocaLlamaAttention(8, 4, 2, bias=True), {}, ()),
     "gmm_dca_location_attention": (lambda: U.DynamicConvolutionAttention(4, 5, 2, 5, 3, 3, 11, 0.1, 0.9), {}, ("P",)),
+    "high_order_attention_hoa": (lambda: U.HighDivModule(8, 3), {}, ()),
     "latent_alignment_attention": (lambda: U.VarAttnGenerator(4, 3, 5, 6), {}, ()),
     "monotonic_location_attention": (lambda: U.MonotonicEncoderDecoderAttention(4, 3, 5, 4, 2, 3, 2, "relu", True),
                                      {}, ()),

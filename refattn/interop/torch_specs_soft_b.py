@@ -168,6 +168,18 @@ def _mono_call(module, inp, cfg):
     return module(inp["query"], inp["memory"], torch.from_numpy(mm))
 
 
+# ---- MHN HighDivModule: forward(x (B, C, H, W)); 1x1 conv kernels keep torch's layout
+
+
+def _hoa_build(rng, p, cfg, z):
+    c = next(v for k, v in p.items() if k.startswith("convb")).shape[0]
+    return {"x": rng.standard_normal((z["b"], c, 2 + z["n"] % 3, 1 + z["n"] % 4))}, {}
+
+
+def _hoa_infer(keys):
+    return {"order": max(int(k[len("convb"):].split("_")[0]) for k in keys if k.startswith("convb"))}
+
+
 _SPECS = [
     Spec("coca_collinear_attention", "codefuse-ai/Collinear-Constrained-Attention model/llama/modeling_llama.py@79bee17 "
          "(LlamaAttention with t_proj; forward(x, attention_mask=causal finfo.min mask or None, "
@@ -228,6 +240,11 @@ _SPECS = [
                    "linear2.weight", "linear3.weight"),
          call=lambda module, inp, cfg: module(inp["x"]), build=x_build("to_qkv.weight"),
          attrs={"heads": "heads", "causal": "causal"}),
+    Spec("high_order_attention_hoa", "chenbinghui1/MHN model.py@4375c1a (HighDivModule(in_channels, order); "
+         "forward(x (B, C, H, W)))",
+         rules=[Named(r"(order\d+_\d+_\d+|convb\d+_\d+)\.0\.weight", False)],
+         required=(), call=lambda module, inp, cfg: module(inp["x"]), build=_hoa_build, infer=_hoa_infer,
+         attrs={"order": "order"}),
 ]
 
 add_specs(*_SPECS)
