@@ -443,3 +443,58 @@ class HighDivModule(nn.Module):
                 prod = prod * getattr(self, f"order{r}_{j + 1}_{i + 1}")(x)
             total = total + getattr(self, f"convb{r}_{j + 1}")(F.relu(prod))
         return x * total / r
+
+
+# ----------------------------------------------------------------------------------------------
+# wesleytruong/vllm-aha@aedfaa151ded7983c805284dfb80b555e757f2d4 vllm/model_executor/models/olmo2_aha.py:
+# Olmo2AHAAttention (q_proj with the per-head gate columns, k_proj, v_proj, q_norm/k_norm RMSNorm over the full
+# width, neox RoPE, global and sliding-window causal attention, hard gate sigmoid > 0.5, o_proj). Deviations:
+# tp_size 1 (plain nn.Linear for the parallel linears, no all-gather); vLLM's Attention kernels written as
+# masked softmax attention and batched (B, N, C) instead of flattened tokens; the window is a constructor
+# argument (upstream's module constant LOCAL_WINDOW_SIZE = 128); RMSNorm and RoPE without float32 casts.
+
+
+class Olmo2AHAAttention(nn.Module):
+    def __init__(self, hidden_size, num_heads, num_kv_heads, local_window=128, rope_theta=500000.0, eps=1e-6):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = hidden_size // num_heads
+        self.local_window, self.rope_theta, self.eps = local_window, rope_theta, eps
+        self.q_proj = nn.Linear(hidden_size, num_heads * self.head_dim + num_heads, bias=False)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * self.head_dim, bias=False)
+        self.q_norm = nn.Module()
+        self.q_norm.weight = nn.Parameter(torch.ones(hidden_size))
+        self.k_norm = nn.Module()
+        self.k_norm.weight = nn.Parameter(torch.ones(num_kv_heads * self.head_dim))
+        self.o_proj = nn.Linear(num_heads * self.head_dim, hidden_size, bias=False)
+
+    def _rms(self, x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
+
+    def _rope(self, x, positions):  # neox style: rotate halves
+        d = x.shape[-1]
+        inv = 1.0 / self.rope_theta ** (torch.arange(0, d, 2, dtype=x.dtype) / d)
+        f = positions.to(x.dtype)[:, None] * inv
+        c, s = f.cos()[:, None], f.sin()[:, None]
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], -1)
+
+    def _attend(self, q, k, v, allowed):
+        w = (q @ k.transpose(-1, -2)) * self.head_dim ** -0.5
+        return F.softmax(w.masked_fill(~allowed, float("-inf")), dim=-1) @ v
+
+    def forward(self, positions, hidden_states):
+        b, n, _ = hidden_states.shape
+        h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q, gate = self.q_proj(hidden_states).split([h * d, h], dim=-1)
+        k, v = self.k_proj(hidden_states), self.v_proj(hidden_states)
+        q, k = self._rms(q, self.q_norm.weight), self._rms(k, self.k_norm.weight)
+        q = self._rope(q.view(b, n, h, d), positions).transpose(1, 2)
+        k = self._rope(k.view(b, n, hk, d), positions).transpose(1, 2).repeat_interleave(h // hk, 1)
+        v = v.view(b, n, hk, d).transpose(1, 2).repeat_interleave(h // hk, 1)
+        i, j = positions[:, None], positions[None, :]
+        glob = self._attend(q, k, v, j <= i)
+        loc = self._attend(q, k, v, (j <= i) & (i - j < self.local_window))
+        g = (torch.sigmoid(gate) > 0.5).to(hidden_states.dtype).transpose(1, 2)[..., None]
+        return self.o_proj((glob * g + loc * (1.0 - g)).transpose(1, 2).reshape(b, n, h * d))

@@ -95,9 +95,20 @@ def test_mhn_high_div_module(channels, order):
     _assert_pass(check_module(U.HighDivModule(channels, order), "high_order_attention_hoa"))
 
 
+@pytest.mark.parametrize("hidden,heads,kv_heads,window", [(8, 2, 2, 3), (8, 4, 1, 2), (12, 3, 1, 128)])
+def test_olmo2_aha_attention(hidden, heads, kv_heads, window):
+    torch.manual_seed(11)
+    m = U.Olmo2AHAAttention(hidden, heads, kv_heads, local_window=window, rope_theta=10.0)
+    with torch.no_grad():
+        m.q_norm.weight.add_(0.2 * torch.randn_like(m.q_norm.weight))
+        m.k_norm.weight.add_(0.2 * torch.randn_like(m.k_norm.weight))
+    _assert_pass(check_module(m, "all_or_here_attention"))
+
+
 # ------------------------------------------------------------------------------ every row of the group
 
 _MODULES = {
+    "all_or_here_attention": (lambda: U.Olmo2AHAAttention(8, 4, 2, local_window=3), {}, ()),
     "coca_collinear_attention": (lambda: U.CocaLlamaAttention(8, 4, 2, bias=True), {}, ()),
     "gmm_dca_location_attention": (lambda: U.DynamicConvolutionAttention(4, 5, 2, 5, 3, 3, 11, 0.1, 0.9), {}, ("P",)),
     "high_order_attention_hoa": (lambda: U.HighDivModule(8, 3), {}, ()),

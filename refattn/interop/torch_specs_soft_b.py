@@ -180,6 +180,12 @@ def _hoa_infer(keys):
     return {"order": max(int(k[len("convb"):].split("_")[0]) for k in keys if k.startswith("convb"))}
 
 
+def _arange(n):
+    import torch
+
+    return torch.arange(n)
+
+
 _SPECS = [
     Spec("coca_collinear_attention", "codefuse-ai/Collinear-Constrained-Attention model/llama/modeling_llama.py@79bee17 "
          "(LlamaAttention with t_proj; forward(x, attention_mask=causal finfo.min mask or None, "
@@ -245,6 +251,15 @@ _SPECS = [
          rules=[Named(r"(order\d+_\d+_\d+|convb\d+_\d+)\.0\.weight", False)],
          required=(), call=lambda module, inp, cfg: module(inp["x"]), build=_hoa_build, infer=_hoa_infer,
          attrs={"order": "order"}),
+    Spec("all_or_here_attention", "wesleytruong/vllm-aha vllm/model_executor/models/olmo2_aha.py@aedfaa1 "
+         "(Olmo2AHAAttention, tp_size 1: q_proj with the gate columns, k_proj, v_proj, q_norm, k_norm, o_proj; "
+         "forward(positions=arange(N), hidden_states); the hard route carries no gradient: gate_grad='fixed')",
+         rules=[Named(r"(q|k|v|o)_proj\.weight", True), Named(r"(q|k|v|o)_proj\.bias|(q|k)_norm\.weight", False)],
+         required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"),
+         call=lambda module, inp, cfg: module(_arange(inp["x"].shape[1]), inp["x"]), build=x_build("q_proj.weight"),
+         attrs={"num_heads": "num_heads", "num_kv_heads": "num_kv_heads", "window": "local_window",
+                "rope_base": "rope_theta", "rms_norm_eps": "eps"},
+         defaults={"window": 128, "router": "hard", "gate_grad": "fixed"}),
 ]
 
 add_specs(*_SPECS)
