@@ -498,3 +498,44 @@ class Olmo2AHAAttention(nn.Module):
         loc = self._attend(q, k, v, (j <= i) & (i - j < self.local_window))
         g = (torch.sigmoid(gate) > 0.5).to(hidden_states.dtype).transpose(1, 2)[..., None]
         return self.o_proj((glob * g + loc * (1.0 - g)).transpose(1, 2).reshape(b, n, h * d))
+
+
+# ----------------------------------------------------------------------------------------------
+# ARIA-Funded-TREND/HMS@5e47a27040f003d69da93f268da718a5954db336 Vision/object_recognition/attention.py:
+# ModulatedMultiHeadAttention (num_latents=1, num_heads=1, aggregation='max': modulate_cls_token for Q and K,
+# modulate_v_cls, per-channel topk, attention over the latent and the selected rows, scatter back onto the
+# modulated values). Deviations: top_k is a constructor argument (upstream hard-codes topk(12) and the
+# reshape to 13 rows); dropout omitted (eval); the duplicated qkv line computed once.
+
+
+class ModulatedMultiHeadAttention(nn.Module):
+    def __init__(self, dim, num_latents=1, num_heads=1, qkv_bias=True, top_k=12):
+        super().__init__()
+        self.num_heads, self.num_latents, self.top_k = num_heads, num_latents, top_k
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+
+    def _topk(self, tokens):  # (B, H, 1, P, D) -> values, indices over the patch axis
+        return tokens.topk(self.top_k, dim=3)
+
+    def _modulate(self, cls, other, same):
+        vals, idx = self._topk(cls.unsqueeze(3) * other.unsqueeze(2) + same.unsqueeze(2))
+        return vals.squeeze(2), idx.squeeze(2)
+
+    def forward(self, x):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        L = self.num_latents
+        q_cls, q_p, k_cls, k_p, v_cls, v_p = q[:, :, :L], q[:, :, L:], k[:, :, :L], k[:, :, L:], v[:, :, :L], v[:, :, L:]
+        q_mod, _ = self._modulate(q_cls, k_p, q_p)
+        k_mod, _ = self._modulate(k_cls, q_p, k_p)
+        modulated_v = (v_p ** 2).unsqueeze(2) + (2 * v_p).unsqueeze(2) + ((q_cls * k_cls) * (1 + v_cls.abs())).unsqueeze(3)
+        v_mod, v_idx = self._topk(modulated_v)
+        v_mod, v_idx, modulated_v = v_mod.squeeze(2), v_idx.squeeze(2), modulated_v.squeeze(2)
+        qq, kk, vv = torch.cat([q_cls, q_mod], 2), torch.cat([k_cls, k_mod], 2), torch.cat([v_cls, v_mod], 2)
+        out = (F.softmax((qq @ kk.transpose(-2, -1)) * self.scale, dim=-1) @ vv).transpose(1, 2)
+        out = out.reshape(b, self.top_k + 1, c)
+        mv = modulated_v.squeeze(1)
+        skip = torch.zeros_like(mv).scatter(1, v_idx.squeeze(1), out[:, 1:])
+        return torch.cat([out[:, :1], mv + skip], dim=1)

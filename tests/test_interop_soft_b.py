@@ -105,6 +105,13 @@ def test_olmo2_aha_attention(hidden, heads, kv_heads, window):
     _assert_pass(check_module(m, "all_or_here_attention"))
 
 
+@pytest.mark.parametrize("dim,bias,top_k", [(6, True, 3), (4, False, 2), (4, True, 12)])
+def test_co4_modulated_attention(dim, bias, top_k):
+    torch.manual_seed(12)
+    m = U.ModulatedMultiHeadAttention(dim, qkv_bias=bias, top_k=top_k)
+    _assert_pass(check_module(m, "triadic_modulation_co4"))
+
+
 # ------------------------------------------------------------------------------ every row of the group
 
 _MODULES = {
@@ -117,6 +124,7 @@ _MODULES = {
                                      {}, ()),
     "neural_attention_mlp_scores": (lambda: U.NeuralAttention(8, 2, 4, projection_dim=4), {}, ()),
     "position_coupling": (lambda: U.CoupledPositionEmbedding(13, 4), {}, ()),
+    "triadic_modulation_co4": (lambda: U.ModulatedMultiHeadAttention(6, top_k=3), {}, ()),
     "urpe_toeplitz_modulated_attention": (lambda: U.UrpeSelfAttention(6, 3, 20, rp_bucket=8, max_rp=16), {}, ()),
 }
 

@@ -180,6 +180,15 @@ def _hoa_infer(keys):
     return {"order": max(int(k[len("convb"):].split("_")[0]) for k in keys if k.startswith("convb"))}
 
 
+# ---- Co4 ModulatedMultiHeadAttention: forward(x); token 0 is the latent, top_k patches per channel
+
+
+def _co4_build(rng, p, cfg, z):
+    """``N = 1 + top_k + (n mod 4)`` tokens (at least ``top_k`` patches)."""
+    n = 1 + int(cfg.get("top_k", 12)) + z["n"] % 4
+    return {"x": rng.standard_normal((z["b"], n, p["qkv.weight"].shape[0]))}, {}
+
+
 def _arange(n):
     import torch
 
@@ -260,6 +269,12 @@ _SPECS = [
          attrs={"num_heads": "num_heads", "num_kv_heads": "num_kv_heads", "window": "local_window",
                 "rope_base": "rope_theta", "rms_norm_eps": "eps"},
          defaults={"window": 128, "router": "hard", "gate_grad": "fixed"}),
+    Spec("triadic_modulation_co4", "ARIA-Funded-TREND/HMS Vision/object_recognition/attention.py@5e47a27 "
+         "(ModulatedMultiHeadAttention, num_latents=1, num_heads=1, aggregation='max'; forward(x); upstream "
+         "hard-codes topk(12): top_k is read from a module attribute top_k when it has one)",
+         rules=[Named(r"qkv\.weight", True), Named(r"qkv\.bias", False)], required=("qkv.weight",),
+         call=lambda module, inp, cfg: module(inp["x"]), build=_co4_build,
+         attrs={"num_heads": "num_heads", "top_k": "top_k"}, defaults={"top_k": 12}),
 ]
 
 add_specs(*_SPECS)
