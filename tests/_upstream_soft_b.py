@@ -539,3 +539,23 @@ class ModulatedMultiHeadAttention(nn.Module):
         mv = modulated_v.squeeze(1)
         skip = torch.zeros_like(mv).scatter(1, v_idx.squeeze(1), out[:, 1:])
         return torch.cat([out[:, :1], mv + skip], dim=1)
+
+
+# ----------------------------------------------------------------------------------------------
+# oelin/super-attention@3781367c690a34cb93ead6702b9efe8b9a7f04a8 super_attention/__init__.py: SuperAttention
+# (single head; query = x @ project_query.weight, untransposed; value = project_value.weight @ x along the
+# sequence; project_output). No deviations.
+
+
+class SuperAttention(nn.Module):
+    def __init__(self, embedding_dimension, sequence_length):
+        super().__init__()
+        self.project_query = nn.Linear(embedding_dimension, embedding_dimension, bias=False)
+        self.project_value = nn.Linear(sequence_length, sequence_length, bias=False)
+        self.project_output = nn.Linear(embedding_dimension, embedding_dimension, bias=False)
+
+    def forward(self, x):
+        query = x @ self.project_query.weight
+        value = self.project_value.weight @ x
+        score = torch.softmax(torch.einsum("bxe,bye->bxy", query, x) / math.sqrt(x.size(-1)), dim=-1)
+        return self.project_output(score @ value)

@@ -112,6 +112,12 @@ def test_co4_modulated_attention(dim, bias, top_k):
     _assert_pass(check_module(m, "triadic_modulation_co4"))
 
 
+@pytest.mark.parametrize("dim,length", [(6, 5), (4, 9)])
+def test_super_attention_port(dim, length):
+    torch.manual_seed(13)
+    _assert_pass(check_module(U.SuperAttention(dim, length), "optimised_efficient_super_attention"))
+
+
 # ------------------------------------------------------------------------------ every row of the group
 
 _MODULES = {
@@ -123,6 +129,7 @@ _MODULES = {
     "monotonic_location_attention": (lambda: U.MonotonicEncoderDecoderAttention(4, 3, 5, 4, 2, 3, 2, "relu", True),
                                      {}, ()),
     "neural_attention_mlp_scores": (lambda: U.NeuralAttention(8, 2, 4, projection_dim=4), {}, ()),
+    "optimised_efficient_super_attention": (lambda: U.SuperAttention(6, 5), {}, ()),
     "position_coupling": (lambda: U.CoupledPositionEmbedding(13, 4), {}, ()),
     "triadic_modulation_co4": (lambda: U.ModulatedMultiHeadAttention(6, top_k=3), {}, ()),
     "urpe_toeplitz_modulated_attention": (lambda: U.UrpeSelfAttention(6, 3, 20, rp_bucket=8, max_rp=16), {}, ()),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Derived, Named, Spec, add_specs, x_build
+from .torch_specs import Derived, Named, Rename, Spec, add_specs, x_build
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -189,6 +189,13 @@ def _co4_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], n, p["qkv.weight"].shape[0]))}, {}
 
 
+# ---- Super attention (oelin's port, single head): forward(x (B, L, C)); L is fixed by project_value
+
+
+def _super_build(rng, p, cfg, z):
+    return {"x": rng.standard_normal((z["b"], p["w_a"].shape[0], p["q_proj.weight"].shape[0]))}, {}
+
+
 def _arange(n):
     import torch
 
@@ -275,6 +282,15 @@ _SPECS = [
          rules=[Named(r"qkv\.weight", True), Named(r"qkv\.bias", False)], required=("qkv.weight",),
          call=lambda module, inp, cfg: module(inp["x"]), build=_co4_build,
          attrs={"num_heads": "num_heads", "top_k": "top_k"}, defaults={"top_k": 12}),
+    Spec("optimised_efficient_super_attention", "oelin/super-attention super_attention/__init__.py@3781367 "
+         "(SuperAttention: variant='super', one head, not causal, the port's only layer; it computes "
+         "x @ project_query.weight, so that weight is already (in, out) and is not transposed; "
+         "project_value.weight (L, L) is the alignment kernel w_a; forward(x) with N = L)",
+         rules=[Rename("q_proj.weight", "project_query.weight", False), Rename("w_a", "project_value.weight", False),
+                Rename("o_proj.weight", "project_output.weight", True)],
+         required=("project_query.weight", "project_value.weight", "project_output.weight"),
+         call=lambda module, inp, cfg: module(inp["x"]), build=_super_build,
+         defaults={"num_heads": 1, "variant": "super", "is_causal": False}),
 ]
 
 add_specs(*_SPECS)
