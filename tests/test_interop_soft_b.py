@@ -141,6 +141,11 @@ def test_soft_b_specs_are_registered():
 
     assert set(GROUP_SLUGS) <= set(supported_slugs())
     assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+    from refattn.interop.unmapped import UNMAPPED
+
+    assert UNMAPPED["tucker_attention"][0] == "code not readable"
+    with pytest.raises(ValueError, match="code not readable"):
+        params_from_state_dict("tucker_attention", {})
 
 
 @pytest.mark.parametrize("slug", sorted(_MODULES))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .torch_specs import Derived, Named, Rename, Spec, add_specs, x_build
+from .unmapped import add_unmapped
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -294,6 +295,11 @@ _SPECS = [
 ]
 
 add_specs(*_SPECS)
+
+add_unmapped("tucker_attention", "code not readable",
+             "the official ScSteffen/Tucker-Attention (a Triton kernel on the latent q, k, v and per-head cores) "
+             "is neither in the code index nor fetchable, so refattn follows the paper's factor names and no "
+             "module's state_dict can be checked")
 
 GROUP_SLUGS = tuple(s.key for s in _SPECS)
 """The keys this module adds to :data:`~refattn.interop.torch_specs.SPECS`."""
