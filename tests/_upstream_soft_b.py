@@ -559,3 +559,65 @@ class SuperAttention(nn.Module):
         value = self.project_value.weight @ x
         score = torch.softmax(torch.einsum("bxe,bye->bxy", query, x) / math.sqrt(x.size(-1)), dim=-1)
         return self.project_output(score @ value)
+
+
+# ----------------------------------------------------------------------------------------------
+# NadavSc/Diff-Mamba@60c141e700db69a2ec427cf6b84ba7fa4d027908 diffmambablock.py: DiffMamba (two Mamba-1 blocks
+# m1, m2, lambda_q1..lambda_k2 of width d_state, lambda_init from the layer index, subln RMSNorm, the
+# (1 - lambda_init) scale) on state-spaces/mamba's Mamba (slow path) and selective_scan_ref. Deviations:
+# the slow (reference) path only, no float32 casts in the scan; dt_proj init kept simple (a random bias).
+
+
+def _selective_scan_ref(u, delta, A, B, C, D, z, delta_bias):
+    delta = F.softplus(delta + delta_bias[..., None])
+    state = A.new_zeros((u.shape[0], A.shape[0], A.shape[1]))
+    dA = torch.exp(torch.einsum("bdl,dn->bdln", delta, A))
+    dBu = torch.einsum("bdl,bnl,bdl->bdln", delta, B, u)
+    ys = []
+    for i in range(u.shape[2]):
+        state = dA[:, :, i] * state + dBu[:, :, i]
+        ys.append(torch.einsum("bdn,bn->bd", state, C[:, :, i]))
+    return (torch.stack(ys, dim=2) + u * D[..., None]) * F.silu(z)
+
+
+class Mamba(nn.Module):
+    def __init__(self, d_model, d_state=16, d_conv=4, expand=2, bias=False):
+        super().__init__()
+        self.d_inner, self.dt_rank, self.d_state = expand * d_model, math.ceil(d_model / 16), d_state
+        self.in_proj = nn.Linear(d_model, self.d_inner * 2, bias=bias)
+        self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, groups=self.d_inner, padding=d_conv - 1)
+        self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
+        self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1.0).repeat(self.d_inner, 1)))
+        self.D = nn.Parameter(torch.ones(self.d_inner))
+        self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
+
+    def forward(self, hidden_states):
+        b, L, _ = hidden_states.shape
+        xz = self.in_proj(hidden_states).transpose(1, 2)
+        x, z = xz.chunk(2, dim=1)
+        x = F.silu(self.conv1d(x)[..., :L])
+        dt, B, C = torch.split(self.x_proj(x.transpose(1, 2)), [self.dt_rank, self.d_state, self.d_state], dim=-1)
+        dt = (dt @ self.dt_proj.weight.T).transpose(1, 2)
+        y = _selective_scan_ref(x, dt, -torch.exp(self.A_log), B.transpose(1, 2), C.transpose(1, 2), self.D, z,
+                                self.dt_proj.bias)
+        return self.out_proj(y.transpose(1, 2))
+
+
+class DiffMamba(nn.Module):
+    def __init__(self, d_model, layer_idx, d_state=16, d_conv=4, expand=2, bias=False):
+        super().__init__()
+        self.m1 = Mamba(d_model, d_state, d_conv, expand, bias)
+        self.m2 = Mamba(d_model, d_state, d_conv, expand, bias)
+        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * (layer_idx - 1))
+        for k in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            setattr(self, k, nn.Parameter(0.3 * torch.randn(d_state)))
+        self.subln = nn.Module()
+        self.subln.eps, self.subln.weight = 1e-5, nn.Parameter(torch.ones(d_model))
+
+    def forward(self, hidden_states):
+        lam = (torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1)) - torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2))
+               + self.lambda_init)
+        a = self.m1(hidden_states) - lam * self.m2(hidden_states)
+        a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + self.subln.eps) * self.subln.weight
+        return a * (1 - self.lambda_init)

@@ -118,11 +118,24 @@ def test_super_attention_port(dim, length):
     _assert_pass(check_module(U.SuperAttention(dim, length), "optimised_efficient_super_attention"))
 
 
+@pytest.mark.parametrize("layer,d_state,d_conv,expand,bias", [(3, 4, 4, 2, False), (1, 3, 2, 1, True)])
+def test_diff_mamba(layer, d_state, d_conv, expand, bias):
+    torch.manual_seed(14)
+    m = U.DiffMamba(4, layer, d_state, d_conv, expand, bias=bias)
+    with torch.no_grad():
+        m.subln.weight.add_(0.2 * torch.randn_like(m.subln.weight))
+        for mm in (m.m1, m.m2):
+            mm.D.add_(0.3 * torch.randn_like(mm.D))
+            mm.A_log.add_(0.1 * torch.randn_like(mm.A_log))
+    _assert_pass(check_module(m, "diff_mamba"))
+
+
 # ------------------------------------------------------------------------------ every row of the group
 
 _MODULES = {
     "all_or_here_attention": (lambda: U.Olmo2AHAAttention(8, 4, 2, local_window=3), {}, ()),
     "coca_collinear_attention": (lambda: U.CocaLlamaAttention(8, 4, 2, bias=True), {}, ()),
+    "diff_mamba": (lambda: U.DiffMamba(4, 2, 3, 2, 2, bias=True), {}, ()),
     "gmm_dca_location_attention": (lambda: U.DynamicConvolutionAttention(4, 5, 2, 5, 3, 3, 11, 0.1, 0.9), {}, ("P",)),
     "high_order_attention_hoa": (lambda: U.HighDivModule(8, 3), {}, ()),
     "latent_alignment_attention": (lambda: U.VarAttnGenerator(4, 3, 5, 6), {}, ()),
