@@ -562,10 +562,13 @@ class SuperAttention(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# NadavSc/Diff-Mamba@60c141e700db69a2ec427cf6b84ba7fa4d027908 diffmambablock.py: DiffMamba (two Mamba-1 blocks
-# m1, m2, lambda_q1..lambda_k2 of width d_state, lambda_init from the layer index, subln RMSNorm, the
-# (1 - lambda_init) scale) on state-spaces/mamba's Mamba (slow path) and selective_scan_ref. Deviations:
-# the slow (reference) path only, no float32 casts in the scan; dt_proj init kept simple (a random bias).
+# NadavSc/Diff-Mamba@c83e7750d59f638aff297557d27020b31e8249eb (refattn follows 60c141e)
+# language_modeling/src/models/sequence/modules/diffmambablock.py: DiffMamba (two Mamba-1 blocks m1, m2,
+# lambda_q1..lambda_k2 of width d_state, lambda_init a 0-dim tensor from i_layer, subln RMSNorm of
+# src/models/functional/rms_norm.py, the (1 - lambda_init) scale; returns (out, 0)) and its Mamba (slow path:
+# causal_conv1d_fn and the fast path absent; mamba_ssm's selective_scan_ref for selective_scan_fn; returns
+# (out, ssm_state)). Deviations: no .float() casts and lambda_init built in float64, so float64 stays float64;
+# dt_proj keeps nn.Linear's default init (upstream's dt init only sets initial values).
 
 
 def _selective_scan_ref(u, delta, A, B, C, D, z, delta_bias):
@@ -581,11 +584,13 @@ def _selective_scan_ref(u, delta, A, B, C, D, z, delta_bias):
 
 
 class Mamba(nn.Module):
-    def __init__(self, d_model, d_state=16, d_conv=4, expand=2, bias=False):
+    def __init__(self, d_model, d_state=16, d_conv=4, expand=2, conv_bias=True, bias=False, i_layer=None):
         super().__init__()
-        self.d_inner, self.dt_rank, self.d_state = expand * d_model, math.ceil(d_model / 16), d_state
+        self.d_inner, self.dt_rank, self.d_state = int(expand * d_model), math.ceil(d_model / 16), d_state
+        self.i_layer = i_layer
         self.in_proj = nn.Linear(d_model, self.d_inner * 2, bias=bias)
-        self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, groups=self.d_inner, padding=d_conv - 1)
+        self.conv1d = nn.Conv1d(self.d_inner, self.d_inner, d_conv, bias=conv_bias, groups=self.d_inner,
+                                padding=d_conv - 1)
         self.x_proj = nn.Linear(self.d_inner, self.dt_rank + 2 * d_state, bias=False)
         self.dt_proj = nn.Linear(self.dt_rank, self.d_inner, bias=True)
         self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1.0).repeat(self.d_inner, 1)))
@@ -593,31 +598,35 @@ class Mamba(nn.Module):
         self.out_proj = nn.Linear(self.d_inner, d_model, bias=bias)
 
     def forward(self, hidden_states):
-        b, L, _ = hidden_states.shape
-        xz = self.in_proj(hidden_states).transpose(1, 2)
+        L = hidden_states.shape[1]
+        xz = (self.in_proj.weight @ hidden_states.reshape(-1, hidden_states.shape[-1]).T)
+        xz = xz.reshape(xz.shape[0], -1, L).transpose(0, 1)
+        if self.in_proj.bias is not None:
+            xz = xz + self.in_proj.bias[:, None]
         x, z = xz.chunk(2, dim=1)
         x = F.silu(self.conv1d(x)[..., :L])
         dt, B, C = torch.split(self.x_proj(x.transpose(1, 2)), [self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = (dt @ self.dt_proj.weight.T).transpose(1, 2)
         y = _selective_scan_ref(x, dt, -torch.exp(self.A_log), B.transpose(1, 2), C.transpose(1, 2), self.D, z,
                                 self.dt_proj.bias)
-        return self.out_proj(y.transpose(1, 2))
+        return self.out_proj(y.transpose(1, 2)), None
 
 
 class DiffMamba(nn.Module):
-    def __init__(self, d_model, layer_idx, d_state=16, d_conv=4, expand=2, bias=False):
+    def __init__(self, d_model, i_layer, d_state=16, d_conv=4, expand=1, conv_bias=True, bias=False):
         super().__init__()
-        self.m1 = Mamba(d_model, d_state, d_conv, expand, bias)
-        self.m2 = Mamba(d_model, d_state, d_conv, expand, bias)
-        self.lambda_init = 0.8 - 0.6 * math.exp(-0.3 * (layer_idx - 1))
+        self.d_model = d_model
+        self.m1 = Mamba(d_model, d_state, d_conv, expand, conv_bias, bias, i_layer)
+        self.m2 = Mamba(d_model, d_state, d_conv, expand, conv_bias, bias, i_layer)
+        self.lambda_init = 0.8 - 0.6 * torch.exp(torch.tensor(-0.3 * (i_layer - 1), dtype=torch.float64))
         for k in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
-            setattr(self, k, nn.Parameter(0.3 * torch.randn(d_state)))
+            setattr(self, k, nn.Parameter(torch.randn(d_state)))
         self.subln = nn.Module()
         self.subln.eps, self.subln.weight = 1e-5, nn.Parameter(torch.ones(d_model))
 
     def forward(self, hidden_states):
-        lam = (torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1)) - torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2))
-               + self.lambda_init)
-        a = self.m1(hidden_states) - lam * self.m2(hidden_states)
+        lam = (torch.exp(torch.sum(self.lambda_q1 * self.lambda_k1, dim=-1))
+               - torch.exp(torch.sum(self.lambda_q2 * self.lambda_k2, dim=-1)) + self.lambda_init)
+        a = self.m1(hidden_states)[0] - lam * self.m2(hidden_states)[0]
         a = a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + self.subln.eps) * self.subln.weight
-        return a * (1 - self.lambda_init)
+        return a * (1 - self.lambda_init), 0

@@ -118,10 +118,11 @@ def test_super_attention_port(dim, length):
     _assert_pass(check_module(U.SuperAttention(dim, length), "optimised_efficient_super_attention"))
 
 
-@pytest.mark.parametrize("layer,d_state,d_conv,expand,bias", [(3, 4, 4, 2, False), (1, 3, 2, 1, True)])
-def test_diff_mamba(layer, d_state, d_conv, expand, bias):
+@pytest.mark.parametrize("layer,d_state,d_conv,expand,conv_bias,bias", [(3, 4, 4, 2, True, False),
+                                                                       (1, 3, 2, 1, False, True)])
+def test_diff_mamba(layer, d_state, d_conv, expand, conv_bias, bias):
     torch.manual_seed(14)
-    m = U.DiffMamba(4, layer, d_state, d_conv, expand, bias=bias)
+    m = U.DiffMamba(4, layer, d_state, d_conv, expand, conv_bias=conv_bias, bias=bias)
     with torch.no_grad():
         m.subln.weight.add_(0.2 * torch.randn_like(m.subln.weight))
         for mm in (m.m1, m.m2):

@@ -292,14 +292,14 @@ _SPECS = [
          required=("project_query.weight", "project_value.weight", "project_output.weight"),
          call=lambda module, inp, cfg: module(inp["x"]), build=_super_build,
          defaults={"num_heads": 1, "variant": "super", "is_causal": False}),
-    Spec("diff_mamba", "NadavSc/Diff-Mamba diffmambablock.py@60c141e (DiffMamba: Mamba-1 blocks m1/m2 of "
-         "state-spaces/mamba, lambda_q1..lambda_k2, subln; forward(x); lambda_init read from the module)",
+    Spec("diff_mamba", "NadavSc/Diff-Mamba language_modeling/src/models/sequence/modules/diffmambablock.py@60c141e "
+         "(DiffMamba: Mamba-1 blocks m1/m2, lambda_q1..lambda_k2, subln; forward(x)[0]; depth = m1.i_layer)",
          rules=[Named(r"m[12]\.(in_proj|x_proj|dt_proj|out_proj)\.weight", True),
                 Named(r"m[12]\.((in_proj|dt_proj|out_proj|conv1d)\.bias|conv1d\.weight|A_log|D)"
                       r"|lambda_[qk][12]|subln\.weight", False)],
          required=("m1.in_proj.weight", "m2.in_proj.weight", "lambda_q1", "subln.weight"),
-         call=lambda module, inp, cfg: module(inp["x"]), build=x_build("m1.in_proj.weight"),
-         attrs={"lambda_init": "lambda_init", "eps": "subln.eps"}),
+         call=lambda module, inp, cfg: module(inp["x"])[0], build=x_build("m1.in_proj.weight"),
+         attrs={"depth": "m1.i_layer", "eps": "subln.eps"}),
 ]
 
 add_specs(*_SPECS)
