@@ -1,0 +1,87 @@
+"""Compact PyTorch re-statements of the upstream modules that tests/test_interop_lin_a.py checks
+refattn against (refattn.interop.torch_specs_lin_a). Upstream names, shapes and forward as upstream;
+each is headed by its repository@commit, file and class, and its deviations. Common deviations:
+dropout omitted (eval mode), float32 casts removed so that float64 stays float64.
+"""
+
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+# ---------------------------------------------------------------------------------------------------
+# zhouhaoyi/Informer2020@29f2a73 models/attn.py: ProbAttention, AttentionLayer; utils/masking.py: ProbMask
+# Deviations: dropout omitted; output_attention omitted (attn returned as None).
+
+
+class ProbAttention(nn.Module):
+    def __init__(self, mask_flag=True, factor=5, scale=None, attention_dropout=0.1, output_attention=False):
+        super().__init__()
+        self.factor, self.scale, self.mask_flag = factor, scale, mask_flag
+
+    def _prob_QK(self, Q, K, sample_k, n_top):
+        B, H, L_K, E = K.shape
+        L_Q = Q.shape[2]
+        K_expand = K.unsqueeze(-3).expand(B, H, L_Q, L_K, E)
+        index_sample = torch.randint(L_K, (L_Q, sample_k))
+        K_sample = K_expand[:, :, torch.arange(L_Q).unsqueeze(1), index_sample, :]
+        Q_K_sample = torch.matmul(Q.unsqueeze(-2), K_sample.transpose(-2, -1)).squeeze(-2)
+        M = Q_K_sample.max(-1)[0] - torch.div(Q_K_sample.sum(-1), L_K)
+        M_top = M.topk(n_top, sorted=False)[1]
+        Q_reduce = Q[torch.arange(B)[:, None, None], torch.arange(H)[None, :, None], M_top, :]
+        return torch.matmul(Q_reduce, K.transpose(-2, -1)), M_top
+
+    def _get_initial_context(self, V, L_Q):
+        B, H, L_V, D = V.shape
+        if not self.mask_flag:
+            return V.mean(dim=-2).unsqueeze(-2).expand(B, H, L_Q, D).clone()
+        return V.cumsum(dim=-2)
+
+    def _update_context(self, context_in, V, scores, index, L_Q):
+        B, H, L_V, D = V.shape
+        if self.mask_flag:  # ProbMask
+            mask = torch.ones(L_Q, scores.shape[-1], dtype=torch.bool).triu(1)
+            mask = mask[None, None].expand(B, H, L_Q, scores.shape[-1])
+            mask = mask[torch.arange(B)[:, None, None], torch.arange(H)[None, :, None], index, :].view(scores.shape)
+            scores.masked_fill_(mask, -np.inf)
+        attn = torch.softmax(scores, dim=-1)
+        context_in[torch.arange(B)[:, None, None], torch.arange(H)[None, :, None], index, :] = \
+            torch.matmul(attn, V).type_as(context_in)
+        return context_in
+
+    def forward(self, queries, keys, values, attn_mask):
+        B, L_Q, H, D = queries.shape
+        L_K = keys.shape[1]
+        queries, keys, values = queries.transpose(2, 1), keys.transpose(2, 1), values.transpose(2, 1)
+        U_part = min(self.factor * np.ceil(np.log(L_K)).astype("int").item(), L_K)
+        u = min(self.factor * np.ceil(np.log(L_Q)).astype("int").item(), L_Q)
+        scores_top, index = self._prob_QK(queries, keys, sample_k=U_part, n_top=u)
+        scores_top = scores_top * (self.scale or 1.0 / math.sqrt(D))
+        context = self._get_initial_context(values, L_Q)
+        context = self._update_context(context, values, scores_top, index, L_Q)
+        return context.transpose(2, 1).contiguous(), None
+
+
+class AttentionLayer(nn.Module):
+    def __init__(self, attention, d_model, n_heads, d_keys=None, d_values=None, mix=False):
+        super().__init__()
+        d_keys = d_keys or (d_model // n_heads)
+        d_values = d_values or (d_model // n_heads)
+        self.inner_attention = attention
+        self.query_projection = nn.Linear(d_model, d_keys * n_heads)
+        self.key_projection = nn.Linear(d_model, d_keys * n_heads)
+        self.value_projection = nn.Linear(d_model, d_values * n_heads)
+        self.out_projection = nn.Linear(d_values * n_heads, d_model)
+        self.n_heads, self.mix = n_heads, mix
+
+    def forward(self, queries, keys, values, attn_mask):
+        B, L, _ = queries.shape
+        S, H = keys.shape[1], self.n_heads
+        queries = self.query_projection(queries).view(B, L, H, -1)
+        keys = self.key_projection(keys).view(B, S, H, -1)
+        values = self.value_projection(values).view(B, S, H, -1)
+        out, attn = self.inner_attention(queries, keys, values, attn_mask)
+        if self.mix:
+            out = out.transpose(2, 1).contiguous()
+        return self.out_projection(out.view(B, L, -1)), attn

@@ -1,0 +1,50 @@
+"""refattn.interop.torch rows of refattn/interop/torch_specs_lin_a.py against the PyTorch modules of
+tests/_upstream_lin_a.py (each written from the upstream file@commit named in its comment), in float64."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import _upstream_lin_a as U  # noqa: E402
+
+from refattn.interop.torch import check_module, grads_to_state_dict, params_from_state_dict, supported_slugs  # noqa: E402
+
+
+def _assert_pass(report):
+    assert report.passed, "\n" + str(report)
+    return report
+
+
+@pytest.mark.parametrize("mask_flag,mix,factor,heads,d_keys", [(True, True, 1, 2, None), (False, False, 1, 3, None),
+                                                               (True, False, 2, 2, 3)])
+def test_informer_probsparse_attention(mask_flag, mix, factor, heads, d_keys):
+    torch.manual_seed(1)
+    m = U.AttentionLayer(U.ProbAttention(mask_flag, factor), 6, heads, d_keys=d_keys, mix=mix)
+    _assert_pass(check_module(m, "informer_probsparse_attention"))
+
+
+_MODULES = {
+    "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
+}
+
+
+def test_lin_a_specs_are_registered():
+    from refattn.interop.torch_specs_lin_a import GROUP_SLUGS
+
+    assert set(GROUP_SLUGS) <= set(supported_slugs())
+    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+
+
+@pytest.mark.parametrize("slug", sorted(_MODULES))
+def test_lin_a_specs_map_state_dict_and_grads_back(slug):
+    make, cfg, derived = _MODULES[slug]
+    torch.manual_seed(4)
+    sd = make().double().state_dict()
+    p = params_from_state_dict(slug, sd, **cfg)
+    assert not set(derived) & set(p)
+    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
+    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
+    for k, v in sd.items():
+        if k not in derived:
+            np.testing.assert_array_equal(back["attn." + k], v.numpy())
