@@ -85,3 +85,48 @@ class AttentionLayer(nn.Module):
         if self.mix:
             out = out.transpose(2, 1).contiguous()
         return self.out_projection(out.view(B, L, -1)), attn
+
+
+# ---------------------------------------------------------------------------------------------------
+# facebookresearch/fairseq@3d262bb examples/linformer/linformer_src/modules/multihead_linear_attention.py:
+# MultiheadLinearAttention. Deviations: only the self-attention path (what the Linformer encoder uses);
+# quant_noise, dropout, masks, add_bias_kv, add_zero_attn, incremental state and shared_compress_layer omitted;
+# fairseq's utils.softmax (float32 upcast) is torch.softmax.
+
+
+class MultiheadLinearAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads, bias=True, self_attention=True, compressed=1, max_seq_len=256,
+                 shared_kv_compressed=0):
+        super().__init__()
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.self_attention = self_attention
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.compress_seq_len = max_seq_len // compressed
+        self.compress_k = nn.Linear(max_seq_len, self.compress_seq_len, bias=False)
+        if shared_kv_compressed == 0:
+            self.compress_v = nn.Linear(max_seq_len, self.compress_seq_len, bias=False)
+        self.shared_kv_compressed = shared_kv_compressed
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+    def forward(self, query, key, value, need_weights=True):
+        tgt_len, bsz, embed_dim = query.size()
+        q = self.q_proj(query)
+        k_input = query.permute(1, 2, 0).contiguous()
+        k_input = nn.functional.linear(k_input, self.compress_k.weight[:, 0:tgt_len]).permute(2, 0, 1).contiguous()
+        k = self.k_proj(k_input)
+        v_input = query.permute(1, 2, 0).contiguous()
+        comp = self.compress_v if self.shared_kv_compressed == 0 else self.compress_k
+        v_input = nn.functional.linear(v_input, comp.weight[:, 0:tgt_len]).permute(2, 0, 1).contiguous()
+        v = self.v_proj(v_input)
+        q = q * self.scaling
+        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        k = k.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        v = v.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        attn_weights = torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1)
+        attn = torch.bmm(attn_weights, v)
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+        return self.out_proj(attn), None

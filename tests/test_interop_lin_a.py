@@ -24,8 +24,17 @@ def test_informer_probsparse_attention(mask_flag, mix, factor, heads, d_keys):
     _assert_pass(check_module(m, "informer_probsparse_attention"))
 
 
+@pytest.mark.parametrize("heads,bias,compressed,shared_kv", [(2, True, 4, 0), (3, False, 2, 1), (1, True, 8, 1)])
+def test_linformer_multihead_linear_attention(heads, bias, compressed, shared_kv):
+    torch.manual_seed(2)
+    m = U.MultiheadLinearAttention(6, heads, bias=bias, compressed=compressed, max_seq_len=16,
+                                   shared_kv_compressed=shared_kv)
+    _assert_pass(check_module(m, "linformer_low_rank_attention"))
+
+
 _MODULES = {
     "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
+    "linformer_low_rank_attention": (lambda: U.MultiheadLinearAttention(6, 2, compressed=4, max_seq_len=16), {}, ()),
 }
 
 

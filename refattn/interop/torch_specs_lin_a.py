@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Named, Spec, add_specs
+from .torch_specs import Named, Spec, add_specs, x_build
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -44,6 +44,19 @@ def _informer_call(module, inp, cfg):
         torch.randint = randint
 
 
+# ---- fairseq Linformer MultiheadLinearAttention(self_attention=True): forward(query, key, value) time-major
+# (T, B, C); compress_k / compress_v are nn.Linear(max_seq_len, k): refattn's (max_seq_len, k) is weight.T
+
+
+def _linformer_infer(keys):
+    return {"sharing": "headwise" if "compress_v.weight" in keys else "key_value"}
+
+
+def _linformer_call(module, inp, cfg):
+    x = inp["x"].transpose(0, 1)
+    return module(x, x, x, need_weights=False)[0].transpose(0, 1)
+
+
 _SPECS = [
     Spec("informer_probsparse_attention",
          "zhouhaoyi/Informer2020 models/attn.py@29f2a73 (AttentionLayer(ProbAttention); forward(queries, keys, "
@@ -55,6 +68,15 @@ _SPECS = [
          call=_informer_call, build=_informer_build,
          attrs={"n_heads": "n_heads", "mix": "mix", "factor": "inner_attention.factor",
                 "mask_flag": "inner_attention.mask_flag", "scale": "inner_attention.scale"}),
+    Spec("linformer_low_rank_attention",
+         "facebookresearch/fairseq examples/linformer/linformer_src/modules/multihead_linear_attention.py@3d262bb "
+         "(MultiheadLinearAttention, self_attention=True; forward(x, x, x) time-major; shared_kv_compressed 0 "
+         "('headwise') or 1 ('key_value'), read from the keys)",
+         rules=[Named(r"(q|k|v|out)_proj\.weight|compress_[kv]\.weight", True), Named(r"(q|k|v|out)_proj\.bias", False)],
+         required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", "compress_k.weight"),
+         unsupported={"bias_k": "add_bias_kv is not implemented", "bias_v": "add_bias_kv is not implemented"},
+         call=_linformer_call, build=x_build("q_proj.weight"), infer=_linformer_infer,
+         attrs={"num_heads": "num_heads"}),
 ]
 
 add_specs(*_SPECS)
