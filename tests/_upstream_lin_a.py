@@ -130,3 +130,87 @@ class MultiheadLinearAttention(nn.Module):
         attn = torch.bmm(attn_weights, v)
         attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
         return self.out_proj(attn), None
+
+
+# ---------------------------------------------------------------------------------------------------
+# ziplab/EcoFormer@a277f9e pvt/performer.py: EcoformerSelfAttention, EcoformerFastAttention, linear_attention_bias;
+# pvt/hashing/ksh.py: KernelSH (forward); pvt/hashing/utils.py: BinaryQuantizer, square_dist.
+# Deviations: the script-level args (nbits, m) are constructor arguments; KernelSH's fitting on the first batch
+# (train_hashing_weight_woeig) is omitted: build with is_trained=True and set the buffers; the unused ORF buffer is
+# drawn Gaussian; the AMP .float() casts are removed; dropout omitted.
+
+
+class BinaryQuantizer(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input):
+        ctx.save_for_backward(input)
+        return torch.sign(input)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (input,) = ctx.saved_tensors
+        grad_input = grad_output.clone()
+        grad_input[input.ge(1)] = 0
+        grad_input[input.le(-1)] = 0
+        return grad_input
+
+
+class KernelSH(nn.Module):
+    def __init__(self, head_num=3, head_dim=64, nbits=16, m=20):
+        super().__init__()
+        self.nbits, self.m, self.head_dim = nbits, m, head_dim
+        self.register_buffer("A", torch.randn(head_num, self.nbits, self.m))
+        self.register_buffer("mvec", torch.zeros(1, head_num, 1, self.m))
+        self.register_buffer("anchor", torch.zeros(1, head_num, self.m, self.head_dim))
+
+    def forward(self, X):
+        ktest = torch.sum((X.unsqueeze(-2) - self.anchor.unsqueeze(-3)) ** 2, -1)  # square_dist
+        sigma = ktest.mean(-1).mean(-1)
+        ktest = torch.exp(-ktest / (2 * sigma.unsqueeze(-1).unsqueeze(-1)))
+        ktest = ktest - self.mvec
+        y = torch.einsum("bhnm,hkm->bhnk", ktest, self.A.detach())
+        return BinaryQuantizer.apply(y)
+
+
+def linear_attention_bias(q, k, v, nbits):
+    N = q.shape[2]
+    bias = nbits + 1
+    top_bias, bottom_bias = v * bias, N * bias
+    k_cumsum = k.sum(dim=-2)
+    D_inv = 1.0 / (torch.einsum("...nd,...d->...n", q, k_cumsum) + bottom_bias)
+    context = torch.einsum("...nd,...ne->...de", k, v)
+    out = torch.einsum("...de,...nd->...ne", context, q) + top_bias
+    return torch.einsum("...ne,...n->...ne", out, D_inv)
+
+
+class EcoformerFastAttention(nn.Module):
+    def __init__(self, num_heads, dim_heads, nbits, m, nb_features=None):
+        super().__init__()
+        nb_features = nb_features or int(dim_heads * math.log(dim_heads))
+        self.register_buffer("projection_matrix", torch.randn(nb_features, dim_heads))
+        self.is_trained = False
+        self.ksh = KernelSH(num_heads, dim_heads, nbits, m)
+
+    def forward(self, qk, v):
+        qk = qk / torch.norm(qk, 2, dim=-1, keepdim=True)
+        assert self.is_trained, "KSH fitting is not re-stated: set the buffers and is_trained=True"
+        qk = self.ksh(qk)
+        return linear_attention_bias(qk, qk, v, self.ksh.nbits)
+
+
+class EcoformerSelfAttention(nn.Module):
+    def __init__(self, dim, num_heads=8, qkv_bias=False, nbits=16, m=20):
+        super().__init__()
+        head_dim = dim // num_heads
+        self.fast_attention = EcoformerFastAttention(num_heads, head_dim, nbits, m)
+        self.num_heads = num_heads
+        self.to_qk = nn.Linear(dim, dim, bias=qkv_bias)
+        self.to_v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qk = self.to_qk(x).reshape(B, N, self.num_heads, C // self.num_heads).permute(0, 2, 1, 3)
+        v = self.to_v(x).reshape(B, N, self.num_heads, C // self.num_heads).permute(0, 2, 1, 3)
+        x = self.fast_attention(qk, v)
+        return self.proj(x.permute(0, 2, 1, 3).reshape(B, N, C))  # rearrange "b h n d -> b n (h d)"

@@ -32,9 +32,32 @@ def test_linformer_multihead_linear_attention(heads, bias, compressed, shared_kv
     _assert_pass(check_module(m, "linformer_low_rank_attention"))
 
 
+def _ecoformer(dim, heads, qkv_bias, nbits, m):
+    mod = U.EcoformerSelfAttention(dim, heads, qkv_bias=qkv_bias, nbits=nbits, m=m)
+    ksh, dh = mod.fast_attention.ksh, dim // heads
+    with torch.no_grad():  # fitted buffers as upstream's KSH leaves them: unit anchors, centred kernel means
+        ksh.A.normal_(0.0, 2.0)
+        ksh.anchor.copy_(torch.nn.functional.normalize(torch.randn(1, heads, m, dh), dim=-1))
+        ksh.mvec.uniform_(0.2, 0.6)
+    mod.fast_attention.is_trained = True
+    return mod
+
+
+@pytest.mark.parametrize("heads,qkv_bias,nbits,m", [(2, False, 4, 5), (3, True, 3, 4), (1, False, 6, 3)])
+def test_ecoformer_self_attention(heads, qkv_bias, nbits, m):
+    from refattn.interop.torch_specs_lin_a import ecoformer_ksh_config
+
+    torch.manual_seed(3)
+    mod = _ecoformer(6, heads, qkv_bias, nbits, m)
+    _assert_pass(check_module(mod, "ecoformer_hash_attention", config=ecoformer_ksh_config(mod.state_dict())))
+
+
 _MODULES = {
     "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
     "linformer_low_rank_attention": (lambda: U.MultiheadLinearAttention(6, 2, compressed=4, max_seq_len=16), {}, ()),
+    "ecoformer_hash_attention": (lambda: _ecoformer(6, 2, True, 4, 5), {},
+                                 ("fast_attention.projection_matrix", "fast_attention.ksh.A", "fast_attention.ksh.anchor",
+                                  "fast_attention.ksh.mvec")),
 }
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Named, Spec, add_specs, x_build
+from .torch_specs import Derived, Named, Spec, add_specs, call_x, x_build
 
-__all__ = ["GROUP_SLUGS"]
+__all__ = ["GROUP_SLUGS", "ecoformer_ksh_config"]
 
 
 # ---- Informer AttentionLayer(ProbAttention): forward(queries, keys, values, attn_mask); upstream draws
@@ -57,6 +57,21 @@ def _linformer_call(module, inp, cfg):
     return module(x, x, x, need_weights=False)[0].transpose(0, 1)
 
 
+# ---- EcoFormer EcoformerSelfAttention: forward(x); the KSH buffers (fast_attention.ksh.A, .anchor, .mvec), fitted
+# once by upstream outside backpropagation, are refattn's config A, anchor, mvec: ecoformer_ksh_config reads them
+
+
+def ecoformer_ksh_config(state_dict, prefix: str = "") -> dict:
+    """refattn's ``A (H, b, m)``, ``anchor (H, m, d_h)``, ``mvec (H, m)`` config of ``ecoformer_hash_attention``
+    from an upstream ``EcoformerSelfAttention`` state_dict (``fast_attention.ksh.A (H, b, m)``, ``.anchor
+    (1, H, m, d_h)``, ``.mvec (1, H, 1, m)``), for ``params_from_state_dict`` / ``check_module``'s config."""
+    from ..testing.compare import to_numpy
+
+    ksh = prefix + "fast_attention.ksh."
+    a, anchor, mvec = (np.array(to_numpy(state_dict[ksh + k])) for k in ("A", "anchor", "mvec"))
+    return {"A": a, "anchor": anchor.reshape(anchor.shape[-3:]), "mvec": mvec.reshape(mvec.shape[1], -1)}
+
+
 _SPECS = [
     Spec("informer_probsparse_attention",
          "zhouhaoyi/Informer2020 models/attn.py@29f2a73 (AttentionLayer(ProbAttention); forward(queries, keys, "
@@ -77,6 +92,14 @@ _SPECS = [
          unsupported={"bias_k": "add_bias_kv is not implemented", "bias_v": "add_bias_kv is not implemented"},
          call=_linformer_call, build=x_build("q_proj.weight"), infer=_linformer_infer,
          attrs={"num_heads": "num_heads"}),
+    Spec("ecoformer_hash_attention",
+         "ziplab/EcoFormer pvt/performer.py@a277f9e (EcoformerSelfAttention with is_trained=True, forward(x); "
+         "pvt/hashing/ksh.py KernelSH, pvt/hashing/utils.py BinaryQuantizer (STE); the KSH buffers are config: "
+         "ecoformer_ksh_config(state_dict); the unused ORF projection_matrix is read and dropped)",
+         rules=[Named(r"(to_qk|to_v|proj)\.weight", True), Named(r"(to_qk|to_v|proj)\.bias", False),
+                Derived(r"fast_attention\.(projection_matrix|ksh\.(A|anchor|mvec))")],
+         required=("to_qk.weight", "to_v.weight", "proj.weight"), call=call_x, build=x_build("to_qk.weight"),
+         attrs={"num_heads": "num_heads"}, defaults={"hash_grad": "ste", "numerator_bias": "self"}),
 ]
 
 add_specs(*_SPECS)
