@@ -214,3 +214,73 @@ class EcoformerSelfAttention(nn.Module):
         v = self.to_v(x).reshape(B, N, self.num_heads, C // self.num_heads).permute(0, 2, 1, 3)
         x = self.fast_attention(qk, v)
         return self.proj(x.permute(0, 2, 1, 3).reshape(B, N, C))  # rearrange "b h n d -> b n (h d)"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Graph-and-Geometric-Learning/hyperbolic-transformer@768fcec large/hypformer.py: TransConvLayer
+# (linear_focus_attention, forward); Hypformer/manifolds/layer.py: HypLinear; Hypformer/manifolds/lorentz.py: Lorentz
+# (on geoopt's Lorentz, which holds k as a frozen nn.Parameter). Deviations: only what the linear focused attention
+# uses: the manifold keeps k and nothing else; full_attention (which alone uses scale and bias), output_attn, the
+# use_weight=False branch and HypLinear's x_manifold / manifold_out / dropout options are omitted.
+
+
+class Lorentz(nn.Module):
+    def __init__(self, k=1.0, learnable=False):
+        super().__init__()
+        self.k = nn.Parameter(torch.as_tensor(float(k)), requires_grad=learnable)
+
+
+class HypLinear(nn.Module):
+    def __init__(self, manifold, in_features, out_features, bias=True):
+        super().__init__()
+        self.in_features, self.out_features = in_features + 1, out_features
+        self.manifold = manifold
+        self.linear = nn.Linear(self.in_features, self.out_features, bias=bias)
+
+    def forward(self, x):
+        x_space = self.linear(x)
+        x_time = ((x_space ** 2).sum(dim=-1, keepdims=True) + self.manifold.k).sqrt()
+        return torch.cat([x_time, x_space], dim=-1)
+
+
+class TransConvLayer(nn.Module):
+    def __init__(self, manifold, in_channels, out_channels, num_heads, power_k=2.0, trans_heads_concat=False):
+        super().__init__()
+        self.manifold, self.num_heads, self.out_channels = manifold, num_heads, out_channels
+        self.Wk = nn.ModuleList([HypLinear(manifold, in_channels, out_channels) for _ in range(num_heads)])
+        self.Wq = nn.ModuleList([HypLinear(manifold, in_channels, out_channels) for _ in range(num_heads)])
+        self.Wv = nn.ModuleList([HypLinear(manifold, in_channels, out_channels) for _ in range(num_heads)])
+        self.scale = nn.Parameter(torch.tensor([math.sqrt(out_channels)]))
+        self.bias = nn.Parameter(torch.zeros(()))
+        self.norm_scale = nn.Parameter(torch.ones(()))
+        self.v_map_mlp = nn.Linear(in_channels, out_channels, bias=True)
+        self.power_k, self.trans_heads_concat = power_k, trans_heads_concat
+        if trans_heads_concat:
+            self.final_linear = nn.Linear(out_channels * num_heads, out_channels, bias=True)
+
+    @staticmethod
+    def fp(x, p=2):
+        norm_x = torch.norm(x, p=2, dim=-1, keepdim=True)
+        norm_x_p = torch.norm(x ** p, p=2, dim=-1, keepdim=True)
+        return (norm_x / norm_x_p) * x ** p
+
+    def linear_focus_attention(self, hyp_qs, hyp_ks, hyp_vs):
+        qs, ks, v = hyp_qs[..., 1:], hyp_ks[..., 1:], hyp_vs[..., 1:]
+        phi_qs = self.fp((torch.relu(qs) + 1e-6) / (self.norm_scale.abs() + 1e-6), p=self.power_k)
+        phi_ks = self.fp((torch.relu(ks) + 1e-6) / (self.norm_scale.abs() + 1e-6), p=self.power_k)
+        k_transpose_v = torch.einsum("nhm,nhd->hmd", phi_ks, v)
+        numerator = torch.einsum("nhm,hmd->nhd", phi_qs, k_transpose_v)
+        denominator = torch.einsum("nhd,hd->nh", phi_qs, torch.einsum("nhd->hd", phi_ks)).unsqueeze(-1)
+        attn_output = numerator / (denominator + 1e-6) + self.v_map_mlp(v)
+        if self.trans_heads_concat:
+            attn_output = self.final_linear(attn_output.reshape(-1, self.num_heads * self.out_channels))
+        else:
+            attn_output = attn_output.mean(dim=1)
+        attn_output_time = ((attn_output ** 2).sum(dim=-1, keepdims=True) + self.manifold.k) ** 0.5
+        return torch.cat([attn_output_time, attn_output], dim=-1)
+
+    def forward(self, query_input, source_input):
+        query = torch.stack([self.Wq[i](query_input) for i in range(self.num_heads)], dim=1)
+        key = torch.stack([self.Wk[i](source_input) for i in range(self.num_heads)], dim=1)
+        value = torch.stack([self.Wv[i](source_input) for i in range(self.num_heads)], dim=1)
+        return self.linear_focus_attention(query, key, value)

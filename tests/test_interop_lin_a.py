@@ -52,12 +52,32 @@ def test_ecoformer_self_attention(heads, qkv_bias, nbits, m):
     _assert_pass(check_module(mod, "ecoformer_hash_attention", config=ecoformer_ksh_config(mod.state_dict())))
 
 
+def _hypformer(c, heads, kappa, power_k, concat):
+    mod = U.TransConvLayer(U.Lorentz(kappa), c, c, heads, power_k=power_k, trans_heads_concat=concat)
+    with torch.no_grad():  # off the init (norm_scale 1, zero biases) so that every parameter matters
+        mod.norm_scale.fill_(0.8)
+        for lin in list(mod.Wq) + list(mod.Wk) + list(mod.Wv):
+            lin.linear.bias.normal_(0.2, 0.2)
+    return mod
+
+
+@pytest.mark.parametrize("heads,kappa,power_k,concat", [(2, 1.0, 2.0, False), (3, 0.7, 3.0, True), (1, 1.3, 2.0, True)])
+def test_hypformer_trans_conv_layer(heads, kappa, power_k, concat):
+    torch.manual_seed(4)
+    mod = _hypformer(4, heads, kappa, power_k, concat)
+    k = float(mod.manifold.k)  # geoopt keeps k in the default dtype (float32): 0.7 is 0.699999988...
+    _assert_pass(check_module(mod, "hypformer_lorentz_linear_attention", config={"curvature": k}))
+
+
 _MODULES = {
     "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
     "linformer_low_rank_attention": (lambda: U.MultiheadLinearAttention(6, 2, compressed=4, max_seq_len=16), {}, ()),
     "ecoformer_hash_attention": (lambda: _ecoformer(6, 2, True, 4, 5), {},
                                  ("fast_attention.projection_matrix", "fast_attention.ksh.A", "fast_attention.ksh.anchor",
                                   "fast_attention.ksh.mvec")),
+    "hypformer_lorentz_linear_attention": (lambda: _hypformer(4, 2, 0.7, 2.0, True), {},
+                                           ("manifold.k", "scale", "bias", "Wq.0.manifold.k", "Wq.1.manifold.k",
+                                            "Wk.0.manifold.k", "Wk.1.manifold.k", "Wv.0.manifold.k", "Wv.1.manifold.k")),
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Derived, Named, Spec, add_specs, call_x, x_build
+from .torch_specs import Derived, Named, Reshape, Spec, add_specs, call_x, x_build
 
 __all__ = ["GROUP_SLUGS", "ecoformer_ksh_config"]
 
@@ -72,6 +72,26 @@ def ecoformer_ksh_config(state_dict, prefix: str = "") -> dict:
     return {"A": a, "anchor": anchor.reshape(anchor.shape[-3:]), "mvec": mvec.reshape(mvec.shape[1], -1)}
 
 
+# ---- Hypformer TransConvLayer (attention_type "linear_focused"): forward(query_input, source_input) on one graph's
+# nodes (N, 1 + C), no batch axis: the call runs it per batch element. The geoopt manifold's curvature k (a frozen
+# parameter under manifold.k and every HypLinear's manifold.k) is refattn's config curvature; scale and bias are
+# parameters of the full-attention branch only, unused by the linear focused attention: both are read and dropped
+
+
+def _hypformer_build(rng, p, cfg, z):
+    from ..attention.linear.hypformer import lorentz_lift
+
+    c = p["Wq.0.linear.weight"].shape[0] - 1
+    return {"x": lorentz_lift(rng.standard_normal((z["b"], z["n"], c)), float(cfg.get("curvature", 1.0)))}, {}
+
+
+def _hypformer_call(module, inp, cfg):
+    import torch
+
+    x = inp["x"]
+    return torch.stack([module(x[i], x[i]) for i in range(x.shape[0])])
+
+
 _SPECS = [
     Spec("informer_probsparse_attention",
          "zhouhaoyi/Informer2020 models/attn.py@29f2a73 (AttentionLayer(ProbAttention); forward(queries, keys, "
@@ -100,6 +120,17 @@ _SPECS = [
                 Derived(r"fast_attention\.(projection_matrix|ksh\.(A|anchor|mvec))")],
          required=("to_qk.weight", "to_v.weight", "proj.weight"), call=call_x, build=x_build("to_qk.weight"),
          attrs={"num_heads": "num_heads"}, defaults={"hash_grad": "ste", "numerator_bias": "self"}),
+    Spec("hypformer_lorentz_linear_attention",
+         "Graph-and-Geometric-Learning/hyperbolic-transformer large/hypformer.py@768fcec (TransConvLayer, "
+         "attention_type='linear_focused', use_weight=True; forward(x, x) per batch element; Hypformer/manifolds/"
+         "layer.py HypLinear; the manifold's k is config curvature, read and dropped like the full-attention-only "
+         "scale and bias)",
+         rules=[Named(r"(W[qkv]\.\d+\.linear|v_map_mlp|final_linear)\.weight", True),
+                Named(r"(W[qkv]\.\d+\.linear|v_map_mlp|final_linear)\.bias", False),
+                Reshape("norm_scale", lambda n: ()), Derived(r"(W[qkv]\.\d+\.)?manifold\.k|scale|bias")],
+         required=("Wq.0.linear.weight", "Wk.0.linear.weight", "Wv.0.linear.weight", "norm_scale", "v_map_mlp.weight"),
+         call=_hypformer_call, build=_hypformer_build,
+         attrs={"num_heads": "num_heads", "power_k": "power_k", "heads_concat": "trans_heads_concat"}),
 ]
 
 add_specs(*_SPECS)
