@@ -284,3 +284,68 @@ class TransConvLayer(nn.Module):
         key = torch.stack([self.Wk[i](source_input) for i in range(self.num_heads)], dim=1)
         value = torch.stack([self.Wv[i](source_input) for i in range(self.num_heads)], dim=1)
         return self.linear_focus_attention(query, key, value)
+
+
+# ---------------------------------------------------------------------------------------------------
+# giorgioroffo/infinite-self-attention@4a37fc0 infsa/attention.py: InfSAAttention; infsa/core.py: pure_infsa_scores,
+# linear_infsa_scores, infsa_attention. Deviations: dropout omitted; need_weights and the hidden_states keyword omitted.
+
+
+def pure_infsa_scores(q, k, rho=0.95, eps=1e-6):
+    scale = math.sqrt(1.0 / q.shape[-1])
+    A = torch.relu(torch.matmul(q * scale, (k * scale).transpose(-2, -1)))
+    A_flat = A.flatten(-2)
+    A_flat = A_flat / (torch.norm(A_flat, p=2, dim=-1, keepdim=True) + eps)
+    return rho * A_flat.view(A.shape)
+
+
+def linear_infsa_scores(q, k, rho=0.95, eps=1e-6):
+    scale = math.sqrt(1.0 / q.shape[-1])
+    q_scaled, k_scaled = q * scale, k * scale
+    energy = torch.relu(q_scaled.norm(p=2, dim=-1))
+    weights = energy / (energy.sum(dim=-1, keepdim=True) + eps)
+    q_bar = torch.einsum("...n,...nd->...d", weights, q_scaled)
+    a = torch.relu(torch.einsum("...d,...nd->...n", q_bar, k_scaled))
+    a = a / (a.sum(dim=-1, keepdim=True) + eps)
+    return (rho * a).unsqueeze(-1)
+
+
+def infsa_attention(q, k, v, variant="pure_infsa", rho=0.95, eps=1e-6):
+    if variant == "pure_infsa":
+        return torch.matmul(pure_infsa_scores(q, k, rho=rho, eps=eps), v)
+    scores = linear_infsa_scores(q, k, rho=rho, eps=eps)
+    return (scores * v).sum(dim=-2, keepdim=True).expand_as(v)
+
+
+class InfSAAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads, variant="pure_infsa", bias=True, batch_first=True, rho_init=0.95,
+                 rho_trainable=True, kdim=None, vdim=None):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.head_dim = embed_dim, num_heads, embed_dim // num_heads
+        self.variant, self.batch_first = variant, batch_first
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias)
+        self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        rho_logit = math.log(rho_init / (1.0 - rho_init))
+        if rho_trainable:
+            self.rho_logit = nn.Parameter(torch.tensor(rho_logit))
+        else:
+            self.register_buffer("rho_logit", torch.tensor(rho_logit))
+
+    def forward(self, query, key, value, need_weights=False):
+        if not self.batch_first:
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        B, N, _ = query.shape
+        S, H, D = key.shape[1], self.num_heads, self.head_dim
+        q = self.q_proj(query).view(B, N, H, D).transpose(1, 2)
+        k = self.k_proj(key).view(B, S, H, D).transpose(1, 2)
+        v = self.v_proj(value).view(B, S, H, D).transpose(1, 2)
+        rho_val = torch.sigmoid(self.rho_logit).item()
+        output = infsa_attention(q, k, v, variant=self.variant, rho=rho_val)
+        output = self.out_proj(output.transpose(1, 2).contiguous().view(B, N, self.embed_dim))
+        if not self.batch_first:
+            output = output.transpose(0, 1)
+        return output, None

@@ -69,6 +69,20 @@ def test_hypformer_trans_conv_layer(heads, kappa, power_k, concat):
     _assert_pass(check_module(mod, "hypformer_lorentz_linear_attention", config={"curvature": k}))
 
 
+@pytest.mark.parametrize("kw", [dict(num_heads=2, variant="pure_infsa", rho_init=0.8),
+                                dict(num_heads=3, variant="linear_infsa", bias=False, batch_first=False),
+                                dict(num_heads=2, variant="pure_infsa", rho_trainable=False, kdim=4, vdim=5)])
+def test_infsa_attention(kw):
+    torch.manual_seed(5)
+    mod = U.InfSAAttention(6, **kw)
+    with torch.no_grad():
+        for lin in (mod.q_proj, mod.k_proj, mod.v_proj, mod.out_proj):
+            if lin.bias is not None:
+                lin.bias.normal_(0.0, 0.3)
+    variant = kw["variant"].split("_")[0]
+    _assert_pass(check_module(mod, "linear_infsa_neumann", config={"variant": variant}))
+
+
 _MODULES = {
     "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
     "linformer_low_rank_attention": (lambda: U.MultiheadLinearAttention(6, 2, compressed=4, max_seq_len=16), {}, ()),
@@ -78,6 +92,7 @@ _MODULES = {
     "hypformer_lorentz_linear_attention": (lambda: _hypformer(4, 2, 0.7, 2.0, True), {},
                                            ("manifold.k", "scale", "bias", "Wq.0.manifold.k", "Wq.1.manifold.k",
                                             "Wk.0.manifold.k", "Wk.1.manifold.k", "Wv.0.manifold.k", "Wv.1.manifold.k")),
+    "linear_infsa_neumann": (lambda: U.InfSAAttention(6, 2, rho_init=0.8), {}, ()),
 }
 
 

@@ -92,6 +92,30 @@ def _hypformer_call(module, inp, cfg):
     return torch.stack([module(x[i], x[i]) for i in range(x.shape[0])])
 
 
+# ---- InfSA InfSAAttention: forward(query, key, value) -> (output, weights); rho = sigmoid(rho_logit).item() (no
+# gradient: refattn's rho_grad="detached"); its variant "pure_infsa" / "linear_infsa" is refattn's "pure" / "linear"
+
+
+def _infsa_build(rng, p, cfg, z):
+    e = p["q_proj.weight"].shape[0]
+    m = z["m"] if cfg.get("variant", "pure") == "pure" else z["n"]  # upstream's linear variant needs S = N
+    return {"query": rng.standard_normal((z["b"], z["n"], e)),
+            "key": rng.standard_normal((z["b"], m, p["k_proj.weight"].shape[0])),
+            "value": rng.standard_normal((z["b"], m, p["v_proj.weight"].shape[0]))}, {}
+
+
+def _infsa_call(module, inp, cfg):
+    want = f"{cfg.get('variant', 'pure')}_infsa"
+    if getattr(module, "variant", want) != want:
+        raise ValueError(f"linear_infsa_neumann: the module's variant is {module.variant!r}: pass "
+                         f"config variant={module.variant.split('_')[0]!r}")
+    q, k, v = inp["query"], inp["key"], inp["value"]
+    if not getattr(module, "batch_first", True):
+        q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+    out = module(q, k, v)[0]
+    return out if getattr(module, "batch_first", True) else out.transpose(0, 1)
+
+
 _SPECS = [
     Spec("informer_probsparse_attention",
          "zhouhaoyi/Informer2020 models/attn.py@29f2a73 (AttentionLayer(ProbAttention); forward(queries, keys, "
@@ -131,6 +155,14 @@ _SPECS = [
          required=("Wq.0.linear.weight", "Wk.0.linear.weight", "Wv.0.linear.weight", "norm_scale", "v_map_mlp.weight"),
          call=_hypformer_call, build=_hypformer_build,
          attrs={"num_heads": "num_heads", "power_k": "power_k", "heads_concat": "trans_heads_concat"}),
+    Spec("linear_infsa_neumann",
+         "giorgioroffo/infinite-self-attention infsa/attention.py@4a37fc0 (InfSAAttention, forward(query, key, "
+         "value)[0]; infsa/core.py infsa_attention; config variant 'pure' / 'linear' for 'pure_infsa' / "
+         "'linear_infsa'; rho detached by .item(), as rho_grad='detached')",
+         rules=[Named(r"(q|k|v|out)_proj\.weight", True), Named(r"(q|k|v|out)_proj\.bias", False),
+                Reshape("rho_logit", lambda n: ())],
+         required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", "rho_logit"),
+         call=_infsa_call, build=_infsa_build, attrs={"num_heads": "num_heads"}, defaults={"rho_grad": "detached"}),
 ]
 
 add_specs(*_SPECS)
