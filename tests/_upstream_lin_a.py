@@ -349,3 +349,68 @@ class InfSAAttention(nn.Module):
         if not self.batch_first:
             output = output.transpose(0, 1)
         return output, None
+
+
+# ---------------------------------------------------------------------------------------------------
+# SmallDoges/flash-dmattn@f024c28 benchmarks/forward_equivalence.py: dynamic_mask_attention_python, repeat_kv;
+# flash_sparse_attn/utils/mask.py: create_mask, topk_mask; the dynamic bias from DogeAttention's A and dt_proj
+# (huggingface/transformers@00ca1ab src/transformers/models/doge/modeling_doge.py DogeAttention.forward:
+# dt_states = dt_proj(values as (B, M, H_kv d)); exp(A * softplus(dt_states)); flash-dmattn's example layer: without
+# the exp). Deviations: one module holding DogeAttention's A and dt_proj around the reference; the top-k keeps
+# min(window_size, key_len) keys (all of them below the window, as DogeAttention.prepare_dynamic_mask; the reference's
+# topk fails there); the
+# causal mask is built here (top-left), create_mask's 2-D mask padding and block smoothing are omitted.
+
+
+def repeat_kv(hidden_states, n_rep):
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def topk_mask(attention_bias, attention_mask, window_size, min_dtype):
+    attention_bias = attention_bias.detach()
+    if attention_mask is not None:
+        attention_bias = attention_bias.masked_fill(~attention_mask, min_dtype)
+    topk_values, topk_indices = torch.topk(attention_bias, window_size, dim=-1, largest=True, sorted=False)
+    return torch.zeros_like(attention_bias, dtype=torch.bool).scatter_(-1, topk_indices, topk_values != min_dtype)
+
+
+def dynamic_mask_attention_python(query_states, key_states, value_states, attn_bias, causal_mask, scaling,
+                                  window_size, is_causal):
+    num_heads, key_len = query_states.shape[1], key_states.shape[2]
+    num_queries_per_kv = num_heads // key_states.shape[1]
+    attn_mask = topk_mask(attn_bias, causal_mask if is_causal else None, min(window_size, key_len),
+                          torch.finfo(query_states.dtype).min)
+    key_states = repeat_kv(key_states, num_queries_per_kv)
+    value_states = repeat_kv(value_states, num_queries_per_kv)
+    attn_bias = repeat_kv(attn_bias, num_queries_per_kv)
+    attn_mask = repeat_kv(attn_mask, num_queries_per_kv) if attn_mask is not None else None
+    attn_weights = torch.matmul(query_states, key_states.transpose(-2, -1)) * scaling + attn_bias
+    if attn_mask is not None:
+        attn_weights = attn_weights.masked_fill(~attn_mask, float("-inf"))
+    attn_weights = torch.softmax(attn_weights, dim=-1)
+    return torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
+
+
+class DynamicMaskAttention(nn.Module):
+    def __init__(self, num_key_value_heads, head_dim, keep_window_size, is_causal=True, attention_bias=True,
+                 exp_bias=False):
+        super().__init__()
+        self.A = nn.Parameter(torch.zeros(num_key_value_heads))
+        self.dt_proj = nn.Linear(num_key_value_heads * head_dim, num_key_value_heads, bias=attention_bias)
+        self.keep_window_size, self.is_causal, self.exp_bias = keep_window_size, is_causal, exp_bias
+
+    def forward(self, query_states, key_states, value_states):
+        B, _, L, D = query_states.shape
+        M = key_states.shape[2]
+        dt_states = self.dt_proj(value_states.transpose(1, 2).reshape(B, M, -1))
+        dt_states = self.A * nn.functional.softplus(dt_states)
+        if self.exp_bias:
+            dt_states = torch.exp(dt_states)
+        attn_bias = dt_states.transpose(-1, -2).unsqueeze(-2).expand(-1, -1, L, -1)
+        causal_mask = torch.ones(B, 1, L, M, dtype=torch.bool).tril()
+        return dynamic_mask_attention_python(query_states, key_states, value_states, attn_bias, causal_mask,
+                                             D ** -0.5, self.keep_window_size, self.is_causal)

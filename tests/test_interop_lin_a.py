@@ -83,6 +83,22 @@ def test_infsa_attention(kw):
     _assert_pass(check_module(mod, "linear_infsa_neumann", config={"variant": variant}))
 
 
+def _dma(hkv, d, window, causal, bias=True, exp_bias=False):
+    mod = U.DynamicMaskAttention(hkv, d, window, is_causal=causal, attention_bias=bias, exp_bias=exp_bias)
+    with torch.no_grad():
+        mod.A.normal_(0.0, 2.0)  # upstream initialises A = 0: no bias, no mask preference
+    return mod
+
+
+@pytest.mark.parametrize("hkv,d,window,causal,bias,exp_bias", [(2, 3, 3, True, True, False), (1, 4, 4, False, False, False),
+                                                               (2, 2, 2, True, True, True)])
+def test_dynamic_mask_attention(hkv, d, window, causal, bias, exp_bias):
+    torch.manual_seed(6)
+    mod = _dma(hkv, d, window, causal, bias, exp_bias)
+    cfg = {"bias_form": "exp" if exp_bias else "linear"}
+    _assert_pass(check_module(mod, "dynamic_mask_attention", config=cfg))
+
+
 _MODULES = {
     "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
     "linformer_low_rank_attention": (lambda: U.MultiheadLinearAttention(6, 2, compressed=4, max_seq_len=16), {}, ()),
@@ -93,6 +109,7 @@ _MODULES = {
                                            ("manifold.k", "scale", "bias", "Wq.0.manifold.k", "Wq.1.manifold.k",
                                             "Wk.0.manifold.k", "Wk.1.manifold.k", "Wv.0.manifold.k", "Wv.1.manifold.k")),
     "linear_infsa_neumann": (lambda: U.InfSAAttention(6, 2, rho_init=0.8), {}, ()),
+    "dynamic_mask_attention": (lambda: _dma(2, 3, 3, True), {}, ()),
 }
 
 

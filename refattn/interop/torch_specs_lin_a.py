@@ -116,6 +116,21 @@ def _infsa_call(module, inp, cfg):
     return out if getattr(module, "batch_first", True) else out.transpose(0, 1)
 
 
+# ---- DMA: the dynamic-mask core of DogeAttention (A, dt_proj) on projected q, k, v: forward(q, k, v) -> (B, N, H, d)
+
+
+def _dma_build(rng, p, cfg, z):
+    hkv = p["A"].shape[0]
+    d = p["dt_proj.weight"].shape[0] // hkv
+    n = z["n"]
+    return {"q": rng.standard_normal((z["b"], 2 * hkv, n, d)), "k": rng.standard_normal((z["b"], hkv, n, d)),
+            "v": rng.standard_normal((z["b"], hkv, n, d))}, {}
+
+
+def _dma_call(module, inp, cfg):
+    return module(inp["q"], inp["k"], inp["v"]).transpose(1, 2)
+
+
 _SPECS = [
     Spec("informer_probsparse_attention",
          "zhouhaoyi/Informer2020 models/attn.py@29f2a73 (AttentionLayer(ProbAttention); forward(queries, keys, "
@@ -163,6 +178,14 @@ _SPECS = [
                 Reshape("rho_logit", lambda n: ())],
          required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", "rho_logit"),
          call=_infsa_call, build=_infsa_build, attrs={"num_heads": "num_heads"}, defaults={"rho_grad": "detached"}),
+    Spec("dynamic_mask_attention",
+         "SmallDoges/flash-dmattn benchmarks/forward_equivalence.py@f024c28 (dynamic_mask_attention_python with "
+         "flash_sparse_attn/utils/mask.py create_mask) on the bias of DogeAttention's A and dt_proj (huggingface/"
+         "transformers models/doge/modeling_doge.py@00ca1ab: the exp form); a module forward(q, k, v) with "
+         "DogeAttention's parameter names: map a DogeAttention with its prefix, the projections around it apart)",
+         rules=[Named(r"dt_proj\.weight", True), Named(r"dt_proj\.bias|A", False)],
+         required=("A", "dt_proj.weight"), call=_dma_call, build=_dma_build,
+         attrs={"window_size": "keep_window_size", "is_causal": "is_causal"}),
 ]
 
 add_specs(*_SPECS)
