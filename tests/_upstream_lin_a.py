@@ -414,3 +414,39 @@ class DynamicMaskAttention(nn.Module):
         causal_mask = torch.ones(B, 1, L, M, dtype=torch.bool).tril()
         return dynamic_mask_attention_python(query_states, key_states, value_states, attn_bias, causal_mask,
                                              D ** -0.5, self.keep_window_size, self.is_causal)
+
+
+# ---------------------------------------------------------------------------------------------------
+# cschenxiang/DRSformer@e77bbb4 basicsr/models/archs/DRSformer_arch.py: Attention (TKSA). Deviations: attn_drop
+# (Dropout(0.)) omitted; einops rearrange written as reshape; the mask buffers are made in the input's dtype.
+
+
+class DRSAttention(nn.Module):
+    def __init__(self, dim, num_heads, bias):
+        super().__init__()
+        self.num_heads = num_heads
+        self.temperature = nn.Parameter(torch.ones(num_heads, 1, 1))
+        self.qkv = nn.Conv2d(dim, dim * 3, kernel_size=1, bias=bias)
+        self.qkv_dwconv = nn.Conv2d(dim * 3, dim * 3, kernel_size=3, stride=1, padding=1, groups=dim * 3, bias=bias)
+        self.project_out = nn.Conv2d(dim, dim, kernel_size=1, bias=bias)
+        self.attn1 = nn.Parameter(torch.tensor([0.2]))
+        self.attn2 = nn.Parameter(torch.tensor([0.2]))
+        self.attn3 = nn.Parameter(torch.tensor([0.2]))
+        self.attn4 = nn.Parameter(torch.tensor([0.2]))
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        q, k, v = self.qkv_dwconv(self.qkv(x)).chunk(3, dim=1)
+        q, k, v = (t.reshape(b, self.num_heads, c // self.num_heads, h * w) for t in (q, k, v))  # b (head c) h w
+        q = nn.functional.normalize(q, dim=-1)
+        k = nn.functional.normalize(k, dim=-1)
+        C = q.shape[2]
+        attn = (q @ k.transpose(-2, -1)) * self.temperature
+        out = 0
+        for kk, weight in ((int(C / 2), self.attn1), (int(C * 2 / 3), self.attn2), (int(C * 3 / 4), self.attn3),
+                           (int(C * 4 / 5), self.attn4)):
+            mask = torch.zeros(b, self.num_heads, C, C, dtype=x.dtype)
+            mask.scatter_(-1, torch.topk(attn, k=kk, dim=-1, largest=True)[1], 1.0)
+            a = torch.where(mask > 0, attn, torch.full_like(attn, float("-inf"))).softmax(dim=-1)
+            out = out + (a @ v) * weight
+        return self.project_out(out.reshape(b, c, h, w))

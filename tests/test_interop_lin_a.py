@@ -99,6 +99,21 @@ def test_dynamic_mask_attention(hkv, d, window, causal, bias, exp_bias):
     _assert_pass(check_module(mod, "dynamic_mask_attention", config=cfg))
 
 
+def _drs(dim, heads, bias):
+    mod = U.DRSAttention(dim, heads, bias)
+    with torch.no_grad():  # off the init (temperature 1, every attn_i 0.2) so that each parameter matters
+        mod.temperature.uniform_(0.5, 2.0)
+        for i in range(1, 5):
+            getattr(mod, f"attn{i}").uniform_(-1.0, 1.0)
+    return mod
+
+
+@pytest.mark.parametrize("dim,heads,bias", [(8, 2, False), (12, 3, True), (6, 1, False)])
+def test_drsformer_tksa(dim, heads, bias):
+    torch.manual_seed(7)
+    _assert_pass(check_module(_drs(dim, heads, bias), "drsformer_topk_channel_attention"))
+
+
 _MODULES = {
     "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
     "linformer_low_rank_attention": (lambda: U.MultiheadLinearAttention(6, 2, compressed=4, max_seq_len=16), {}, ()),
@@ -110,6 +125,7 @@ _MODULES = {
                                             "Wk.0.manifold.k", "Wk.1.manifold.k", "Wv.0.manifold.k", "Wv.1.manifold.k")),
     "linear_infsa_neumann": (lambda: U.InfSAAttention(6, 2, rho_init=0.8), {}, ()),
     "dynamic_mask_attention": (lambda: _dma(2, 3, 3, True), {}, ()),
+    "drsformer_topk_channel_attention": (lambda: _drs(8, 2, True), {}, ()),
 }
 
 

@@ -131,6 +131,13 @@ def _dma_call(module, inp, cfg):
     return module(inp["q"], inp["k"], inp["v"]).transpose(1, 2)
 
 
+# ---- DRSformer Attention (TKSA): forward(x (B, C, H, W)); conv kernels keep torch's layout
+
+
+def _drs_build(rng, p, cfg, z):
+    return {"x": rng.standard_normal((z["b"], p["qkv.weight"].shape[1], z["n"], 2))}, {}
+
+
 _SPECS = [
     Spec("informer_probsparse_attention",
          "zhouhaoyi/Informer2020 models/attn.py@29f2a73 (AttentionLayer(ProbAttention); forward(queries, keys, "
@@ -186,6 +193,14 @@ _SPECS = [
          rules=[Named(r"dt_proj\.weight", True), Named(r"dt_proj\.bias|A", False)],
          required=("A", "dt_proj.weight"), call=_dma_call, build=_dma_build,
          attrs={"window_size": "keep_window_size", "is_causal": "is_causal"}),
+    Spec("drsformer_topk_channel_attention",
+         "cschenxiang/DRSformer basicsr/models/archs/DRSformer_arch.py@e77bbb4 (Attention, forward(x); its four "
+         "top-k masks are ratios 1/2, 2/3, 3/4, 4/5, refattn's default)",
+         rules=[Named(r"temperature|qkv\.(weight|bias)|qkv_dwconv\.(weight|bias)|project_out\.(weight|bias)"
+                      r"|attn[1-4]", False)],
+         required=("temperature", "qkv.weight", "qkv_dwconv.weight", "project_out.weight", "attn1", "attn2", "attn3",
+                   "attn4"),
+         call=call_x, build=_drs_build, attrs={"num_heads": "num_heads"}),
 ]
 
 add_specs(*_SPECS)
