@@ -450,3 +450,86 @@ class DRSAttention(nn.Module):
             a = torch.where(mask > 0, attn, torch.full_like(attn, float("-inf"))).softmax(dim=-1)
             out = out + (a @ v) * weight
         return self.project_out(out.reshape(b, c, h, w))
+
+
+# ---------------------------------------------------------------------------------------------------
+# LUMIA-Group/FourierTransformer@cba1dc2 LRA/code/attention.py: Attention (attn_type "dct" path);
+# LRA/code/attention_dct.py: dct, idct, DCTAttention. Deviations: attention dropout omitted; the amp autocast
+# contexts removed; the softmax / none attention types and gradient checkpointing omitted.
+
+
+def dct(x, norm=None):
+    x_shape = x.shape
+    N = x_shape[-1]
+    x = x.contiguous().view(-1, N)
+    v = torch.cat([x[:, ::2], x[:, 1::2].flip([1])], dim=1)
+    Vc = torch.fft.fft(v, dim=1)
+    k = -torch.arange(N, dtype=x.dtype, device=x.device)[None, :] * np.pi / (2 * N)
+    V = Vc.real * torch.cos(k) - Vc.imag * torch.sin(k)
+    if norm == "ortho":
+        V[:, 0] /= np.sqrt(N) * 2
+        V[:, 1:] /= np.sqrt(N / 2) * 2
+    return 2 * V.view(*x_shape)
+
+
+def idct(X, norm=None):
+    x_shape = X.shape
+    N = x_shape[-1]
+    X_v = X.contiguous().view(-1, x_shape[-1]) / 2
+    if norm == "ortho":
+        X_v[:, 0] *= np.sqrt(N) * 2
+        X_v[:, 1:] *= np.sqrt(N / 2) * 2
+    k = torch.arange(x_shape[-1], dtype=X.dtype, device=X.device)[None, :] * np.pi / (2 * N)
+    W_r, W_i = torch.cos(k), torch.sin(k)
+    V_t_r = X_v
+    V_t_i = torch.cat([X_v[:, :1] * 0, -X_v.flip([1])[:, :-1]], dim=1)
+    V_r = V_t_r * W_r - V_t_i * W_i
+    V_i = V_t_r * W_i + V_t_i * W_r
+    V = torch.view_as_complex(torch.cat([V_r.unsqueeze(2), V_i.unsqueeze(2)], dim=2))
+    v = torch.fft.ifft(V, dim=1).real
+    x = v.new_zeros(v.shape)
+    x[:, ::2] += v[:, :N - (N // 2)]
+    x[:, 1::2] += v.flip([1])[:, :N // 2]
+    return x.view(*x_shape)
+
+
+class DCTAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_head, self.head_dim = config["num_head"], config["head_dim"]
+        self.seq_len, self.dct_percentage = config["max_seq_len"], config["dct_percentage"]
+
+    def split_heads(self, X):
+        return X.reshape(X.size(0), X.size(1), self.num_head, self.head_dim).transpose(1, 2)
+
+    def forward(self, X, W_q, W_k, W_v, pooling_mode):
+        B, T, C = X.shape
+        if pooling_mode == "CLS":
+            CLS = X[:, 0, :].unsqueeze(1)
+            X = X[:, 1:, :]
+        X = dct(X.transpose(1, 2), norm="ortho")[:, :, :math.ceil(T * self.dct_percentage)].transpose(1, 2)
+        X = idct(X.transpose(1, 2), norm="ortho").transpose(1, 2)
+        if pooling_mode == "CLS":
+            X = torch.cat([CLS, X], dim=1)
+        short_X = X
+        Q, K, V = self.split_heads(W_q(X)), self.split_heads(W_k(X)), self.split_heads(W_v(X))
+        attn = torch.softmax(torch.matmul(Q, K.transpose(-2, -1)) / math.sqrt(self.head_dim), dim=-1)
+        return short_X, torch.matmul(attn, V)
+
+
+class FourierAttention(nn.Module):  # attention.py: Attention
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.dim, self.head_dim, self.num_head = config["transformer_dim"], config["head_dim"], config["num_head"]
+        self.attn_type = config["attn_type"]
+        self.W_q = nn.Linear(self.dim, self.num_head * self.head_dim)
+        self.W_k = nn.Linear(self.dim, self.num_head * self.head_dim)
+        self.W_v = nn.Linear(self.dim, self.num_head * self.head_dim)
+        self.attn = DCTAttention(config)
+        self.ff = nn.Linear(self.num_head * self.head_dim, self.dim)
+
+    def forward(self, X, mask):
+        shortX, attn_out = self.attn(X, self.W_q, self.W_k, self.W_v, self.config["pooling_mode"])
+        attn_out = attn_out.transpose(1, 2).reshape(attn_out.size(0), attn_out.size(2), self.num_head * self.head_dim)
+        return shortX, self.ff(attn_out)

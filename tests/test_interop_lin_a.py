@@ -114,6 +114,19 @@ def test_drsformer_tksa(dim, heads, bias):
     _assert_pass(check_module(_drs(dim, heads, bias), "drsformer_topk_channel_attention"))
 
 
+def _fourier(dim, heads, head_dim, pct, mode):
+    return U.FourierAttention({"transformer_dim": dim, "head_dim": head_dim, "num_head": heads, "attn_type": "dct",
+                               "max_seq_len": 32, "attention_dropout": 0.0, "dct_percentage": pct, "pooling_mode": mode})
+
+
+@pytest.mark.parametrize("heads,head_dim,pct,mode,residual", [(2, 3, 0.5, "CLS", True), (3, 2, 0.3, "MEAN", True),
+                                                              (1, 4, 1.0, "MEAN", False)])
+def test_fourier_transformer_dct_attention(heads, head_dim, pct, mode, residual):
+    torch.manual_seed(8)
+    cfg = {"pooling_mode": mode, "residual": residual}
+    _assert_pass(check_module(_fourier(6, heads, head_dim, pct, mode), "fourier_transformer_dct", config=cfg))
+
+
 _MODULES = {
     "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
     "linformer_low_rank_attention": (lambda: U.MultiheadLinearAttention(6, 2, compressed=4, max_seq_len=16), {}, ()),
@@ -126,6 +139,7 @@ _MODULES = {
     "linear_infsa_neumann": (lambda: U.InfSAAttention(6, 2, rho_init=0.8), {}, ()),
     "dynamic_mask_attention": (lambda: _dma(2, 3, 3, True), {}, ()),
     "drsformer_topk_channel_attention": (lambda: _drs(8, 2, True), {}, ()),
+    "fourier_transformer_dct": (lambda: _fourier(6, 2, 3, 0.5, "CLS"), {}, ()),
 }
 
 

@@ -138,6 +138,23 @@ def _drs_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], p["qkv.weight"].shape[1], z["n"], 2))}, {}
 
 
+# ---- Fourier Transformer Attention (attn_type "dct"): forward(X, mask) -> (shortX, out); model.py's Transformer adds
+# them (refattn's residual=True); its config["pooling_mode"] is refattn's pooling_mode
+
+
+def _ft_build(rng, p, cfg, z):
+    n = max(z["n"], 2) if cfg.get("pooling_mode", "CLS") == "CLS" else z["n"]  # CLS needs one token besides it
+    return {"x": rng.standard_normal((z["b"], n, p["W_q.weight"].shape[0]))}, {}
+
+
+def _ft_call(module, inp, cfg):
+    mode = getattr(module, "config", {}).get("pooling_mode", cfg.get("pooling_mode", "CLS"))
+    if (mode == "CLS") != (cfg.get("pooling_mode", "CLS") == "CLS"):
+        raise ValueError(f"fourier_transformer_dct: the module's pooling_mode is {mode!r}: pass it in config")
+    short, out = module(inp["x"], None)
+    return out + short if cfg.get("residual", True) else out
+
+
 _SPECS = [
     Spec("informer_probsparse_attention",
          "zhouhaoyi/Informer2020 models/attn.py@29f2a73 (AttentionLayer(ProbAttention); forward(queries, keys, "
@@ -201,6 +218,13 @@ _SPECS = [
          required=("temperature", "qkv.weight", "qkv_dwconv.weight", "project_out.weight", "attn1", "attn2", "attn3",
                    "attn4"),
          call=call_x, build=_drs_build, attrs={"num_heads": "num_heads"}),
+    Spec("fourier_transformer_dct",
+         "LUMIA-Group/FourierTransformer LRA/code/attention.py@cba1dc2 (Attention with attn_type 'dct', "
+         "forward(X, None) -> (shortX, out), summed as model.py's Transformer does for residual=True; "
+         "attention_dct.py DCTAttention, dct, idct; config pooling_mode as the module's config['pooling_mode'])",
+         rules=[Named(r"(W_q|W_k|W_v|ff)\.weight", True), Named(r"(W_q|W_k|W_v|ff)\.bias", False)],
+         required=("W_q.weight", "W_k.weight", "W_v.weight", "ff.weight"), call=_ft_call, build=_ft_build,
+         attrs={"num_heads": "num_head", "dct_percentage": "attn.dct_percentage"}),
 ]
 
 add_specs(*_SPECS)
