@@ -533,3 +533,94 @@ class FourierAttention(nn.Module):  # attention.py: Attention
         shortX, attn_out = self.attn(X, self.W_q, self.W_k, self.W_v, self.config["pooling_mode"])
         attn_out = attn_out.transpose(1, 2).reshape(attn_out.size(0), attn_out.size(2), self.num_head * self.head_dim)
         return shortX, self.ff(attn_out)
+
+
+# ---------------------------------------------------------------------------------------------------
+# YuchuanTian/U-DiT@7fcce5e udit_models.py: precompute_freqs_cis_2d, reshape_for_broadcast, apply_rotary_emb,
+# DownSampler, DownSample_Attn. Deviations: the .float() casts of the RoPE tables and of q, k removed (float64 stays
+# float64); einops rearrange written as reshape / permute; use_cls omitted.
+
+
+def precompute_freqs_cis_2d(dim, end, theta=10000.0, dtype=torch.float64):
+    H = int(end ** 0.5)
+    flat_patch_pos = torch.arange(0, end)
+    x_pos, y_pos = flat_patch_pos % H, flat_patch_pos // H
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 4)[: (dim // 4)].to(dtype) / dim))
+    x_freqs, y_freqs = torch.outer(x_pos, freqs).to(dtype), torch.outer(y_pos, freqs).to(dtype)
+    x_cis = torch.polar(torch.ones_like(x_freqs), x_freqs)
+    y_cis = torch.polar(torch.ones_like(y_freqs), y_freqs)
+    return torch.cat([x_cis.unsqueeze(dim=-1), y_cis.unsqueeze(dim=-1)], dim=-1).reshape(end, -1)
+
+
+def apply_rotary_emb(xq, xk, freqs_cis):
+    xq_ = torch.view_as_complex(xq.reshape(*xq.shape[:-1], -1, 2))
+    xk_ = torch.view_as_complex(xk.reshape(*xk.shape[:-1], -1, 2))
+    if freqs_cis.shape[-1] == xq_.shape[-1]:  # reshape_for_broadcast
+        shape = [1 if i == 2 or i == 0 else d for i, d in enumerate(xq_.shape)]
+    else:
+        shape = [d if i != 0 else 1 for i, d in enumerate(xq_.shape)]
+    freqs_cis = freqs_cis.view(*shape)
+    return torch.view_as_real(xq_ * freqs_cis).flatten(3), torch.view_as_real(xk_ * freqs_cis).flatten(3)
+
+
+class DownSampler(nn.Module):
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.down_factor = kwargs.pop("down_factor")
+        self.downsampler = kwargs.pop("downsampler")
+        self.down_shortcut = kwargs.pop("down_shortcut")
+        self.layer = nn.Conv2d(*args, **kwargs)
+
+    def forward(self, x):
+        x = self.layer(x) + (x if self.down_shortcut else 0)
+        b, d, H, W = x.shape  # 'b d (h dh) (w dw) -> b (dh dw) (h w) d'
+        f = self.down_factor
+        return x.reshape(b, d, H // f, f, W // f, f).permute(0, 3, 5, 2, 4, 1).reshape(b, f * f, -1, d)
+
+
+class DownSample_Attn(nn.Module):
+    def __init__(self, dim, input_size, down_factor, num_heads, bias=False, posemb_type=None, attn_type=None,
+                 downsampler=None, down_shortcut=False):
+        super().__init__()
+        self.dim, self.heads = dim, num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.dh, self.dw = down_factor, down_factor
+        self.to_qkv = nn.Linear(dim, dim * 3, bias=bias)
+        self.to_out = nn.Conv2d(dim, dim, 1)
+        self.attn_type = attn_type
+        if attn_type == "v2":
+            self.logit_scale = nn.Parameter(torch.log(10 * torch.ones((num_heads, 1, 1))), requires_grad=True)
+        self.posemb_type = posemb_type
+        self.freqs_cis = None
+        k = int(downsampler[-1])
+        self.downsampler = DownSampler(dim, dim, kernel_size=k, stride=1, padding=(k - 1) // 2, groups=dim,
+                                       down_factor=down_factor, downsampler=downsampler, down_shortcut=down_shortcut)
+
+    def forward(self, x):
+        b, _, h, w = x.size()
+        x = self.downsampler(x)
+        qkv = self.to_qkv(x).chunk(3, dim=-1)
+        P, He = self.dh * self.dw, self.heads
+
+        def bphnd(t):  # 'b p n (h d) -> b p h n d'
+            return t.reshape(b, P, t.shape[2], He, -1).permute(0, 1, 3, 2, 4)
+
+        if self.posemb_type == "rope2d":
+            N = h * w // self.dh // self.dw
+            if self.freqs_cis is None or self.freqs_cis.shape[0] != N:
+                self.freqs_cis = precompute_freqs_cis_2d(self.dim // self.heads, N, dtype=x.dtype)
+            q, k = (t.reshape(b * P, N, He, -1) for t in qkv[:-1])  # '(b p) n h d'
+            q, k = apply_rotary_emb(q, k, freqs_cis=self.freqs_cis)
+            q, k = (t.reshape(b, P, N, He, -1).permute(0, 1, 3, 2, 4) for t in (q, k))
+            v = bphnd(qkv[2])
+        else:
+            q, k, v = (bphnd(t) for t in qkv)
+        if self.attn_type is None:
+            attn = (q @ k.transpose(-2, -1)) * self.scale
+        else:
+            attn = nn.functional.normalize(q, dim=-1) @ nn.functional.normalize(k, dim=-1).transpose(-2, -1)
+            attn = attn * torch.clamp(self.logit_scale, max=4.6052).exp()
+        x = attn.softmax(dim=-1) @ v
+        f, d = self.dh, x.shape[-1]  # 'b (dh dw) he (h w) d -> b (he d) (h dh) (w dw)'
+        x = x.reshape(b, f, f, He, h // f, w // f, d).permute(0, 3, 6, 4, 1, 5, 2).reshape(b, He * d, h, w)
+        return self.to_out(x)

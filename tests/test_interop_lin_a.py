@@ -127,6 +127,24 @@ def test_fourier_transformer_dct_attention(heads, head_dim, pct, mode, residual)
     _assert_pass(check_module(_fourier(6, heads, head_dim, pct, mode), "fourier_transformer_dct", config=cfg))
 
 
+def _udit(dim, heads, attn_type, posemb, shortcut, bias=True, ker="dwconv5"):
+    mod = U.DownSample_Attn(dim, 8, 2, heads, bias=bias, posemb_type=posemb, attn_type=attn_type, downsampler=ker,
+                            down_shortcut=shortcut)
+    if attn_type == "v2":
+        with torch.no_grad():  # below the clamp at log(100), and per head
+            mod.logit_scale.uniform_(1.0, 3.0)
+    return mod
+
+
+@pytest.mark.parametrize("heads,attn_type,posemb,shortcut,bias", [(2, "v2", "rope2d", True, True),
+                                                                  (2, None, None, False, False),
+                                                                  (1, None, "rope2d", True, True)])
+def test_udit_downsample_attn(heads, attn_type, posemb, shortcut, bias):
+    torch.manual_seed(9)
+    mod = _udit(8, heads, attn_type, posemb, shortcut, bias, "dwconv5" if heads == 2 else "dwconv3")
+    _assert_pass(check_module(mod, "udit_downsampled_token_attention", config={"posemb": posemb}))
+
+
 _MODULES = {
     "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
     "linformer_low_rank_attention": (lambda: U.MultiheadLinearAttention(6, 2, compressed=4, max_seq_len=16), {}, ()),
@@ -140,6 +158,7 @@ _MODULES = {
     "dynamic_mask_attention": (lambda: _dma(2, 3, 3, True), {}, ()),
     "drsformer_topk_channel_attention": (lambda: _drs(8, 2, True), {}, ()),
     "fourier_transformer_dct": (lambda: _fourier(6, 2, 3, 0.5, "CLS"), {}, ()),
+    "udit_downsampled_token_attention": (lambda: _udit(8, 2, "v2", "rope2d", True), {}, ()),
 }
 
 

@@ -155,6 +155,27 @@ def _ft_call(module, inp, cfg):
     return out + short if cfg.get("residual", True) else out
 
 
+# ---- U-DiT DownSample_Attn: forward(x (B, C, H, W)); attn_type None / "v2" (the keys show which), posemb_type None /
+# "rope2d" (refattn's posemb, checked against the module's); the 2-D RoPE table is recomputed, not a buffer
+
+
+def _udit_infer(keys):
+    return {"attn_type": "v2" if "logit_scale" in keys else "v1"}
+
+
+def _udit_build(rng, p, cfg, z):
+    f = int(cfg.get("down_factor", 2))
+    return {"x": rng.standard_normal((z["b"], p["to_out.weight"].shape[0], 2 * f, f * (1 + z["n"] % 3)))}, {}
+
+
+def _udit_call(module, inp, cfg):
+    mine = getattr(module, "posemb_type", cfg.get("posemb", "rope2d"))
+    if mine != cfg.get("posemb", "rope2d"):
+        raise ValueError(f"udit_downsampled_token_attention: the module's posemb_type is {mine!r}: pass config "
+                         f"posemb={mine!r}")
+    return module(inp["x"])
+
+
 _SPECS = [
     Spec("informer_probsparse_attention",
          "zhouhaoyi/Informer2020 models/attn.py@29f2a73 (AttentionLayer(ProbAttention); forward(queries, keys, "
@@ -225,6 +246,14 @@ _SPECS = [
          rules=[Named(r"(W_q|W_k|W_v|ff)\.weight", True), Named(r"(W_q|W_k|W_v|ff)\.bias", False)],
          required=("W_q.weight", "W_k.weight", "W_v.weight", "ff.weight"), call=_ft_call, build=_ft_build,
          attrs={"num_heads": "num_head", "dct_percentage": "attn.dct_percentage"}),
+    Spec("udit_downsampled_token_attention",
+         "YuchuanTian/U-DiT udit_models.py@7fcce5e (DownSample_Attn with DownSampler, forward(x); attn_type None is "
+         "'v1', read from the keys; config posemb as the module's posemb_type; precompute_freqs_cis_2d, "
+         "apply_rotary_emb)",
+         rules=[Named(r"to_qkv\.weight", True),
+                Named(r"to_qkv\.bias|to_out\.(weight|bias)|downsampler\.layer\.(weight|bias)|logit_scale", False)],
+         required=("to_qkv.weight", "to_out.weight", "downsampler.layer.weight"), call=_udit_call, build=_udit_build,
+         infer=_udit_infer, attrs={"num_heads": "heads", "down_factor": "dh", "down_shortcut": "downsampler.down_shortcut"}),
 ]
 
 add_specs(*_SPECS)
