@@ -624,3 +624,100 @@ class DownSample_Attn(nn.Module):
         f, d = self.dh, x.shape[-1]  # 'b (dh dw) he (h w) d -> b (he d) (h dh) (w dw)'
         x = x.reshape(b, f, f, He, h // f, w // f, d).permute(0, 3, 6, 4, 1, 5, 2).reshape(b, He * d, h, w)
         return self.to_out(x)
+
+
+# ---------------------------------------------------------------------------------------------------
+# cs1160701/OnLearningTheKernel@a8e3d3b fast_transformers/attention/linear_attention.py: LinearAttention;
+# fast_transformers/feature_maps/fourier_features.py: GaussianFeatureMap, GaussianMixtureFourierFeatures,
+# SmoothedGaussianMixtureFourierFeatures, GaussianMixturePositive; feature_maps/base.py FeatureMap.
+# Deviations: the attention takes the feature-map instance (upstream: a factory called with query_dimensions); the
+# masks / lengths arguments (all ones here) and the event dispatcher are omitted; orthogonal noise and stabilize
+# are omitted; omega is drawn in the buffer's dtype.
+
+
+class GaussianFeatureMap(nn.Module):
+    def __init__(self, query_dimensions, n_dims, softmax_temp=None, redraw=1, deterministic_eval=False):
+        super().__init__()
+        self.query_dims = query_dimensions
+        self.n_dims = n_dims or query_dimensions
+        self.softmax_temp = softmax_temp or 1 / math.sqrt(query_dimensions)
+        self.redraw, self.deterministic_eval = redraw, deterministic_eval
+        self.register_buffer("omega", torch.zeros(self.query_dims, self.n_dims // 4))
+        self.register_buffer("_calls", torch.tensor(-1, dtype=torch.int))
+
+    def new_feature_map(self, device, dtype):
+        if self.deterministic_eval and not self.training:
+            return
+        self._calls += 1
+        if (self._calls % self.redraw) != 0:
+            return
+        self.register_buffer("omega", torch.zeros(self.omega.shape, dtype=dtype, device=device).normal_())
+
+    def forward_queries(self, x):
+        return self(x)
+
+    def forward_keys(self, x):
+        return self(x)
+
+
+class GaussianMixtureFourierFeatures(GaussianFeatureMap):
+    def __init__(self, query_dimensions, n_heads, n_dims=None, softmax_temp=None):
+        super().__init__(query_dimensions, n_dims=n_dims, softmax_temp=softmax_temp)
+        self.mean = nn.Parameter(torch.Tensor(n_heads, query_dimensions))
+        self.sigma = nn.Parameter(torch.Tensor(n_heads, query_dimensions, query_dimensions))
+        nn.init.xavier_uniform_(self.sigma)
+        bound = 1 / math.sqrt(nn.init._calculate_fan_in_and_fan_out(self.sigma)[0])
+        nn.init.uniform_(self.mean, -bound, bound)
+
+    def forward(self, x):
+        x = x * math.sqrt(self.softmax_temp)
+        omega_gauss = torch.einsum("sm,hsd->hdm", self.omega, self.sigma)
+        omega_p = omega_gauss + self.mean.unsqueeze(-1)
+        omega_m = omega_gauss - self.mean.unsqueeze(-1)
+        u_p = torch.einsum("nlhd,hdm->nlhm", x, omega_p)
+        u_m = torch.einsum("nlhd,hdm->nlhm", x, omega_m)
+        phi = torch.cat([torch.cos(u_p), torch.sin(u_p), torch.cos(u_m), torch.sin(u_m)], dim=-1)
+        return phi * math.sqrt(4 / self.n_dims)
+
+
+class SmoothedGaussianMixtureFourierFeatures(GaussianMixtureFourierFeatures):
+    def __init__(self, query_dimensions, n_heads, n_dims=None, softmax_temp=None, smoothing=1.0):
+        super().__init__(query_dimensions, n_heads=n_heads,
+                         n_dims=query_dimensions - 1 if n_dims is None else n_dims - 1, softmax_temp=softmax_temp)
+        self.smoothing = smoothing
+
+    def forward(self, x):
+        y = super().forward(x)
+        return torch.cat([y, torch.full(y.shape[:-1] + (1,), self.smoothing, dtype=y.dtype)], dim=-1)
+
+
+class GaussianMixturePositive(GaussianFeatureMap):
+    def __init__(self, query_dimensions, n_heads, n_dims=None, softmax_temp=None):
+        super().__init__(query_dimensions, n_dims=n_dims, softmax_temp=softmax_temp)
+        self.register_buffer("omega", torch.zeros(self.query_dims, self.n_dims))
+        self.mean = nn.Parameter(torch.Tensor(n_heads, query_dimensions))
+        self.sigma = nn.Parameter(torch.Tensor(n_heads, query_dimensions))
+        nn.init.xavier_uniform_(self.sigma)
+        bound = 1 / math.sqrt(nn.init._calculate_fan_in_and_fan_out(self.sigma)[0])
+        nn.init.uniform_(self.mean, -bound, bound)
+
+    def forward(self, x):
+        x = x * math.sqrt(self.softmax_temp)
+        norm_x_squared = torch.einsum("...d,...d->...", x, x).unsqueeze(-1)
+        omega = self.omega * torch.exp(self.sigma / 2).unsqueeze(-1) + self.mean.unsqueeze(-1)
+        u = torch.einsum("nlhd,hdm->nlhm", x, omega)
+        return torch.exp(u - (norm_x_squared + 0.5 * math.log(self.n_dims)))
+
+
+class LinearAttention(nn.Module):
+    def __init__(self, query_dimensions, feature_map, eps=1e-6):
+        super().__init__()
+        self.feature_map, self.eps = feature_map, eps
+
+    def forward(self, queries, keys, values):
+        self.feature_map.new_feature_map(queries.device, queries.dtype)
+        Q = self.feature_map.forward_queries(queries)
+        K = self.feature_map.forward_keys(keys)
+        KV = torch.einsum("nshd,nshm->nhmd", K, values)
+        Z = 1 / (torch.einsum("nlhd,nhd->nlh", Q, K.sum(dim=1)) + self.eps)
+        return torch.einsum("nlhd,nhmd,nlh->nlhm", Q, KV, Z).contiguous()

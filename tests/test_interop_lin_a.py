@@ -145,6 +145,26 @@ def test_udit_downsample_attn(heads, attn_type, posemb, shortcut, bias):
     _assert_pass(check_module(mod, "udit_downsampled_token_attention", config={"posemb": posemb}))
 
 
+def _kl(feature, d, heads, m, smoothing=1.0):
+    if feature == "gmm_rks":  # text/model.py 'mix-gauss-fourier': n_dims = 4M + 1 (M frequencies, the smoothing column)
+        fm = U.SmoothedGaussianMixtureFourierFeatures(d, heads, n_dims=4 * m + 1, smoothing=smoothing)
+    else:  # 'mix-gauss-positive'
+        fm = U.GaussianMixturePositive(d, heads, n_dims=m)
+    with torch.no_grad():
+        fm.sigma.mul_(0.5)
+    return U.LinearAttention(d, fm)
+
+
+@pytest.mark.parametrize("feature,d,heads,m,smoothing", [("gmm_rks", 4, 2, 3, 1.0), ("gmm_rks", 3, 1, 5, 0.36),
+                                                         ("gmm_prf", 4, 3, 6, None)])
+def test_kl_transformer_gmm_linear_attention(feature, d, heads, m, smoothing):
+    torch.manual_seed(10)
+    mod = _kl(feature, d, heads, m, smoothing)
+    omega = np.random.default_rng(3).standard_normal(tuple(mod.feature_map.omega.shape))
+    cfg = {"feature": feature, "omega": omega}
+    _assert_pass(check_module(mod, "kl_transformer_learned_spectral_kernel", config=cfg))
+
+
 _MODULES = {
     "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
     "linformer_low_rank_attention": (lambda: U.MultiheadLinearAttention(6, 2, compressed=4, max_seq_len=16), {}, ()),
@@ -159,6 +179,8 @@ _MODULES = {
     "drsformer_topk_channel_attention": (lambda: _drs(8, 2, True), {}, ()),
     "fourier_transformer_dct": (lambda: _fourier(6, 2, 3, 0.5, "CLS"), {}, ()),
     "udit_downsampled_token_attention": (lambda: _udit(8, 2, "v2", "rope2d", True), {}, ()),
+    "kl_transformer_learned_spectral_kernel": (lambda: _kl("gmm_rks", 4, 2, 3), {}, ("feature_map.omega",
+                                                                                       "feature_map._calls")),
 }
 
 

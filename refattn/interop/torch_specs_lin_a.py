@@ -176,6 +176,36 @@ def _udit_call(module, inp, cfg):
     return module(inp["x"])
 
 
+# ---- KL-Transformer: fast-transformers LinearAttention(feature_map=GMM features) of cs1160701/OnLearningTheKernel:
+# forward(queries, keys, values, ...) in (N, L, H, D); it redraws the noise omega on every call (new_feature_map):
+# the call pins it to config omega (the feature map's buffer shape), as refattn takes it
+
+
+def _kl_build(rng, p, cfg, z):
+    if cfg.get("omega") is None:
+        raise ValueError("kl_transformer_learned_spectral_kernel: pass config omega (the feature map's noise, of the "
+                         "shape of its omega buffer): upstream redraws it on every call")
+    h, d = p["feature_map.mean"].shape
+    return {k: rng.standard_normal((z["b"], h, z["m"] if k != "q" else z["n"], d)) for k in ("q", "k", "v")}, {}
+
+
+def _kl_call(module, inp, cfg):
+    import torch
+
+    fm = module.feature_map
+    positive = "Positive" in type(fm).__name__
+    if positive != cfg.get("feature", "gmm_rks").endswith("_prf"):
+        raise ValueError(f"kl_transformer_learned_spectral_kernel: the feature map is {type(fm).__name__}: pass "
+                         f"config feature={'gmm_prf' if positive else 'gmm_rks'!r}")
+    q, k, v = (inp[n].transpose(1, 2) for n in ("q", "k", "v"))
+    fm.omega = torch.as_tensor(np.asarray(cfg["omega"]), dtype=q.dtype)
+    fm.new_feature_map = lambda *a, **kw: None  # keep the pinned noise
+    try:
+        return module(q, k, v).transpose(1, 2)
+    finally:
+        del fm.new_feature_map
+
+
 _SPECS = [
     Spec("informer_probsparse_attention",
          "zhouhaoyi/Informer2020 models/attn.py@29f2a73 (AttentionLayer(ProbAttention); forward(queries, keys, "
@@ -254,6 +284,14 @@ _SPECS = [
                 Named(r"to_qkv\.bias|to_out\.(weight|bias)|downsampler\.layer\.(weight|bias)|logit_scale", False)],
          required=("to_qkv.weight", "to_out.weight", "downsampler.layer.weight"), call=_udit_call, build=_udit_build,
          infer=_udit_infer, attrs={"num_heads": "heads", "down_factor": "dh", "down_shortcut": "downsampler.down_shortcut"}),
+    Spec("kl_transformer_learned_spectral_kernel",
+         "cs1160701/OnLearningTheKernel fast_transformers/attention/linear_attention.py@a8e3d3b (LinearAttention, "
+         "forward(q, k, v) in (N, L, H, D), all-ones masks) with fast_transformers/feature_maps/fourier_features.py "
+         "SmoothedGaussianMixtureFourierFeatures (feature 'gmm_rks') or GaussianMixturePositive ('gmm_prf'); the "
+         "noise omega is config (pinned in the call), its buffer and the _calls counter are read and dropped",
+         rules=[Named(r"feature_map\.(mean|sigma)", False), Derived(r"feature_map\.(omega|_calls)")],
+         required=("feature_map.mean", "feature_map.sigma"), call=_kl_call, build=_kl_build,
+         attrs={"eps": "eps", "smoothing": "feature_map.smoothing", "softmax_temp": "feature_map.softmax_temp"}),
 ]
 
 add_specs(*_SPECS)
