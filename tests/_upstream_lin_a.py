@@ -721,3 +721,65 @@ class LinearAttention(nn.Module):
         KV = torch.einsum("nshd,nshm->nhmd", K, values)
         Z = 1 / (torch.einsum("nlhd,nhd->nlh", Q, K.sum(dim=1)) + self.eps)
         return torch.einsum("nlhd,nhmd,nlh->nlhm", Q, KV, Z).contiguous()
+
+
+# ---------------------------------------------------------------------------------------------------
+# cruiseresearchgroup/spectraformer@ff37d34 src/models/attention_performer.py: PerformerAttention, FastAttention,
+# linear_attention; src/models/component_functions.py: get_params_posrf, get_rfs_torch (its exponential branch);
+# src/models/weight_matrices_approx.py: gaussian_matrix, gaussian_orthogonal_random_matrix (scaling 0).
+# Deviations: only the posrf component with a fixed weight matrix (feat "gaus" / "orf") and the non-causal path;
+# gaussian_matrix draws torch.randn (its MultivariateNormal(0, I) rows), the QR is torch.linalg.qr; the complex
+# branch (A > 1/4), saderf's psi and the FastFood learner are omitted.
+
+
+def gaussian_orthogonal_random_matrix(nb_rows, nb_columns):
+    blocks = [torch.linalg.qr(torch.randn(nb_columns, nb_columns))[0].t() for _ in range(-(-nb_rows // nb_columns))]
+    return torch.cat(blocks)[:nb_rows] * torch.randn((nb_rows, nb_columns)).norm(dim=1)[:, None]
+
+
+def get_rfs_posrf(data, d, rf_params, projection_matrix, is_query, eps=1e-4):
+    b, h, j, _ = data.shape
+    norms = torch.norm(data, p=2, dim=-1, keepdim=True)
+    A, s = rf_params
+    C = -(s + 1) / 2
+    D_dir = torch.pow(torch.pow(1 - 4 * A, 1 / 4) / torch.abs(torch.pow(1 - 4 * A, 1 / 4)), d)
+    B = torch.sqrt(1 - 4 * A)
+    data_dash = torch.einsum("...id,...jd->...ij", data, projection_matrix.expand(b, h, *projection_matrix.shape))
+    omega_norms = torch.norm(projection_matrix, p=2, dim=1, keepdim=True).transpose(0, 1)
+    sB = B if is_query else s * B
+    eq_a = (torch.unsqueeze(A, -1) @ (omega_norms ** 2)).expand(b, -1, -1, -1)
+    data_prime1 = eq_a + sB[None, :, :, None] * data_dash + C * norms ** 2
+    data_prime1 = data_prime1 - torch.max(data_prime1, dim=-1, keepdim=True).values
+    return D_dir[None, :, :, None] * torch.exp(data_prime1) + eps
+
+
+class FastAttention(nn.Module):
+    def __init__(self, dim_heads, nb_features=None, feat="orf"):
+        super().__init__()
+        nb_features = nb_features or int(dim_heads * math.log(dim_heads))
+        self.dim_heads = dim_heads
+        proj = torch.randn(nb_features, dim_heads) if feat == "gaus" else \
+            gaussian_orthogonal_random_matrix(nb_features, dim_heads)
+        self.register_buffer("projection_matrix", proj)
+
+    def forward(self, q, k, v):
+        rf_params = (torch.zeros(q.shape[1], q.shape[2], dtype=q.dtype), 1)  # get_params_posrf
+        q = get_rfs_posrf(q, self.dim_heads, rf_params, self.projection_matrix, is_query=True)
+        k = get_rfs_posrf(k, self.dim_heads, rf_params, self.projection_matrix, is_query=False)
+        k_cumsum = k.sum(dim=-2)  # linear_attention
+        D_inv = 1.0 / torch.einsum("...nd,...d->...n", q, k_cumsum.type_as(q))
+        context = torch.einsum("...nd,...ne->...de", k, v.type_as(k))
+        return torch.einsum("...de,...nd,...n->...ne", context, q, D_inv)
+
+
+class PerformerAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.head_dim, self.rp_dim, self.kernel_type = config["head_dim"], config["rp_dim"], config["kernel_type"]
+        assert self.kernel_type == "posrf", "only the posrf component is re-stated"
+        self.attn_fn = FastAttention(dim_heads=self.head_dim, nb_features=self.rp_dim, feat=config["feat"])
+
+    def forward(self, Q, K, V, mask):
+        return self.attn_fn(Q / math.sqrt(math.sqrt(self.head_dim)),
+                            K / math.sqrt(math.sqrt(self.head_dim)) * mask[:, None, :, None],
+                            V * mask[:, None, :, None])

@@ -165,6 +165,14 @@ def test_kl_transformer_gmm_linear_attention(feature, d, heads, m, smoothing):
     _assert_pass(check_module(mod, "kl_transformer_learned_spectral_kernel", config=cfg))
 
 
+@pytest.mark.parametrize("head_dim,rp_dim,feat", [(4, 6, "orf"), (3, 8, "gaus"), (5, 5, "orf")])
+def test_spectraformer_performer_posrf(head_dim, rp_dim, feat):
+    torch.manual_seed(11)
+    mod = U.PerformerAttention({"head_dim": head_dim, "rp_dim": rp_dim, "kernel_type": "posrf", "feat": feat})
+    cfg = {"projection": mod.attn_fn.projection_matrix.double().numpy()}
+    _assert_pass(check_module(mod, "spectraformer_random_features", config=cfg))
+
+
 _MODULES = {
     "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
     "linformer_low_rank_attention": (lambda: U.MultiheadLinearAttention(6, 2, compressed=4, max_seq_len=16), {}, ()),
@@ -181,6 +189,8 @@ _MODULES = {
     "udit_downsampled_token_attention": (lambda: _udit(8, 2, "v2", "rope2d", True), {}, ()),
     "kl_transformer_learned_spectral_kernel": (lambda: _kl("gmm_rks", 4, 2, 3), {}, ("feature_map.omega",
                                                                                        "feature_map._calls")),
+    "spectraformer_random_features": (lambda: U.PerformerAttention({"head_dim": 4, "rp_dim": 6, "kernel_type": "posrf",
+                                                                     "feat": "orf"}), {}, ("attn_fn.projection_matrix",)),
 }
 
 

@@ -206,6 +206,33 @@ def _kl_call(module, inp, cfg):
         del fm.new_feature_map
 
 
+# ---- Spectraformer PerformerAttention (kernel_type "posrf", a fixed weight matrix): forward(Q, K, V, mask) in
+# (B, H, N, d). The weight matrix is a buffer, refattn's config projection; upstream's posrf has no trainable weight
+# (its gerf / saderf A is an unregistered nn.Parameter, absent from the state_dict, and its learnable FastFood map
+# appends a smoothing column refattn's fastfood weights do not have), so the table maps the state_dict to {}
+
+
+def _spectra_build(rng, p, cfg, z):
+    w = cfg.get("projection")
+    if w is None:
+        raise ValueError("spectraformer_random_features: pass config projection (the module's "
+                         "attn_fn.projection_matrix buffer)")
+    d, h = np.shape(w)[1], 2
+    return {"q": rng.standard_normal((z["b"], h, z["n"], d)), "k": rng.standard_normal((z["b"], h, z["n"], d)),
+            "v": rng.standard_normal((z["b"], h, z["n"], d))}, {}
+
+
+def _spectra_call(module, inp, cfg):
+    import torch
+
+    kind = getattr(module, "kernel_type", "posrf")
+    if kind != cfg.get("component", "posrf"):
+        raise ValueError(f"spectraformer_random_features: the module's kernel_type is {kind!r}: pass config "
+                         f"component={kind!r}")
+    q = inp["q"]
+    return module(q, inp["k"], inp["v"], torch.ones(q.shape[0], inp["k"].shape[2], dtype=q.dtype))
+
+
 _SPECS = [
     Spec("informer_probsparse_attention",
          "zhouhaoyi/Informer2020 models/attn.py@29f2a73 (AttentionLayer(ProbAttention); forward(queries, keys, "
@@ -292,6 +319,16 @@ _SPECS = [
          rules=[Named(r"feature_map\.(mean|sigma)", False), Derived(r"feature_map\.(omega|_calls)")],
          required=("feature_map.mean", "feature_map.sigma"), call=_kl_call, build=_kl_build,
          attrs={"eps": "eps", "smoothing": "feature_map.smoothing", "softmax_temp": "feature_map.softmax_temp"}),
+    Spec("spectraformer_random_features",
+         "cruiseresearchgroup/spectraformer src/models/attention_performer.py@ff37d34 (PerformerAttention, "
+         "forward(Q, K, V, mask) with an all-ones mask; FastAttention with kernel_type 'posrf' and a fixed "
+         "weight matrix (feat 'gaus', 'orf', ...); component_functions.py get_rfs_torch: refattn's "
+         "key_stabilizer='row', feature_eps=1e-4, kernel='gaussian'; the projection_matrix buffer is config "
+         "projection, read and dropped: the state_dict maps to {})",
+         rules=[Derived(r"attn_fn\.projection_matrix")], required=("attn_fn.projection_matrix",),
+         call=_spectra_call, build=_spectra_build,
+         defaults={"component": "posrf", "kernel": "gaussian", "key_stabilizer": "row", "feature_eps": 1e-4,
+                   "normalize_data": True, "causal": False}),
 ]
 
 add_specs(*_SPECS)
