@@ -783,3 +783,211 @@ class PerformerAttention(nn.Module):
         return self.attn_fn(Q / math.sqrt(math.sqrt(self.head_dim)),
                             K / math.sqrt(math.sqrt(self.head_dim)) * mask[:, None, :, None],
                             V * mask[:, None, :, None])
+
+
+# ---------------------------------------------------------------------------------------------------
+# mlpen/VCC@356f806 src/roberta/models/vcc.py: WeightedAttention, VccEncoderLayer; src/roberta/models/mra_projection/
+# formatter.py: Formatter; coarser.py: Coarser, cache_update; finer.py: Finer, cache_select; selector.py: Selector.
+# Deviations: dropout omitted; checkpointing, the "random" selector, positions in the mixed states
+# (include_positions_in_mixed_states=False) and the explore branch of training mode are omitted (eval: argsort);
+# the config is a SimpleNamespace; the layer holds its Formatter as attribute formatter (VccEncoder holds it).
+
+
+def cache_update(cache, update, update_indices):
+    if "bank" not in cache:
+        cache["indice_table"], cache["bank"] = update_indices, update
+    else:
+        batch_size, update_size = update.shape[:2]
+        cache_offset = cache["bank"].shape[1]
+        batch_indices = torch.arange(batch_size)[:, None]
+        cache["indice_table"][batch_indices, update_indices] = torch.arange(cache_offset, cache_offset + update_size)[None]
+        cache["bank"] = torch.cat([cache["bank"], update], dim=1)
+
+
+def cache_select(cache, select_indices):
+    batch_indices = torch.arange(select_indices.shape[0])[:, None]
+    return cache["bank"][batch_indices, cache["indice_table"][batch_indices, select_indices], :, :]
+
+
+class Coarser(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.block_size = config.block_size
+
+    def to_coarse(self, fine_token_states, fine_token_mask):
+        batch_size, size, dim = fine_token_states.shape
+        nb = size // self.block_size
+        fine_token_states = (fine_token_states * fine_token_mask[:, :, None]).reshape(batch_size, nb, self.block_size, dim)
+        count = fine_token_mask.reshape(batch_size, nb, self.block_size).double().sum(dim=2).to(fine_token_states.dtype)
+        coarse = (fine_token_states.double().sum(dim=2) / (count[:, :, None] + 1e-4)).to(fine_token_states.dtype)
+        return coarse, (count > 0).to(fine_token_states.dtype), coarse[:, :, None, :] - fine_token_states
+
+    def forward(self, ms):
+        if "fine_token_states" in ms:
+            coarse, coarse_mask, difference = self.to_coarse(ms.pop("fine_token_states"), ms["fine_token_mask"])
+            batch_size, num_blocks = difference.shape[:2]
+            ms["coarse_token_states"], ms["coarse_token_mask"] = coarse, coarse_mask
+            ms["difference_cache"] = {"version": 0}
+            cache_update(ms["difference_cache"], difference, torch.arange(num_blocks)[None, :].repeat(batch_size, 1))
+        else:
+            fine_idx, coarse_idx = ms.pop("fine_block_indices"), ms.pop("coarse_block_indices")
+            pf_states, pf_mask = ms.pop("partial_fine_token_states"), ms.pop("partial_fine_token_mask")
+            pc_states, pc_mask = ms.pop("partial_coarse_token_states"), ms.pop("partial_coarse_token_mask")
+            reorder = torch.argsort(torch.cat([fine_idx, coarse_idx], dim=1), dim=1)
+            batch_indices = torch.arange(fine_idx.shape[0])[:, None]
+            coarse, coarse_mask, difference = self.to_coarse(pf_states, pf_mask)
+            ms["coarse_token_states"] = torch.cat([coarse, pc_states], dim=1)[batch_indices, reorder, :]
+            assert torch.allclose(ms["coarse_token_mask"], torch.cat([coarse_mask, pc_mask], dim=1)[batch_indices, reorder])
+            cache_update(ms["difference_cache"], difference, fine_idx)
+        return ms
+
+
+class Finer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.block_size = config.block_size
+
+    def forward(self, ms):
+        bs = self.block_size
+        if "fine_block_indices" in ms:
+            coarse, coarse_mask = ms.pop("coarse_token_states"), ms["coarse_token_mask"]
+            fine_idx, coarse_idx = ms["fine_block_indices"], ms["coarse_block_indices"]
+            fine_scores, coarse_scores = ms.pop("fine_block_scores"), ms.pop("coarse_block_scores")
+            batch_size, num_blocks, dim = coarse.shape
+            nf = fine_idx.shape[1]
+            batch_indices = torch.arange(batch_size)[:, None]
+            pf_scores = fine_scores[:, :, None].repeat(1, 1, bs).reshape(batch_size, nf * bs)
+            difference = cache_select(ms["difference_cache"], fine_idx)
+            pf_states = (coarse[batch_indices, fine_idx, :][:, :, None, :] - difference).reshape(batch_size, nf * bs, dim)
+            pf_mask = ms["fine_token_mask"].reshape(batch_size, num_blocks, bs)[batch_indices, fine_idx, :]
+            ms.update(partial_fine_token_states=pf_states, partial_fine_token_mask=pf_mask.reshape(batch_size, nf * bs),
+                      partial_fine_token_scores=pf_scores, partial_fine_token_num_dups=torch.ones_like(pf_scores),
+                      partial_coarse_token_states=coarse[batch_indices, coarse_idx, :],
+                      partial_coarse_token_mask=coarse_mask[batch_indices, coarse_idx],
+                      partial_coarse_token_scores=coarse_scores,
+                      partial_coarse_token_num_dups=bs * torch.ones_like(coarse_scores))
+        else:
+            coarse = ms.pop("coarse_token_states")
+            del ms["coarse_token_mask"]
+            batch_size, num_blocks, dim = coarse.shape
+            difference = cache_select(ms.pop("difference_cache"), torch.arange(num_blocks)[None, :].repeat(batch_size, 1))
+            fine = (coarse[:, :, None, :] - difference).reshape(batch_size, num_blocks * bs, dim)
+            ms["fine_token_states"] = fine * ms["fine_token_mask"][:, :, None]
+        return ms
+
+
+class Selector(nn.Module):
+    def __init__(self, config, attention):
+        super().__init__()
+        self.num_fine_blocks = config.num_fine_blocks
+        self.attention = attention
+
+    def forward(self, ms):
+        probs = self.attention(ms["important_token_states"], ms["coarse_token_states"], ms["coarse_token_mask"])
+        probs = probs.mean(dim=1) * ms["importance_mask"][:, :, None].to(probs.dtype)
+        average_prob_logits = torch.log(probs.mean(dim=1) + 1e-5)
+        block_indices = torch.argsort(average_prob_logits, dim=1, descending=True)
+        probs = torch.softmax(average_prob_logits, dim=-1)[torch.arange(block_indices.shape[0])[:, None], block_indices]
+        ms["fine_block_indices"] = block_indices[:, :self.num_fine_blocks]
+        ms["coarse_block_indices"] = block_indices[:, self.num_fine_blocks:]
+        fine_block_scores = probs[:, :self.num_fine_blocks]
+        coarse_block_scores = 1 - probs[:, self.num_fine_blocks:]
+        ms["fine_block_scores"] = 1 + fine_block_scores - fine_block_scores.detach()
+        ms["coarse_block_scores"] = 1 + coarse_block_scores - coarse_block_scores.detach()
+        return ms
+
+
+class Formatter(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.num_important_tokens, self.block_size = config.num_important_tokens, config.block_size
+        self.coarser, self.finer = Coarser(config), Finer(config)
+
+    def to_vcc_input(self, ms):
+        hidden_states, mask, importance_mask = ms["hidden_states"], ms["mask"], ms["importance_mask"]
+        cached = {"mask": mask, "importance_mask": importance_mask, "positions": ms["positions"]}
+        hidden_states = hidden_states * mask[:, :, None]
+        sorted_order = torch.sort(importance_mask, descending=True, stable=True).indices
+        batch_indices = torch.arange(hidden_states.shape[0])[:, None]
+        hidden_states = hidden_states[batch_indices, sorted_order, :]
+        importance_mask, mask = importance_mask[batch_indices, sorted_order], mask[batch_indices, sorted_order]
+        r = self.num_important_tokens
+        return {"sorted_order": sorted_order, "important_token_states": hidden_states[:, :r, :],
+                "important_token_mask": mask[:, :r], "importance_mask": importance_mask[:, :r],
+                "fine_token_states": hidden_states[:, r:, :], "fine_token_mask": mask[:, r:], "extra_cached": cached}
+
+    def from_vcc_input(self, ms):
+        ms = self.finer(self.coarser(ms))
+        hidden_states = torch.cat([ms["important_token_states"], ms["fine_token_states"]], dim=1)
+        reverse_order = torch.argsort(ms["sorted_order"], dim=-1)
+        hidden_states = hidden_states[torch.arange(hidden_states.shape[0])[:, None], reverse_order, :]
+        return {"hidden_states": hidden_states, **ms["extra_cached"]}
+
+
+class WeightedAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.scale_correction = config.scale_correction
+        self.num_attention_heads = config.num_attention_heads
+        self.attention_head_size = config.hidden_size // config.num_attention_heads
+        self.all_head_size = config.hidden_size
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def transpose_for_scores(self, x):
+        return x.view(x.size()[:-1] + (self.num_attention_heads, self.attention_head_size)).permute(0, 2, 1, 3)
+
+    def forward(self, hidden_states, attention_mask, state_scores, num_dups):
+        hidden_states = self.LayerNorm(hidden_states)
+        probs = self.compute_attention_matrix(hidden_states, hidden_states, attention_mask, state_scores, num_dups)
+        context = torch.matmul(probs, self.transpose_for_scores(self.value(hidden_states)).double())
+        context = context.to(hidden_states.dtype).permute(0, 2, 1, 3).contiguous()
+        return self.dense(context.view(context.size()[:-2] + (self.all_head_size,)))
+
+    def compute_attention_matrix(self, query_states, key_states, attention_mask, state_scores=None, num_dups=None):
+        scale = math.sqrt(math.sqrt(self.attention_head_size))
+        query_layer = self.transpose_for_scores(self.query(query_states)).double() / scale
+        key_layer = self.transpose_for_scores(self.key(key_states)).double() / scale
+        bias = -1000.0 * (1.0 - attention_mask[:, None, None, :].double())
+        if state_scores is not None:
+            bias = bias + torch.log(state_scores[:, None, None, :].double() + 1e-4)
+        if num_dups is not None and self.scale_correction:
+            bias = bias + torch.log(num_dups[:, None, None, :].double() + 1e-4)
+        return torch.softmax(torch.matmul(query_layer, key_layer.transpose(-1, -2)) + bias, dim=-1)
+
+
+class VccEncoderLayer(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.attention = WeightedAttention(config)
+        self.FFN = nn.Sequential(nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps),
+                                 nn.Linear(config.hidden_size, config.intermediate_size), nn.GELU(),
+                                 nn.Linear(config.intermediate_size, config.hidden_size))
+        self.coarser, self.finer = Coarser(config), Finer(config)
+        self.selector = Selector(config, attention=lambda Q, K, Kmask: self.attention.compute_attention_matrix(
+            self.attention.LayerNorm(Q), self.attention.LayerNorm(K), Kmask))
+
+    def encode(self, hidden_states, mask, state_scores, num_dups):
+        attention_output = self.attention(hidden_states, mask, state_scores, num_dups)
+        ffn_output = self.FFN(attention_output + hidden_states)
+        return (ffn_output + attention_output) * state_scores[:, :, None].to(hidden_states.dtype) + hidden_states
+
+    def forward(self, ms):
+        ms = self.finer(self.selector(self.coarser(ms)))
+        shape = ms["important_token_mask"].shape
+        ones = torch.ones(shape, dtype=ms["partial_coarse_token_scores"].dtype)
+        parts = ("partial_fine_token", "partial_coarse_token")
+        hidden_states = torch.cat([ms[f"{p}_states"] for p in parts] + [ms["important_token_states"]], dim=1)
+        mask = torch.cat([ms[f"{p}_mask"] for p in parts] + [ms["important_token_mask"]], dim=1)
+        state_scores = torch.cat([ms[f"{p}_scores"] for p in parts] + [ones], dim=1)
+        num_dups = torch.cat([ms[f"{p}_num_dups"] for p in parts] + [ones], dim=1)
+        hidden_states = self.encode(hidden_states, mask, state_scores, num_dups)
+        a = ms["partial_fine_token_states"].shape[1]
+        c = a + ms["partial_coarse_token_states"].shape[1]
+        ms["partial_fine_token_states"] = hidden_states[:, :a, :]
+        ms["partial_coarse_token_states"] = hidden_states[:, a:c, :]
+        ms["important_token_states"] = hidden_states[:, c:, :]
+        return ms

@@ -173,6 +173,29 @@ def test_spectraformer_performer_posrf(head_dim, rp_dim, feat):
     _assert_pass(check_module(mod, "spectraformer_random_features", config=cfg))
 
 
+def _vcc(hidden, heads, inter, r, block, nf, scale_correction):
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(hidden_size=hidden, num_attention_heads=heads, intermediate_size=inter, layer_norm_eps=1e-5,
+                          scale_correction=scale_correction, num_important_tokens=r, block_size=block,
+                          num_fine_blocks=nf)
+    mod = U.VccEncoderLayer(cfg)
+    mod.formatter = U.Formatter(cfg)
+    with torch.no_grad():  # LayerNorm affine parameters off (1, 0)
+        for ln in (mod.attention.LayerNorm, mod.FFN[0]):
+            ln.weight.uniform_(0.5, 1.5)
+            ln.bias.normal_(0.0, 0.2)
+    return mod
+
+
+@pytest.mark.parametrize("hidden,heads,inter,r,block,nf,scale_correction", [(8, 2, 12, 3, 3, 2, True),
+                                                                            (6, 3, 5, 2, 2, 1, False),
+                                                                            (4, 1, 8, 4, 2, 3, True)])
+def test_vcc_encoder_layer(hidden, heads, inter, r, block, nf, scale_correction):
+    torch.manual_seed(12)
+    _assert_pass(check_module(_vcc(hidden, heads, inter, r, block, nf, scale_correction), "vcc_vip_token_compression"))
+
+
 _MODULES = {
     "informer_probsparse_attention": (lambda: U.AttentionLayer(U.ProbAttention(True, 1), 6, 2, mix=True), {}, ()),
     "linformer_low_rank_attention": (lambda: U.MultiheadLinearAttention(6, 2, compressed=4, max_seq_len=16), {}, ()),
@@ -191,6 +214,7 @@ _MODULES = {
                                                                                        "feature_map._calls")),
     "spectraformer_random_features": (lambda: U.PerformerAttention({"head_dim": 4, "rp_dim": 6, "kernel_type": "posrf",
                                                                      "feat": "orf"}), {}, ("attn_fn.projection_matrix",)),
+    "vcc_vip_token_compression": (lambda: _vcc(8, 2, 12, 3, 3, 2, True), {}, ()),
 }
 
 

@@ -233,6 +233,40 @@ def _spectra_call(module, inp, cfg):
     return module(q, inp["k"], inp["v"], torch.ones(q.shape[0], inp["k"].shape[2], dtype=q.dtype))
 
 
+# ---- VCC VccEncoderLayer between Formatter.to_vcc_input and .from_vcc_input (as VccEncoder runs a lone VCC layer):
+# the module is the VccEncoderLayer with the Formatter of its config as attribute formatter (it has no weights);
+# the VIP tokens are refattn's config importance_mask, drawn by the builder unless the config gives one. The Selector gets
+# its attention as a lambda closing over the layer, which copy.deepcopy (check_module runs a copy) does not rebind:
+# the call binds the same lambda to the layer it runs
+
+
+def _vcc_build(rng, p, cfg, z):
+    imp = cfg.get("importance_mask")
+    if imp is None:  # drawn per case (the default None is this placeholder): VIP tokens at random
+        r, bs, nf = (int(cfg.get(k, 1)) for k in ("num_important_tokens", "block_size", "num_fine_blocks"))
+        n = r + bs * (nf + 1 + z["n"] % 3)  # upstream needs N - r a multiple of block_size, num_fine_blocks <= blocks
+        imp = rng.random((z["b"], n)) < 0.3
+    b, n = np.shape(imp)
+    return {"x": rng.standard_normal((b, n, p["attention.query.weight"].shape[0]))}, {"importance_mask": imp}
+
+
+def _vcc_call(module, inp, cfg):
+    import torch
+
+    x = inp["x"]
+    fmt = getattr(module, "formatter", None)
+    if fmt is None:
+        raise ValueError("vcc_vip_token_compression: set the layer's attribute formatter to the Formatter of its "
+                         "config (upstream VccEncoder.formatter), which check_module runs around it")
+    att = module.attention  # VccEncoderLayer.__init__'s selector attention, on this (copied) layer's weights
+    module.selector.attention = lambda q, k, kmask: att.compute_attention_matrix(att.LayerNorm(q), att.LayerNorm(k), kmask)
+    b, n, _ = x.shape
+    mixed = {"hidden_states": x, "mask": torch.ones(b, n, dtype=x.dtype),
+             "importance_mask": torch.as_tensor(np.asarray(cfg["importance_mask"]), dtype=x.dtype),
+             "positions": torch.arange(n)[None].repeat(b, 1)}
+    return fmt.from_vcc_input(module(fmt.to_vcc_input(mixed)))["hidden_states"]
+
+
 _SPECS = [
     Spec("informer_probsparse_attention",
          "zhouhaoyi/Informer2020 models/attn.py@29f2a73 (AttentionLayer(ProbAttention); forward(queries, keys, "
@@ -329,6 +363,20 @@ _SPECS = [
          call=_spectra_call, build=_spectra_build,
          defaults={"component": "posrf", "kernel": "gaussian", "key_stabilizer": "row", "feature_eps": 1e-4,
                    "normalize_data": True, "causal": False}),
+    Spec("vcc_vip_token_compression",
+         "mlpen/VCC src/roberta/models/vcc.py@356f806 (VccEncoderLayer, attention_based_selector, coarser_type "
+         "'mean', run as Formatter.from_vcc_input(layer(Formatter.to_vcc_input(...))) with the Formatter as the "
+         "layer's attribute formatter; mra_projection/{formatter,coarser,finer,selector}.py; the straight-through "
+         "block scores are refattn's score_gradient='straight_through')",
+         rules=[Named(r"attention\.(query|key|value|dense)\.weight|FFN\.[13]\.weight", True),
+                Named(r"attention\.(query|key|value|dense)\.bias|FFN\.[13]\.bias|attention\.LayerNorm\.(weight|bias)"
+                      r"|FFN\.0\.(weight|bias)", False)],
+         required=("attention.query.weight", "attention.key.weight", "attention.value.weight", "attention.dense.weight",
+                   "FFN.1.weight", "FFN.3.weight"),
+         call=_vcc_call, build=_vcc_build, defaults={"score_gradient": "straight_through", "importance_mask": None},
+         attrs={"num_heads": "attention.num_attention_heads", "scale_correction": "attention.scale_correction",
+                "layer_norm_eps": "attention.LayerNorm.eps", "num_important_tokens": "formatter.num_important_tokens",
+                "block_size": "formatter.block_size", "num_fine_blocks": "selector.num_fine_blocks"}),
 ]
 
 add_specs(*_SPECS)
