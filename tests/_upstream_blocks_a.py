@@ -1,0 +1,81 @@
+"""PyTorch re-statements of the upstream modules that ``tests/test_interop_blocks_a.py`` checks
+``refattn.interop.torch`` against (group ``blocks_a``): compact, written from each upstream file
+(``owner/repo@commit path: Class`` above each), with upstream's parameter names and shapes.
+
+Deviations common to all: dropout is omitted (eval mode); ``.float()`` / ``.type_as`` casts are
+dropped so that float64 stays float64.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# microsoft/unilm@45d438e Diff-Transformer/diff/rms_norm.py: RMSNorm (x.float() cast dropped)
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-6, elementwise_affine=True):
+        super().__init__()
+        self.dim, self.eps, self.elementwise_affine = dim, eps, elementwise_affine
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(dim))
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, x):
+        out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return out * self.weight if self.weight is not None else out
+
+
+# jiachenzhu/DyT@aab5dde dynamic_tanh.py: DynamicTanh
+class DynamicTanh(nn.Module):
+    def __init__(self, normalized_shape, channels_last, alpha_init_value=0.5):
+        super().__init__()
+        self.normalized_shape, self.channels_last = normalized_shape, channels_last
+        self.alpha = nn.Parameter(torch.ones(1) * alpha_init_value)
+        self.weight = nn.Parameter(torch.ones(normalized_shape))
+        self.bias = nn.Parameter(torch.zeros(normalized_shape))
+
+    def forward(self, x):
+        x = torch.tanh(self.alpha * x)
+        if self.channels_last:
+            return x * self.weight + self.bias
+        return x * self.weight[:, None, None] + self.bias[:, None, None]
+
+
+# Baran-phys/DynamicFormer@28139ba dra/activations.py: DRA
+class DRA(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Parameter(torch.randn(1)) for _ in range(4))
+
+    def forward(self, x):
+        t1 = x + self.b * torch.sin(self.a * x) ** 2 / self.a
+        return t1 + self.c * torch.cos(self.a * x) + self.d * torch.tanh(self.b * x)
+
+
+# BryceZhuo/PolyCom@0ed8ad4 dense_model/megatron_patch/model/llama2/transformer.py: norm, polynorm, poly,
+# PolyNorm, PolyReLU (torch.utils.checkpoint omitted: the same values and gradients)
+def _poly_norm(x, eps=1e-6):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class PolyNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(3) / 3)
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        w = self.weight
+        return w[0] * _poly_norm(x ** 3) + w[1] * _poly_norm(x ** 2) + w[2] * _poly_norm(x) + self.bias
+
+
+class PolyReLU(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(3) / 3)
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        x, w = F.relu(x), self.weight
+        return w[0] * x ** 3 + w[1] * x ** 2 + w[2] * x + self.bias

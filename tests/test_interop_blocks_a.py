@@ -1,0 +1,80 @@
+"""refattn.interop.torch for the group ``blocks_a`` (refattn/interop/torch_specs_blocks_a.py): each
+slug's ``check_module`` against the upstream module in float64, and the state_dict round trip.
+
+The modules are in ``tests/_upstream_blocks_a.py`` (file@commit in their comments).
+"""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import _upstream_blocks_a as U  # noqa: E402
+
+from refattn.interop.torch import check_module, grads_to_state_dict, params_from_state_dict, supported_slugs  # noqa: E402
+
+
+def _assert_pass(report):
+    assert report.passed, "\n" + str(report)
+    return report
+
+
+def _perturb(m, scale=0.3, seed=0):
+    """Move every parameter off its init (ones, zeros, 1/3): the check then sees each one."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return m
+
+
+@pytest.mark.parametrize("dim,eps", [(6, 1e-6), (4, 1e-5)])
+def test_rms_norm(dim, eps):
+    _assert_pass(check_module(_perturb(U.RMSNorm(dim, eps=eps)), "rms_norm"))
+
+
+@pytest.mark.parametrize("channels_last,alpha", [(True, 0.5), (False, 0.8)])
+def test_dyt_dynamic_tanh(channels_last, alpha):
+    _assert_pass(check_module(_perturb(U.DynamicTanh(5, channels_last, alpha)), "dyt_dynamic_tanh"))
+
+
+def test_dynamic_range_activator():
+    torch.manual_seed(0)
+    for _ in range(2):
+        _assert_pass(check_module(U.DRA(), "dynamic_range_activator"))
+
+
+@pytest.mark.parametrize("cls,kind", [("PolyNorm", "polynorm"), ("PolyReLU", "polyrelu")])
+def test_polynorm_polycom(cls, kind):
+    _assert_pass(check_module(_perturb(getattr(U, cls)()), "polynorm_polycom", config={"kind": kind}))
+
+
+# ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
+
+_MODULES = {
+    "rms_norm": (lambda: U.RMSNorm(6), {}, ()),
+    "dyt_dynamic_tanh": (lambda: U.DynamicTanh(5, True), {}, ()),
+    "dynamic_range_activator": (U.DRA, {}, ()),
+    "polynorm_polycom": (U.PolyNorm, {}, ()),
+}
+
+
+def test_blocks_a_specs_are_registered():
+    from refattn.interop.torch_specs_blocks_a import GROUP_SLUGS
+
+    assert set(GROUP_SLUGS) <= set(supported_slugs())
+    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+
+
+@pytest.mark.parametrize("slug", sorted(_MODULES))
+def test_blocks_a_map_state_dict_and_grads_back(slug):
+    make, cfg, derived = _MODULES[slug]
+    torch.manual_seed(4)
+    sd = _perturb(make()).double().state_dict()
+    p = params_from_state_dict(slug, sd, **cfg)
+    assert not set(derived) & set(p)
+    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
+    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
+    for k, v in sd.items():
+        if k not in derived:
+            np.testing.assert_array_equal(back["attn." + k], v.numpy())
