@@ -79,3 +79,39 @@ class PolyReLU(nn.Module):
     def forward(self, x):
         x, w = F.relu(x), self.weight
         return w[0] * x ** 3 + w[1] * x ** 2 + w[2] * x + self.bias
+
+
+# moboehle/B-cos@19c7ea4 modules/bcosconv2d.py: NormedConv2d, BcosConv2d (forward, fwd_b, fwd_2; no
+# explanation mode)
+class NormedConv2d(nn.Conv2d):
+    def forward(self, x):
+        w = self.weight.view(self.weight.shape[0], -1)
+        w = w / w.norm(p=2, dim=1, keepdim=True)
+        return F.conv2d(x, w.view(self.weight.shape), self.bias, self.stride, self.padding, self.dilation, self.groups)
+
+
+class BcosConv2d(nn.Module):
+    def __init__(self, inc, outc, kernel_size=1, stride=1, padding=0, max_out=2, b=2, scale=None, scale_fact=100):
+        super().__init__()
+        self.linear = NormedConv2d(inc, outc * max_out, kernel_size, stride, padding, 1, 1, bias=False)
+        self.outc, self.b, self.max_out, self.inc = outc * max_out, b, max_out, inc
+        self.kernel_size, self.stride, self.padding, self.kssq = kernel_size, stride, padding, kernel_size ** 2
+        self.scale = kernel_size * self.inc ** 0.5 / scale_fact if scale is None else scale
+
+    def _maxout_norm(self, x):
+        out = self.linear(x)
+        if self.max_out > 1:
+            bs, _, h, w = out.shape
+            out = out.view(bs, -1, self.max_out, h, w).max(dim=2, keepdim=False)[0]
+        norm = (F.avg_pool2d((x ** 2).sum(1, keepdim=True), self.kernel_size, padding=self.padding,
+                             stride=self.stride) * self.kssq + 1e-6).sqrt()
+        return out, norm
+
+    def forward(self, x):
+        out, norm = self._maxout_norm(x)
+        if self.b == 2:  # fwd_2
+            return out * out.abs() / (norm * self.scale)
+        if self.b == 1:
+            return out / self.scale
+        abs_cos = (out / norm).abs() + 1e-6  # fwd_b
+        return out * abs_cos.pow(self.b - 1) / self.scale

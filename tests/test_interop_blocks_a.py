@@ -49,6 +49,17 @@ def test_polynorm_polycom(cls, kind):
     _assert_pass(check_module(_perturb(getattr(U, cls)()), "polynorm_polycom", config={"kind": kind}))
 
 
+@pytest.mark.parametrize("b,max_out,scale", [(2, 2, None), (1.5, 1, None), (2.5, 2, 0.7)])
+def test_bcos_transform(b, max_out, scale):
+    torch.manual_seed(1)
+    _assert_pass(check_module(U.BcosConv2d(5, 3, max_out=max_out, b=b, scale=scale), "bcos_transform"))
+
+
+def test_bcos_transform_refuses_a_kxk_kernel():
+    with pytest.raises(ValueError, match="1x1 kernel"):
+        params_from_state_dict("bcos_transform", U.BcosConv2d(3, 2, kernel_size=3).state_dict())
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
@@ -56,6 +67,7 @@ _MODULES = {
     "dyt_dynamic_tanh": (lambda: U.DynamicTanh(5, True), {}, ()),
     "dynamic_range_activator": (U.DRA, {}, ()),
     "polynorm_polycom": (U.PolyNorm, {}, ()),
+    "bcos_transform": (lambda: U.BcosConv2d(4, 3), {}, ()),
 }
 
 

@@ -11,7 +11,9 @@ imports every ``torch_specs_<group>`` module). The reference modules the tests r
 
 from __future__ import annotations
 
-from .torch_specs import Named, Spec, add_specs, call_x
+import numpy as np
+
+from .torch_specs import Named, Spec, View, add_specs, call_x
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -33,6 +35,40 @@ def _dyt_build(rng, p, cfg, z):
     return {"x": 2 * rng.standard_normal((z["b"], c, 2 + z["n"] % 3, 1 + z["n"] % 4))}, {}
 
 
+# ---- B-cos BcosConv2d with a 1x1 kernel: per-pixel tokens; NormedConv2d's weight (U m, C, 1, 1) is
+# refattn's linear.weight (C, U m) transposed
+
+
+class _Conv1x1:
+    """A 1x1 ``Conv2d`` weight ``(out, in, 1, 1)`` as a Linear weight ``(in, out)``, same name."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def load(self, view: View, out: dict) -> None:
+        a = view.get(self.name)
+        if a.ndim != 4 or a.shape[2:] != (1, 1):
+            raise ValueError(f"params_from_state_dict[{view.slug}]: {view.prefix + self.name} has shape "
+                             f"{a.shape}; the table maps a 1x1 kernel (out, in, 1, 1). For a k x k kernel "
+                             f"pass weight.reshape(out, -1).T and F.unfold patches (C, kh, kw order) yourself")
+        out[self.name] = a[:, :, 0, 0].T
+
+    def save(self, grads, out, used):
+        if self.name in grads:
+            used.add(self.name)
+            out[self.name] = np.asarray(grads[self.name]).T[:, :, None, None]
+
+
+def _bcos_build(rng, p, cfg, z):
+    return {"x": rng.standard_normal((z["b"], z["n"], p["linear.weight"].shape[0]))}, {}
+
+
+def _bcos_call(module, inp, cfg):
+    x = inp["x"]  # tokens (b, n, C) as the pixels of a (b, C, n, 1) image; the output back to (b, n, U)
+    y = module(x.transpose(1, 2)[..., None])
+    return y[..., 0].transpose(1, 2)
+
+
 _SPECS = [
     Spec("rms_norm", "microsoft/unilm Diff-Transformer/diff/rms_norm.py@45d438e (RMSNorm, elementwise_affine=True; "
          "normalises the last axis)",
@@ -50,6 +86,10 @@ _SPECS = [
          rules=[Named(r"weight|bias", False)], required=("weight", "bias"), call=call_x,
          build=lambda rng, p, cfg, z: ({"x": 1.5 * rng.standard_normal((z["b"], z["n"], 3 + z["m"] % 5))}, {}),
          attrs={"eps": "eps"}),
+    Spec("bcos_transform", "moboehle/B-cos modules/bcosconv2d.py@19c7ea4 (BcosConv2d with kernel_size=1 on "
+         "(B, C, n, 1) images, fwd_2 for b=2 and fwd_b otherwise; NormedConv2d weight (U max_out, C, 1, 1))",
+         rules=[_Conv1x1("linear.weight")], required=("linear.weight",), call=_bcos_call, build=_bcos_build,
+         attrs={"b": "b", "max_out": "max_out", "scale": "scale"}),
 ]
 
 add_specs(*_SPECS)
