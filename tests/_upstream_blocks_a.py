@@ -115,3 +115,87 @@ class BcosConv2d(nn.Module):
             return out / self.scale
         abs_cos = (out / norm).abs() + 1e-6  # fwd_b
         return out * abs_cos.pow(self.b - 1) / self.scale
+
+
+# atomicarchitects/equiformer_v2@cf45ee2 nets/equiformer_v2/layer_norm.py: get_l_to_all_m_expand_index,
+# EquivariantLayerNormArray, EquivariantLayerNormArraySphericalHarmonics,
+# EquivariantRMSNormArraySphericalHarmonicsV2 (affine=True; autocast decorator dropped; the
+# balance_degree_weight buffer is built in float64, not the default float32, so 1/3 is not rounded)
+def _norm_sq(f, normalization, balance=None):
+    if normalization == "norm":
+        return f.pow(2).sum(dim=1, keepdim=True)
+    if balance is not None:
+        return torch.einsum("nic, ia -> nac", f.pow(2), balance)
+    return f.pow(2).mean(dim=1, keepdim=True)
+
+
+class EquivariantLayerNormArray(nn.Module):
+    def __init__(self, lmax, num_channels, eps=1e-5, normalization="component"):
+        super().__init__()
+        self.lmax, self.num_channels, self.eps, self.normalization = lmax, num_channels, eps, normalization
+        self.affine_weight = nn.Parameter(torch.ones(lmax + 1, num_channels))
+        self.affine_bias = nn.Parameter(torch.zeros(num_channels))
+
+    def forward(self, x):
+        out = []
+        for l in range(self.lmax + 1):  # noqa: E741 (upstream's name)
+            f = x.narrow(1, l ** 2, 2 * l + 1)
+            if l == 0:
+                f = f - f.mean(dim=2, keepdim=True)
+            r = (_norm_sq(f, self.normalization).mean(dim=2, keepdim=True) + self.eps).pow(-0.5)
+            f = f * (r * self.affine_weight.narrow(0, l, 1).view(1, 1, -1))
+            out.append(f + self.affine_bias.view(1, 1, -1) if l == 0 else f)
+        return torch.cat(out, dim=1)
+
+
+class EquivariantLayerNormArraySphericalHarmonics(nn.Module):
+    def __init__(self, lmax, num_channels, eps=1e-5, normalization="component", std_balance_degrees=True):
+        super().__init__()
+        self.lmax, self.num_channels, self.eps, self.normalization = lmax, num_channels, eps, normalization
+        self.std_balance_degrees = std_balance_degrees
+        self.norm_l0 = nn.LayerNorm(num_channels, eps=eps)
+        self.affine_weight = nn.Parameter(torch.ones(lmax, num_channels))
+        if std_balance_degrees:
+            w = torch.zeros((lmax + 1) ** 2 - 1, 1, dtype=torch.float64)
+            for l in range(1, lmax + 1):  # noqa: E741
+                w[l ** 2 - 1: l ** 2 - 1 + 2 * l + 1, :] = 1.0 / (2 * l + 1)
+            self.register_buffer("balance_degree_weight", w / lmax)
+        else:
+            self.balance_degree_weight = None
+
+    def forward(self, x):
+        out = [self.norm_l0(x.narrow(1, 0, 1))]
+        if self.lmax > 0:
+            f = x.narrow(1, 1, (self.lmax + 1) ** 2 - 1)
+            bal = self.balance_degree_weight if self.normalization == "component" else None
+            r = (_norm_sq(f, self.normalization, bal).mean(dim=2, keepdim=True) + self.eps).pow(-0.5)
+            for l in range(1, self.lmax + 1):  # noqa: E741
+                out.append(x.narrow(1, l ** 2, 2 * l + 1) * (r * self.affine_weight.narrow(0, l - 1, 1).view(1, 1, -1)))
+        return torch.cat(out, dim=1)
+
+
+class EquivariantRMSNormArraySphericalHarmonicsV2(nn.Module):
+    def __init__(self, lmax, num_channels, eps=1e-5, normalization="component", std_balance_degrees=True):
+        super().__init__()
+        self.lmax, self.num_channels, self.eps, self.normalization = lmax, num_channels, eps, normalization
+        self.std_balance_degrees = std_balance_degrees
+        self.affine_weight = nn.Parameter(torch.ones(lmax + 1, num_channels))
+        self.affine_bias = nn.Parameter(torch.zeros(num_channels))  # centering=True
+        self.register_buffer("expand_index", torch.tensor([l for l in range(lmax + 1) for _ in range(2 * l + 1)]))
+        if std_balance_degrees:
+            w = torch.zeros((lmax + 1) ** 2, 1, dtype=torch.float64)
+            for l in range(lmax + 1):  # noqa: E741
+                w[l ** 2: l ** 2 + 2 * l + 1, :] = 1.0 / (2 * l + 1)
+            self.register_buffer("balance_degree_weight", w / (lmax + 1))
+        else:
+            self.balance_degree_weight = None
+
+    def forward(self, x):
+        f0 = x.narrow(1, 0, 1)
+        f = torch.cat((f0 - f0.mean(dim=2, keepdim=True), x.narrow(1, 1, x.shape[1] - 1)), dim=1)
+        bal = self.balance_degree_weight if self.normalization == "component" else None
+        r = (_norm_sq(f, self.normalization, bal).mean(dim=2, keepdim=True) + self.eps).pow(-0.5)
+        w = torch.index_select(self.affine_weight.view(1, self.lmax + 1, self.num_channels), 1, self.expand_index)
+        out = f * (r * w)
+        out[:, 0:1, :] = out.narrow(1, 0, 1) + self.affine_bias.view(1, 1, self.num_channels)
+        return out

@@ -60,6 +60,19 @@ def test_bcos_transform_refuses_a_kxk_kernel():
         params_from_state_dict("bcos_transform", U.BcosConv2d(3, 2, kernel_size=3).state_dict())
 
 
+@pytest.mark.parametrize("cls,lmax,normalization,bal", [
+    ("EquivariantLayerNormArraySphericalHarmonics", 2, "component", True),
+    ("EquivariantLayerNormArraySphericalHarmonics", 1, "norm", False),
+    ("EquivariantRMSNormArraySphericalHarmonicsV2", 2, "component", True),
+    ("EquivariantRMSNormArraySphericalHarmonicsV2", 1, "component", False),
+    ("EquivariantLayerNormArray", 2, "component", True), ("EquivariantLayerNormArray", 1, "norm", True)])
+def test_equiformerv2_separable_layernorm(cls, lmax, normalization, bal):
+    kw = {} if cls == "EquivariantLayerNormArray" else {"std_balance_degrees": bal}
+    m = _perturb(getattr(U, cls)(lmax, 4, normalization=normalization, **kw))
+    cfg = {"normalization": normalization} if normalization != "component" else {}
+    _assert_pass(check_module(m, "equiformerv2_separable_layernorm", config=cfg))
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
@@ -68,6 +81,8 @@ _MODULES = {
     "dynamic_range_activator": (U.DRA, {}, ()),
     "polynorm_polycom": (U.PolyNorm, {}, ()),
     "bcos_transform": (lambda: U.BcosConv2d(4, 3), {}, ()),
+    "equiformerv2_separable_layernorm": (lambda: U.EquivariantRMSNormArraySphericalHarmonicsV2(2, 3), {},
+                                         ("expand_index", "balance_degree_weight")),
 }
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Named, Spec, View, add_specs, call_x
+from .torch_specs import Derived, Named, Spec, View, add_specs, call_x
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -69,6 +69,22 @@ def _bcos_call(module, inp, cfg):
     return y[..., 0].transpose(1, 2)
 
 
+# ---- EquiformerV2 layer_norm.py: the norm class shows in the keys (norm_l0: the SH layer norm;
+# expand_index: the RMS norm V2); the std-balance weights are a buffer derived from lmax
+
+
+def _eq_infer(keys):
+    kind = ("layer_norm_sh" if "norm_l0.weight" in keys else "rms_norm_sh" if "expand_index" in keys
+            else "layer_norm")
+    return {"norm_type": kind, **({} if kind == "layer_norm" else
+                                  {"std_balance_degrees": "balance_degree_weight" in keys})}
+
+
+def _eq_build(rng, p, cfg, z):
+    lmax, c = p["affine_weight"].shape[0] - (1 if "affine_bias" in p else 0), p["affine_weight"].shape[1]
+    return {"x": rng.standard_normal((z["b"] * z["n"], (lmax + 1) ** 2, c))}, {}
+
+
 _SPECS = [
     Spec("rms_norm", "microsoft/unilm Diff-Transformer/diff/rms_norm.py@45d438e (RMSNorm, elementwise_affine=True; "
          "normalises the last axis)",
@@ -90,6 +106,14 @@ _SPECS = [
          "(B, C, n, 1) images, fwd_2 for b=2 and fwd_b otherwise; NormedConv2d weight (U max_out, C, 1, 1))",
          rules=[_Conv1x1("linear.weight")], required=("linear.weight",), call=_bcos_call, build=_bcos_build,
          attrs={"b": "b", "max_out": "max_out", "scale": "scale"}),
+    Spec("equiformerv2_separable_layernorm", "atomicarchitects/equiformer_v2 nets/equiformer_v2/layer_norm.py@cf45ee2 "
+         "(EquivariantLayerNormArraySphericalHarmonics: norm_l0 keys; EquivariantRMSNormArraySphericalHarmonicsV2 "
+         "with centering: expand_index buffer; EquivariantLayerNormArray; affine=True; input (N, (lmax+1)^2, C); "
+         "config normalization='norm' when the module has it)",
+         rules=[Named(r"affine_(weight|bias)|norm_l0\.(weight|bias)", False),
+                Derived(r"balance_degree_weight|expand_index")],
+         required=("affine_weight",), call=call_x, build=_eq_build, infer=_eq_infer,
+         attrs={"eps": "eps", "std_balance_degrees": "std_balance_degrees"}),
 ]
 
 add_specs(*_SPECS)
