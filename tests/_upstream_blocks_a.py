@@ -199,3 +199,89 @@ class EquivariantRMSNormArraySphericalHarmonicsV2(nn.Module):
         out = f * (r * w)
         out[:, 0:1, :] = out.narrow(1, 0, 1) + self.affine_bias.view(1, 1, self.num_channels)
         return out
+
+
+# microsoft/torchscale@4d1e0e8 torchscale/architecture/encoder.py: EncoderLayer (no MoE, no drop path, no
+# multiway: MultiwayWrapper returns the module); component/multihead_attention.py: MultiheadAttention
+# (self-attention, no xpos, no incremental state); component/feedforward_network.py: FeedForwardNetwork,
+# get_activation_fn. Deviations: the softmax's dtype=torch.float32 and the activation's x.float() dropped.
+# args: a namespace with torchscale's EncoderConfig field names.
+def get_activation_fn(activation):
+    return {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}[activation]
+
+
+class TorchscaleMultiheadAttention(nn.Module):
+    def __init__(self, args, embed_dim, num_heads, subln=False):
+        super().__init__()
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=True)
+        self.inner_attn_ln = nn.LayerNorm(embed_dim, eps=args.layernorm_eps) if subln else None
+
+    def forward(self, query, key, value, key_padding_mask=None, attn_mask=None):
+        bsz, tgt_len, embed_dim = query.size()
+        src_len = key.size(1)
+        q = self.q_proj(query) * self.scaling
+        k, v = self.k_proj(key), self.v_proj(value)
+        q = q.view(bsz, tgt_len, self.num_heads, self.head_dim).transpose(1, 2).reshape(-1, tgt_len, self.head_dim)
+        k = k.view(bsz, src_len, self.num_heads, self.head_dim).transpose(1, 2).reshape(-1, src_len, self.head_dim)
+        v = v.view(bsz, src_len, self.num_heads, self.head_dim).transpose(1, 2).reshape(-1, src_len, self.head_dim)
+        w = torch.bmm(q, k.transpose(1, 2))
+        if attn_mask is not None:
+            w = torch.nan_to_num(w) + attn_mask.unsqueeze(0)
+        w = F.softmax(w, dim=-1)
+        attn = torch.bmm(w, v).transpose(0, 1).reshape(tgt_len, bsz, embed_dim).transpose(0, 1)
+        if self.inner_attn_ln is not None:
+            attn = self.inner_attn_ln(attn)
+        return self.out_proj(attn), w.view(bsz, self.num_heads, tgt_len, src_len).transpose(1, 0)
+
+
+class FeedForwardNetwork(nn.Module):
+    def __init__(self, embed_dim, ffn_dim, activation_fn, layernorm_eps, subln=False):
+        super().__init__()
+        self.activation_fn = get_activation_fn(str(activation_fn))
+        self.fc1, self.fc2 = nn.Linear(embed_dim, ffn_dim), nn.Linear(ffn_dim, embed_dim)
+        self.ffn_layernorm = nn.LayerNorm(ffn_dim, eps=layernorm_eps) if subln else None
+
+    def forward(self, x):
+        shape = x.shape
+        x = self.activation_fn(self.fc1(x.reshape(-1, x.size(-1))))
+        if self.ffn_layernorm is not None:
+            x = self.ffn_layernorm(x)
+        return self.fc2(x).view(shape)
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, args, depth=0):
+        super().__init__()
+        self.embed_dim = args.encoder_embed_dim
+        self.self_attn = TorchscaleMultiheadAttention(args, self.embed_dim, args.encoder_attention_heads,
+                                                      subln=args.subln)
+        self.self_attn_layer_norm = nn.LayerNorm(self.embed_dim, eps=args.layernorm_eps)
+        self.normalize_before = args.encoder_normalize_before
+        self.ffn = FeedForwardNetwork(self.embed_dim, args.encoder_ffn_embed_dim, args.activation_fn,
+                                      args.layernorm_eps, args.subln)
+        self.final_layer_norm = nn.LayerNorm(self.embed_dim, eps=args.layernorm_eps)
+        self.alpha = 1.0  # deepnorm=False
+
+    def forward(self, x, encoder_padding_mask, attn_mask=None):
+        if attn_mask is not None:
+            attn_mask = attn_mask.masked_fill(attn_mask.to(torch.bool), -1e8)
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        x, _ = self.self_attn(x, x, x, key_padding_mask=encoder_padding_mask, attn_mask=attn_mask)
+        x = residual * self.alpha + x
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        residual = x
+        if self.normalize_before:
+            x = self.final_layer_norm(x)
+        x = residual * self.alpha + self.ffn(x)
+        if not self.normalize_before:
+            x = self.final_layer_norm(x)
+        return x, None

@@ -73,9 +73,26 @@ def test_equiformerv2_separable_layernorm(cls, lmax, normalization, bal):
     _assert_pass(check_module(m, "equiformerv2_separable_layernorm", config=cfg))
 
 
+def _magneto_args(**kw):
+    from types import SimpleNamespace
+
+    base = dict(encoder_embed_dim=6, encoder_attention_heads=2, encoder_ffn_embed_dim=7, layernorm_eps=1e-5,
+                activation_fn="gelu", subln=True, encoder_normalize_before=True)
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize("kw,cfg", [({}, {}), ({"encoder_attention_heads": 3, "activation_fn": "relu"},
+                                                  {"is_causal": True, "activation": "relu"}),
+                                    ({"activation_fn": "swish", "layernorm_eps": 1e-6}, {"activation": "silu"})])
+def test_magneto_subln_init(kw, cfg):
+    torch.manual_seed(2)
+    _assert_pass(check_module(_perturb(U.EncoderLayer(_magneto_args(**kw))), "magneto_subln_init", config=cfg))
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
+    "magneto_subln_init": (lambda: U.EncoderLayer(_magneto_args()), {}, ()),
     "rms_norm": (lambda: U.RMSNorm(6), {}, ()),
     "dyt_dynamic_tanh": (lambda: U.DynamicTanh(5, True), {}, ()),
     "dynamic_range_activator": (U.DRA, {}, ()),

@@ -85,6 +85,21 @@ def _eq_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"] * z["n"], (lmax + 1) ** 2, c))}, {}
 
 
+# ---- torchscale EncoderLayer with subln (Magneto): forward(x, encoder_padding_mask, attn_mask=) -> (x, l_aux);
+# is_causal as torchscale's attn_mask (nonzero = masked, filled with -1e8)
+
+
+def _magneto_call(module, inp, cfg):
+    import torch
+
+    x = inp["x"]
+    mask = None
+    if cfg.get("is_causal"):
+        n = x.shape[1]
+        mask = torch.ones(n, n, dtype=x.dtype).triu(1)
+    return module(x, None, attn_mask=mask)[0]
+
+
 _SPECS = [
     Spec("rms_norm", "microsoft/unilm Diff-Transformer/diff/rms_norm.py@45d438e (RMSNorm, elementwise_affine=True; "
          "normalises the last axis)",
@@ -114,6 +129,17 @@ _SPECS = [
                 Derived(r"balance_degree_weight|expand_index")],
          required=("affine_weight",), call=call_x, build=_eq_build, infer=_eq_infer,
          attrs={"eps": "eps", "std_balance_degrees": "std_balance_degrees"}),
+    Spec("magneto_subln_init", "microsoft/torchscale torchscale/architecture/encoder.py@4d1e0e8 (EncoderLayer with "
+         "subln=True, encoder_normalize_before=True; component/multihead_attention.py inner_attn_ln, "
+         "component/feedforward_network.py ffn_layernorm; is_causal as EncoderLayer's attn_mask)",
+         rules=[Named(r"(self_attn\.(q|k|v|out)_proj|ffn\.fc[12])\.weight", True),
+                Named(r"(self_attn\.(q|k|v|out)_proj|ffn\.fc[12])\.bias"
+                      r"|(self_attn_layer_norm|self_attn\.inner_attn_ln|final_layer_norm|ffn\.ffn_layernorm)"
+                      r"\.(weight|bias)", False)],
+         required=("self_attn.q_proj.weight", "self_attn.inner_attn_ln.weight", "ffn.fc1.weight",
+                   "ffn.ffn_layernorm.weight"),
+         call=_magneto_call, build=_x_last("self_attn.q_proj.weight"),
+         attrs={"num_heads": "self_attn.num_heads", "eps": "self_attn_layer_norm.eps"}),
 ]
 
 add_specs(*_SPECS)
