@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+nn = torch.nn
 
 import _upstream_blocks_a as U  # noqa: E402
 
@@ -89,9 +90,23 @@ def test_magneto_subln_init(kw, cfg):
     _assert_pass(check_module(_perturb(U.EncoderLayer(_magneto_args(**kw))), "magneto_subln_init", config=cfg))
 
 
+@pytest.mark.parametrize("heads,qkv_bias,qk_scale,eps", [(2, False, None, 1e-6), (3, True, 0.3, 1e-5)])
+def test_layerscale(heads, qkv_bias, qk_scale, eps):
+    from functools import partial
+
+    torch.manual_seed(3)
+    m = U.LayerScale_Block(6, heads, mlp_ratio=1.5, qkv_bias=qkv_bias, qk_scale=qk_scale, init_values=0.5,
+                           norm_layer=partial(nn.LayerNorm, eps=eps))
+    acfg = {"num_heads": heads, **({"scale": qk_scale} if qk_scale else {})}
+    _assert_pass(check_module(_perturb(m), "layerscale", config={"attention_config": acfg}))
+    bad = check_module(m, "layerscale", config={"attention_config": {"num_heads": 1}}, cases=["small"], seeds=[0])
+    assert not bad.passed and "num_heads" in str(bad)  # a head count that is not the module's is named
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
+    "layerscale": (lambda: U.LayerScale_Block(6, 2, qkv_bias=True), {}, ()),
     "magneto_subln_init": (lambda: U.EncoderLayer(_magneto_args()), {}, ()),
     "rms_norm": (lambda: U.RMSNorm(6), {}, ()),
     "dyt_dynamic_tanh": (lambda: U.DynamicTanh(5, True), {}, ()),

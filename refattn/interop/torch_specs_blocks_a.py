@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Derived, Named, Spec, View, add_specs, call_x
+from .torch_specs import Derived, Named, Rename, Spec, Split, View, add_specs, call_x
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -100,6 +100,40 @@ def _magneto_call(module, inp, cfg):
     return module(x, None, attn_mask=mask)[0]
 
 
+# ---- blocks around a multi-head attention sublayer: refattn's multi_head_attention keys under a prefix
+
+
+def _fused_mha(up: str, ref: str) -> list:
+    """timm's ``Attention`` (fused ``qkv`` with optional bias, ``proj``) at ``up`` as refattn's
+    ``multi_head_attention`` params at ``ref`` (``q_proj`` ... ``out_proj_bias``)."""
+    qkv = tuple(f"{ref}{n}_proj" for n in "qkv")
+    return [Split(qkv, f"{up}qkv.weight", True), Split(tuple(f"{k}_bias" for k in qkv), f"{up}qkv.bias", False, True),
+            Rename(f"{ref}out_proj", f"{up}proj.weight", True),
+            Rename(f"{ref}out_proj_bias", f"{up}proj.bias", False, True)]
+
+
+def _heads_call(path: str, cfg_key: str = "attention_config"):
+    """Call ``module(x)``, first checking that ``config[cfg_key]`` gives the module's head count and
+    scale (refattn's block config carries them; the module holds them at ``path``)."""
+    def call(module, inp, cfg):
+        attn = module
+        for name in path.split("."):
+            attn = getattr(attn, name)
+        sub = dict(cfg.get(cfg_key) or {})
+        heads = getattr(attn, "num_heads", None)
+        if heads is not None and sub.get("num_heads") != heads:
+            raise ValueError(f"check_module: pass config={{{cfg_key!r}: {{'num_heads': {heads}}}}} (the module's "
+                             f"{path}.num_heads); got {cfg.get(cfg_key)!r}")
+        scale = getattr(attn, "scale", None)
+        d = None if heads is None else inp["x"].shape[-1] // heads
+        if scale is not None and d and abs(float(scale) - d ** -0.5) > 1e-12 * d ** -0.5 \
+                and sub.get("scale") != float(scale):
+            raise ValueError(f"check_module: the module's {path}.scale is {scale} (qk_scale); pass it as "
+                             f"{cfg_key}['scale']")
+        return module(inp["x"])
+    return call
+
+
 _SPECS = [
     Spec("rms_norm", "microsoft/unilm Diff-Transformer/diff/rms_norm.py@45d438e (RMSNorm, elementwise_affine=True; "
          "normalises the last axis)",
@@ -140,6 +174,14 @@ _SPECS = [
                    "ffn.ffn_layernorm.weight"),
          call=_magneto_call, build=_x_last("self_attn.q_proj.weight"),
          attrs={"num_heads": "self_attn.num_heads", "eps": "self_attn_layer_norm.eps"}),
+    Spec("layerscale", "facebookresearch/deit cait_models.py@7e160fe (LayerScale_Block with Attention_block="
+         "models_v2.Attention, timm's Mlp; models_v2.py Layer_scale_init_Block is the same block; config "
+         "attention_config={'num_heads': H} (and 'scale' for a qk_scale); Attention_talking_head has no "
+         "refattn attention)",
+         rules=_fused_mha("attn.", "attn.") + [Named(r"mlp\.fc[12]\.weight", True),
+                                              Named(r"norm[12]\.(weight|bias)|mlp\.fc[12]\.bias|gamma_[12]", False)],
+         required=("attn.qkv.weight", "attn.proj.weight", "mlp.fc1.weight", "gamma_1", "gamma_2"),
+         call=_heads_call("attn"), build=_x_last("gamma_1"), attrs={"eps": "norm1.eps"}),
 ]
 
 add_specs(*_SPECS)
