@@ -329,3 +329,66 @@ class LayerScale_Block(nn.Module):
     def forward(self, x):
         x = x + self.gamma_1 * self.attn(self.norm1(x))
         return x + self.gamma_2 * self.mlp(self.norm2(x))
+
+
+# zhuohan123/macaron-net@3a84e7a translation/fairseq/modules/multihead_attention.py: MultiheadAttention (self-
+# attention path, no incremental state, no bias_k/v; q *= scaling made out-of-place; the softmax's
+# attn_weights.float() cast dropped); translation/fairseq/models/transformer.py: TransformerEncoderLayer with
+# args.macaron, maybe_layer_norm, LayerNorm/Linear helpers (dropout omitted). Input (T, B, C).
+class FairseqMultiheadAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads, bias=True):
+        super().__init__()
+        self.embed_dim, self.num_heads = embed_dim, num_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * embed_dim, embed_dim))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * embed_dim)) if bias else None
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        nn.init.xavier_uniform_(self.in_proj_weight)
+
+    def forward(self, query, key, value, key_padding_mask=None):
+        tgt_len, bsz, embed_dim = query.size()
+        q, k, v = F.linear(query, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        q = q * self.scaling
+        q = q.contiguous().view(tgt_len, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        k = k.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        v = v.contiguous().view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+        w = F.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1)
+        attn = torch.bmm(w, v).transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+        return self.out_proj(attn), w
+
+
+class MacaronEncoderLayer(nn.Module):  # upstream's TransformerEncoderLayer
+    def __init__(self, args):
+        super().__init__()
+        self.embed_dim = args.encoder_embed_dim
+        self.self_attn = FairseqMultiheadAttention(self.embed_dim, args.encoder_attention_heads)
+        self.normalize_before = args.encoder_normalize_before
+        self.fc1 = nn.Linear(self.embed_dim, args.encoder_ffn_embed_dim)
+        self.fc2 = nn.Linear(args.encoder_ffn_embed_dim, self.embed_dim)
+        n_layernorm, self.fc_factor = 2, 1.0
+        self.macaron = getattr(args, "macaron", False)
+        if self.macaron:
+            self.macaron_fc1 = nn.Linear(self.embed_dim, args.encoder_ffn_embed_dim)
+            self.macaron_fc2 = nn.Linear(args.encoder_ffn_embed_dim, self.embed_dim)
+            self.fc_factor = 0.5
+            n_layernorm += 1
+        self.layer_norms = nn.ModuleList([nn.LayerNorm(self.embed_dim) for _ in range(n_layernorm)])
+
+    def forward(self, x, encoder_padding_mask):
+        if self.macaron:
+            residual = x
+            x = self.maybe_layer_norm(2, x, before=True)
+            x = residual + self.fc_factor * self.macaron_fc2(F.relu(self.macaron_fc1(x)))
+            x = self.maybe_layer_norm(2, x, after=True)
+        residual = x
+        x = self.maybe_layer_norm(0, x, before=True)
+        x, _ = self.self_attn(query=x, key=x, value=x, key_padding_mask=encoder_padding_mask)
+        x = self.maybe_layer_norm(0, residual + x, after=True)
+        residual = x
+        x = self.maybe_layer_norm(1, x, before=True)
+        x = residual + self.fc_factor * self.fc2(F.relu(self.fc1(x)))
+        return self.maybe_layer_norm(1, x, after=True)
+
+    def maybe_layer_norm(self, i, x, before=False, after=False):
+        return self.layer_norms[i](x) if after ^ self.normalize_before else x

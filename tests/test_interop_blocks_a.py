@@ -103,9 +103,24 @@ def test_layerscale(heads, qkv_bias, qk_scale, eps):
     assert not bad.passed and "num_heads" in str(bad)  # a head count that is not the module's is named
 
 
+def _macaron(heads=2, normalize_before=False, c=6):
+    from types import SimpleNamespace
+
+    return U.MacaronEncoderLayer(SimpleNamespace(encoder_embed_dim=c, encoder_attention_heads=heads, macaron=True,
+                                                 encoder_ffn_embed_dim=7, encoder_normalize_before=normalize_before))
+
+
+@pytest.mark.parametrize("heads,normalize_before", [(2, False), (3, True)])
+def test_macaron_block(heads, normalize_before):
+    torch.manual_seed(5)
+    m = _perturb(_macaron(heads, normalize_before))
+    _assert_pass(check_module(m, "macaron_block", config={"attention_config": {"num_heads": heads}}))
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
+    "macaron_block": (_macaron, {}, ()),
     "layerscale": (lambda: U.LayerScale_Block(6, 2, qkv_bias=True), {}, ()),
     "magneto_subln_init": (lambda: U.EncoderLayer(_magneto_args()), {}, ()),
     "rms_norm": (lambda: U.RMSNorm(6), {}, ()),

@@ -112,9 +112,10 @@ def _fused_mha(up: str, ref: str) -> list:
             Rename(f"{ref}out_proj_bias", f"{up}proj.bias", False, True)]
 
 
-def _heads_call(path: str, cfg_key: str = "attention_config"):
-    """Call ``module(x)``, first checking that ``config[cfg_key]`` gives the module's head count and
-    scale (refattn's block config carries them; the module holds them at ``path``)."""
+def _heads_call(path: str, cfg_key: str = "attention_config", run=None):
+    """Call ``module(x)`` (or ``run(module, x)``), first checking that ``config[cfg_key]`` gives the
+    module's head count and scale (refattn's block config carries them; the module holds them at
+    ``path``)."""
     def call(module, inp, cfg):
         attn = module
         for name in path.split("."):
@@ -130,8 +131,22 @@ def _heads_call(path: str, cfg_key: str = "attention_config"):
                 and sub.get("scale") != float(scale):
             raise ValueError(f"check_module: the module's {path}.scale is {scale} (qk_scale); pass it as "
                              f"{cfg_key}['scale']")
-        return module(inp["x"])
+        return module(inp["x"]) if run is None else run(module, inp["x"])
     return call
+
+
+def _in_proj_mha(up: str, ref: str) -> list:
+    """fairseq's (and torch's) packed ``in_proj_weight``/``in_proj_bias`` and ``out_proj`` at ``up``
+    as refattn's ``multi_head_attention`` params at ``ref``."""
+    qkv = tuple(f"{ref}{n}_proj" for n in "qkv")
+    return [Split(qkv, f"{up}in_proj_weight", True),
+            Split(tuple(f"{k}_bias" for k in qkv), f"{up}in_proj_bias", False, True),
+            Rename(f"{ref}out_proj", f"{up}out_proj.weight", True),
+            Rename(f"{ref}out_proj_bias", f"{up}out_proj.bias", False, True)]
+
+
+def _time_major(module, x):  # fairseq layers take (T, B, C) and a padding mask
+    return module(x.transpose(0, 1), None).transpose(0, 1)
 
 
 _SPECS = [
@@ -182,6 +197,15 @@ _SPECS = [
                                               Named(r"norm[12]\.(weight|bias)|mlp\.fc[12]\.bias|gamma_[12]", False)],
          required=("attn.qkv.weight", "attn.proj.weight", "mlp.fc1.weight", "gamma_1", "gamma_2"),
          call=_heads_call("attn"), build=_x_last("gamma_1"), attrs={"eps": "norm1.eps"}),
+    Spec("macaron_block", "zhuohan123/macaron-net translation/fairseq/models/transformer.py@3a84e7a "
+         "(TransformerEncoderLayer with args.macaron; fairseq/modules/multihead_attention.py MultiheadAttention, "
+         "packed in_proj_weight; called on (T, B, C); config attention_config={'num_heads': H})",
+         rules=_in_proj_mha("self_attn.", "self_attn.")
+         + [Named(r"(macaron_)?fc[12]\.weight", True),
+            Named(r"(macaron_)?fc[12]\.bias|layer_norms\.[012]\.(weight|bias)", False)],
+         required=("self_attn.in_proj_weight", "macaron_fc1.weight", "fc1.weight", "layer_norms.2.weight"),
+         call=_heads_call("self_attn", run=_time_major), build=_x_last("fc1.weight"),
+         attrs={"ffn_scale": "fc_factor", "normalize_before": "normalize_before", "eps": "layer_norms.0.eps"}),
 ]
 
 add_specs(*_SPECS)
