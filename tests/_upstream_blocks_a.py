@@ -392,3 +392,91 @@ class MacaronEncoderLayer(nn.Module):  # upstream's TransformerEncoderLayer
 
     def maybe_layer_norm(self, i, x, before=False, after=False):
         return self.layer_norms[i](x) if after ^ self.normalize_before else x
+
+
+# huggingface/transformers@00b676f src/transformers/models/gptj/modeling_gptj.py: create_sinusoidal_positions,
+# rotate_every_two, apply_rotary_pos_emb, GPTJAttention (eager, no cache, no head mask), GPTJMLP, GPTJBlock;
+# activations.py NewGELUActivation (gelu_new). Deviations (float64 stays float64): the sin/cos table is built
+# in float64 (upstream .float()), scale_attn = sqrt(head_dim) in float64 (upstream float32), and _attn's
+# query/key .to(torch.float32) is dropped. config: a namespace with GPTJConfig's field names.
+def create_sinusoidal_positions(num_pos, dim):
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    sinusoid_inp = torch.einsum("i , j -> i j", torch.arange(num_pos, dtype=torch.float64), inv_freq)
+    return torch.cat((torch.sin(sinusoid_inp), torch.cos(sinusoid_inp)), dim=1)
+
+
+def rotate_every_two(x):
+    return torch.stack((-x[:, :, :, 1::2], x[:, :, :, ::2]), dim=-1).flatten(-2)
+
+
+def apply_rotary_pos_emb(tensor, sin, cos):
+    sin = torch.repeat_interleave(sin[:, :, None, :], 2, 3)
+    cos = torch.repeat_interleave(cos[:, :, None, :], 2, 3)
+    return tensor * cos + rotate_every_two(tensor) * sin
+
+
+def gelu_new(x):
+    return 0.5 * x * (1.0 + torch.tanh((2.0 / torch.pi) ** 0.5 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class GPTJAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.embed_dim, self.num_attention_heads = config.hidden_size, config.num_attention_heads
+        self.head_dim = self.embed_dim // self.num_attention_heads
+        self.scale_attn = torch.sqrt(torch.tensor(self.head_dim, dtype=torch.float64))
+        self.k_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=False)
+        self.v_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=False)
+        self.q_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=False)
+        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim, bias=False)
+        self.rotary_dim = config.rotary_dim
+        self.embed_positions = create_sinusoidal_positions(config.max_position_embeddings,
+                                                           self.rotary_dim or self.embed_dim)
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None):
+        b, n, _ = hidden_states.shape
+        shape = (b, n, self.num_attention_heads, self.head_dim)
+        query, key = self.q_proj(hidden_states).view(shape), self.k_proj(hidden_states).view(shape)
+        value = self.v_proj(hidden_states).view(shape).permute(0, 2, 1, 3)
+        embed_positions = self.embed_positions.repeat(position_ids.shape[0], 1, 1)
+        sincos = torch.gather(embed_positions, 1, position_ids.unsqueeze(-1).repeat(1, 1, embed_positions.shape[-1]))
+        sin, cos = torch.split(sincos, sincos.shape[-1] // 2, dim=-1)
+        if self.rotary_dim is not None:
+            r = self.rotary_dim
+            key = torch.cat([apply_rotary_pos_emb(key[..., :r], sin, cos), key[..., r:]], dim=-1)
+            query = torch.cat([apply_rotary_pos_emb(query[..., :r], sin, cos), query[..., r:]], dim=-1)
+        else:
+            key, query = apply_rotary_pos_emb(key, sin, cos), apply_rotary_pos_emb(query, sin, cos)
+        key, query = key.permute(0, 2, 1, 3), query.permute(0, 2, 1, 3)
+        w = torch.matmul(query, key.transpose(-1, -2)) / self.scale_attn
+        if attention_mask is not None:
+            w = w + attention_mask[:, :, :, : key.shape[-2]]
+        out = torch.matmul(nn.functional.softmax(w, dim=-1), value)
+        out = out.permute(0, 2, 1, 3).contiguous().view(b, n, self.embed_dim)
+        return self.out_proj(out), w
+
+
+class GPTJMLP(nn.Module):
+    def __init__(self, intermediate_size, config):
+        super().__init__()
+        self.fc_in = nn.Linear(config.n_embd, intermediate_size)
+        self.fc_out = nn.Linear(intermediate_size, config.n_embd)
+        self.act = gelu_new  # ACT2FN["gelu_new"]
+
+    def forward(self, hidden_states):
+        return self.fc_out(self.act(self.fc_in(hidden_states)))
+
+
+class GPTJBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        inner_dim = config.n_inner if config.n_inner is not None else 4 * config.n_embd
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = GPTJAttention(config)
+        self.mlp = GPTJMLP(inner_dim, config)
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None):
+        residual = hidden_states
+        hidden_states = self.ln_1(hidden_states)
+        attn_outputs, attn_weights = self.attn(hidden_states, attention_mask=attention_mask, position_ids=position_ids)
+        return attn_outputs + self.mlp(hidden_states) + residual, attn_weights

@@ -117,9 +117,28 @@ def test_macaron_block(heads, normalize_before):
     _assert_pass(check_module(m, "macaron_block", config={"attention_config": {"num_heads": heads}}))
 
 
+def _gptj(heads=2, rotary_dim=2, c=8, eps=1e-5):
+    from types import SimpleNamespace
+
+    return U.GPTJBlock(SimpleNamespace(hidden_size=c, n_embd=c, num_attention_heads=heads, rotary_dim=rotary_dim,
+                                       n_inner=6, layer_norm_epsilon=eps, max_position_embeddings=32))
+
+
+@pytest.mark.parametrize("heads,rotary_dim,eps", [(2, 2, 1e-5), (2, 4, 1e-6), (4, 2, 1e-5)])
+def test_parallel_attention_mlp_block_gptj(heads, rotary_dim, eps):
+    torch.manual_seed(6)
+    m = _perturb(_gptj(heads, rotary_dim, eps=eps))
+    acfg = {"num_heads": heads, "is_causal": True, "rope": {"interleaved": True, "rotary_dim": rotary_dim}}
+    _assert_pass(check_module(m, "parallel_attention_mlp_block", config={"attention_config": acfg}))
+    bad = check_module(m, "parallel_attention_mlp_block", config={"attention_config": {"num_heads": heads}},
+                       cases=["small"], seeds=[0])
+    assert not bad.passed and "interleaved" in str(bad)
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
+    "parallel_attention_mlp_block": (_gptj, {}, ()),
     "macaron_block": (_macaron, {}, ()),
     "layerscale": (lambda: U.LayerScale_Block(6, 2, qkv_bias=True), {}, ()),
     "magneto_subln_init": (lambda: U.EncoderLayer(_magneto_args()), {}, ()),

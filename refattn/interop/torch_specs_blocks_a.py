@@ -149,6 +149,31 @@ def _time_major(module, x):  # fairseq layers take (T, B, C) and a padding mask
     return module(x.transpose(0, 1), None).transpose(0, 1)
 
 
+# ---- GPT-J GPTJBlock: forward(hidden_states, attention_mask=, position_ids=) -> (hidden_states, weights); its
+# GPTJAttention is refattn's multi_head_attention with is_causal and rope={'interleaved': True, 'rotary_dim': r}
+
+
+def _gptj_call(module, inp, cfg):
+    import torch
+
+    x = inp["x"]
+    b, n, _ = x.shape
+    att = module.attn
+    want = {"num_heads": att.num_attention_heads, "is_causal": True,
+            "rope": {"interleaved": True, "rotary_dim": att.rotary_dim or att.head_dim}}
+    got = dict(cfg.get("attention_config") or {})
+    rope = got.get("rope") if isinstance(got.get("rope"), dict) else {}
+    if (got.get("num_heads"), bool(got.get("is_causal")), bool(rope.get("interleaved")),
+            rope.get("rotary_dim", att.head_dim)) != (want["num_heads"], True, True, want["rope"]["rotary_dim"]) \
+            or set(got) - {"num_heads", "is_causal", "rope"} or set(rope) - {"interleaved", "rotary_dim", "base"} \
+            or float(rope.get("base", 10000.0)) != 10000.0:
+        raise ValueError(f"check_module[parallel_attention_mlp_block]: GPT-J's attention is causal with interleaved "
+                         f"RoPE (base 10000) on the first rotary_dim channels of each head: pass "
+                         f"config={{'attention_config': {want}}}; got {cfg.get('attention_config')!r}")
+    mask = torch.full((n, n), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)[None, None].expand(b, 1, n, n)
+    return module(x, attention_mask=mask, position_ids=torch.arange(n)[None])[0]
+
+
 _SPECS = [
     Spec("rms_norm", "microsoft/unilm Diff-Transformer/diff/rms_norm.py@45d438e (RMSNorm, elementwise_affine=True; "
          "normalises the last axis)",
@@ -206,6 +231,15 @@ _SPECS = [
          required=("self_attn.in_proj_weight", "macaron_fc1.weight", "fc1.weight", "layer_norms.2.weight"),
          call=_heads_call("self_attn", run=_time_major), build=_x_last("fc1.weight"),
          attrs={"ffn_scale": "fc_factor", "normalize_before": "normalize_before", "eps": "layer_norms.0.eps"}),
+    Spec("parallel_attention_mlp_block", "huggingface/transformers src/transformers/models/gptj/modeling_gptj.py@00b676f "
+         "(GPTJBlock: ln_1, GPTJAttention q/k/v/out_proj without bias, GPTJMLP fc_in/fc_out; called with HF's "
+         "causal mask and position_ids; config attention_config={'num_heads': H, 'is_causal': True, "
+         "'rope': {'interleaved': True, 'rotary_dim': r}}, activation='gelu_tanh' for gelu_new)",
+         rules=[Rename(f"attn.{n}_proj", f"attn.{n}_proj.weight", True) for n in ("q", "k", "v", "out")]
+         + [Named(r"mlp\.fc_(in|out)\.weight", True), Named(r"ln_1\.(weight|bias)|mlp\.fc_(in|out)\.bias", False)],
+         required=("ln_1.weight", "attn.q_proj.weight", "mlp.fc_in.weight"),
+         call=_gptj_call, build=_x_last("ln_1.weight"), attrs={"eps": "ln_1.eps"},
+         defaults={"shared_norm": True, "activation": "gelu_tanh"}),
 ]
 
 add_specs(*_SPECS)
