@@ -480,3 +480,68 @@ class GPTJBlock(nn.Module):
         hidden_states = self.ln_1(hidden_states)
         attn_outputs, attn_weights = self.attn(hidden_states, attention_mask=attention_mask, position_ids=position_ids)
         return attn_outputs + self.mlp(hidden_states) + residual, attn_weights
+
+
+# NVIDIA/ngpt@ed19eb2 model.py: apply_rotary_position_embeddings, get_sinusoidal_embeddings, Block (use_nGPT=1;
+# GPTConfig field names). Deviations: the bfloat16 dtype of the Linears and casts removed, flash_attn_func
+# (causal, softmax_scale) replaced by torch's scaled_dot_product_attention, the sinusoidal table built in float64.
+def apply_rotary_position_embeddings(sinusoidal_pos, q, k):
+    sin, cos = sinusoidal_pos.chunk(2, dim=-1)
+    q_rot = torch.stack((-q[..., 1::2], q[..., ::2]), dim=-1)
+    k_rot = torch.stack((-k[..., 1::2], k[..., ::2]), dim=-1)
+    q_rot = torch.reshape(q_rot, q.shape[:-1] + (q.shape[-1] // 2, 2)) * torch.stack((cos, sin), dim=-1)
+    k_rot = torch.reshape(k_rot, k.shape[:-1] + (k.shape[-1] // 2, 2)) * torch.stack((cos, sin), dim=-1)
+    return torch.reshape(q_rot, q.shape), torch.reshape(k_rot, k.shape)
+
+
+def get_sinusoidal_embeddings(n_positions, dim):
+    position = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
+    div_term = torch.exp(torch.arange(0, dim, 2, dtype=torch.float64) * (-torch.log(torch.tensor(10000.0,
+                                                                                                  dtype=torch.float64)) / dim))
+    emb = torch.zeros((n_positions, dim), dtype=torch.float64)
+    emb[:, 0::2] = torch.sin(position * div_term)
+    emb[:, 1::2] = torch.cos(position * div_term)
+    return emb
+
+
+class NGPTBlock(nn.Module):  # upstream's Block with config.use_nGPT == 1
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        c = config.n_embd
+        self.key, self.query, self.value, self.att_c_proj = (nn.Linear(c, c, bias=config.bias) for _ in range(4))
+        self.c_fc = nn.Linear(c, 2 * 4 * c, bias=config.bias)
+        self.silu = nn.SiLU()
+        self.mlp_c_proj = nn.Linear(4 * c, c, bias=config.bias)
+        self.attn_alpha_init_value, self.attn_alpha_init_scaling = 0.05, config.base_scale
+        self.attn_alpha = nn.Parameter(self.attn_alpha_init_scaling * torch.ones(c))
+        self.mlp_alpha_init_value, self.mlp_alpha_init_scaling = 0.05, config.base_scale
+        self.mlp_alpha = nn.Parameter(self.mlp_alpha_init_scaling * torch.ones(c))
+        self.sqk_init_value, self.sqk_init_scaling = 1.0, config.base_scale
+        self.sqk = nn.Parameter(self.sqk_init_scaling * torch.ones(c))
+        self.suv_init_value, self.suv_init_scaling = 1.0, 1.0
+        self.suv = nn.Parameter(self.suv_init_scaling * torch.ones(2 * 4 * c))
+
+    def justnorm(self, x):
+        return x / x.norm(p=2, dim=-1, keepdim=True)
+
+    def forward(self, h):
+        B, T, C = h.size()
+        nh, hd = self.config.n_head, self.config.n_embd // self.config.n_head
+        q, k, v = (f(h).view(B, T, nh, hd) for f in (self.query, self.key, self.value))
+        q, k = apply_rotary_position_embeddings(get_sinusoidal_embeddings(T, hd), q.transpose(1, 2), k.transpose(1, 2))
+        q, k = q.transpose(2, 1), k.transpose(2, 1)
+        sqk = (self.sqk * (self.sqk_init_value / self.sqk_init_scaling)).view(1, 1, nh, hd)
+        q, k = sqk * self.justnorm(q), sqk * self.justnorm(k)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           scale=(self.config.n_embd / nh) ** 0.5).transpose(1, 2)
+        h_att = self.att_c_proj(y.contiguous().view(B, T, C))
+        lr = torch.abs(self.attn_alpha * (self.attn_alpha_init_value / self.attn_alpha_init_scaling))
+        A_norm, B_norm = self.justnorm(h), self.justnorm(h_att)
+        h = self.justnorm(A_norm + lr * (B_norm - A_norm))
+        uv = self.c_fc(h) * (self.suv * ((self.suv_init_value / self.suv_init_scaling) * (self.config.n_embd ** 0.5)))
+        u, v = torch.chunk(uv, 2, dim=-1)
+        h_mlp = self.mlp_c_proj(u * self.silu(v))
+        lr = torch.abs(self.mlp_alpha * (self.mlp_alpha_init_value / self.mlp_alpha_init_scaling))
+        A_norm, B_norm = self.justnorm(h), self.justnorm(h_mlp)
+        return self.justnorm(A_norm + lr * (B_norm - A_norm))

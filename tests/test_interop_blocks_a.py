@@ -135,9 +135,24 @@ def test_parallel_attention_mlp_block_gptj(heads, rotary_dim, eps):
     assert not bad.passed and "interleaved" in str(bad)
 
 
+def _ngpt(c=8, heads=2, base_scale=None):
+    from types import SimpleNamespace
+
+    return U.NGPTBlock(SimpleNamespace(n_embd=c, n_head=heads, bias=False, use_nGPT=1,
+                                       base_scale=c ** -0.5 if base_scale is None else base_scale))
+
+
+@pytest.mark.parametrize("c,heads,base_scale", [(8, 2, None), (12, 3, 0.2)])
+def test_ngpt_normalized_block(c, heads, base_scale):
+    torch.manual_seed(7)
+    m = _perturb(_ngpt(c, heads, base_scale), scale=0.05)
+    _assert_pass(check_module(m, "ngpt_normalized_block", config={"attention_config": {"num_heads": heads}}))
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
+    "ngpt_normalized_block": (_ngpt, {}, ()),
     "parallel_attention_mlp_block": (_gptj, {}, ()),
     "macaron_block": (_macaron, {}, ()),
     "layerscale": (lambda: U.LayerScale_Block(6, 2, qkv_bias=True), {}, ()),

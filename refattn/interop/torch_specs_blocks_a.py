@@ -174,6 +174,17 @@ def _gptj_call(module, inp, cfg):
     return module(x, attention_mask=mask, position_ids=torch.arange(n)[None])[0]
 
 
+# ---- nGPT Block (use_nGPT=1): forward(h); heads from config.n_head
+
+
+def _ngpt_call(module, inp, cfg):
+    heads = module.config.n_head
+    if dict(cfg.get("attention_config") or {}).get("num_heads") != heads:
+        raise ValueError(f"check_module[ngpt_normalized_block]: pass config={{'attention_config': {{'num_heads': "
+                         f"{heads}}}}} (the module's config.n_head); got {cfg.get('attention_config')!r}")
+    return module(inp["x"])
+
+
 _SPECS = [
     Spec("rms_norm", "microsoft/unilm Diff-Transformer/diff/rms_norm.py@45d438e (RMSNorm, elementwise_affine=True; "
          "normalises the last axis)",
@@ -240,6 +251,14 @@ _SPECS = [
          required=("ln_1.weight", "attn.q_proj.weight", "mlp.fc_in.weight"),
          call=_gptj_call, build=_x_last("ln_1.weight"), attrs={"eps": "ln_1.eps"},
          defaults={"shared_norm": True, "activation": "gelu_tanh"}),
+    Spec("ngpt_normalized_block", "NVIDIA/ngpt model.py@ed19eb2 (Block with use_nGPT=1: query/key/value/att_c_proj, "
+         "c_fc/mlp_c_proj, sqk, suv, attn_alpha, mlp_alpha; upstream's RoPE; config attention_config="
+         "{'num_heads': H}, base_scale read from config.base_scale)",
+         rules=[Named(r"(query|key|value|att_c_proj|c_fc|mlp_c_proj)\.weight", True),
+                Named(r"(query|key|value|att_c_proj|c_fc|mlp_c_proj)\.bias|sqk|suv|attn_alpha|mlp_alpha", False)],
+         required=("query.weight", "key.weight", "value.weight", "att_c_proj.weight", "c_fc.weight",
+                   "mlp_c_proj.weight", "sqk", "suv", "attn_alpha", "mlp_alpha"),
+         call=_ngpt_call, build=_x_last("attn_alpha"), attrs={"base_scale": "config.base_scale"}),
 ]
 
 add_specs(*_SPECS)
