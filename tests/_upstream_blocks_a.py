@@ -545,3 +545,121 @@ class NGPTBlock(nn.Module):  # upstream's Block with config.use_nGPT == 1
         lr = torch.abs(self.mlp_alpha * (self.mlp_alpha_init_value / self.mlp_alpha_init_scaling))
         A_norm, B_norm = self.justnorm(h), self.justnorm(h_mlp)
         return self.justnorm(A_norm + lr * (B_norm - A_norm))
+
+
+# bobby-he/simplified_transformers@8d4ea79 simplified_transformers/model_utils.py: myGPT2Block, myGPT2Attention
+# (no cache, no head mask; qk_norm_type / dot_norm_type "none"), myGPT2MLP, MyConv1D, LeakyReLU. Deviations:
+# MyConv1D's id matrix is built on the CPU (upstream .cuda()); the uniform_causal_attn_mat buffer in float64.
+# config: a namespace with the upstream config field names.
+class MyConv1D(nn.Module):
+    def __init__(self, nf, nx, resid_gain=None, skip_gain=None, trainable_gains=False, init_type="normal", bias=True):
+        super().__init__()
+        self.nf = nf
+        self.bias = nn.Parameter(torch.zeros(nf), requires_grad=bias)
+        self.skip = skip_gain is not None
+        if not self.skip:
+            self.weight = nn.Parameter(torch.empty(nx, nf))
+            nn.init.normal_(self.weight, std=0.02)
+        else:
+            self.resid_gain = nn.Parameter(torch.Tensor([resid_gain]), requires_grad=trainable_gains)
+            self.skip_gain = nn.Parameter(torch.Tensor([skip_gain]), requires_grad=trainable_gains)
+            self.weight = nn.Parameter(torch.zeros(nx, nx))
+            self.id = torch.eye(nx)  # init_type "id"
+            self.init_type = init_type
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        if self.skip:
+            if self.resid_gain == 0 and self.init_type == "id":
+                return torch.add(self.bias, x * self.skip_gain).view(size_out)
+            w = self.resid_gain * self.weight + self.skip_gain * self.id.to(x.dtype)
+            return torch.addmm(self.bias, x.view(-1, x.size(-1)), w).view(size_out)
+        return torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight).view(size_out)
+
+
+class myGPT2Attention(nn.Module):
+    def __init__(self, config, layer_idx=None):
+        super().__init__()
+        mp = config.max_position_embeddings
+        self.embed_dim, self.num_heads = config.hidden_size, config.num_attention_heads
+        self.head_dim = self.embed_dim // self.num_heads
+        self.qk_attn = MyConv1D(2 * self.embed_dim, self.embed_dim)
+        vr = config.first_layer_value_resid_gain if layer_idx == 0 else config.value_resid_gain
+        self.v_attn = (MyConv1D(self.embed_dim, self.embed_dim, resid_gain=vr, skip_gain=config.value_skip_gain,
+                                trainable_gains=config.trainable_value_gains, init_type="id", bias=False)
+                       if config.value_skip_gain != 1 or vr != 0 else nn.Identity())
+        self.c_proj = nn.Identity()  # proj_skip_gain 1, proj_resid_gain 0, proj_init_type "id"
+        self.qk_attn.weight.data.split(self.embed_dim, dim=1)[0].normal_(mean=0.0, std=config.query_init_std)
+        g = config.trainable_attn_mat_gains
+        self.attn_mat_resid_gain = nn.Parameter(config.attn_mat_resid_gain * torch.ones((1, self.num_heads, 1, 1)),
+                                                requires_grad=g)
+        self.attn_mat_skip_gain = nn.Parameter(config.attn_mat_skip_gain * torch.ones((1, self.num_heads, 1, 1)),
+                                               requires_grad=g)
+        self.centre_attn = config.centre_attn
+        u = torch.ones((mp, mp), dtype=torch.float64) / torch.arange(1, mp + 1).view(-1, 1)
+        self.register_buffer("uniform_causal_attn_mat", torch.tril(u).view(1, 1, mp, mp), persistent=False)
+        self.centre_attn_gain = nn.Parameter(config.centre_attn_gain * torch.ones((1, self.num_heads, 1, 1)),
+                                             requires_grad=g and config.centre_attn_gain != 0)
+        self.register_buffer("diag", torch.eye(mp).view(1, 1, mp, mp), persistent=False)
+        self.register_buffer("bias", torch.tril(torch.ones((mp, mp), dtype=torch.bool)).view(1, 1, mp, mp),
+                             persistent=False)
+
+    def _attn(self, query, key, value):
+        w = torch.matmul(query, key.transpose(-1, -2)) / value.size(-1) ** 0.5
+        q_len, k_len = query.size(-2), key.size(-2)
+        w = torch.where(self.bias[:, :, k_len - q_len: k_len, :k_len], w, torch.finfo(w.dtype).min)
+        w = self.attn_mat_resid_gain * nn.functional.softmax(w, dim=-1)
+        if self.centre_attn:
+            w = w + (self.attn_mat_skip_gain * self.diag[:, :, :k_len, :k_len]
+                     - self.centre_attn_gain * self.uniform_causal_attn_mat[:, :, k_len - q_len: k_len, :k_len])
+        return torch.matmul(w, value)
+
+    def forward(self, hidden_states):
+        query, key = self.qk_attn(hidden_states).split(self.embed_dim, dim=2)
+        value = self.v_attn(hidden_states)
+        b, n, _ = hidden_states.shape
+        q, k, v = (t.view(b, n, self.num_heads, self.head_dim).permute(0, 2, 1, 3) for t in (query, key, value))
+        out = self._attn(q, k, v).permute(0, 2, 1, 3).contiguous().view(b, n, self.embed_dim)
+        return self.c_proj(out), None
+
+
+class myGPT2MLP(nn.Module):
+    def __init__(self, intermediate_size, config):
+        super().__init__()
+        self.c_fc = MyConv1D(intermediate_size, config.hidden_size, bias=False)
+        self.c_proj = MyConv1D(config.hidden_size, intermediate_size, bias=False)
+        self.negative_slope = config.lrelu_neg_slope  # LeakyReLU
+
+    def forward(self, h):
+        h = self.c_fc(h)
+        return self.c_proj(torch.where(h >= 0.0, h, h * self.negative_slope))
+
+
+class myGPT2Block(nn.Module):
+    def __init__(self, config, layer_idx=None):
+        super().__init__()
+        hidden_size = config.hidden_size
+        inner_dim = config.n_inner if config.n_inner is not None else 4 * hidden_size
+        self.parallel_layers, self.layer_idx = config.parallel_layers, layer_idx
+        self.ln_1 = nn.Identity() if layer_idx > 0 else nn.LayerNorm(hidden_size, eps=config.layer_norm_epsilon)
+        self.ln_2 = nn.Identity()  # norm_type "none"
+        self.norm_position = config.norm_position
+        self.attn = myGPT2Attention(config, layer_idx=layer_idx)
+        self.mlp = myGPT2MLP(inner_dim, config)
+        ta, tm = config.trainable_attn_block_gains, config.trainable_mlp_block_gains
+        self.attn_block_resid_gain = nn.Parameter(torch.Tensor([config.attn_block_resid_gain]), requires_grad=ta)
+        self.attn_block_skip_gain = nn.Parameter(torch.Tensor([config.attn_block_skip_gain]),
+                                                 requires_grad=ta and not self.parallel_layers)
+        self.mlp_block_resid_gain = nn.Parameter(torch.Tensor([config.mlp_block_resid_gain]), requires_grad=tm)
+        self.mlp_block_skip_gain = nn.Parameter(torch.Tensor([config.mlp_block_skip_gain]),
+                                                requires_grad=tm and not self.parallel_layers)
+        self.add_mlp_skip = config.mlp_block_skip_gain != 0
+
+    def forward(self, hidden_states):
+        skip_branch = hidden_states
+        hidden_states = self.ln_1(hidden_states)
+        attn_output = self.attn(hidden_states)[0]
+        out = self.mlp_block_resid_gain * self.mlp(hidden_states) + self.attn_block_resid_gain * attn_output
+        if self.add_mlp_skip:
+            out = out + self.mlp_block_skip_gain * skip_branch
+        return (out,)

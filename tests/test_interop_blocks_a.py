@@ -21,11 +21,12 @@ def _assert_pass(report):
 
 
 def _perturb(m, scale=0.3, seed=0):
-    """Move every parameter off its init (ones, zeros, 1/3): the check then sees each one."""
+    """Move every trainable parameter off its init (ones, zeros, 1/3): the check then sees each one."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in m.parameters():
-            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            if p.requires_grad:
+                p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return m
 
 
@@ -149,9 +150,45 @@ def test_ngpt_normalized_block(c, heads, base_scale):
     _assert_pass(check_module(m, "ngpt_normalized_block", config={"attention_config": {"num_heads": heads}}))
 
 
+def _sas_p(layer_idx=1, heads=2, c=8, mlp_skip=0.0):
+    """myGPT2Block under simplified_transformers' skipless-parallel config (the yaml values)."""
+    from types import SimpleNamespace
+
+    cfg = SimpleNamespace(hidden_size=c, n_inner=None, parallel_layers=True, norm_type="none", layer_norm_epsilon=1e-5,
+                          norm_position="pre", attn_block_resid_gain=1.0, attn_block_skip_gain=0.0,
+                          mlp_block_resid_gain=0.1, mlp_block_skip_gain=mlp_skip, trainable_attn_block_gains=True,
+                          trainable_mlp_block_gains=True, max_position_embeddings=32, num_attention_heads=heads,
+                          first_layer_value_resid_gain=1.0, value_resid_gain=0.0, value_skip_gain=1.0,
+                          trainable_value_gains=True, query_init_std=0.0, attn_mat_resid_gain=1.0,
+                          attn_mat_skip_gain=1.0, trainable_attn_mat_gains=True, centre_attn=True,
+                          centre_attn_gain=1.0, lrelu_neg_slope=0.0)
+    m = U.myGPT2Block(cfg, layer_idx=layer_idx)
+    with torch.no_grad():  # off the init (zero query weights, unit gains); the frozen zero biases stay zero
+        for name, p in m.named_parameters():
+            if p.requires_grad and not name.endswith("skip_gain") or name.startswith("attn.attn_mat"):
+                p.add_(0.3 * torch.randn_like(p))
+    return m
+
+
+@pytest.mark.parametrize("layer_idx,heads,mlp_skip", [(1, 2, 0.0), (0, 2, 0.0), (3, 4, 0.5)])
+def test_simplified_block_he_hofmann(layer_idx, heads, mlp_skip):
+    torch.manual_seed(8)
+    m = _sas_p(layer_idx, heads, mlp_skip=mlp_skip)
+    _assert_pass(check_module(m, "simplified_block_he_hofmann", config={"attention_config": {"num_heads": heads}}))
+
+
+def test_simplified_block_refuses_nonzero_frozen_biases():
+    sd = _sas_p().state_dict()
+    sd["mlp.c_fc.bias"] = sd["mlp.c_fc.bias"] + 1.0
+    with pytest.raises(ValueError, match="no biases"):
+        params_from_state_dict("simplified_block_he_hofmann", sd)
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
+    "simplified_block_he_hofmann": (lambda: _sas_p(0), {}, ("attn_block_skip_gain", "mlp.c_fc.bias", "mlp.c_proj.bias",
+                                                            "attn.v_attn.bias")),
     "ngpt_normalized_block": (_ngpt, {}, ()),
     "parallel_attention_mlp_block": (_gptj, {}, ()),
     "macaron_block": (_macaron, {}, ()),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Derived, Named, Rename, Spec, Split, View, add_specs, call_x
+from .torch_specs import Derived, Named, Rename, Reshape, Spec, Split, View, add_specs, call_x
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -185,6 +185,40 @@ def _ngpt_call(module, inp, cfg):
     return module(inp["x"])
 
 
+# ---- simplified_transformers myGPT2Block, skipless-parallel (SAS-P): MyConv1D weights are already (in, out);
+# the frozen zero biases (MyConv1D(bias=False)) are checked to be zero and dropped
+
+
+class _ZeroDropped:
+    """Frozen parameters that must be zero (upstream ``requires_grad=False`` zeros): read, checked, dropped."""
+
+    def __init__(self, pattern, why):
+        self.pattern, self.why = pattern, why
+
+    def load(self, view: View, out: dict) -> None:
+        import re
+
+        for name in sorted(view.items):
+            if name not in view.used and re.fullmatch(self.pattern, name):
+                a = view.get(name)
+                if np.any(a[~np.isnan(a)]):  # NaN: check_module's probe for frozen parameters
+                    raise ValueError(f"params_from_state_dict[{view.slug}]: {view.prefix + name} is not zero; "
+                                     f"{self.why}")
+
+    def save(self, grads, out, used):
+        pass
+
+
+def _sas_call(module, inp, cfg):
+    heads = module.attn.num_heads
+    if dict(cfg.get("attention_config") or {}).get("num_heads") != heads or not module.parallel_layers \
+            or module.norm_position != "pre":
+        raise ValueError(f"check_module[simplified_block_he_hofmann]: the table maps the skipless-parallel block "
+                         f"(parallel_layers=True, norm_position='pre') with config={{'attention_config': "
+                         f"{{'num_heads': {heads}}}}}; got {cfg.get('attention_config')!r}")
+    return module(inp["x"])[0]
+
+
 _SPECS = [
     Spec("rms_norm", "microsoft/unilm Diff-Transformer/diff/rms_norm.py@45d438e (RMSNorm, elementwise_affine=True; "
          "normalises the last axis)",
@@ -259,6 +293,22 @@ _SPECS = [
          required=("query.weight", "key.weight", "value.weight", "att_c_proj.weight", "c_fc.weight",
                    "mlp_c_proj.weight", "sqk", "suv", "attn_alpha", "mlp_alpha"),
          call=_ngpt_call, build=_x_last("attn_alpha"), attrs={"base_scale": "config.base_scale"}),
+    Spec("simplified_block_he_hofmann", "bobby-he/simplified_transformers simplified_transformers/model_utils.py@8d4ea79 "
+         "(myGPT2Block with the skipless-parallel config: parallel_layers, norm_type='none' (ln_1 in layer 0 only), "
+         "myGPT2Attention with identity values (a MyConv1D v_attn in layer 0) and projection, myGPT2MLP; "
+         "config attention_config={'num_heads': H}; norm='layer' is inferred from ln_1)",
+         rules=[Named(r"ln_1\.(weight|bias)|(attn|mlp)_block_resid_gain|mlp_block_skip_gain|attn\.qk_attn\.(weight|bias)"
+                      r"|mlp\.c_(fc|proj)\.weight|attn\.v_attn\.(weight|resid_gain|skip_gain)", False),
+                *[Reshape(f"attn.{g}", lambda n: (1, n, 1, 1)) for g in ("attn_mat_resid_gain", "attn_mat_skip_gain",
+                                                                         "centre_attn_gain")],
+                Derived(r"attn_block_skip_gain"),
+                _ZeroDropped(r"mlp\.c_(fc|proj)\.bias|attn\.v_attn\.bias",
+                             "refattn's SAS-P MLP and value map have no biases (upstream: MyConv1D(bias=False))")],
+         required=("attn.qk_attn.weight", "attn.attn_mat_resid_gain", "mlp.c_fc.weight", "attn_block_resid_gain"),
+         call=_sas_call, build=_x_last("mlp.c_fc.weight"),
+         infer=lambda keys: {"norm": "layer" if "ln_1.weight" in keys else "none"}, attrs={"eps": "ln_1.eps"},
+         unsupported={"attn.c_proj.weight": "a trainable projection is not part of SAS-P (proj_resid_gain = 0)",
+                      "attn.q_norm.scale": "qk_norm_type='rmsnorm' is not reproduced"}),
 ]
 
 add_specs(*_SPECS)
