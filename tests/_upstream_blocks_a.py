@@ -663,3 +663,52 @@ class myGPT2Block(nn.Module):
         if self.add_mlp_skip:
             out = out + self.mlp_block_skip_gain * skip_branch
         return (out,)
+
+
+# huawei-noah/CV-Backbones@25531f7 tnt_pytorch/tnt.py: Attention, Block (se=0; timm's Mlp as in layerscale above).
+# Dropout and drop path omitted.
+class TNTAttention(nn.Module):  # upstream's Attention
+    def __init__(self, dim, hidden_dim, num_heads=8, qkv_bias=False, qk_scale=None):
+        super().__init__()
+        self.hidden_dim, self.num_heads = hidden_dim, num_heads
+        self.head_dim = hidden_dim // num_heads
+        self.scale = qk_scale or self.head_dim ** -0.5
+        self.qk = nn.Linear(dim, hidden_dim * 2, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        q, k = self.qk(x).reshape(B, N, 2, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        v = self.v(x).reshape(B, N, self.num_heads, -1).permute(0, 2, 1, 3)
+        attn = ((q @ k.transpose(-2, -1)) * self.scale).softmax(dim=-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(B, N, -1))
+
+
+class TNTBlock(nn.Module):  # upstream's Block
+    def __init__(self, outer_dim, inner_dim, outer_num_heads, inner_num_heads, num_words, mlp_ratio=4.,
+                 qkv_bias=False, qk_scale=None, act_layer=nn.GELU, norm_layer=nn.LayerNorm):
+        super().__init__()
+        self.inner_norm1 = norm_layer(inner_dim)
+        self.inner_attn = TNTAttention(inner_dim, inner_dim, num_heads=inner_num_heads, qkv_bias=qkv_bias,
+                                       qk_scale=qk_scale)
+        self.inner_norm2 = norm_layer(inner_dim)
+        self.inner_mlp = Mlp(inner_dim, int(inner_dim * mlp_ratio), inner_dim, act_layer=act_layer)
+        self.proj_norm1 = norm_layer(num_words * inner_dim)
+        self.proj = nn.Linear(num_words * inner_dim, outer_dim, bias=False)
+        self.proj_norm2 = norm_layer(outer_dim)
+        self.outer_norm1 = norm_layer(outer_dim)
+        self.outer_attn = TNTAttention(outer_dim, outer_dim, num_heads=outer_num_heads, qkv_bias=qkv_bias,
+                                       qk_scale=qk_scale)
+        self.outer_norm2 = norm_layer(outer_dim)
+        self.outer_mlp = Mlp(outer_dim, int(outer_dim * mlp_ratio), outer_dim, act_layer=act_layer)
+
+    def forward(self, inner_tokens, outer_tokens):
+        inner_tokens = inner_tokens + self.inner_attn(self.inner_norm1(inner_tokens))
+        inner_tokens = inner_tokens + self.inner_mlp(self.inner_norm2(inner_tokens))
+        B, N, C = outer_tokens.size()
+        outer_tokens[:, 1:] = outer_tokens[:, 1:] + self.proj_norm2(self.proj(self.proj_norm1(
+            inner_tokens.reshape(B, N - 1, -1))))
+        outer_tokens = outer_tokens + self.outer_attn(self.outer_norm1(outer_tokens))
+        outer_tokens = outer_tokens + self.outer_mlp(self.outer_norm2(outer_tokens))
+        return inner_tokens, outer_tokens

@@ -184,9 +184,20 @@ def test_simplified_block_refuses_nonzero_frozen_biases():
         params_from_state_dict("simplified_block_he_hofmann", sd)
 
 
+@pytest.mark.parametrize("hi,ho,qkv_bias,qk_scale", [(1, 2, False, None), (2, 3, True, 0.4)])
+def test_tnt_block(hi, ho, qkv_bias, qk_scale):
+    torch.manual_seed(9)
+    m = _perturb(U.TNTBlock(6, 4, ho, hi, num_words=3, mlp_ratio=1.5, qkv_bias=qkv_bias, qk_scale=qk_scale))
+    icfg, ocfg = {"num_heads": hi}, {"num_heads": ho}
+    if qk_scale:
+        icfg["scale"] = ocfg["scale"] = qk_scale
+    _assert_pass(check_module(m, "tnt_block", config={"inner_attention_config": icfg, "outer_attention_config": ocfg}))
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
+    "tnt_block": (lambda: U.TNTBlock(6, 4, 2, 1, num_words=3, qkv_bias=True), {}, ()),
     "simplified_block_he_hofmann": (lambda: _sas_p(0), {}, ("attn_block_skip_gain", "mlp.c_fc.bias", "mlp.c_proj.bias",
                                                             "attn.v_attn.bias")),
     "ngpt_normalized_block": (_ngpt, {}, ()),

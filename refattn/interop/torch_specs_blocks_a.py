@@ -219,6 +219,36 @@ def _sas_call(module, inp, cfg):
     return module(inp["x"])[0]
 
 
+# ---- TNT Block: forward(inner (B n, m, c), outer (B, 1 + n, C)) -> (inner, outer); Attention with a fused qk
+
+
+def _tnt_attn(side: str) -> list:
+    a = f"{side}_attn."
+    return [Split((f"{a}q_proj", f"{a}k_proj"), f"{a}qk.weight", True),
+            Split((f"{a}q_proj_bias", f"{a}k_proj_bias"), f"{a}qk.bias", False, True),
+            Rename(f"{a}v_proj", f"{a}v.weight", True), Rename(f"{a}v_proj_bias", f"{a}v.bias", False, True),
+            Rename(f"{a}out_proj", f"{a}proj.weight", True), Rename(f"{a}out_proj_bias", f"{a}proj.bias", False, True)]
+
+
+def _tnt_build(rng, p, cfg, z):
+    c, big = p["inner_norm1.weight"].shape[0], p["outer_norm1.weight"].shape[0]
+    m = p["proj_norm1.weight"].shape[0] // c
+    return {"inner": rng.standard_normal((z["b"], z["n"], m, c)),
+            "outer": rng.standard_normal((z["b"], int(cfg.get("cls_tokens", 1)) + z["n"], big))}, {}
+
+
+def _tnt_call(module, inp, cfg):
+    for side in ("inner", "outer"):
+        att, sub = getattr(module, f"{side}_attn"), dict(cfg.get(f"{side}_attention_config") or {})
+        if sub.get("num_heads") != att.num_heads or abs(sub.get("scale", att.head_dim ** -0.5) - att.scale) > 1e-15:
+            raise ValueError(f"check_module[tnt_block]: pass config {side}_attention_config={{'num_heads': "
+                             f"{att.num_heads}}} (and 'scale': {att.scale} for a qk_scale); got {sub!r}")
+    inner, outer = inp["inner"], inp["outer"]
+    b, n, m, c = inner.shape
+    out = module(inner.reshape(b * n, m, c), outer.clone())  # upstream writes outer_tokens[:, 1:] in place
+    return out[1] if cfg.get("outputs", "both") == "outer" else (out[0].reshape(b, n, m, c), out[1])
+
+
 _SPECS = [
     Spec("rms_norm", "microsoft/unilm Diff-Transformer/diff/rms_norm.py@45d438e (RMSNorm, elementwise_affine=True; "
          "normalises the last axis)",
@@ -309,6 +339,17 @@ _SPECS = [
          infer=lambda keys: {"norm": "layer" if "ln_1.weight" in keys else "none"}, attrs={"eps": "ln_1.eps"},
          unsupported={"attn.c_proj.weight": "a trainable projection is not part of SAS-P (proj_resid_gain = 0)",
                       "attn.q_norm.scale": "qk_norm_type='rmsnorm' is not reproduced"}),
+    Spec("tnt_block", "huawei-noah/CV-Backbones tnt_pytorch/tnt.py@25531f7 (Block with se=0: Attention with a fused qk "
+         "projection, Mlp; one class token; check_module compares the outer tokens (outputs='outer'), through "
+         "which every parameter gets its gradient; config inner_attention_config / outer_attention_config = "
+         "{'num_heads': H})",
+         rules=_tnt_attn("inner") + _tnt_attn("outer")
+         + [Named(r"(inner|outer)_mlp\.fc[12]\.weight|proj\.weight", True),
+            Named(r"(inner|outer)_norm[12]\.(weight|bias)|proj_norm[12]\.(weight|bias)|(inner|outer)_mlp\.fc[12]\.bias",
+                  False)],
+         required=("inner_attn.qk.weight", "outer_attn.qk.weight", "proj.weight", "proj_norm1.weight"),
+         call=_tnt_call, build=_tnt_build, attrs={"eps": "outer_norm1.eps"}, defaults={"outputs": "outer"},
+         unsupported={"se_layer.fc.1.weight": "the SE module (se > 0) is not reproduced"}),
 ]
 
 add_specs(*_SPECS)
