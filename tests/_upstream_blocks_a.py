@@ -712,3 +712,88 @@ class TNTBlock(nn.Module):  # upstream's Block
         outer_tokens = outer_tokens + self.outer_attn(self.outer_norm1(outer_tokens))
         outer_tokens = outer_tokens + self.outer_mlp(self.outer_norm2(outer_tokens))
         return inner_tokens, outer_tokens
+
+
+# Leiay/looped_transformer@6b3bdb2 scripts/nano_gpt.py: new_gelu, LayerNorm, CausalSelfAttention (the flash path:
+# torch's SDPA, is_causal), MLP, Block, GPT2Config, GPT2Model (forward(inputs_embeds) with learned positions);
+# scripts/models.py: TransformerModel.__init__ (regression), TransformerModelLooped (f, forward). Dropout 0.
+class NanoLayerNorm(nn.Module):
+    def __init__(self, ndim, bias):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(ndim))
+        self.bias = nn.Parameter(torch.zeros(ndim)) if bias else None
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
+
+
+class NanoCausalSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.n_head, self.n_embd = config.n_head, config.n_embd
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+                   for t in self.c_attn(x).split(self.n_embd, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal=True)
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class NanoMLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+
+    def forward(self, x):
+        return self.c_proj(gelu_new(self.c_fc(x)))  # nano_gpt's new_gelu is gelu_new
+
+
+class NanoBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1, self.attn = NanoLayerNorm(config.n_embd, config.bias), NanoCausalSelfAttention(config)
+        self.ln_2, self.mlp = NanoLayerNorm(config.n_embd, config.bias), NanoMLP(config)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2Model(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(dict(
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            h=nn.ModuleList([NanoBlock(config) for _ in range(config.n_layer)]),
+            ln_f=NanoLayerNorm(config.n_embd, config.bias)))
+
+    def forward(self, inputs_embeds):
+        t = inputs_embeds.size(1)
+        x = inputs_embeds + self.transformer.wpe(torch.arange(0, t, dtype=torch.long).unsqueeze(0))
+        for block in self.transformer.h:
+            x = block(x)
+        return self.transformer.ln_f(x)
+
+
+class TransformerModelLooped(nn.Module):
+    def __init__(self, n_dims, n_positions, n_embd=128, n_layer=12, n_head=4, loop_func="z=f(x+z)"):
+        super().__init__()
+        from types import SimpleNamespace
+
+        self.freq, self.ind = 2, 0
+        config = SimpleNamespace(block_size=self.freq * n_positions + 1, n_layer=n_layer, n_head=n_head,
+                                 n_embd=n_embd, dropout=0.0, bias=True)
+        self._read_in = nn.Linear(n_dims, n_embd)
+        self._backbone = GPT2Model(config)
+        self._read_out = nn.Linear(n_embd, 1)
+        self.loop_func = loop_func
+
+    def f(self, output, embeds):
+        if self.loop_func == "z=f(x+z)":
+            return self._backbone(inputs_embeds=output + embeds)
+        return self._backbone(inputs_embeds=output * embeds)  # "z=f(x*z)"

@@ -194,9 +194,21 @@ def test_tnt_block(hi, ho, qkv_bias, qk_scale):
     _assert_pass(check_module(m, "tnt_block", config={"inner_attention_config": icfg, "outer_attention_config": ocfg}))
 
 
+@pytest.mark.parametrize("loop_func,n_layer,n_loops,window", [("z=f(x+z)", 1, 3, None), ("z=f(x*z)", 1, 2, 2),
+                                                             ("z=f(x+z)", 2, 2, 1)])
+def test_looped_transformer(loop_func, n_layer, n_loops, window):
+    torch.manual_seed(10)
+    m = _perturb(U.TransformerModelLooped(3, 8, n_embd=6, n_layer=n_layer, n_head=2, loop_func=loop_func), 0.2)
+    cfg = {"n_loops": n_loops, "window": window, "injection": "add" if loop_func == "z=f(x+z)" else "mul",
+           "attention_config": {"num_heads": 2, "is_causal": True}}
+    _assert_pass(check_module(m, "looped_transformer", config=cfg))
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
+    "looped_transformer": (lambda: U.TransformerModelLooped(3, 4, n_embd=6, n_layer=2, n_head=2)._backbone.transformer,
+                           {"n_loops": 2, "num_layers": 2}, ()),
     "tnt_block": (lambda: U.TNTBlock(6, 4, 2, 1, num_words=3, qkv_bias=True), {}, ()),
     "simplified_block_he_hofmann": (lambda: _sas_p(0), {}, ("attn_block_skip_gain", "mlp.c_fc.bias", "mlp.c_proj.bias",
                                                             "attn.v_attn.bias")),

@@ -249,6 +249,46 @@ def _tnt_call(module, inp, cfg):
     return out[1] if cfg.get("outputs", "both") == "outer" else (out[0].reshape(b, n, m, c), out[1])
 
 
+# ---- Looped transformer: TransformerModelLooped's loop (its f method, the GPT2Model backbone) on the embedded
+# prompt; the read-in / read-out Linears lie outside the record (module_prefix '_backbone.transformer.')
+
+_LOOP_FUNCS = {"add": "z=f(x+z)", "mul": "z=f(x*z)"}
+
+
+def _looped_rules(config):
+    rules = [Named(r"wpe\.weight|ln_f\.(weight|bias)", False)]
+    for i in range(int(config.get("num_layers", 1))):
+        h = f"h.{i}."
+        rules += [Split(tuple(f"{h}attn.{n}_proj" for n in "qkv"), f"{h}attn.c_attn.weight", True),
+                  Split(tuple(f"{h}attn.{n}_proj_bias" for n in "qkv"), f"{h}attn.c_attn.bias", False, True),
+                  Rename(f"{h}attn.out_proj", f"{h}attn.c_proj.weight", True),
+                  Rename(f"{h}attn.out_proj_bias", f"{h}attn.c_proj.bias", False, True),
+                  Named(rf"h\.{i}\.mlp\.c_(fc|proj)\.weight", True),
+                  Named(rf"h\.{i}\.(ln_[12]\.(weight|bias)|mlp\.c_(fc|proj)\.bias)", False)]
+    return rules
+
+
+def _looped_call(module, inp, cfg):
+    import torch
+
+    inj, heads = cfg.get("injection", "add"), module._backbone.config.n_head
+    sub = dict(cfg.get("attention_config") or {})
+    if _LOOP_FUNCS.get(inj) != module.loop_func or sub != {"num_heads": heads, "is_causal": True} \
+            or cfg.get("pre_layers", 0) or cfg.get("post_layers", 0):
+        raise ValueError(f"check_module[looped_transformer]: the module (loop_func={module.loop_func!r}) is config "
+                         f"injection={[k for k, v in _LOOP_FUNCS.items() if v == module.loop_func]}, "
+                         f"attention_config={{'num_heads': {heads}, 'is_causal': True}}, no pre/post layers; "
+                         f"got injection={inj!r}, attention_config={sub!r}")
+    x = inp["x"]
+    out = torch.zeros_like(x) if inj == "add" else torch.ones_like(x)
+    iterates = []
+    for _ in range(int(cfg["n_loops"])):  # TransformerModelLooped.forward with n_loop_start = 0
+        out = module.f(out, x)
+        iterates.append(out)
+    w = cfg.get("window")
+    return out if w is None else torch.stack(iterates[-int(w):], dim=1)
+
+
 _SPECS = [
     Spec("rms_norm", "microsoft/unilm Diff-Transformer/diff/rms_norm.py@45d438e (RMSNorm, elementwise_affine=True; "
          "normalises the last axis)",
@@ -350,6 +390,13 @@ _SPECS = [
          required=("inner_attn.qk.weight", "outer_attn.qk.weight", "proj.weight", "proj_norm1.weight"),
          call=_tnt_call, build=_tnt_build, attrs={"eps": "outer_norm1.eps"}, defaults={"outputs": "outer"},
          unsupported={"se_layer.fc.1.weight": "the SE module (se > 0) is not reproduced"}),
+    Spec("looped_transformer", "Leiay/looped_transformer scripts/models.py@6b3bdb2 (TransformerModelLooped: its loop "
+         "of f on the embedded prompt, loop_func 'z=f(x+z)' = injection 'add', 'z=f(x*z)' = 'mul'; "
+         "scripts/nano_gpt.py GPT2Model backbone with fused c_attn; module_prefix '_backbone.transformer.', "
+         "read_in/read_out are outside; config n_loops, attention_config={'num_heads': H, 'is_causal': True})",
+         rules=_looped_rules, required=("wpe.weight", "h.0.attn.c_attn.weight", "ln_f.weight"),
+         call=_looped_call, build=_x_last("wpe.weight", axis=1), module_prefix="_backbone.transformer.",
+         attrs={"num_layers": "_backbone.config.n_layer"}),
 ]
 
 add_specs(*_SPECS)
