@@ -797,3 +797,43 @@ class TransformerModelLooped(nn.Module):
         if self.loop_func == "z=f(x+z)":
             return self._backbone(inputs_embeds=output + embeds)
         return self._backbone(inputs_embeds=output * embeds)  # "z=f(x*z)"
+
+
+# huggingface/transformers@00d4b3d src/transformers/models/mixtral/modeling_mixtral.py: MixtralBlockSparseTop2MLP,
+# MixtralSparseMoeBlock (eval: no jitter noise). Deviation: the softmax's dtype=torch.float dropped.
+# config: a namespace with MixtralConfig's field names.
+class MixtralBlockSparseTop2MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ffn_dim, self.hidden_dim = config.intermediate_size, config.hidden_size
+        self.w1 = nn.Linear(self.hidden_dim, self.ffn_dim, bias=False)
+        self.w2 = nn.Linear(self.ffn_dim, self.hidden_dim, bias=False)
+        self.w3 = nn.Linear(self.hidden_dim, self.ffn_dim, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, hidden_states):
+        return self.w2(self.act_fn(self.w1(hidden_states)) * self.w3(hidden_states))
+
+
+class MixtralSparseMoeBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.hidden_dim, self.ffn_dim = config.hidden_size, config.intermediate_size
+        self.num_experts, self.top_k = config.num_local_experts, config.num_experts_per_tok
+        self.gate = nn.Linear(self.hidden_dim, self.num_experts, bias=False)
+        self.experts = nn.ModuleList([MixtralBlockSparseTop2MLP(config) for _ in range(self.num_experts)])
+
+    def forward(self, hidden_states):
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        router_logits = self.gate(hidden_states)
+        routing_weights = F.softmax(router_logits, dim=1)
+        routing_weights, selected_experts = torch.topk(routing_weights, self.top_k, dim=-1)
+        routing_weights = routing_weights / routing_weights.sum(dim=-1, keepdim=True)
+        final = torch.zeros((batch_size * sequence_length, hidden_dim), dtype=hidden_states.dtype)
+        expert_mask = F.one_hot(selected_experts, num_classes=self.num_experts).permute(2, 1, 0)
+        for expert_idx in torch.greater(expert_mask.sum(dim=(-1, -2)), 0).nonzero():
+            idx, top_x = torch.where(expert_mask[expert_idx].squeeze(0))
+            current = self.experts[expert_idx](hidden_states[None, top_x].reshape(-1, hidden_dim))
+            final.index_add_(0, top_x, current * routing_weights[top_x, idx, None])
+        return final.reshape(batch_size, sequence_length, hidden_dim), router_logits

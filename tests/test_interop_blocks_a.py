@@ -204,9 +204,27 @@ def test_looped_transformer(loop_func, n_layer, n_loops, window):
     _assert_pass(check_module(m, "looped_transformer", config=cfg))
 
 
+def _mixtral(experts=4, k=2, c=6, f=5):
+    from types import SimpleNamespace
+
+    return U.MixtralSparseMoeBlock(SimpleNamespace(hidden_size=c, intermediate_size=f, num_local_experts=experts,
+                                                   num_experts_per_tok=k))
+
+
+@pytest.mark.parametrize("experts,k", [(4, 2), (3, 1), (5, 3)])
+def test_moe_topk_gating_mixtral(experts, k):
+    torch.manual_seed(11)
+    m = _mixtral(experts, k)
+    with torch.no_grad():
+        for p in m.parameters():
+            nn.init.normal_(p, std=0.5)
+    _assert_pass(check_module(m, "moe_topk_gating"))
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
+    "moe_topk_gating": (_mixtral, {}, ()),
     "looped_transformer": (lambda: U.TransformerModelLooped(3, 4, n_embd=6, n_layer=2, n_head=2)._backbone.transformer,
                            {"n_loops": 2, "num_layers": 2}, ()),
     "tnt_block": (lambda: U.TNTBlock(6, 4, 2, 1, num_words=3, qkv_bias=True), {}, ()),

@@ -397,6 +397,13 @@ _SPECS = [
          rules=_looped_rules, required=("wpe.weight", "h.0.attn.c_attn.weight", "ln_f.weight"),
          call=_looped_call, build=_x_last("wpe.weight", axis=1), module_prefix="_backbone.transformer.",
          attrs={"num_layers": "_backbone.config.n_layer"}),
+    Spec("moe_topk_gating", "huggingface/transformers src/transformers/models/mixtral/modeling_mixtral.py@00d4b3d "
+         "(MixtralSparseMoeBlock with MixtralBlockSparseTop2MLP experts w1/w3/w2, eval mode: no jitter; "
+         "forward returns (hidden_states, router_logits), the first is compared)",
+         rules=[Named(r"gate\.weight|experts\.\d+\.w[123]\.weight", True)],
+         required=("gate.weight", "experts.0.w1.weight", "experts.0.w2.weight", "experts.0.w3.weight"),
+         call=lambda module, inp, cfg: module(inp["x"])[0], build=_x_last("gate.weight"),
+         attrs={"num_experts_per_tok": "top_k"}),
 ]
 
 add_specs(*_SPECS)
