@@ -837,3 +837,48 @@ class MixtralSparseMoeBlock(nn.Module):
             current = self.experts[expert_idx](hidden_states[None, top_x].reshape(-1, hidden_dim))
             final.index_add_(0, top_x, current * routing_weights[top_x, idx, None])
         return final.reshape(batch_size, sequence_length, hidden_dim), router_logits
+
+
+# SkyworkAI/MoH@66bb340 MoH-DiT/models.py: MoHAttention (timm's use_fused_attn False path, q_norm/k_norm
+# Identity, no dropout; the training-mode l_aux bookkeeping omitted: it does not change the output).
+class MoHAttention(nn.Module):
+    def __init__(self, dim, num_heads=8, qkv_bias=False, shared_head=0, routed_head=0, head_dim=None):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads if head_dim is None else head_dim
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, self.head_dim * self.num_heads * 3, bias=qkv_bias)
+        self.proj = nn.Linear(self.head_dim * self.num_heads, dim)
+        self.shared_head, self.routed_head = shared_head, routed_head
+        if self.routed_head > 0:
+            self.wg = nn.Linear(dim, num_heads - shared_head, bias=False)
+            if self.shared_head > 0:
+                self.wg_0 = nn.Linear(dim, 2, bias=False)
+        if self.shared_head > 1:
+            self.wg_1 = nn.Linear(dim, shared_head, bias=False)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        _x = x.reshape(B * N, C)
+        if self.routed_head > 0:
+            gates = F.softmax(self.wg(_x), dim=1)
+            _, indices = torch.topk(gates, k=self.routed_head, dim=1)
+            mask = F.one_hot(indices, num_classes=gates.shape[1]).sum(dim=1)
+            routed = gates * mask
+            denom = torch.clamp(torch.sum(routed, dim=1, keepdim=True), min=torch.finfo(routed.dtype).eps)
+            routed = (routed / denom).reshape(B, N, -1) * self.routed_head
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        x = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1) @ v
+        x = x.transpose(1, 2)
+        if self.routed_head > 0:
+            if self.shared_head > 0:
+                shared = F.softmax(self.wg_1(_x), dim=1).reshape(B, N, -1) * self.shared_head
+                w0 = F.softmax(self.wg_0(_x), dim=1).reshape(B, N, 2) * 2
+                gates = torch.cat([torch.einsum("bn,bne->bne", w0[:, :, 0], shared),
+                                   torch.einsum("bn,bne->bne", w0[:, :, 1], routed)], dim=2)
+            else:
+                gates = routed
+        else:
+            gates = F.softmax(self.wg_1(_x), dim=1).reshape(B, N, -1) * self.shared_head
+        x = torch.einsum("bne,bned->bned", gates, x).reshape(B, N, self.head_dim * self.num_heads)
+        return self.proj(x)

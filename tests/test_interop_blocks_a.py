@@ -221,9 +221,21 @@ def test_moe_topk_gating_mixtral(experts, k):
     _assert_pass(check_module(m, "moe_topk_gating"))
 
 
+@pytest.mark.parametrize("heads,shared,routed,head_dim", [(4, 2, 1, None), (4, 0, 2, None), (2, 2, 0, None),
+                                                         (4, 2, 2, 3)])
+def test_mixture_of_head_attention(heads, shared, routed, head_dim):
+    torch.manual_seed(12)
+    m = U.MoHAttention(8, heads, qkv_bias=True, shared_head=shared, routed_head=routed, head_dim=head_dim)
+    with torch.no_grad():
+        for p in m.parameters():
+            nn.init.normal_(p, std=0.4)
+    _assert_pass(check_module(m, "mixture_of_head_attention"))
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
+    "mixture_of_head_attention": (lambda: U.MoHAttention(8, 4, qkv_bias=True, shared_head=2, routed_head=1), {}, ()),
     "moe_topk_gating": (_mixtral, {}, ()),
     "looped_transformer": (lambda: U.TransformerModelLooped(3, 4, n_embd=6, n_layer=2, n_head=2)._backbone.transformer,
                            {"n_loops": 2, "num_layers": 2}, ()),

@@ -404,6 +404,12 @@ _SPECS = [
          required=("gate.weight", "experts.0.w1.weight", "experts.0.w2.weight", "experts.0.w3.weight"),
          call=lambda module, inp, cfg: module(inp["x"])[0], build=_x_last("gate.weight"),
          attrs={"num_experts_per_tok": "top_k"}),
+    Spec("mixture_of_head_attention", "SkyworkAI/MoH MoH-DiT/models.py@66bb340 (MoHAttention with timm's "
+         "non-fused attention path, qk_norm off: qkv, proj, gates wg, wg_0, wg_1; its load-balancing loss, "
+         "kept in refattn's cache, is not compared)",
+         rules=[Named(r"(qkv|proj|wg|wg_0|wg_1)\.weight", True), Named(r"(qkv|proj)\.bias", False)],
+         required=("qkv.weight", "proj.weight"), call=call_x, build=_x_last("proj.bias"),
+         attrs={"num_heads": "num_heads", "shared_heads": "shared_head", "routed_heads": "routed_head"}),
 ]
 
 add_specs(*_SPECS)
