@@ -882,3 +882,38 @@ class MoHAttention(nn.Module):
             gates = F.softmax(self.wg_1(_x), dim=1).reshape(B, N, -1) * self.shared_head
         x = torch.einsum("bne,bned->bned", gates, x).reshape(B, N, self.head_dim * self.num_heads)
         return self.proj(x)
+
+
+# microsoft/ArchScale@df4e070 lit_gpt/gated_memory_unit.py: GMU (swiglu's jiterator kernel swiglu_fwd,
+# x * y / (1 + exp(-x)), with torch autograd for its hand-written swiglu_bwd); lit_gpt/ops/layernorm_gated.py:
+# RMSNorm (norm_before_gate=False) computed by its reference rms_norm_ref (the triton kernel's reference),
+# without the float32 upcast.
+class GatedRMSNorm(nn.Module):  # layernorm_gated.RMSNorm
+    def __init__(self, hidden_size, eps=1e-5, group_size=None, norm_before_gate=True):
+        super().__init__()
+        self.eps, self.group_size, self.norm_before_gate = eps, group_size, norm_before_gate
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.register_parameter("bias", None)
+
+    def forward(self, x, z=None):
+        if z is not None and not self.norm_before_gate:
+            x = x * F.silu(z)
+        g = self.group_size or x.shape[-1]
+        xg = x.reshape(x.shape[:-1] + (-1, g))
+        out = (xg / torch.sqrt(xg.square().mean(dim=-1, keepdim=True) + self.eps)).reshape(x.shape) * self.weight
+        return out * F.silu(z) if z is not None and self.norm_before_gate else out
+
+
+class GMU(nn.Module):
+    def __init__(self, d_model, d_mem, bias=False, use_norm=False, ngroups=1):
+        super().__init__()
+        self.in_proj = nn.Linear(d_model, d_mem, bias=bias)
+        self.out_proj = nn.Linear(d_mem, d_model, bias=bias)
+        if use_norm:
+            self.norm = GatedRMSNorm(d_mem, eps=1e-5, norm_before_gate=False, group_size=d_mem // ngroups)
+        self.use_norm = use_norm
+
+    def forward(self, hidden_states, memory):
+        out = self.in_proj(hidden_states)
+        out = self.norm(memory, out) if self.use_norm else out * memory / (1.0 + torch.exp(-out))
+        return self.out_proj(out)

@@ -232,9 +232,20 @@ def test_mixture_of_head_attention(heads, shared, routed, head_dim):
     _assert_pass(check_module(m, "mixture_of_head_attention"))
 
 
+@pytest.mark.parametrize("bias,use_norm,ngroups", [(False, False, 1), (True, True, 1), (True, True, 4)])
+def test_gated_memory_unit(bias, use_norm, ngroups):
+    torch.manual_seed(13)
+    m = U.GMU(6, 8, bias=bias, use_norm=use_norm, ngroups=ngroups)
+    with torch.no_grad():
+        for p in m.parameters():
+            nn.init.normal_(p, std=0.5)
+    _assert_pass(check_module(m, "gated_memory_unit", config={"ngroups": ngroups}))
+
+
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
 
 _MODULES = {
+    "gated_memory_unit": (lambda: U.GMU(6, 8, bias=True, use_norm=True, ngroups=2), {}, ()),
     "mixture_of_head_attention": (lambda: U.MoHAttention(8, 4, qkv_bias=True, shared_head=2, routed_head=1), {}, ()),
     "moe_topk_gating": (_mixtral, {}, ()),
     "looped_transformer": (lambda: U.TransformerModelLooped(3, 4, n_embd=6, n_layer=2, n_head=2)._backbone.transformer,

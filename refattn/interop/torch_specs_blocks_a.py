@@ -289,6 +289,23 @@ def _looped_call(module, inp, cfg):
     return out if w is None else torch.stack(iterates[-int(w):], dim=1)
 
 
+# ---- ArchScale GMU: forward(hidden_states, memory); the gated RMSNorm's groups from norm.group_size
+
+
+def _gmu_build(rng, p, cfg, z):
+    c, d = p["in_proj.weight"].shape
+    return {"x": rng.standard_normal((z["b"], z["n"], c)), "memory": rng.standard_normal((z["b"], z["n"], d))}, {}
+
+
+def _gmu_call(module, inp, cfg):
+    if getattr(module, "use_norm", False):
+        groups = module.in_proj.weight.shape[0] // module.norm.group_size
+        if int(cfg.get("ngroups", 1)) != groups:
+            raise ValueError(f"check_module[gated_memory_unit]: the module's norm has {groups} groups "
+                             f"(group_size {module.norm.group_size}); pass config={{'ngroups': {groups}}}")
+    return module(inp["x"], inp["memory"])
+
+
 _SPECS = [
     Spec("rms_norm", "microsoft/unilm Diff-Transformer/diff/rms_norm.py@45d438e (RMSNorm, elementwise_affine=True; "
          "normalises the last axis)",
@@ -410,6 +427,12 @@ _SPECS = [
          rules=[Named(r"(qkv|proj|wg|wg_0|wg_1)\.weight", True), Named(r"(qkv|proj)\.bias", False)],
          required=("qkv.weight", "proj.weight"), call=call_x, build=_x_last("proj.bias"),
          attrs={"num_heads": "num_heads", "shared_heads": "shared_head", "routed_heads": "routed_head"}),
+    Spec("gated_memory_unit", "microsoft/ArchScale lit_gpt/gated_memory_unit.py@df4e070 (GMU: in_proj, out_proj, the "
+         "swiglu kernel; use_norm: lit_gpt/ops/layernorm_gated.py RMSNorm with norm_before_gate=False, inferred "
+         "from norm.weight; config ngroups = d_mem / norm.group_size; an ArchScale Block's keys under 'attn.gmu.')",
+         rules=[Named(r"(in|out)_proj\.weight", True), Named(r"(in|out)_proj\.bias|norm\.weight", False)],
+         required=("in_proj.weight", "out_proj.weight"), call=_gmu_call, build=_gmu_build,
+         infer=lambda keys: {"use_norm": "norm.weight" in keys}, attrs={"eps": "norm.eps"}),
 ]
 
 add_specs(*_SPECS)
