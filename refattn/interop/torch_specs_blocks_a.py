@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..testing.compare import to_numpy
 from .torch_specs import Derived, Named, Rename, Reshape, Spec, Split, View, add_specs, call_x
 
 __all__ = ["GROUP_SLUGS"]
@@ -56,7 +57,7 @@ class _Conv1x1:
     def save(self, grads, out, used):
         if self.name in grads:
             used.add(self.name)
-            out[self.name] = np.asarray(grads[self.name]).T[:, :, None, None]
+            out[self.name] = to_numpy(grads[self.name]).T[:, :, None, None]
 
 
 def _bcos_build(rng, p, cfg, z):
