@@ -1,0 +1,70 @@
+r"""Rows of the :mod:`refattn.interop.torch` table for neural-operator layers (group ``ops_a``).
+
+Each :class:`~refattn.interop.torch_specs.Spec` here maps a neural-operator mechanism whose registry
+record's forward is the upstream module's forward and whose params carry the upstream names (minus
+the module path refattn does not keep, e.g. GNOBlock's ``integral_transform.``); it is registered
+with :func:`~refattn.interop.torch_specs.add_specs` into the same
+:data:`~refattn.interop.torch_specs.SPECS` that :mod:`refattn.interop.torch` reads (that module
+imports this one). Grid operators map the battery's ``n`` to their grid (see each builder). The
+reference modules the tests run are in ``tests/_upstream_ops_a.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .torch_specs import Complex, Derived, Named, Rename, Spec, Strip, add_specs  # noqa: F401
+
+__all__ = ["GROUP_SLUGS"]
+
+
+# ---- neuraloperator GNOBlock: forward(y, x, f_y); one point cloud shared by the batch upstream, one
+# per batch element in refattn, so the module runs once per batch element
+
+
+def _gno_build(rng, p, cfg, z):
+    n_fc = sum(1 for k in p if k.endswith(".weight"))
+    c_out = p[f"channel_mlp.fcs.{n_fc - 1}.weight"].shape[1]
+    width = p["channel_mlp.fcs.0.weight"].shape[0]
+    kind = cfg.get("transform_type", "linear")
+    per = 1 if cfg.get("pos_embedding", "transformer") is None else 2 * int(cfg.get("pos_embedding_channels", 32))
+    c_in = c_out if kind in ("linear", "nonlinear") else 0
+    if kind == "nonlinear_kernelonly":  # the widths do not say d: 2-D points
+        c_in = width - 2 * per * 2
+    d = (width - (c_in if kind.startswith("nonlinear") else 0)) // (2 * per)
+    inp = {"y": rng.uniform(0, 1, (z["b"], z["m"], d)), "x": rng.uniform(0, 1, (z["b"], z["n"], d))}
+    # the first output point near the first input point: never an empty graph (no autograd path upstream)
+    inp["x"][:, 0] = inp["y"][:, 0] + rng.uniform(-0.2, 0.2, (z["b"], d)) * float(cfg["radius"]) / np.sqrt(d)
+    if kind != "linear_kernelonly":
+        inp["f_y"] = rng.standard_normal((z["b"], z["m"], c_in))
+    return inp, {}
+
+
+def _gno_call(module, inp, cfg):
+    import torch
+
+    outs = []
+    for i in range(inp["y"].shape[0]):
+        f = inp["f_y"][i:i + 1] if "f_y" in inp else None
+        o = module(inp["y"][i], inp["x"][i], f)
+        outs.append(o if f is None else o[0])
+    return torch.stack(outs)
+
+
+_SPECS = [
+    Spec("gno_kernel_integral_layer",
+         "neuraloperator/neuraloperator neuralop/layers/gno_block.py@93d3f06 (GNOBlock with IntegralTransform, "
+         "native_neighbor_search, SinusoidalEmbedding, LinearChannelMLP; forward(y, x, f_y) once per batch "
+         "element, upstream sharing one point cloud over the batch; config transform_type, reduction, "
+         "pos_embedding as the module's)",
+         rules=[Strip("integral_transform.", r"channel_mlp\.fcs\.\d+\.weight", True),
+                Strip("integral_transform.", r"channel_mlp\.fcs\.\d+\.bias", False)],
+         required=("integral_transform.channel_mlp.fcs.0.weight",), call=_gno_call, build=_gno_build,
+         attrs={"radius": "radius", "pos_embedding_channels": "pos_embedding.num_frequencies",
+                "max_positions": "pos_embedding.max_positions"}),
+]
+
+add_specs(*_SPECS)
+
+GROUP_SLUGS = tuple(s.key for s in _SPECS)
+"""The keys this module adds to :data:`~refattn.interop.torch_specs.SPECS`."""

@@ -1,0 +1,58 @@
+"""refattn.interop.torch rows of group ``ops_a`` (refattn/interop/torch_specs_ops_a.py) against the
+PyTorch modules of ``tests/_upstream_ops_a.py`` (file@commit in their comments), in float64."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import _upstream_ops_a as U  # noqa: E402
+
+from refattn.interop.torch import (  # noqa: E402
+    check_module,
+    grads_to_state_dict,
+    params_from_state_dict,
+    supported_slugs,
+)
+
+
+def _assert_pass(report):
+    assert report.passed, "\n" + str(report)
+    return report
+
+
+@pytest.mark.parametrize("kind,red,emb", [("nonlinear", "mean", "nerf"), ("linear_kernelonly", "sum", None)])
+def test_gno_block(kind, red, emb):
+    torch.manual_seed(1)
+    m = U.GNOBlock(3, 3, 2, radius=0.45, transform_type=kind, reduction=red, pos_embedding_type=emb,
+                   pos_embedding_channels=2, channel_mlp_layers=[5])
+    cfg = {"transform_type": kind, "reduction": red, "pos_embedding": emb}
+    _assert_pass(check_module(m, "gno_kernel_integral_layer", config=cfg))
+
+
+# slug -> (module factory, config, Derived keys read and dropped)
+_MODULES = {
+    "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
+                                                     pos_embedding_channels=2), {}, ()),
+}
+
+
+def test_ops_a_specs_are_registered():
+    from refattn.interop.torch_specs_ops_a import GROUP_SLUGS
+
+    assert set(GROUP_SLUGS) <= set(supported_slugs())
+    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+
+
+@pytest.mark.parametrize("slug", sorted(_MODULES))
+def test_ops_a_map_state_dict_and_grads_back(slug):
+    make, cfg, derived = _MODULES[slug]
+    torch.manual_seed(4)
+    sd = {k: v for k, v in make().double().state_dict().items()}
+    p = params_from_state_dict(slug, sd, **cfg)
+    assert not set(derived) & set(p)
+    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
+    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
+    for k, v in sd.items():
+        if k not in derived:
+            np.testing.assert_array_equal(back["attn." + k], v.numpy())
