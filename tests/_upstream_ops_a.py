@@ -8,6 +8,8 @@ float32 casts and ``dtype=torch.float32`` buffers removed so that float64 stays 
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -130,3 +132,72 @@ class GNOBlock(nn.Module):
         if self.pos_embedding is not None:
             y, x = self.pos_embedding(y), self.pos_embedding(x)
         return self.integral_transform(y=y, x=x, neighbors=nbrs, f_y=f_y)
+
+
+# bogdanraonic3/ConvolutionalNeuralOperator@6544abb CNOModule.py: CNOBlock (activation 'cno_lrelu'), with
+# training/filtered_networks.py LReLu and torch_utils/ops/filtered_lrelu.py _filtered_lrelu_ref,
+# upfirdn2d.py _upfirdn2d_ref (StyleGAN3). Deviations: the Kaiser taps are designed in float64 (upstream
+# stores scipy's float64 taps as float32 buffers); no radial filters; the reference (not CUDA) path.
+
+
+def upfirdn2d(x, f, up=1, down=1, padding=(0, 0, 0, 0), gain=1):
+    b, c, h, w = x.shape
+    if f is None:
+        f = torch.ones(1, dtype=x.dtype)
+    px0, px1, py0, py1 = padding
+    x = F.pad(x.reshape(b, c, h, 1, w, 1), [0, up - 1, 0, 0, 0, up - 1]).reshape(b, c, h * up, w * up)
+    x = F.pad(x, [max(px0, 0), max(px1, 0), max(py0, 0), max(py1, 0)])
+    x = x[:, :, max(-py0, 0):x.shape[2] - max(-py1, 0), max(-px0, 0):x.shape[3] - max(-px1, 0)]
+    f = (f * gain ** (f.ndim / 2)).to(x.dtype).flip(0)[None, None].repeat(c, 1, 1)
+    x = F.conv2d(F.conv2d(x, f.unsqueeze(2), groups=c), f.unsqueeze(3), groups=c)
+    return x[:, :, ::down, ::down]
+
+
+class LReLu(nn.Module):
+    def __init__(self, out_channels, in_size, out_size, in_cutoff, out_cutoff, in_half_width, out_half_width,
+                 filter_size=6, lrelu_upsampling=2):
+        import scipy.signal
+
+        super().__init__()
+        self.tmp_sampling_rate = max(in_size, out_size) * lrelu_upsampling
+        self.bias = nn.Parameter(torch.zeros(out_channels))
+        self.up_factor = int(round(self.tmp_sampling_rate / in_size))
+        self.down_factor = int(round(self.tmp_sampling_rate / out_size))
+        self.up_taps = filter_size * self.up_factor if self.up_factor > 1 else 1
+        self.down_taps = filter_size * self.down_factor if self.down_factor > 1 else 1
+
+        def design(numtaps, cutoff, width):
+            if numtaps == 1:
+                return None
+            return torch.as_tensor(scipy.signal.firwin(numtaps=numtaps, cutoff=cutoff, width=width,
+                                                       fs=self.tmp_sampling_rate), dtype=torch.float64)
+
+        self.register_buffer("up_filter", design(self.up_taps, in_cutoff, in_half_width * 2))
+        self.register_buffer("down_filter", design(self.down_taps, out_cutoff, out_half_width * 2))
+        total = (out_size - 1) * self.down_factor + 1 - in_size * self.up_factor + self.up_taps + self.down_taps - 2
+        lo = (total + self.up_factor) // 2
+        self.padding = [lo, total - lo, lo, total - lo]
+
+    def forward(self, x):
+        x = x + self.bias.to(x.dtype)[None, :, None, None]
+        x = upfirdn2d(x, self.up_filter, up=self.up_factor, padding=self.padding, gain=self.up_factor ** 2)
+        x = F.leaky_relu(x, 0.2) * math.sqrt(2)
+        return upfirdn2d(x, self.down_filter, down=self.down_factor)
+
+
+class CNOBlock(nn.Module):
+    def __init__(self, in_channels, out_channels, in_size, out_size, cutoff_den=2.0001, conv_kernel=3,
+                 filter_size=6, lrelu_upsampling=2, half_width_mult=0.8, batch_norm=True):
+        super().__init__()
+        self.in_channels, self.out_channels, self.in_size, self.out_size = in_channels, out_channels, in_size, out_size
+        self.convolution = nn.Conv2d(in_channels, out_channels, conv_kernel, padding=(conv_kernel - 1) // 2)
+        self.batch_norm = nn.BatchNorm2d(out_channels) if batch_norm else False
+        self.activation = LReLu(out_channels, in_size, out_size, in_size / cutoff_den, out_size / cutoff_den,
+                                half_width_mult * in_size - in_size / cutoff_den,
+                                half_width_mult * out_size - out_size / cutoff_den, filter_size, lrelu_upsampling)
+
+    def forward(self, x):
+        x = self.convolution(x)
+        if self.batch_norm:
+            x = self.batch_norm(x)
+        return self.activation(x)

@@ -30,10 +30,23 @@ def test_gno_block(kind, red, emb):
     _assert_pass(check_module(m, "gno_kernel_integral_layer", config=cfg))
 
 
+@pytest.mark.parametrize("out_size,cin", [(8, 3), (4, 2), (16, 3)])
+def test_cno_block(out_size, cin):
+    from refattn.interop.torch_specs_ops_a import CNO_IN_SIZE
+
+    torch.manual_seed(2)
+    m = U.CNOBlock(cin, 2, CNO_IN_SIZE, out_size, batch_norm=False)
+    _assert_pass(check_module(m, "cno_convolutional_operator"))
+    with pytest.raises(ValueError, match="running statistics"):
+        params_from_state_dict("cno_convolutional_operator", U.CNOBlock(2, 2, 8, 8).state_dict())
+
+
 # slug -> (module factory, config, Derived keys read and dropped)
 _MODULES = {
     "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
                                                      pos_embedding_channels=2), {}, ()),
+    "cno_convolutional_operator": (lambda: U.CNOBlock(2, 3, 8, 4, batch_norm=False), {},
+                                   ("activation.up_filter", "activation.down_filter")),
 }
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from .torch_specs import Complex, Derived, Named, Rename, Spec, Strip, add_specs  # noqa: F401
 
-__all__ = ["GROUP_SLUGS"]
+__all__ = ["GROUP_SLUGS", "CNO_IN_SIZE"]
 
 
 # ---- neuraloperator GNOBlock: forward(y, x, f_y); one point cloud shared by the batch upstream, one
@@ -51,6 +51,32 @@ def _gno_call(module, inp, cfg):
     return torch.stack(outs)
 
 
+# ---- CNO CNOBlock (cno_lrelu): forward(x (B, C, s, s)); the grid side s is the module's in_size, which
+# refattn reads from x: check_module draws CNO_IN_SIZE
+
+CNO_IN_SIZE = 8
+"""Grid side of the inputs ``check_module`` draws for ``cno_convolutional_operator``: build the
+``CNOBlock`` under test with ``in_size=8`` (any ``out_size``)."""
+
+
+def _cno_infer(keys):
+    return {"batch_norm": "eval" if "batch_norm.weight" in keys else None}
+
+
+def _cno_build(rng, p, cfg, z):
+    return {"x": rng.standard_normal((z["b"], p["convolution.weight"].shape[1], CNO_IN_SIZE, CNO_IN_SIZE))}, {}
+
+
+def _cno_call(module, inp, cfg):
+    s = inp["x"].shape[-1]
+    if getattr(module, "in_size", s) != s:
+        raise ValueError(f"cno_convolutional_operator: check_module draws grids of side {s}; build "
+                         f"CNOBlock(..., in_size={s}, ...) (got in_size={module.in_size})")
+    return module(inp["x"])
+
+
+_BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
+
 _SPECS = [
     Spec("gno_kernel_integral_layer",
          "neuraloperator/neuraloperator neuralop/layers/gno_block.py@93d3f06 (GNOBlock with IntegralTransform, "
@@ -62,6 +88,18 @@ _SPECS = [
          required=("integral_transform.channel_mlp.fcs.0.weight",), call=_gno_call, build=_gno_build,
          attrs={"radius": "radius", "pos_embedding_channels": "pos_embedding.num_frequencies",
                 "max_positions": "pos_embedding.max_positions"}),
+    Spec("cno_convolutional_operator",
+         "bogdanraonic3/ConvolutionalNeuralOperator CNOModule.py@6544abb (CNOBlock, activation 'cno_lrelu': "
+         "training/filtered_networks.py LReLu on StyleGAN3's filtered_lrelu; batch_norm=False as in the "
+         "lifting/projection blocks; forward(x) with in_size = CNO_IN_SIZE = 8; the FIR tap buffers are read "
+         "and dropped, refattn designs them in float64)",
+         rules=[Named(r"convolution\.(weight|bias)|activation\.bias", False),
+                Derived(r"activation\.(up|down)_filter")],
+         required=("convolution.weight", "activation.bias"), call=_cno_call, build=_cno_build, infer=_cno_infer,
+         attrs={"out_size": "out_size"},
+         unsupported={f"batch_norm.{k}": _BN_STATS if k.startswith(("running", "num")) else
+                      "batch_norm=True blocks need their running statistics, which are not params"
+                      for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}),
 ]
 
 add_specs(*_SPECS)
