@@ -201,3 +201,69 @@ class CNOBlock(nn.Module):
         if self.batch_norm:
             x = self.batch_norm(x)
         return self.activation(x)
+
+
+# AlexColagrande/HO-FNO@3fadecc models/HO_FNO.py: HO_block (HO_Conv, RMSNorm2D, _pad_2_3_rule) with
+# layers/spectral_convs.py SpectralConv_2D_diag. Deviations: dropout and DropPath omitted (eval);
+# einops rearrange written as permute.
+
+
+class SpectralConv2dDiag(nn.Module):
+    def __init__(self, in_channels, out_channels, modes1, modes2):
+        super().__init__()
+        self.modes1, self.modes2, self.out_channels = modes1, modes2, out_channels
+        self.weights1 = nn.Parameter(torch.randn(in_channels, modes1, modes2, dtype=torch.cdouble) / in_channels)
+        self.weights2 = nn.Parameter(torch.randn(in_channels, modes1, modes2, dtype=torch.cdouble) / in_channels)
+
+    def forward(self, x):
+        x_ft = torch.fft.rfft2(x)
+        m1, m2 = self.modes1, self.modes2
+        tmp1, tmp2 = torch.zeros_like(x_ft), torch.zeros_like(x_ft)
+        tmp1[:, :, :m1, :m2] = torch.einsum("BCHW,CHW->BCHW", x_ft[:, :, :m1, :m2], self.weights1)
+        tmp2[:, :, -m1:, :m2] = torch.einsum("BCHW,CHW->BCHW", x_ft[:, :, -m1:, :m2], self.weights2)
+        return torch.fft.irfft2(tmp1 + tmp2, s=(x.size(-2), x.size(-1)))
+
+
+class HOConv(nn.Module):
+    def __init__(self, in_channels, out_channels, modes1, modes2, order=2):
+        super().__init__()
+        self.order = order
+        self.proj = nn.Conv2d(in_channels, out_channels * order, kernel_size=1, bias=True)
+        self.spec_convs = SpectralConv2dDiag(in_channels, out_channels, modes1, modes2)
+
+    def forward(self, x):
+        xs = torch.chunk(self.proj(x.permute(0, 3, 1, 2)), self.order, dim=1)
+        z = xs[0]
+        for t in xs[1:]:
+            z = z * t
+        return self.spec_convs(z).permute(0, 2, 3, 1)
+
+
+class RMSNorm2D(nn.Module):
+    def __init__(self, channels, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(1, 1, 1, channels)), eps
+
+    def forward(self, x):
+        return x / torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True) + self.eps) * self.weight
+
+
+class HOBlock(nn.Module):
+    def __init__(self, width, modes1, modes2, order, expansion_MLP=2, two_thirds_zero_padding=False):
+        super().__init__()
+        self.HO_conv = HOConv(width, width, modes1, modes2, order)
+        self.norm1, self.norm2 = RMSNorm2D(width), RMSNorm2D(width)
+        self.MLP = nn.Sequential(nn.Linear(width, width * expansion_MLP), nn.GELU(), nn.Dropout(0.0),
+                                 nn.Linear(width * expansion_MLP, width))
+        self.two_thirds_zero_padding = two_thirds_zero_padding
+
+    def forward(self, x):
+        xc = self.norm1(x)
+        if self.two_thirds_zero_padding:
+            h, w = xc.shape[1], xc.shape[2]
+            xc = F.pad(xc.permute(0, 3, 1, 2), (0, int(2 * w / 3), 0, int(2 * h / 3))).permute(0, 2, 3, 1)
+            xc = self.HO_conv(xc)[:, :h, :w, :]
+        else:
+            xc = self.HO_conv(xc)
+        x = x + xc
+        return x + self.MLP(self.norm2(x))

@@ -41,12 +41,24 @@ def test_cno_block(out_size, cin):
         params_from_state_dict("cno_convolutional_operator", U.CNOBlock(2, 2, 8, 8).state_dict())
 
 
+@pytest.mark.parametrize("width,modes,order,pad", [(3, (3, 2), 3, True), (2, (2, 3), 2, False)])
+def test_ho_fno_block(width, modes, order, pad):
+    torch.manual_seed(3)
+    m = U.HOBlock(width, *modes, order, two_thirds_zero_padding=pad)
+    with torch.no_grad():
+        for k, v in m.named_parameters():
+            if "norm" in k:
+                v.copy_(torch.rand_like(v) + 0.5)
+    _assert_pass(check_module(m, "ho_fno_higher_order_spectral_conv"))
+
+
 # slug -> (module factory, config, Derived keys read and dropped)
 _MODULES = {
     "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
                                                      pos_embedding_channels=2), {}, ()),
     "cno_convolutional_operator": (lambda: U.CNOBlock(2, 3, 8, 4, batch_norm=False), {},
                                    ("activation.up_filter", "activation.down_filter")),
+    "ho_fno_higher_order_spectral_conv": (lambda: U.HOBlock(3, 2, 2, 3), {}, ()),
 }
 
 

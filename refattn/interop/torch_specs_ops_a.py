@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Complex, Derived, Named, Rename, Spec, Strip, add_specs  # noqa: F401
+from .torch_specs import Complex, Derived, Named, Rename, Reshape, Spec, Strip, add_specs  # noqa: F401
 
 __all__ = ["GROUP_SLUGS", "CNO_IN_SIZE"]
 
@@ -75,6 +75,15 @@ def _cno_call(module, inp, cfg):
     return module(inp["x"])
 
 
+# ---- HO-FNO HO_block: forward(x (B, H, W, C)), channel-last; a grid of at least 2 m1 x 2 (m2 - 1) points
+
+
+def _hofno_build(rng, p, cfg, z):
+    c, m1, m2 = p["HO_conv.spec_convs.weights1_real"].shape
+    h, w = 2 * m1 + z["n"] % 3, 2 * m2 + z["n"] % 2
+    return {"x": rng.standard_normal((z["b"], h, w, c))}, {}
+
+
 _BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
 
 _SPECS = [
@@ -100,6 +109,16 @@ _SPECS = [
          unsupported={f"batch_norm.{k}": _BN_STATS if k.startswith(("running", "num")) else
                       "batch_norm=True blocks need their running statistics, which are not params"
                       for k in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked")}),
+    Spec("ho_fno_higher_order_spectral_conv",
+         "AlexColagrande/HO-FNO models/HO_FNO.py@3fadecc (HO_block: HO_Conv, RMSNorm2D, MLP, _pad_2_3_rule; "
+         "layers/spectral_convs.py SpectralConv_2D_diag, complex weights1/weights2; eval mode)",
+         rules=[Named(r"HO_conv\.proj\.(weight|bias)|MLP\.[03]\.bias", False), Named(r"MLP\.[03]\.weight", True),
+                Complex("HO_conv.spec_convs.weights1"), Complex("HO_conv.spec_convs.weights2"),
+                Reshape("norm1.weight", lambda n: (1, 1, 1, n)), Reshape("norm2.weight", lambda n: (1, 1, 1, n))],
+         required=("HO_conv.proj.weight", "HO_conv.spec_convs.weights1", "HO_conv.spec_convs.weights2",
+                   "norm1.weight", "norm2.weight", "MLP.0.weight", "MLP.3.weight"),
+         call=lambda module, inp, cfg: module(inp["x"]), build=_hofno_build,
+         attrs={"order": "HO_conv.order", "two_thirds_zero_padding": "two_thirds_zero_padding", "eps": "norm1.eps"}),
 ]
 
 add_specs(*_SPECS)
