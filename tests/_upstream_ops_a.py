@@ -267,3 +267,88 @@ class HOBlock(nn.Module):
             xc = self.HO_conv(xc)
         x = x + xc
         return x + self.MLP(self.norm2(x))
+
+
+# xlliu2017/MgNO@3a68a90 models.py: MgIte, MgIte_init, Restrict, MgConv_DC, and MgNO_DC's loop body
+# act(conv_list[i](u) + linear_list[i](u)) as the module MgNOLayer (conv_list[i] under "conv.",
+# linear_list[i] under "linear."). No deviations in the computation.
+
+
+class MgIte(nn.Module):
+    def __init__(self, A, S):
+        super().__init__()
+        self.A, self.S = A, S
+
+    def forward(self, out):
+        if isinstance(out, tuple):
+            u, f = out
+            return u + self.S(f - self.A(u)), f
+        return self.S(out), out
+
+
+class MgIteInit(nn.Module):
+    def __init__(self, S):
+        super().__init__()
+        self.S = S
+
+    def forward(self, f):
+        return self.S(f), f
+
+
+class Restrict(nn.Module):
+    def __init__(self, Pi=None, R=None, A=None):
+        super().__init__()
+        self.Pi, self.R, self.A = Pi, R, A
+
+    def forward(self, out):
+        u, f = out
+        f = self.R(f - self.A(u)) if self.A is not None else self.R(f)
+        return self.Pi(u), f
+
+
+class MgConvDC(nn.Module):
+    def __init__(self, num_iteration, num_channel_u, num_channel_f, padding_mode="zeros", bias=False, use_res=False):
+        super().__init__()
+        self.num_iteration, self.padding_mode = num_iteration, padding_mode
+        cu, cf = num_channel_u, num_channel_f
+
+        def conv(i, o, stride=1, b=bias):
+            return nn.Conv2d(i, o, 3, stride=stride, padding=1, bias=b, padding_mode=padding_mode)
+
+        self.RTlayers = nn.ModuleList([nn.ConvTranspose2d(cu, cu, 4, stride=2, padding=1, bias=False)
+                                       for _ in range(len(num_iteration) - 1)])
+        layers = []
+        for level, (pre, post) in enumerate(num_iteration):
+            for i in range(pre):
+                S = conv(cf, cu)
+                layers.append(MgIteInit(S) if level == 0 and i == 0 else MgIte(conv(cu, cf), S))
+            post_layers = [MgIte(conv(cu, cf), conv(cf, cu)) for _ in range(post)] if post else [nn.Identity()]
+            setattr(self, f"layer{level}", nn.Sequential(*layers))
+            setattr(self, f"post_smooth_layer{level}", nn.Sequential(*post_layers))
+            if level < len(num_iteration) - 1:
+                A = conv(cu, cf)
+                Pi, R = conv(cu, cu, 2, False), conv(cf, cf, 2, False)
+                layers = [Restrict(Pi, R, A)] if use_res else [Restrict(Pi=Pi, R=R)]
+
+    def forward(self, f):
+        n = len(self.num_iteration)
+        outs, out = [None] * n, f
+        for level in range(n):
+            out = getattr(self, f"layer{level}")(out)
+            outs[level] = out
+        for j in range(n - 2, -1, -1):
+            u, f = outs[j]
+            outs[j] = getattr(self, f"post_smooth_layer{j}")((u + self.RTlayers[j](outs[j + 1][0]), f))
+        return outs[0][0]
+
+
+class MgNOLayer(nn.Module):
+    def __init__(self, num_iteration, num_channel_u, num_channel_f, padding_mode="zeros", use_res=False,
+                 activation="gelu"):
+        super().__init__()
+        self.conv = MgConvDC(num_iteration, num_channel_u, num_channel_f, padding_mode=padding_mode, use_res=use_res)
+        self.linear = nn.Conv2d(num_channel_f, num_channel_u, kernel_size=1, bias=True)
+        self.act = {"gelu": nn.GELU(), "relu": nn.ReLU(), "tanh": nn.Tanh(), "silu": nn.SiLU()}[activation]
+
+    def forward(self, u):
+        return self.act(self.conv(u) + self.linear(u))

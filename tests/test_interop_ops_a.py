@@ -52,6 +52,14 @@ def test_ho_fno_block(width, modes, order, pad):
     _assert_pass(check_module(m, "ho_fno_higher_order_spectral_conv"))
 
 
+@pytest.mark.parametrize("its,mode,res,act", [(((2, 1), (1, 1), (2, 1)), "circular", True, "gelu"),
+                                              (((1, 0), (2, 0)), "zeros", False, "tanh")])
+def test_mgno_layer(its, mode, res, act):
+    torch.manual_seed(4)
+    m = U.MgNOLayer(its, 3, 2, padding_mode=mode, use_res=res, activation=act)
+    _assert_pass(check_module(m, "mgno_multigrid_operator", config={"padding_mode": mode, "activation": act}))
+
+
 # slug -> (module factory, config, Derived keys read and dropped)
 _MODULES = {
     "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
@@ -59,6 +67,8 @@ _MODULES = {
     "cno_convolutional_operator": (lambda: U.CNOBlock(2, 3, 8, 4, batch_norm=False), {},
                                    ("activation.up_filter", "activation.down_filter")),
     "ho_fno_higher_order_spectral_conv": (lambda: U.HOBlock(3, 2, 2, 3), {}, ()),
+    "mgno_multigrid_operator": (lambda: U.MgNOLayer(((2, 1), (1, 1)), 3, 2, use_res=True), {},
+                                ("conv.post_smooth_layer1.0.A.weight", "conv.post_smooth_layer1.0.S.weight")),
 }
 
 

@@ -11,6 +11,8 @@ reference modules the tests run are in ``tests/_upstream_ops_a.py``.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from .torch_specs import Complex, Derived, Named, Rename, Reshape, Spec, Strip, add_specs  # noqa: F401
@@ -84,6 +86,37 @@ def _hofno_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], h, w, c))}, {}
 
 
+# ---- MgNO: MgNO_DC's loop body act(conv_list[i](u) + linear_list[i](u)), conv_list[i]'s keys under conv.,
+# linear_list[i]'s under linear.; the V-cycle's shape is read from the keys
+
+
+def _mgno_levels(keys) -> int:
+    return 1 + max(int(m.group(1)) for k in keys if (m := re.match(r"conv\.layer(\d+)\.", k)))
+
+
+def _mgno_infer(keys):
+    levels, its = _mgno_levels(keys), []
+    for lv in range(levels):
+        pre = {int(m.group(1)) for k in keys if (m := re.match(rf"conv\.layer{lv}\.(\d+)\.S\.", k))}
+        post = {int(m.group(1)) for k in keys if (m := re.match(rf"conv\.post_smooth_layer{lv}\.(\d+)\.S\.", k))}
+        its.append((len(pre), len(post)))
+    return {"num_iteration": tuple(its), "use_res": "conv.layer1.0.A.weight" in keys}
+
+
+_MGNO_RULES = [Named(r"conv\..*\.(weight|bias)|linear\.(weight|bias)", False)]
+
+
+def _mgno_load(keys):
+    """The coarsest level's post-smoothing convolutions exist upstream but are never called: dropped."""
+    return [Derived(rf"conv\.post_smooth_layer{_mgno_levels(keys) - 1}\..*")] + _MGNO_RULES
+
+
+def _mgno_build(rng, p, cfg, z):
+    levels = 1 + sum(1 for k in p if k.startswith("conv.RTlayers."))
+    s = 2 ** (levels - 1) * (2 + z["n"] % 2)
+    return {"u": rng.standard_normal((z["b"], p["linear.weight"].shape[1], s, s))}, {}
+
+
 _BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
 
 _SPECS = [
@@ -119,6 +152,12 @@ _SPECS = [
                    "norm1.weight", "norm2.weight", "MLP.0.weight", "MLP.3.weight"),
          call=lambda module, inp, cfg: module(inp["x"]), build=_hofno_build,
          attrs={"order": "HO_conv.order", "two_thirds_zero_padding": "two_thirds_zero_padding", "eps": "norm1.eps"}),
+    Spec("mgno_multigrid_operator",
+         "xlliu2017/MgNO models.py@3a68a90 (MgNO_DC's layer act(conv_list[i](u) + linear_list[i](u)): MgConv_DC "
+         "with MgIte, MgIte_init, Restrict; conv_list[i]'s keys under conv., linear_list[i]'s under linear.; "
+         "num_iteration and use_res read from the keys, config padding_mode and activation as the module's)",
+         rules=_MGNO_RULES, load_pick=_mgno_load, required=("conv.layer0.0.S.weight", "linear.weight"),
+         call=lambda module, inp, cfg: module(inp["u"]), build=_mgno_build, infer=_mgno_infer),
 ]
 
 add_specs(*_SPECS)
