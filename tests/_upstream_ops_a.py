@@ -352,3 +352,57 @@ class MgNOLayer(nn.Module):
 
     def forward(self, u):
         return self.act(self.conv(u) + self.linear(u))
+
+
+# gaurav71531/mwt-operator@4b0770c models/models.py: MWT_CZ1d with sparseKernelFT1d (complex weights1).
+# Deviation: the filter buffers ec_s, ec_d, rc_e, rc_o are float64 and taken from
+# refattn.operators.multiwavelet.multiwavelet_filters (upstream's get_filter in models/utils.py builds the
+# same filters, equal to 2e-13 for k <= 3, and stores them as float32); they are buffers the
+# interop table reads and drops, so the test is about the layer's computation and the mapping.
+
+
+class SparseKernelFT1d(nn.Module):
+    def __init__(self, k, alpha, c=1):
+        super().__init__()
+        self.modes1 = alpha
+        self.weights1 = nn.Parameter(torch.rand(c * k, c * k, alpha, dtype=torch.cdouble) / (c * k * c * k))
+
+    def forward(self, x):
+        B, N, c, k = x.shape
+        x_fft = torch.fft.rfft(x.reshape(B, N, -1).permute(0, 2, 1))
+        ell = min(self.modes1, N // 2 + 1)
+        out_ft = torch.zeros(B, c * k, N // 2 + 1, dtype=torch.cdouble)
+        out_ft[:, :, :ell] = torch.einsum("bix,iox->box", x_fft[:, :, :ell], self.weights1[:, :, :ell])
+        return torch.fft.irfft(out_ft, n=N).permute(0, 2, 1).reshape(B, N, c, k)
+
+
+class MWTCZ1d(nn.Module):
+    def __init__(self, k=3, alpha=5, L=0, c=1, base="legendre"):
+        from refattn.operators.multiwavelet import multiwavelet_filters
+
+        super().__init__()
+        self.k, self.L = k, L
+        f = {n: torch.as_tensor(a, dtype=torch.float64) for n, a in multiwavelet_filters(k, base).items()}
+        self.A, self.B, self.C = (SparseKernelFT1d(k, alpha, c) for _ in range(3))
+        self.T0 = nn.Linear(k, k)
+        self.register_buffer("ec_s", torch.cat((f["H0"].T, f["H1"].T), 0))
+        self.register_buffer("ec_d", torch.cat((f["G0"].T, f["G1"].T), 0))
+        self.register_buffer("rc_e", torch.cat((f["H0"] @ f["PHI0"], f["G0"] @ f["PHI0"]), 0))
+        self.register_buffer("rc_o", torch.cat((f["H1"] @ f["PHI1"], f["G1"] @ f["PHI1"]), 0))
+
+    def forward(self, x):
+        ns = math.floor(math.log2(x.shape[1]))
+        Ud, Us = [], []
+        for _ in range(ns - self.L):
+            xa = torch.cat([x[:, ::2], x[:, 1::2]], -1)
+            d, x = xa @ self.ec_d, xa @ self.ec_s
+            Ud.append(self.A(d) + self.B(x))
+            Us.append(self.C(d))
+        x = self.T0(x)
+        for i in range(ns - 1 - self.L, -1, -1):
+            x = torch.cat((x + Us[i], Ud[i]), -1)
+            B, N, c, _ = x.shape
+            out = x.new_zeros(B, 2 * N, c, self.k)
+            out[:, ::2], out[:, 1::2] = x @ self.rc_e, x @ self.rc_o
+            x = out
+        return x

@@ -60,6 +60,18 @@ def test_mgno_layer(its, mode, res, act):
     _assert_pass(check_module(m, "mgno_multigrid_operator", config={"padding_mode": mode, "activation": act}))
 
 
+@pytest.mark.parametrize("k,c,alpha,L,base", [(3, 2, 3, 0, "legendre"), (2, 1, 4, 1, "chebyshev")])
+def test_multiwavelet_mwt_cz1d(k, c, alpha, L, base):
+    torch.manual_seed(5)
+    m = U.MWTCZ1d(k=k, alpha=alpha, L=L, c=c, base=base)
+    with torch.no_grad():
+        for name in "ABC":
+            w = getattr(m, name).weights1
+            w.copy_(torch.complex(torch.randn(w.shape), torch.randn(w.shape)) / (c * k))
+        m.T0.bias.copy_(torch.randn(k))
+    _assert_pass(check_module(m, "multiwavelet_operator", config={"base": base}))
+
+
 # slug -> (module factory, config, Derived keys read and dropped)
 _MODULES = {
     "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
@@ -69,6 +81,7 @@ _MODULES = {
     "ho_fno_higher_order_spectral_conv": (lambda: U.HOBlock(3, 2, 2, 3), {}, ()),
     "mgno_multigrid_operator": (lambda: U.MgNOLayer(((2, 1), (1, 1)), 3, 2, use_res=True), {},
                                 ("conv.post_smooth_layer1.0.A.weight", "conv.post_smooth_layer1.0.S.weight")),
+    "multiwavelet_operator": (lambda: U.MWTCZ1d(k=3, alpha=3, c=2), {}, ("ec_s", "ec_d", "rc_e", "rc_o")),
 }
 
 

@@ -117,6 +117,16 @@ def _mgno_build(rng, p, cfg, z):
     return {"u": rng.standard_normal((z["b"], p["linear.weight"].shape[1], s, s))}, {}
 
 
+# ---- Multiwavelet MWT_CZ1d: forward(x (B, N, c, k)), N a power of two with at least L + 1 levels
+
+
+def _mwt_build(rng, p, cfg, z):
+    k = p["T0.weight"].shape[0]
+    c = p["A.weights1_real"].shape[0] // k
+    n = 2 ** (int(cfg.get("L", 0)) + 2 + z["n"] % 2)
+    return {"x": rng.standard_normal((z["b"], n, c, k))}, {}
+
+
 _BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
 
 _SPECS = [
@@ -158,6 +168,14 @@ _SPECS = [
          "num_iteration and use_res read from the keys, config padding_mode and activation as the module's)",
          rules=_MGNO_RULES, load_pick=_mgno_load, required=("conv.layer0.0.S.weight", "linear.weight"),
          call=lambda module, inp, cfg: module(inp["u"]), build=_mgno_build, infer=_mgno_infer),
+    Spec("multiwavelet_operator",
+         "gaurav71531/mwt-operator models/models.py@4b0770c (MWT_CZ1d with sparseKernelFT1d A, B, C (complex "
+         "weights1) and T0; the filter buffers ec_s, ec_d, rc_e, rc_o are read and dropped: refattn builds them "
+         "from config base and k; config base as the module's)",
+         rules=[Complex("A.weights1"), Complex("B.weights1"), Complex("C.weights1"), Named(r"T0\.weight", True),
+                Named(r"T0\.bias", False), Derived(r"ec_[sd]|rc_[eo]")],
+         required=("A.weights1", "B.weights1", "C.weights1", "T0.weight"),
+         call=lambda module, inp, cfg: module(inp["x"]), build=_mwt_build, attrs={"L": "L"}),
 ]
 
 add_specs(*_SPECS)
