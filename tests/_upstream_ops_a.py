@@ -406,3 +406,93 @@ class MWTCZ1d(nn.Module):
             out[:, ::2], out[:, 1::2] = x @ self.rc_e, x @ self.rc_o
             x = out
         return x
+
+
+# emazap7/ANIE@2071ad7 IE_source/kernels.py: model_blocks (Final_block=False) with
+# IE_source/Galerkin_transformer.py SimpleTransformerEncoderLayer (layer_norm=True, so no attention
+# norms; pos_dim=1, so an attn.fc that is unused without pos), SimpleAttention, FeedForward,
+# linear_attention, attention; IE_source/Attentional_IE_solver.py Integral_attention_solver_multbatch.solve
+# (use_support=False, output_support_tensors=True, c = the free term, d = lam) as anie_solve.
+# Deviations: the unconditional F.dropout(p_attn) (p=0.5, training=True) of linear_attention/attention
+# and every nn.Dropout are omitted; no masks, no spline interpolation, no logging.
+
+
+class ANIEAttention(nn.Module):
+    def __init__(self, n_head, d_model, attention_type="galerkin", pos_dim=1):
+        super().__init__()
+        self.attention_type, self.d_k, self.n_head = attention_type, d_model // n_head, n_head
+        self.linears = nn.ModuleList([nn.Linear(d_model, d_model) for _ in range(3)])
+        self.fc = nn.Linear(d_model + n_head * pos_dim, d_model)  # used only with pos upstream
+
+    def forward(self, x):
+        b = x.size(0)
+        q, k, v = (lin(x).view(b, -1, self.n_head, self.d_k).transpose(1, 2) for lin in self.linears)
+        n = q.size(-2)
+        if self.attention_type == "galerkin":
+            out = q @ (k.transpose(-2, -1) @ v / n)
+        else:
+            s = q @ k.transpose(-2, -1) / math.sqrt(self.d_k)
+            out = (F.softmax(s, dim=-1) if self.attention_type == "softmax" else s / n) @ v
+        return out.transpose(1, 2).contiguous().view(b, -1, self.n_head * self.d_k)
+
+
+class ANIEFeedForward(nn.Module):
+    def __init__(self, in_dim, dim_feedforward, activation="relu"):
+        super().__init__()
+        self.lr1, self.lr2 = nn.Linear(in_dim, dim_feedforward), nn.Linear(dim_feedforward, in_dim)
+        self.activation = {"silu": nn.SiLU(), "gelu": nn.GELU()}.get(activation, nn.ReLU())
+
+    def forward(self, x):
+        return self.lr2(self.activation(self.lr1(x)))
+
+
+class ANIEEncoderLayer(nn.Module):
+    def __init__(self, d_model, n_head, dim_feedforward, attention_type, activation_type="relu", norm_eps=1e-5):
+        super().__init__()
+        self.attn = ANIEAttention(n_head, d_model, attention_type)
+        self.layer_norm1, self.layer_norm2 = nn.LayerNorm(d_model, eps=norm_eps), nn.LayerNorm(d_model, eps=norm_eps)
+        self.ff = ANIEFeedForward(d_model, dim_feedforward, activation_type)
+
+    def forward(self, x):
+        x = self.layer_norm1(x + self.attn(x))
+        return self.layer_norm2(x + self.ff(x))
+
+
+class ModelBlocks(nn.Module):
+    def __init__(self, dimension, dim_emb, n_head, n_blocks, n_ff, attention_type, activation_type="relu"):
+        super().__init__()
+        self.n_head = n_head
+        self.first = nn.Linear(dimension + 1, dim_emb)
+        self.blocks = nn.ModuleList([ANIEEncoderLayer(dim_emb, n_head, n_ff, attention_type, activation_type)
+                                     for _ in range(n_blocks)])
+        self.last_block = nn.Linear(dim_emb, dimension + 1)
+        self.solve = anie_solve
+
+    def forward(self, x):
+        x = self.first(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.last_block(x)
+
+
+def anie_solve(encoder, times, c, lam=1.0, max_iterations=3, smoothing_factor=0.5, tol=0.0, accumulate_grads=True):
+    """``Integral_attention_solver_multbatch(times, y_0, c=..., d=..., Encoder=encoder, ...).solve()``:
+    times (N,), c (B, N, dim) the free term; returns y_guess (B, N, dim)."""
+    dim = c.shape[-1]
+
+    def rhs(y):
+        y_in = torch.cat([y, times.view(1, -1, 1).repeat(c.shape[0], 1, 1)], -1)
+        if not accumulate_grads:
+            y_in = y_in.detach().requires_grad_(True)
+        return c + lam * (encoder(y_in) + y_in)[:, :, :dim]
+
+    y_cur = c
+    y_guess = rhs(y_cur)
+    err, it = torch.sqrt(torch.sum((y_cur - y_guess) ** 2)), 0
+    while err > tol:
+        y_cur = smoothing_factor * y_cur + (1 - smoothing_factor) * y_guess
+        y_guess = rhs(y_cur)
+        err, it = torch.sqrt(torch.sum((y_cur - y_guess) ** 2)), it + 1
+        if it >= max_iterations:
+            break
+    return y_guess

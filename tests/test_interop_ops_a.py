@@ -72,6 +72,19 @@ def test_multiwavelet_mwt_cz1d(k, c, alpha, L, base):
     _assert_pass(check_module(m, "multiwavelet_operator", config={"base": base}))
 
 
+@pytest.mark.parametrize("att,act,grad,its", [("galerkin", "relu", "unrolled", 3), ("fourier", "gelu", "unrolled", 2)])
+def test_anie_solver(att, act, grad, its):
+    torch.manual_seed(6)
+    m = U.ModelBlocks(2, 4, 2, 2, 6, att, activation_type=act)
+    with torch.no_grad():
+        for k, v in m.named_parameters():
+            if "attn.linears" in k and k.endswith("weight"):
+                v.mul_(3.0)  # the attention path matters
+    cfg = {"attention_type": att, "activation": act, "gradient": grad, "n_iterations": its, "tol": 0.0, "lam": 0.7,
+           "smoothing_factor": 0.4}
+    _assert_pass(check_module(m, "anie_attentional_integral_equation", config=cfg))
+
+
 # slug -> (module factory, config, Derived keys read and dropped)
 _MODULES = {
     "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
@@ -81,6 +94,9 @@ _MODULES = {
     "ho_fno_higher_order_spectral_conv": (lambda: U.HOBlock(3, 2, 2, 3), {}, ()),
     "mgno_multigrid_operator": (lambda: U.MgNOLayer(((2, 1), (1, 1)), 3, 2, use_res=True), {},
                                 ("conv.post_smooth_layer1.0.A.weight", "conv.post_smooth_layer1.0.S.weight")),
+    "anie_attentional_integral_equation": (lambda: U.ModelBlocks(2, 4, 2, 2, 6, "galerkin"), {},
+                                           ("blocks.0.attn.fc.weight", "blocks.0.attn.fc.bias",
+                                            "blocks.1.attn.fc.weight", "blocks.1.attn.fc.bias")),
     "multiwavelet_operator": (lambda: U.MWTCZ1d(k=3, alpha=3, c=2), {}, ("ec_s", "ec_d", "rc_e", "rc_o")),
 }
 

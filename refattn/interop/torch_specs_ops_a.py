@@ -127,6 +127,34 @@ def _mwt_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], n, c, k))}, {}
 
 
+# ---- ANIE: the Encoder (model_blocks) solved by Integral_attention_solver_multbatch; the module under test is
+# the Encoder, check_module runs the solver around it once per batch element (upstream shares the times)
+
+
+def _anie_build(rng, p, cfg, z):
+    m = p["first.weight"].shape[0] - 1
+    times = np.sort(rng.uniform(0, 1, (z["b"], z["n"], 1)), axis=1)
+    return {"f": rng.standard_normal((z["b"], z["n"], m)), "coords": times}, {}
+
+
+def _anie_call(module, inp, cfg):
+    """``Integral_attention_solver_multbatch(times, y_0, c=lambda x: f, d=lambda x: lam, Encoder=module,
+    max_iterations=n_iterations, smoothing_factor=, global_error_tolerance=tol, output_support_tensors=True,
+    accumulate_grads=(gradient == "unrolled")).solve()``, with the solver passed as ``module.solve``."""
+    import torch
+
+    grad = cfg.get("gradient", "unrolled")
+    if grad != "unrolled" or not cfg.get("residual", True):  # accumulate_grads=False also detaches the times
+        raise ValueError("anie_attentional_integral_equation: check_module runs upstream's solver with "
+                         "accumulate_grads=True (gradient='unrolled') and its residual operator; upstream's "
+                         "accumulate_grads=False detaches the coordinates too, so no coordinate gradient compares")
+    outs = [module.solve(module, inp["coords"][i, :, 0], inp["f"][i:i + 1], lam=float(cfg.get("lam", 1.0)),
+                         max_iterations=int(cfg.get("n_iterations", 3)),
+                         smoothing_factor=float(cfg.get("smoothing_factor", 0.5)), tol=float(cfg.get("tol", 1e-6)),
+                         accumulate_grads=True) for i in range(inp["f"].shape[0])]
+    return torch.cat(outs)
+
+
 _BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
 
 _SPECS = [
@@ -168,6 +196,19 @@ _SPECS = [
          "num_iteration and use_res read from the keys, config padding_mode and activation as the module's)",
          rules=_MGNO_RULES, load_pick=_mgno_load, required=("conv.layer0.0.S.weight", "linear.weight"),
          call=lambda module, inp, cfg: module(inp["u"]), build=_mgno_build, infer=_mgno_infer),
+    Spec("anie_attentional_integral_equation",
+         "emazap7/ANIE IE_source/kernels.py@2071ad7 (model_blocks, Final_block=False, on Galerkin_transformer.py "
+         "SimpleTransformerEncoderLayer/SimpleAttention/FeedForward) solved by IE_source/Attentional_IE_solver.py "
+         "Integral_attention_solver_multbatch.solve (c = f, d = lam, output_support_tensors=True; the module "
+         "carries the solver as module.solve), once per batch element; SimpleAttention's fc, unused without pos, "
+         "is read and dropped; config attention_type, activation, n_iterations, smoothing_factor, tol, lam; "
+         "gradient='unrolled' = accumulate_grads=True)",
+         rules=[Named(r"(first|last_block|blocks\.\d+\.(attn\.linears\.\d+|ff\.lr[12]))\.weight", True),
+                Named(r"(first|last_block|blocks\.\d+\.(attn\.linears\.\d+|ff\.lr[12]))\.bias"
+                      r"|blocks\.\d+\.layer_norm[12]\.(weight|bias)", False),
+                Derived(r"blocks\.\d+\.attn\.fc\.(weight|bias)")],
+         required=("first.weight", "last_block.weight"), call=_anie_call, build=_anie_build,
+         attrs={"n_head": "n_head", "eps": "blocks.0.layer_norm1.eps"}),
     Spec("multiwavelet_operator",
          "gaurav71531/mwt-operator models/models.py@4b0770c (MWT_CZ1d with sparseKernelFT1d A, B, C (complex "
          "weights1) and T0; the filter buffers ec_s, ec_d, rc_e, rc_o are read and dropped: refattn builds them "
