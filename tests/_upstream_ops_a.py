@@ -496,3 +496,77 @@ def anie_solve(encoder, times, c, lam=1.0, max_iterations=3, smoothing_factor=0.
         if it >= max_iterations:
             break
     return y_guess
+
+
+# Math-ML-X/Mamba-Neural-Operator@d7de3b7 MambaGalerkinTransformer/libs/mamba_ops.py (K = 2:
+# bi_selective_scan, CrossScan/CrossMerge over [x, flip(x)]) and mamba_ops_4.py (K = 4: cross_selective_scan
+# over a square grid: row-major, column-major and both flipped): SS2D (forward_type 'v2' = forward_corev3,
+# ssm_conv=0, ssm_rank_ratio >= ssm_ratio, softmax_version=False), with state-spaces/mamba
+# selective_scan_ref for the CUDA SelectiveScan (upstream calls the kernel of that function).
+# Deviations: the .to(torch.float) / .float() casts are dropped (float64 stays float64); dropout omitted.
+
+
+def selective_scan_ref(u, delta, A, B, C, D, delta_bias, delta_softplus=True):
+    """u, delta (b, d, l); A (d, n); B, C (b, g, n, l) with d = g h; D, delta_bias (d,)."""
+    delta = delta + delta_bias[..., None]
+    if delta_softplus:
+        delta = F.softplus(delta)
+    dim, g = A.shape[0], B.shape[1]
+    B = B.repeat_interleave(dim // g, dim=1)
+    C = C.repeat_interleave(dim // g, dim=1)
+    dA = torch.exp(torch.einsum("bdl,dn->bdln", delta, A))
+    dBu = torch.einsum("bdl,bdnl,bdl->bdln", delta, B, u)
+    x, ys = A.new_zeros((u.shape[0], dim, A.shape[1])), []
+    for i in range(u.shape[2]):
+        x = dA[:, :, i] * x + dBu[:, :, i]
+        ys.append(torch.einsum("bdn,bdn->bd", x, C[:, :, :, i]))
+    return torch.stack(ys, dim=2) + u * D[:, None]
+
+
+class SS2D(nn.Module):
+    def __init__(self, d_model, d_state=16, ssm_ratio=2.0, dt_rank="auto", K=2):
+        super().__init__()
+        d_inner = int(ssm_ratio * d_model)
+        self.dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else dt_rank
+        self.d_state, self.K = d_state, K
+        self.in_proj = nn.Linear(d_model, d_inner * 2, bias=False)
+        self.act = nn.SiLU()
+        self.out_norm = nn.LayerNorm(d_inner)
+        self.x_proj_weight = nn.Parameter(torch.randn(K, self.dt_rank + 2 * d_state, d_inner) / math.sqrt(d_inner))
+        std = self.dt_rank ** -0.5
+        self.dt_projs_weight = nn.Parameter(torch.empty(K, d_inner, self.dt_rank).uniform_(-std, std))
+        dt = torch.exp(torch.rand(K, d_inner) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
+        self.dt_projs_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
+        self.A_logs = nn.Parameter(torch.log(torch.arange(1, d_state + 1, dtype=torch.float64)).repeat(K * d_inner, 1))
+        self.Ds = nn.Parameter(torch.ones(K * d_inner))
+        self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+    def _scan(self, x):  # x (B, D, L) -> xs (B, K, D, L)
+        if self.K == 2:
+            return torch.stack([x, x.flip(-1)], 1)
+        B, D, L = x.shape
+        h = int(math.sqrt(L))
+        x2 = x.view(B, D, h, h)
+        xs = torch.stack([x2.flatten(2, 3), x2.transpose(2, 3).flatten(2, 3)], 1)
+        return torch.cat([xs, xs.flip(-1)], 1)
+
+    def _merge(self, ys):  # ys (B, K, D, L) -> (B, D, L)
+        if self.K == 2:
+            return ys[:, 0] + ys[:, 1].flip(-1)
+        B, _, D, L = ys.shape
+        h = int(math.sqrt(L))
+        ys = ys[:, 0:2] + ys[:, 2:4].flip(-1)
+        return ys[:, 0] + ys[:, 1].view(B, D, h, h).transpose(2, 3).contiguous().view(B, D, L)
+
+    def forward(self, x):
+        x, z = self.act(self.in_proj(x)).chunk(2, dim=-1)
+        x = x.permute(0, 2, 1).contiguous()
+        B, D, L = x.shape
+        N, R = self.d_state, self.dt_rank
+        xs = self._scan(x)
+        dts, Bs, Cs = torch.split(torch.einsum("bkdl,kcd->bkcl", xs, self.x_proj_weight), [R, N, N], dim=2)
+        dts = torch.einsum("bkrl,kdr->bkdl", dts, self.dt_projs_weight)
+        ys = selective_scan_ref(xs.reshape(B, -1, L), dts.reshape(B, -1, L), -torch.exp(self.A_logs), Bs, Cs,
+                                self.Ds, self.dt_projs_bias.view(-1)).view(B, self.K, -1, L)
+        y = self.out_norm(self._merge(ys).transpose(1, 2))
+        return self.out_proj(y * z)

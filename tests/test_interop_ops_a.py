@@ -85,6 +85,20 @@ def test_anie_solver(att, act, grad, its):
     _assert_pass(check_module(m, "anie_attentional_integral_equation", config=cfg))
 
 
+@pytest.mark.parametrize("K,orders,mode", [(2, "bidirectional", "recurrent"), (4, "cross2d", "chunked")])
+def test_mamba_ss2d(K, orders, mode):
+    torch.manual_seed(7)
+    m = U.SS2D(4, d_state=3, ssm_ratio=1.5, K=K)
+    with torch.no_grad():  # off the init, so that every parameter matters
+        m.A_logs.add_(0.3 * torch.randn_like(m.A_logs))
+        m.Ds.add_(0.3 * torch.randn_like(m.Ds))
+        m.dt_projs_bias.copy_(0.5 * torch.randn_like(m.dt_projs_bias))
+        m.out_norm.weight.add_(0.2 * torch.randn_like(m.out_norm.weight))
+        m.out_norm.bias.add_(0.2 * torch.randn_like(m.out_norm.bias))
+    cfg = {"scan_orders": orders, "mode": mode, "chunk_size": 3}
+    _assert_pass(check_module(m, "mamba_selective_scan_operator", config=cfg))
+
+
 # slug -> (module factory, config, Derived keys read and dropped)
 _MODULES = {
     "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
@@ -97,6 +111,7 @@ _MODULES = {
     "anie_attentional_integral_equation": (lambda: U.ModelBlocks(2, 4, 2, 2, 6, "galerkin"), {},
                                            ("blocks.0.attn.fc.weight", "blocks.0.attn.fc.bias",
                                             "blocks.1.attn.fc.weight", "blocks.1.attn.fc.bias")),
+    "mamba_selective_scan_operator": (lambda: U.SS2D(4, d_state=3, K=4), {}, ()),
     "multiwavelet_operator": (lambda: U.MWTCZ1d(k=3, alpha=3, c=2), {}, ("ec_s", "ec_d", "rc_e", "rc_o")),
 }
 

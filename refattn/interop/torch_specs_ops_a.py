@@ -155,6 +155,16 @@ def _anie_call(module, inp, cfg):
     return torch.cat(outs)
 
 
+# ---- Mamba Neural Operator SS2D: forward(x (B, L, d_model)); K = 2 orders (mamba_ops.py) or 4 over a
+# square grid (mamba_ops_4.py, config scan_orders='cross2d')
+
+
+def _mno_build(rng, p, cfg, z):
+    d = p["in_proj.weight"].shape[0]
+    n = (2 + z["n"] % 3) ** 2 if p["x_proj_weight"].shape[0] == 4 else z["n"]
+    return {"x": rng.standard_normal((z["b"], n, d))}, {}
+
+
 _BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
 
 _SPECS = [
@@ -209,6 +219,17 @@ _SPECS = [
                 Derived(r"blocks\.\d+\.attn\.fc\.(weight|bias)")],
          required=("first.weight", "last_block.weight"), call=_anie_call, build=_anie_build,
          attrs={"n_head": "n_head", "eps": "blocks.0.layer_norm1.eps"}),
+    Spec("mamba_selective_scan_operator",
+         "Math-ML-X/Mamba-Neural-Operator MambaGalerkinTransformer/libs/mamba_ops.py@d7de3b7 (SS2D, forward_type "
+         "'v2', K = 2 bidirectional orders) and mamba_ops_4.py (SS2D, K = 4 orders over a square grid: config "
+         "scan_orders='cross2d'); ssm_conv=0, no low-rank in_rank/out_rank; state-spaces/mamba selective_scan_ref",
+         rules=[Named(r"(in|out)_proj\.weight", True),
+                Named(r"x_proj_weight|dt_projs_(weight|bias)|A_logs|Ds|out_norm\.(weight|bias)", False)],
+         required=("in_proj.weight", "x_proj_weight", "dt_projs_weight", "dt_projs_bias", "A_logs", "Ds",
+                   "out_proj.weight"),
+         call=lambda module, inp, cfg: module(inp["x"]), build=_mno_build, attrs={"eps": "out_norm.eps"},
+         unsupported={"conv2d.weight": "ssm_conv > 1 (a depthwise conv before the scan) is not implemented",
+                      "in_rank.weight": "the low-rank ssm_rank_ratio < ssm_ratio variant is not implemented"}),
     Spec("multiwavelet_operator",
          "gaurav71531/mwt-operator models/models.py@4b0770c (MWT_CZ1d with sparseKernelFT1d A, B, C (complex "
          "weights1) and T0; the filter buffers ec_s, ec_d, rc_e, rc_o are read and dropped: refattn builds them "
