@@ -15,7 +15,8 @@ import re
 
 import numpy as np
 
-from .torch_specs import Complex, Derived, Named, Rename, Reshape, Spec, Strip, add_specs  # noqa: F401
+from .torch_specs import Complex, Derived, Named, Reshape, Spec, Strip, add_specs
+from .unmapped import add_unmapped
 
 __all__ = ["GROUP_SLUGS", "CNO_IN_SIZE"]
 
@@ -241,6 +242,10 @@ _SPECS = [
 ]
 
 add_specs(*_SPECS)
+
+add_unmapped("pinto_cross_attention_kernel_integral", "no PyTorch module",
+             "quest-lab-iisc/PINTO is TensorFlow/Keras (its Dense and EinsumDense kernels are already (in, out) "
+             "in refattn's params)")
 
 GROUP_SLUGS = tuple(s.key for s in _SPECS)
 """The keys this module adds to :data:`~refattn.interop.torch_specs.SPECS`."""
