@@ -570,3 +570,58 @@ class SS2D(nn.Module):
                                 self.Ds, self.dt_projs_bias.view(-1)).view(B, self.K, -1, L)
         y = self.out_norm(self._merge(ys).transpose(1, 2))
         return self.out_proj(y * z)
+
+
+# tum-pbs/pde-transformer@850e09d pdetransformer/core/separate_channels/pde_transformer.py: the channel-attention
+# branch of HATDiTBlock.forward (adain_2 = AdaLayerNormZero without emb_impl, norm2 = nn.LayerNorm,
+# attn_channel = SelfAttention(posemb_type='none')), as the module HATDiTChannelBranch with the block's
+# submodule names; forward(x (B, C, P, d), emb (B, C, d)). Deviations: one window (no carrier tokens); the
+# einops rearranges written as reshape/permute.
+
+
+class AdaLayerNormZero(nn.Module):
+    def __init__(self, embedding_dim, bias=True):
+        super().__init__()
+        self.silu = nn.SiLU()
+        self.linear = nn.Linear(embedding_dim, 9 * embedding_dim, bias=bias)
+        self.norm = nn.LayerNorm(embedding_dim, elementwise_affine=False, eps=1e-6)  # not used by the block
+
+    def forward(self, emb):
+        return self.linear(self.silu(emb)).chunk(9, dim=1)
+
+
+class PDESelfAttention(nn.Module):
+    def __init__(self, dim, num_heads, bias=False, attn_type="v2"):
+        super().__init__()
+        self.dim, self.heads, self.scale, self.attn_type = dim, num_heads, (dim // num_heads) ** -0.5, attn_type
+        self.to_qkv = nn.Linear(dim, dim * 3, bias=bias)
+        if attn_type == "v2":
+            self.logit_scale = nn.Parameter(torch.log(10 * torch.ones((num_heads, 1, 1))))
+
+    def forward(self, x):
+        b, p, n, c = x.size()
+        q, k, v = (t.reshape(b, p, n, self.heads, c // self.heads).permute(0, 1, 3, 2, 4)
+                   for t in self.to_qkv(x).chunk(3, dim=-1))
+        if self.attn_type is None:
+            attn = q @ k.transpose(-2, -1) * self.scale
+        else:
+            attn = F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)
+            attn = attn * torch.clamp(self.logit_scale, max=4.6052).exp()
+        return (attn.softmax(dim=-1) @ v).permute(0, 1, 3, 2, 4).reshape(b, p, n, c)
+
+
+class HATDiTChannelBranch(nn.Module):
+    def __init__(self, hidden_size, num_heads, attn_type="v2"):
+        super().__init__()
+        self.num_heads = num_heads
+        self.adain_2 = AdaLayerNormZero(hidden_size)
+        self.norm2 = nn.LayerNorm(hidden_size)
+        self.attn_channel = PDESelfAttention(hidden_size, num_heads, attn_type=attn_type)
+
+    def forward(self, x, emb):
+        B, C = x.shape[:2]
+        _, _, _, shift, scale, gate, _, _, _ = self.adain_2(emb.reshape(-1, emb.shape[-1]))
+        shift, scale, gate = (t.view(B, C, 1, -1) for t in (shift, scale, gate))
+        h = self.norm2(x) * (1 + scale) + shift
+        h = self.attn_channel(h.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
+        return x + h * (1 + gate)

@@ -99,6 +99,19 @@ def test_mamba_ss2d(K, orders, mode):
     _assert_pass(check_module(m, "mamba_selective_scan_operator", config=cfg))
 
 
+@pytest.mark.parametrize("attn_type,heads", [("v2", 2), (None, 1)])
+def test_pde_transformer_channel_branch(attn_type, heads):
+    torch.manual_seed(8)
+    m = U.HATDiTChannelBranch(4, heads, attn_type=attn_type)
+    with torch.no_grad():  # upstream zero-initialises adain_2.linear: off the init so the modulation matters
+        m.adain_2.linear.weight.normal_(0, 0.5)
+        m.adain_2.linear.bias.normal_(0, 0.3)
+        m.norm2.weight.add_(0.3 * torch.randn(4))
+        if attn_type == "v2":
+            m.attn_channel.logit_scale.copy_(torch.tensor([[[1.2]], [[5.0]]]))  # one head above the clamp
+    _assert_pass(check_module(m, "pde_transformer_channel_attention"))
+
+
 # slug -> (module factory, config, Derived keys read and dropped)
 _MODULES = {
     "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
@@ -112,6 +125,7 @@ _MODULES = {
                                            ("blocks.0.attn.fc.weight", "blocks.0.attn.fc.bias",
                                             "blocks.1.attn.fc.weight", "blocks.1.attn.fc.bias")),
     "mamba_selective_scan_operator": (lambda: U.SS2D(4, d_state=3, K=4), {}, ()),
+    "pde_transformer_channel_attention": (lambda: U.HATDiTChannelBranch(4, 2), {}, ()),
     "multiwavelet_operator": (lambda: U.MWTCZ1d(k=3, alpha=3, c=2), {}, ("ec_s", "ec_d", "rc_e", "rc_o")),
 }
 

@@ -166,6 +166,15 @@ def _mno_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], n, d))}, {}
 
 
+# ---- PDE-Transformer: HATDiTBlock's channel branch (adain_2, norm2, attn_channel); forward(x, emb)
+
+
+def _pdet_build(rng, p, cfg, z):
+    d = p["norm2.weight"].shape[0]
+    c = 1 + z["n"] % 4  # physical channels: the attention's sequence
+    return {"x": rng.standard_normal((z["b"], c, z["m"], d)), "emb": rng.standard_normal((z["b"], c, d))}, {}
+
+
 _BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
 
 _SPECS = [
@@ -231,6 +240,18 @@ _SPECS = [
          call=lambda module, inp, cfg: module(inp["x"]), build=_mno_build, attrs={"eps": "out_norm.eps"},
          unsupported={"conv2d.weight": "ssm_conv > 1 (a depthwise conv before the scan) is not implemented",
                       "in_rank.weight": "the low-rank ssm_rank_ratio < ssm_ratio variant is not implemented"}),
+    Spec("pde_transformer_channel_attention",
+         "tum-pbs/pde-transformer pdetransformer/core/separate_channels/pde_transformer.py@850e09d (the channel-"
+         "attention branch of HATDiTBlock: adain_2 (AdaLayerNormZero), norm2, attn_channel (SelfAttention, "
+         "posemb 'none'; attn_type 'v2' when logit_scale is present, else None = 'v1'), gate 1 + msa2_gate; from a "
+         "whole block's state_dict read these keys with strict=False)",
+         rules=[Named(r"adain_2\.linear\.weight|attn_channel\.to_qkv\.weight", True),
+                Named(r"adain_2\.linear\.bias|norm2\.(weight|bias)|attn_channel\.logit_scale", False)],
+         required=("adain_2.linear.weight", "norm2.weight", "attn_channel.to_qkv.weight"),
+         call=lambda module, inp, cfg: module(inp["x"], inp["emb"]), build=_pdet_build,
+         infer=lambda keys: {"attn_type": "v2" if "attn_channel.logit_scale" in keys else "v1"},
+         attrs={"num_heads": "attn_channel.heads", "eps": "norm2.eps"},
+         unsupported={"attn_channel.to_qkv.bias": "SelfAttention(bias=True) is not implemented"}),
     Spec("multiwavelet_operator",
          "gaurav71531/mwt-operator models/models.py@4b0770c (MWT_CZ1d with sparseKernelFT1d A, B, C (complex "
          "weights1) and T0; the filter buffers ec_s, ec_d, rc_e, rc_o are read and dropped: refattn builds them "
