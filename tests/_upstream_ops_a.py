@@ -625,3 +625,72 @@ class HATDiTChannelBranch(nn.Module):
         h = self.norm2(x) * (1 + scale) + shift
         h = self.attn_channel(h.permute(0, 2, 1, 3)).permute(0, 2, 1, 3)
         return x + h * (1 + gate)
+
+
+# AdityaLab/pinnsformer@00d790f model/pinnsformer.py: PINNsformer (WaveAct, FeedForward(d_ff=256),
+# EncoderLayer, DecoderLayer, Encoder, Decoder; torch.nn.MultiheadAttention, batch_first). Deviations: none
+# (util.get_clones written as deepcopies; FeedForward's width d_ff is a constructor argument here, 256 upstream,
+# so that the tests stay small).
+
+
+class WaveAct(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(torch.ones(1)), nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return self.w1 * torch.sin(x) + self.w2 * torch.cos(x)
+
+
+def _wave_mlp(d_in, d_hidden, d_out):
+    return nn.Sequential(nn.Linear(d_in, d_hidden), WaveAct(), nn.Linear(d_hidden, d_hidden), WaveAct(),
+                         nn.Linear(d_hidden, d_out))
+
+
+class PINNsFeedForward(nn.Module):
+    def __init__(self, d_model, d_ff=256):
+        super().__init__()
+        self.linear = _wave_mlp(d_model, d_ff, d_model)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+class PINNsLayer(nn.Module):  # EncoderLayer (forward(x)) and DecoderLayer (forward(x, e_outputs))
+    def __init__(self, d_model, heads, d_ff=256):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(embed_dim=d_model, num_heads=heads, batch_first=True)
+        self.ff = PINNsFeedForward(d_model, d_ff)
+        self.act1, self.act2 = WaveAct(), WaveAct()
+
+    def forward(self, x, e_outputs=None):
+        x2 = self.act1(x)
+        kv = x2 if e_outputs is None else e_outputs
+        x = x + self.attn(x2, kv, kv)[0]
+        return x + self.ff(self.act2(x))
+
+
+class PINNsStack(nn.Module):  # Encoder / Decoder
+    def __init__(self, d_model, N, heads, d_ff=256):
+        super().__init__()
+        self.layers = nn.ModuleList([PINNsLayer(d_model, heads, d_ff) for _ in range(N)])
+        self.act = WaveAct()
+
+    def forward(self, x, e_outputs=None):
+        for layer in self.layers:
+            x = layer(x, e_outputs)
+        return self.act(x)
+
+
+class PINNsformer(nn.Module):
+    def __init__(self, d_out, d_model, d_hidden, N, heads, d_ff=256):
+        super().__init__()
+        self.heads = heads
+        self.linear_emb = nn.Linear(2, d_model)
+        self.encoder = PINNsStack(d_model, N, heads, d_ff)
+        self.decoder = PINNsStack(d_model, N, heads, d_ff)
+        self.linear_out = _wave_mlp(d_model, d_hidden, d_out)
+
+    def forward(self, x, t):
+        src = self.linear_emb(torch.cat((x, t), dim=-1))
+        return self.linear_out(self.decoder(src, self.encoder(src)))

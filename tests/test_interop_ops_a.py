@@ -112,6 +112,16 @@ def test_pde_transformer_channel_branch(attn_type, heads):
     _assert_pass(check_module(m, "pde_transformer_channel_attention"))
 
 
+@pytest.mark.parametrize("d_out,d_model,d_hidden,n_layers,heads", [(1, 4, 5, 1, 2), (2, 6, 3, 2, 3)])
+def test_pinnsformer(d_out, d_model, d_hidden, n_layers, heads):
+    torch.manual_seed(9)
+    m = U.PINNsformer(d_out, d_model, d_hidden, n_layers, heads, d_ff=5)
+    with torch.no_grad():  # WaveAct's w1 = w2 = 1 at init: off it, so that each one matters
+        for v in m.parameters():
+            v.add_(0.2 * torch.randn_like(v))
+    _assert_pass(check_module(m, "pinnsformer_wavelet_pseudosequence"))
+
+
 # slug -> (module factory, config, Derived keys read and dropped)
 _MODULES = {
     "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
@@ -126,6 +136,7 @@ _MODULES = {
                                             "blocks.1.attn.fc.weight", "blocks.1.attn.fc.bias")),
     "mamba_selective_scan_operator": (lambda: U.SS2D(4, d_state=3, K=4), {}, ()),
     "pde_transformer_channel_attention": (lambda: U.HATDiTChannelBranch(4, 2), {}, ()),
+    "pinnsformer_wavelet_pseudosequence": (lambda: U.PINNsformer(1, 4, 5, 2, 2, d_ff=5), {}, ()),
     "multiwavelet_operator": (lambda: U.MWTCZ1d(k=3, alpha=3, c=2), {}, ("ec_s", "ec_d", "rc_e", "rc_o")),
 }
 

@@ -175,6 +175,15 @@ def _pdet_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], c, z["m"], d)), "emb": rng.standard_normal((z["b"], c, d))}, {}
 
 
+# ---- PINNsFormer: forward(x, t), the pseudo-sequences (N, K, 1) each (refattn's num_step=None form)
+
+
+def _pinns_build(rng, p, cfg, z):
+    return {"x": rng.uniform(0, 1, (z["b"], z["n"], 1)), "t": rng.uniform(0, 1, (z["b"], z["n"], 1))}, {}
+
+
+_PINNS_LINEAR = r"(linear_emb|linear_out\.[024]|(en|de)coder\.layers\.\d+\.(attn\.out_proj|ff\.linear\.[024]))\.weight"
+
 _BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
 
 _SPECS = [
@@ -252,6 +261,15 @@ _SPECS = [
          infer=lambda keys: {"attn_type": "v2" if "attn_channel.logit_scale" in keys else "v1"},
          attrs={"num_heads": "attn_channel.heads", "eps": "norm2.eps"},
          unsupported={"attn_channel.to_qkv.bias": "SelfAttention(bias=True) is not implemented"}),
+    Spec("pinnsformer_wavelet_pseudosequence",
+         "AdityaLab/pinnsformer model/pinnsformer.py@00d790f (PINNsformer: WaveAct, FeedForward, EncoderLayer, "
+         "DecoderLayer on torch.nn.MultiheadAttention; forward(x, t) on the pseudo-sequences, refattn's "
+         "num_step=None; MultiheadAttention's in_proj_weight keeps its name, transposed to (E, 3E))",
+         rules=[Named(_PINNS_LINEAR + r"|(en|de)coder\.layers\.\d+\.attn\.in_proj_weight", True),
+                Named(r".*\.bias|.*\.w[12]|(en|de)coder\.layers\.\d+\.attn\.in_proj_bias", False)],
+         required=("linear_emb.weight", "encoder.layers.0.attn.in_proj_weight", "linear_out.4.weight"),
+         call=lambda module, inp, cfg: module(inp["x"], inp["t"]), build=_pinns_build,
+         attrs={"num_heads": ("heads", "encoder.layers.0.attn.num_heads")}),
     Spec("multiwavelet_operator",
          "gaurav71531/mwt-operator models/models.py@4b0770c (MWT_CZ1d with sparseKernelFT1d A, B, C (complex "
          "weights1) and T0; the filter buffers ec_s, ec_d, rc_e, rc_o are read and dropped: refattn builds them "
