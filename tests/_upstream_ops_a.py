@@ -694,3 +694,24 @@ class PINNsformer(nn.Module):
     def forward(self, x, t):
         src = self.linear_emb(torch.cat((x, t), dim=-1))
         return self.linear_out(self.decoder(src, self.encoder(src)))
+
+
+# HaoZhongkai/GNOT@5ee2e69 models/mmgpt.py: MIOECrossAttentionBlock's geometric-gated expert FFN, the lines
+# gate_score = softmax(gatenet(pos)); x_moe1 = sum_e gate_score_e * moe_mlp1[e](x), as the module
+# GNOTGatedMoE with the block's submodule names gatenet and moe_mlp1. No deviations in the computation.
+
+
+class GNOTGatedMoE(nn.Module):
+    def __init__(self, n_embd, n_inner, space_dim, n_experts, act="gelu"):
+        super().__init__()
+        Act = {"gelu": nn.GELU, "tanh": nn.Tanh, "relu": nn.ReLU, "sigmoid": nn.Sigmoid}[act]
+        self.n_experts = n_experts
+        self.moe_mlp1 = nn.ModuleList([nn.Sequential(nn.Linear(n_embd, n_inner), Act(), nn.Linear(n_inner, n_embd))
+                                       for _ in range(n_experts)])
+        self.gatenet = nn.Sequential(nn.Linear(space_dim, n_inner), Act(), nn.Linear(n_inner, n_inner), Act(),
+                                     nn.Linear(n_inner, n_experts))
+
+    def forward(self, x, pos):
+        gate_score = F.softmax(self.gatenet(pos), dim=-1).unsqueeze(2)
+        x_moe1 = torch.stack([self.moe_mlp1[i](x) for i in range(self.n_experts)], dim=-1)
+        return (gate_score * x_moe1).sum(dim=-1, keepdim=False)

@@ -122,6 +122,13 @@ def test_pinnsformer(d_out, d_model, d_hidden, n_layers, heads):
     _assert_pass(check_module(m, "pinnsformer_wavelet_pseudosequence"))
 
 
+@pytest.mark.parametrize("act,experts", [("gelu", 3), ("tanh", 2)])
+def test_gnot_geometric_gating(act, experts):
+    torch.manual_seed(10)
+    m = U.GNOTGatedMoE(4, 5, 2, experts, act=act)
+    _assert_pass(check_module(m, "gnot_geometric_gating_moe", config={"act": act}))
+
+
 # slug -> (module factory, config, Derived keys read and dropped)
 _MODULES = {
     "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
@@ -137,6 +144,7 @@ _MODULES = {
     "mamba_selective_scan_operator": (lambda: U.SS2D(4, d_state=3, K=4), {}, ()),
     "pde_transformer_channel_attention": (lambda: U.HATDiTChannelBranch(4, 2), {}, ()),
     "pinnsformer_wavelet_pseudosequence": (lambda: U.PINNsformer(1, 4, 5, 2, 2, d_ff=5), {}, ()),
+    "gnot_geometric_gating_moe": (lambda: U.GNOTGatedMoE(4, 5, 2, 3), {}, ()),
     "multiwavelet_operator": (lambda: U.MWTCZ1d(k=3, alpha=3, c=2), {}, ("ec_s", "ec_d", "rc_e", "rc_o")),
 }
 

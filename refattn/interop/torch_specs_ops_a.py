@@ -184,6 +184,41 @@ def _pinns_build(rng, p, cfg, z):
 
 _PINNS_LINEAR = r"(linear_emb|linear_out\.[024]|(en|de)coder\.layers\.\d+\.(attn\.out_proj|ff\.linear\.[024]))\.weight"
 
+# ---- GNOT geometric gating: MIOECrossAttentionBlock's gatenet + moe_mlp1 experts, stacked along a leading axis
+
+
+class _Experts:
+    """``{up}.{e}.{j}.weight`` / ``.bias`` (``nn.Linear`` of expert ``e``) stacked into refattn's
+    ``{ref}.{j}.weight (E, in, out)`` (each transposed) and ``{ref}.{j}.bias (E, out)``."""
+
+    def __init__(self, up: str, ref: str, layers=(0, 2)):
+        self.up, self.ref, self.layers = up, ref, tuple(layers)
+
+    def load(self, view, out):
+        n = 0
+        while view.has(f"{self.up}.{n}.{self.layers[0]}.weight"):
+            n += 1
+        for j in self.layers:
+            for leaf in ("weight", "bias"):
+                if view.has(f"{self.up}.0.{j}.{leaf}"):
+                    arrs = [view.get(f"{self.up}.{e}.{j}.{leaf}") for e in range(n)]
+                    out[f"{self.ref}.{j}.{leaf}"] = np.stack([a.T if leaf == "weight" else a for a in arrs])
+
+    def save(self, grads, out, used):
+        for j in self.layers:
+            for leaf in ("weight", "bias"):
+                key = f"{self.ref}.{j}.{leaf}"
+                if key in grads:
+                    used.add(key)
+                    for e, g in enumerate(np.asarray(grads[key])):
+                        out[f"{self.up}.{e}.{j}.{leaf}"] = g.T if leaf == "weight" else g
+
+
+def _gnot_moe_build(rng, p, cfg, z):
+    c, space = p["moe_mlp.0.weight"].shape[1], p["gatenet.0.weight"].shape[0]
+    return {"x": rng.standard_normal((z["b"], z["n"], c)), "pos": rng.uniform(0, 1, (z["b"], z["n"], space))}, {}
+
+
 _BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
 
 _SPECS = [
@@ -270,6 +305,14 @@ _SPECS = [
          required=("linear_emb.weight", "encoder.layers.0.attn.in_proj_weight", "linear_out.4.weight"),
          call=lambda module, inp, cfg: module(inp["x"], inp["t"]), build=_pinns_build,
          attrs={"num_heads": ("heads", "encoder.layers.0.attn.num_heads")}),
+    Spec("gnot_geometric_gating_moe",
+         "HaoZhongkai/GNOT models/mmgpt.py@5ee2e69 (MIOECrossAttentionBlock: gate_score = softmax(gatenet(pos)), "
+         "sum_e gate_score_e moe_mlp1[e](x); the block's keys gatenet.* and moe_mlp1.{e}.{0,2}.*, the experts "
+         "stacked (E, in, out); config act as the block's config.act)",
+         rules=[Named(r"gatenet\.[024]\.weight", True), Named(r"gatenet\.[024]\.bias", False),
+                _Experts("moe_mlp1", "moe_mlp")],
+         required=("gatenet.0.weight", "gatenet.4.weight", "moe_mlp1.0.0.weight", "moe_mlp1.0.2.weight"),
+         call=lambda module, inp, cfg: module(inp["x"], inp["pos"]), build=_gnot_moe_build),
     Spec("multiwavelet_operator",
          "gaurav71531/mwt-operator models/models.py@4b0770c (MWT_CZ1d with sparseKernelFT1d A, B, C (complex "
          "weights1) and T0; the filter buffers ec_s, ec_d, rc_e, rc_o are read and dropped: refattn builds them "
