@@ -715,3 +715,41 @@ class GNOTGatedMoE(nn.Module):
         gate_score = F.softmax(self.gatenet(pos), dim=-1).unsqueeze(2)
         x_moe1 = torch.stack([self.moe_mlp1[i](x) for i in range(self.n_experts)], dim=-1)
         return (gate_score * x_moe1).sum(dim=-1, keepdim=False)
+
+
+# xjffff/FUNCATTN@1d93f74 PDE-StandardBenchmark/model/Functional_attention.py:
+# FunctionalMap_Attention_Structured_Mesh_2D (conv slice front on an H x W mesh, clamped temperature, ridge
+# functional map among the slice coefficients). Deviation: dropout omitted (eval).
+
+
+class FunctionalMapAttentionStructuredMesh2D(nn.Module):
+    def __init__(self, dim, heads=8, dim_head=64, basis_num=32, H=101, W=31, kernel=3, alpha_init=0.0):
+        super().__init__()
+        inner = dim_head * heads
+        self.dim_head, self.heads, self.H, self.W = dim_head, heads, H, W
+        self.temperature = nn.Parameter(torch.ones([1, heads, 1, 1]) * 0.5)
+        self.in_project_x = nn.Conv2d(dim, inner, kernel, 1, kernel // 2)
+        self.in_project_fx = nn.Conv2d(dim, inner, kernel, 1, kernel // 2)
+        self.in_project_basis = nn.Linear(dim_head, basis_num)
+        self.to_q = nn.Linear(dim_head, dim_head, bias=False)
+        self.to_k = nn.Linear(dim_head, dim_head, bias=False)
+        self.to_v = nn.Linear(dim_head, dim_head, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(inner, dim), nn.Dropout(0.0))
+        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.register_buffer("I_d", torch.eye(dim_head).unsqueeze(0))
+
+    def forward(self, x):
+        B, N, C = x.shape
+        xi = x.reshape(B, self.H, self.W, C).permute(0, 3, 1, 2)
+
+        def heads(t):
+            return t.permute(0, 2, 3, 1).reshape(B, N, self.heads, self.dim_head).permute(0, 2, 1, 3)
+
+        fx_mid, x_mid = heads(self.in_project_fx(xi)), heads(self.in_project_x(xi))
+        sw = torch.softmax(self.in_project_basis(x_mid) / torch.clamp(self.temperature, min=0.1, max=5), -1)
+        st = torch.einsum("bhnc,bhng->bhgc", fx_mid, sw) / (sw.sum(2) + 1e-5)[:, :, :, None]
+        q, k, v = self.to_q(st), self.to_k(st), self.to_v(st)
+        a = torch.sigmoid(self.alpha)
+        Z = torch.linalg.solve((1 - a) * (k.transpose(2, 3) @ k) + a * self.I_d, k.transpose(2, 3))
+        ox = torch.einsum("bhgc,bhng->bhnc", (q @ Z) @ v, sw)
+        return self.to_out(ox.permute(0, 2, 1, 3).reshape(B, N, -1))

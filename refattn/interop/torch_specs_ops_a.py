@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from .torch_specs import Complex, Derived, Named, Reshape, Spec, Strip, add_specs
+from .torch_specs import Complex, Derived, Named, Rename, Reshape, Spec, Strip, add_specs
 from .unmapped import add_unmapped
 
 __all__ = ["GROUP_SLUGS", "CNO_IN_SIZE"]
@@ -219,6 +219,45 @@ def _gnot_moe_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], z["n"], c)), "pos": rng.uniform(0, 1, (z["b"], z["n"], space))}, {}
 
 
+# ---- FUNCATTN FunctionalMap_Attention_Structured_Mesh_2D: forward(x (B, H W, C)); config mesh_shape (H, W)
+
+
+class _LinearOrConv:
+    """``{name}.weight`` of an ``nn.Linear`` (2-D: transposed) or an ``nn.Conv2d`` (4-D: PyTorch's
+    layout kept), whichever the module holds; its bias copied."""
+
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+
+    def load(self, view, out):
+        for name in sorted(view.items):
+            if name not in view.used and re.fullmatch(self.pattern, name):
+                a = view.get(name)
+                out[name] = a.T if a.ndim == 2 else a
+
+    def save(self, grads, out, used):
+        for name in list(grads):
+            if name not in used and re.fullmatch(self.pattern, name):
+                used.add(name)
+                g = np.asarray(grads[name])
+                out[name] = g.T if g.ndim == 2 else g
+
+
+def _funcattn_build(rng, p, cfg, z):
+    mesh = cfg.get("mesh_shape")
+    n = z["n"] if mesh is None else int(np.prod(mesh))
+    w = p["in_project_x.weight"]
+    return {"x": rng.standard_normal((z["b"], n, w.shape[1] if w.ndim == 4 else w.shape[0]))}, {}
+
+
+def _funcattn_call(module, inp, cfg):
+    mesh = tuple(cfg.get("mesh_shape") or ())
+    if mesh != (getattr(module, "H", None), getattr(module, "W", None)):
+        raise ValueError(f"funcattn_functional_attention: config mesh_shape={mesh or None} must be the module's "
+                         f"(H, W) = ({getattr(module, 'H', None)}, {getattr(module, 'W', None)})")
+    return module(inp["x"])
+
+
 _BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
 
 _SPECS = [
@@ -313,6 +352,19 @@ _SPECS = [
                 _Experts("moe_mlp1", "moe_mlp")],
          required=("gatenet.0.weight", "gatenet.4.weight", "moe_mlp1.0.0.weight", "moe_mlp1.0.2.weight"),
          call=lambda module, inp, cfg: module(inp["x"], inp["pos"]), build=_gnot_moe_build),
+    Spec("funcattn_functional_attention",
+         "xjffff/FUNCATTN PDE-StandardBenchmark/model/Functional_attention.py@1d93f74 "
+         "(FunctionalMap_Attention_Structured_Mesh_2D: conv in_project_x/fx, in_project_basis = refattn's "
+         "in_project_slice, temperature (1, H, 1, 1) clamped to [0.1, 5], 0-d alpha; its I_d buffer is read and "
+         "dropped; config mesh_shape = the module's (H, W))",
+         rules=[_LinearOrConv(r"in_project_(x|fx)\.weight"), Named(r"in_project_(x|fx)\.bias|to_out\.0\.bias", False),
+                Rename("in_project_slice.weight", "in_project_basis.weight", True),
+                Rename("in_project_slice.bias", "in_project_basis.bias", False),
+                Named(r"to_[qkv]\.weight|to_out\.0\.weight", True),
+                Reshape("temperature", lambda n: (1, n, 1, 1)), Reshape("alpha", lambda n: ()), Derived(r"I_d")],
+         required=("in_project_x.weight", "in_project_fx.weight", "in_project_basis.weight", "temperature",
+                   "to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight", "alpha"),
+         call=_funcattn_call, build=_funcattn_build, attrs={"n_head": "heads"}),
     Spec("multiwavelet_operator",
          "gaurav71531/mwt-operator models/models.py@4b0770c (MWT_CZ1d with sparseKernelFT1d A, B, C (complex "
          "weights1) and T0; the filter buffers ec_s, ec_d, rc_e, rc_o are read and dropped: refattn builds them "
