@@ -723,18 +723,18 @@ class GNOTGatedMoE(nn.Module):
 
 
 class FunctionalMapAttentionStructuredMesh2D(nn.Module):
-    def __init__(self, dim, heads=8, dim_head=64, basis_num=32, H=101, W=31, kernel=3, alpha_init=0.0):
+    def __init__(self, embed_dim, num_heads=8, dropout=0.0, basis_num=64, H=101, W=31, kernel=3, alpha_init=0):
         super().__init__()
-        inner = dim_head * heads
-        self.dim_head, self.heads, self.H, self.W = dim_head, heads, H, W
-        self.temperature = nn.Parameter(torch.ones([1, heads, 1, 1]) * 0.5)
-        self.in_project_x = nn.Conv2d(dim, inner, kernel, 1, kernel // 2)
-        self.in_project_fx = nn.Conv2d(dim, inner, kernel, 1, kernel // 2)
+        dim_head = embed_dim // num_heads
+        self.dim_head, self.heads, self.H, self.W = dim_head, num_heads, H, W
+        self.temperature = nn.Parameter(torch.ones([1, num_heads, 1, 1]) * 0.5)
+        self.in_project_x = nn.Conv2d(embed_dim, embed_dim, kernel, 1, kernel // 2)
+        self.in_project_fx = nn.Conv2d(embed_dim, embed_dim, kernel, 1, kernel // 2)
         self.in_project_basis = nn.Linear(dim_head, basis_num)
         self.to_q = nn.Linear(dim_head, dim_head, bias=False)
         self.to_k = nn.Linear(dim_head, dim_head, bias=False)
         self.to_v = nn.Linear(dim_head, dim_head, bias=False)
-        self.to_out = nn.Sequential(nn.Linear(inner, dim), nn.Dropout(0.0))
+        self.to_out = nn.Sequential(nn.Linear(embed_dim, embed_dim), nn.Dropout(dropout))
         self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
         self.register_buffer("I_d", torch.eye(dim_head).unsqueeze(0))
 

@@ -129,10 +129,10 @@ def test_gnot_geometric_gating(act, experts):
     _assert_pass(check_module(m, "gnot_geometric_gating_moe", config={"act": act}))
 
 
-@pytest.mark.parametrize("heads,dh,g,mesh,alpha", [(2, 3, 4, (3, 4), 0.3), (1, 2, 3, (2, 3), -0.5)])
-def test_funcattn_structured_mesh(heads, dh, g, mesh, alpha):
+@pytest.mark.parametrize("dim,heads,g,mesh,alpha", [(6, 2, 4, (3, 4), 0.3), (2, 1, 3, (2, 3), -0.5)])
+def test_funcattn_structured_mesh(dim, heads, g, mesh, alpha):
     torch.manual_seed(11)
-    m = U.FunctionalMapAttentionStructuredMesh2D(5, heads, dh, g, *mesh, alpha_init=alpha)
+    m = U.FunctionalMapAttentionStructuredMesh2D(dim, heads, 0.0, g, *mesh, alpha_init=alpha)
     with torch.no_grad():  # one temperature inside the clamp, one above it
         m.temperature.copy_(torch.tensor([0.7, 6.0][:heads]).reshape(1, heads, 1, 1))
     _assert_pass(check_module(m, "funcattn_functional_attention", config={"mesh_shape": mesh}))
@@ -154,7 +154,7 @@ _MODULES = {
     "pde_transformer_channel_attention": (lambda: U.HATDiTChannelBranch(4, 2), {}, ()),
     "pinnsformer_wavelet_pseudosequence": (lambda: U.PINNsformer(1, 4, 5, 2, 2, d_ff=5), {}, ()),
     "gnot_geometric_gating_moe": (lambda: U.GNOTGatedMoE(4, 5, 2, 3), {}, ()),
-    "funcattn_functional_attention": (lambda: U.FunctionalMapAttentionStructuredMesh2D(5, 2, 3, 4, 3, 4), {},
+    "funcattn_functional_attention": (lambda: U.FunctionalMapAttentionStructuredMesh2D(6, 2, 0.0, 4, 3, 4), {},
                                       ("I_d",)),
     "multiwavelet_operator": (lambda: U.MWTCZ1d(k=3, alpha=3, c=2), {}, ("ec_s", "ec_d", "rc_e", "rc_o")),
 }
