@@ -753,3 +753,77 @@ class FunctionalMapAttentionStructuredMesh2D(nn.Module):
         Z = torch.linalg.solve((1 - a) * (k.transpose(2, 3) @ k) + a * self.I_d, k.transpose(2, 3))
         ox = torch.einsum("bhgc,bhng->bhnc", (q @ Z) @ v, sw)
         return self.to_out(ox.permute(0, 2, 1, 3).reshape(B, N, -1))
+
+
+# hodgeformer/hodgeformer@3d6d527 packages/mesh_opformer/src/mesh_opformer/layers/attention_hodge.py:
+# MeshMultiHeadHodgeAttention (hodge_type 'diag' or 'full'; norm_type 'layer_norm' or False) with
+# mesh_attention_v/e/f, hodge_diagonal_ops, hodge_full_ops; utils.py AccelerateOperator (its diffusion_time
+# is created per head but never used by the forward). Deviations: the .float() casts before the incidence
+# products are dropped (float64 stays float64); dropout omitted; no 'grouped'/'full-linear' Hodge types.
+
+
+class AccelerateOperator(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.diffusion_time = nn.Parameter(torch.zeros(dim))
+
+
+def _hodge_diag(x, q, k, inv, eps=1e-6):
+    h = torch.einsum("bhmd,bhmd->bhm", q, k) / math.sqrt(q.size(-1))
+    return (torch.reciprocal(h + eps) if inv else h).unsqueeze(-1) * x
+
+
+def _hodge_full(x, q, k, inv):
+    qk = torch.einsum("bhmd,bhnd->bhnm" if inv else "bhnd,bhmd->bhnm", q, k) / math.sqrt(q.size(-1))
+    return torch.einsum("bhlk,bhkd->bhld", torch.softmax(qk, dim=-1), x)
+
+
+def _bmm_heads(d, x):
+    return torch.stack([torch.bmm(d, x[:, i]) for i in range(x.size(1))], dim=1)
+
+
+class MeshMultiHeadHodgeAttention(nn.Module):
+    LINEARS = {"v": [[1, 1, 1], [1, 1, 0], [0, 0, 0]], "e": [[1, 1, 0], [1, 1, 1], [1, 1, 0]],
+               "f": [[0, 0, 0], [1, 1, 0], [1, 1, 1]]}
+    LINEARS_SYM = {"v": [[1, 0, 1], [1, 0, 0], [0, 0, 0]], "e": [[1, 0, 0], [1, 0, 1], [1, 0, 0]],
+                   "f": [[0, 0, 0], [1, 0, 0], [1, 0, 1]]}
+
+    def __init__(self, h, d_v, d_e, d_f, attn_sym=True, norm_type="layer_norm", hodge_type="diag", attn_acc=True,
+                 modes=("v", "e")):
+        super().__init__()
+        self.h, self.d_k, self.modes = h, d_v // h, modes
+        self.attn_sym, self.norm_type, self.hodge_type = attn_sym, norm_type, hodge_type
+        table = self.LINEARS_SYM if attn_sym else self.LINEARS
+        layers = [[any(table[m][r][j] for m in modes) for j in range(3)] for r in range(3)]
+        for name, row, d in zip(("v_linears", "e_linears", "f_linears"), layers, (d_v, d_e, d_f)):
+            setattr(self, name, nn.ModuleList([nn.Linear(d, d, bias=False) if on else nn.Identity() for on in row]))
+        for s, d in zip("vef", (d_v, d_e, d_f)):
+            setattr(self, f"{s}_acc", nn.ModuleList([AccelerateOperator(d // h) if s in modes and attn_acc
+                                                     else nn.Identity() for _ in range(h)]))
+            setattr(self, f"{s}_linear_out", nn.Linear(d, d) if s in modes else nn.Identity())
+
+    def _proj(self, linears, x):
+        b = x.size(0)
+        q, k, v = (lin(x).view(b, -1, self.h, self.d_k).transpose(1, 2) for lin in linears)
+        if self.norm_type:
+            q, k = (F.layer_norm(t, (self.d_k,)) for t in (q, k))  # per-head LayerNorm, no affine
+        return q, (q if self.attn_sym else k), v
+
+    def forward(self, x_v, x_e, x_f, d_0, d_1):
+        op = _hodge_diag if self.hodge_type == "diag" else _hodge_full
+        (vQ, vK, vV), (eQ, eK, eV), (fQ, fK, fV) = (self._proj(lin, x) for lin, x in
+                                                    ((self.v_linears, x_v), (self.e_linears, x_e),
+                                                     (self.f_linears, x_f)))
+        b, c = x_v.size(0), self.h * self.d_k
+        d0t, d1t = d_0.transpose(-2, -1), d_1.transpose(-2, -1)
+        if "v" in self.modes:
+            x = op(_bmm_heads(d_0, vV), eQ, eK, False)
+            x_v = op(_bmm_heads(d0t, x), vQ, vK, True).transpose(1, 2).reshape(b, -1, c)
+        if "e" in self.modes:
+            x = op(_bmm_heads(d1t, op(_bmm_heads(d_1, eV), fQ, fK, False)), eQ, eK, True)
+            y = _bmm_heads(d_0, op(_bmm_heads(d0t, op(eV, eQ, eK, False)), vQ, vK, True))
+            x_e = (y + x).transpose(1, 2).reshape(b, -1, c)
+        if "f" in self.modes:
+            y = _bmm_heads(d_1, op(_bmm_heads(d1t, op(fV, fQ, fK, False)), eQ, eK, True))
+            x_f = y.transpose(1, 2).reshape(b, -1, c)
+        return self.v_linear_out(x_v), self.e_linear_out(x_e), self.f_linear_out(x_f)

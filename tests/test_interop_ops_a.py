@@ -138,6 +138,16 @@ def test_funcattn_structured_mesh(dim, heads, g, mesh, alpha):
     _assert_pass(check_module(m, "funcattn_functional_attention", config={"mesh_shape": mesh}))
 
 
+@pytest.mark.parametrize("modes,sym,norm,hodge", [(("v", "e"), True, "layer_norm", "diag"),
+                                                  (("v", "e", "f"), False, None, "full"),
+                                                  (("f",), True, "layer_norm", "full")])
+def test_hodgeformer_mesh_hodge_attention(modes, sym, norm, hodge):
+    torch.manual_seed(12)
+    m = U.MeshMultiHeadHodgeAttention(2, 6, 6, 6, attn_sym=sym, norm_type=norm or False, hodge_type=hodge, modes=modes)
+    cfg = {"modes": modes, "norm_type": norm, "hodge_type": hodge}
+    _assert_pass(check_module(m, "hodgeformer_hodge_operators", config=cfg))
+
+
 # slug -> (module factory, config, Derived keys read and dropped)
 _MODULES = {
     "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
@@ -156,6 +166,9 @@ _MODULES = {
     "gnot_geometric_gating_moe": (lambda: U.GNOTGatedMoE(4, 5, 2, 3), {}, ()),
     "funcattn_functional_attention": (lambda: U.FunctionalMapAttentionStructuredMesh2D(6, 2, 0.0, 4, 3, 4), {},
                                       ("I_d",)),
+    "hodgeformer_hodge_operators": (lambda: U.MeshMultiHeadHodgeAttention(2, 4, 4, 4), {},
+                                    ("v_acc.0.diffusion_time", "v_acc.1.diffusion_time", "e_acc.0.diffusion_time",
+                                     "e_acc.1.diffusion_time")),
     "multiwavelet_operator": (lambda: U.MWTCZ1d(k=3, alpha=3, c=2), {}, ("ec_s", "ec_d", "rc_e", "rc_o")),
 }
 

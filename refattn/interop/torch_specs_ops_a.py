@@ -258,6 +258,39 @@ def _funcattn_call(module, inp, cfg):
     return module(inp["x"])
 
 
+# ---- HodgeFormer MeshMultiHeadHodgeAttention: forward(x_v, x_e, x_f, d_0, d_1) -> (x_v, x_e, x_f); refattn
+# concatenates the three along the token axis; check_module draws features on a tetrahedron's surface
+
+
+def _tetra_incidence():
+    """Signed incidence of a tetrahedron's surface: d0 (6 edges, 4 vertices), d1 (4 faces, 6 edges)."""
+    edges = [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]
+    d0 = np.zeros((6, 4))
+    for e, (i, j) in enumerate(edges):
+        d0[e, i], d0[e, j] = -1.0, 1.0
+    d1 = np.zeros((4, 6))
+    for f, (i, j, k) in enumerate([(0, 1, 2), (0, 1, 3), (0, 2, 3), (1, 2, 3)]):
+        for (a, b), sign in (((i, j), 1.0), ((j, k), 1.0), ((i, k), -1.0)):
+            d1[f, edges.index((a, b))] = sign
+    return d0, d1
+
+
+def _hodge_build(rng, p, cfg, z):
+    d0, d1 = _tetra_incidence()
+    key = next(k for k in sorted(p) if k.endswith("_linear_out.weight") or k.endswith("_linears.0.weight"))
+    c, b = p[key].shape[0], z["b"]
+    inp = {f"x_{s}": rng.standard_normal((b, n, c)) for s, n in zip("vef", (4, 6, 4))}
+    return inp, {"d0": np.stack([d0] * b), "d1": np.stack([d1] * b)}
+
+
+def _hodge_call(module, inp, cfg):
+    import torch
+
+    x = inp["x_v"]
+    d0, d1 = (torch.as_tensor(np.asarray(cfg[k]), dtype=x.dtype) for k in ("d0", "d1"))
+    return torch.cat(module(inp["x_v"], inp["x_e"], inp["x_f"], d0, d1), dim=1)
+
+
 _BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
 
 _SPECS = [
@@ -365,6 +398,15 @@ _SPECS = [
          required=("in_project_x.weight", "in_project_fx.weight", "in_project_basis.weight", "temperature",
                    "to_q.weight", "to_k.weight", "to_v.weight", "to_out.0.weight", "alpha"),
          call=_funcattn_call, build=_funcattn_build, attrs={"n_head": "heads"}),
+    Spec("hodgeformer_hodge_operators",
+         "hodgeformer/hodgeformer packages/mesh_opformer/src/mesh_opformer/layers/attention_hodge.py@3d6d527 "
+         "(MeshMultiHeadHodgeAttention, hodge_type 'diag' or 'full'; forward(x_v, x_e, x_f, d_0, d_1), its three "
+         "outputs concatenated on the token axis; the unused AccelerateOperator diffusion_time parameters are read "
+         "and dropped; config modes, hodge_type, norm_type as the module's)",
+         rules=[Named(r"[vef]_linears\.[012]\.weight|[vef]_linear_out\.weight", True),
+                Named(r"[vef]_linear_out\.bias", False), Derived(r"[vef]_acc\.\d+\.diffusion_time")],
+         call=_hodge_call, build=_hodge_build, attrs={"n_head": "h", "attn_sym": "attn_sym"},
+         defaults={"d0": None, "d1": None}),  # placeholders: each case's mesh comes from the builder
     Spec("multiwavelet_operator",
          "gaurav71531/mwt-operator models/models.py@4b0770c (MWT_CZ1d with sparseKernelFT1d A, B, C (complex "
          "weights1) and T0; the filter buffers ec_s, ec_d, rc_e, rc_o are read and dropped: refattn builds them "
