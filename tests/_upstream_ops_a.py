@@ -827,3 +827,80 @@ class MeshMultiHeadHodgeAttention(nn.Module):
             y = _bmm_heads(d_1, op(_bmm_heads(d1t, op(fV, fQ, fK, False)), eQ, eK, True))
             x_f = y.transpose(1, 2).reshape(b, -1, c)
         return self.v_linear_out(x_v), self.e_linear_out(x_e), self.f_linear_out(x_f)
+
+
+# neuraloperator/neuraloperator@93d3f06 neuralop/layers/differential_conv.py: FiniteDifferenceConvolution
+# ('subtract_middle'; self.weight aliases conv.weight, so both keys are in its state_dict) and
+# discrete_continuous_convolution.py: EquidistantDiscreteContinuousConv2d (piecewise-linear basis; weight
+# (C_out, C_in/groups, (n_r - 1) n_phi + 1), of which the basis uses the first columns); local_no_block.py
+# LocalNOBlocks adds differential[i](x, grid_width) + local_convs[i](x), here the module LocalNOKernels
+# (keys differential.*, local_conv.*). Deviation: the non-persistent local_filter_matrix buffer is built with
+# refattn.operators.disco_conv.disco_filter_matrix in float64 (upstream's _precompute_convolution_filter_matrix
+# builds the same matrix in float32); it is not in the state_dict.
+
+
+class FiniteDifferenceConvolution(nn.Module):
+    def __init__(self, in_channels, out_channels, n_dim, kernel_size=3, groups=1, padding="periodic"):
+        super().__init__()
+        self.groups, self.n_dim = groups, n_dim
+        mode = {"periodic": "circular", "replicate": "replicate", "reflect": "reflect", "zeros": "zeros"}[padding]
+        self.conv = getattr(nn, f"Conv{n_dim}d")(in_channels, out_channels, kernel_size=kernel_size, padding="same",
+                                                 padding_mode=mode, bias=False, groups=groups)
+        self.conv_function = getattr(F, f"conv{n_dim}d")
+        self.weight = self.conv.weight
+
+    def forward(self, x, grid_width):
+        conv_sum = torch.sum(self.conv.weight, dim=tuple(range(2, 2 + self.n_dim)), keepdim=True)
+        return (self.conv(x) - self.conv_function(x, conv_sum, groups=self.groups)) / grid_width
+
+
+class EquidistantDiscreteContinuousConv2d(nn.Module):
+    def __init__(self, in_channels, out_channels, in_shape, out_shape, kernel_shape, domain_length=None, groups=1,
+                 bias=True, radius_cutoff=None):
+        from refattn.operators.disco_conv import disco_filter_matrix
+
+        super().__init__()
+        self.kernel_shape = [kernel_shape] * 2 if isinstance(kernel_shape, int) else list(kernel_shape)
+        self.kernel_size = (self.kernel_shape[0] - 1) * self.kernel_shape[1] + 1
+        self.groups, self.in_shape = groups, tuple(in_shape)
+        self.weight = nn.Parameter(torch.randn(out_channels, in_channels // groups, self.kernel_size)
+                                   * math.sqrt(groups / in_channels))
+        self.bias = nn.Parameter(torch.zeros(out_channels)) if bias else None
+        L = [2, 2] if domain_length is None else domain_length
+        rc = max(L[i] / float(out_shape[i]) for i in (0, 1)) if radius_cutoff is None else radius_cutoff
+        self.psi_local_h = math.floor(2 * rc * in_shape[0] / L[0]) + 1
+        self.psi_local_w = math.floor(2 * rc * in_shape[1] / L[1]) + 1
+        self.scale_h, self.scale_w = in_shape[0] // out_shape[0], in_shape[1] // out_shape[1]
+        gx, gy = torch.meshgrid(torch.linspace(-rc, rc, self.psi_local_h, dtype=torch.float64),
+                                torch.linspace(-rc, rc, self.psi_local_w, dtype=torch.float64), indexing="ij")
+        self.q_weight = L[0] * L[1] / in_shape[0] / in_shape[1]
+        q = torch.full((gx.numel(),), self.q_weight, dtype=torch.float64)
+        psi = disco_filter_matrix(torch.stack([gx.reshape(-1), gy.reshape(-1)], -1).numpy(), torch.zeros(1, 2).numpy(),
+                                  self.kernel_shape, q.numpy(), rc)
+        local = torch.zeros(self.kernel_size, self.psi_local_h * self.psi_local_w, dtype=torch.float64)
+        local[:psi.shape[0]] = torch.as_tensor(psi[:, 0])
+        self.register_buffer("local_filter_matrix", local.reshape(-1, self.psi_local_h, self.psi_local_w),
+                             persistent=False)
+
+    def forward(self, x):
+        kernel = torch.einsum("kxy,ogk->ogxy", self.local_filter_matrix.permute(0, 2, 1).flip(dims=(-1, -2)),
+                              self.weight)
+        pad = [(self.psi_local_h + 1) // 2 - 1, (self.psi_local_w + 1) // 2 - 1]
+        return F.conv2d(self.q_weight * x, kernel, self.bias, stride=[self.scale_h, self.scale_w], padding=pad,
+                        groups=self.groups)
+
+
+class LocalNOKernels(nn.Module):
+    def __init__(self, in_channels, out_channels, default_in_shape, grid_width, disco_kernel_shape=(2, 4),
+                 radius_cutoff=None, fin_diff_kernel_size=3, mix_derivatives=True, conv_padding_mode="periodic",
+                 disco_groups=1, domain_length=(2, 2)):
+        super().__init__()
+        self.grid_width, self.default_in_shape = grid_width, tuple(default_in_shape)
+        self.differential = FiniteDifferenceConvolution(in_channels, out_channels, 2, fin_diff_kernel_size,
+                                                        1 if mix_derivatives else in_channels, conv_padding_mode)
+        self.local_conv = EquidistantDiscreteContinuousConv2d(in_channels, out_channels, default_in_shape,
+                                                              default_in_shape, disco_kernel_shape, domain_length,
+                                                              disco_groups, True, radius_cutoff)
+
+    def forward(self, x):
+        return self.differential(x, self.grid_width) + self.local_conv(x)

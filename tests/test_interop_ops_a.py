@@ -148,6 +148,27 @@ def test_hodgeformer_mesh_hodge_attention(modes, sym, norm, hodge):
     _assert_pass(check_module(m, "hodgeformer_hodge_operators", config=cfg))
 
 
+@pytest.mark.parametrize("ks,rc,mix,pad", [((2, 4), 0.4, True, "periodic"), ((3, 3), 0.62, False, "zeros")])
+def test_local_no_kernels(ks, rc, mix, pad):
+    from refattn.interop.torch_specs_ops_a import LOCAL_NO_GRID
+
+    torch.manual_seed(13)
+    g = LOCAL_NO_GRID
+    m = U.LocalNOKernels(2, 2, (g, g), 2.0 / g, disco_kernel_shape=ks, radius_cutoff=rc, mix_derivatives=mix,
+                         conv_padding_mode=pad)
+    with torch.no_grad():
+        m.local_conv.bias.normal_()
+    cfg = {"disco_kernel_shape": ks, "radius_cutoff": rc, "fd_padding": pad}
+    _assert_pass(check_module(m, "local_differential_disco_kernels", config=cfg))
+
+
+def _local_no_kernels():  # the basis-free columns of local_conv.weight zeroed: they do not come back
+    m = U.LocalNOKernels(2, 2, (10, 10), 0.2, disco_kernel_shape=(3, 3), radius_cutoff=0.62)
+    with torch.no_grad():
+        m.local_conv.weight[..., 4:] = 0.0
+    return m
+
+
 # slug -> (module factory, config, Derived keys read and dropped)
 _MODULES = {
     "gno_kernel_integral_layer": (lambda: U.GNOBlock(3, 3, 2, radius=0.4, channel_mlp_layers=[5],
@@ -169,6 +190,8 @@ _MODULES = {
     "hodgeformer_hodge_operators": (lambda: U.MeshMultiHeadHodgeAttention(2, 4, 4, 4), {},
                                     ("v_acc.0.diffusion_time", "v_acc.1.diffusion_time", "e_acc.0.diffusion_time",
                                      "e_acc.1.diffusion_time")),
+    "local_differential_disco_kernels": (_local_no_kernels, {"disco_kernel_shape": (3, 3)},
+                                         ("differential.conv.weight",)),
     "multiwavelet_operator": (lambda: U.MWTCZ1d(k=3, alpha=3, c=2), {}, ("ec_s", "ec_d", "rc_e", "rc_o")),
 }
 

@@ -18,7 +18,7 @@ import numpy as np
 from .torch_specs import Complex, Derived, Named, Rename, Reshape, Spec, Strip, add_specs
 from .unmapped import add_unmapped
 
-__all__ = ["GROUP_SLUGS", "CNO_IN_SIZE"]
+__all__ = ["GROUP_SLUGS", "CNO_IN_SIZE", "LOCAL_NO_GRID"]
 
 
 # ---- neuraloperator GNOBlock: forward(y, x, f_y); one point cloud shared by the batch upstream, one
@@ -291,6 +291,57 @@ def _hodge_call(module, inp, cfg):
     return torch.cat(module(inp["x_v"], inp["x_e"], inp["x_f"], d0, d1), dim=1)
 
 
+# ---- LocalNOBlocks' local kernels: differential[i](x, grid_width) + local_convs[i](x) under the keys
+# differential.* and local_conv.*; the DISCO kernel is fixed for the module's grid: LOCAL_NO_GRID
+
+LOCAL_NO_GRID = 10
+"""Grid side of the inputs ``check_module`` draws for ``local_differential_disco_kernels``: build the
+DISCO convolution under test with ``in_shape=(10, 10)``."""
+
+
+class _BasisColumns:
+    """``local_conv.weight``: upstream allocates ``(n_r - 1) n_phi + 1`` basis columns, of which the
+    piecewise-linear basis uses the first ``(n_r // 2) n_phi + n_r % 2`` (refattn's width); the rest never
+    enter the forward. Loading keeps the used columns; saving pads the unused ones with zeros (their
+    gradient, as torch computes it)."""
+
+    def __init__(self, name: str, config: dict):
+        ks = config.get("disco_kernel_shape", (2, 4))
+        nr, nphi = (ks, ks) if isinstance(ks, (int, np.integer)) else (tuple(ks) + (1,))[:2]
+        self.name, self.used, self.total = name, (nr // 2) * nphi + nr % 2, (nr - 1) * nphi + 1
+
+    def load(self, view, out):
+        w = view.get(self.name)
+        if w.shape[-1] != self.total:
+            raise ValueError(f"params_from_state_dict[{view.slug}]: {view.prefix + self.name} has {w.shape[-1]} basis "
+                             f"columns; disco_kernel_shape gives {self.total}: pass the module's disco_kernel_shape")
+        out[self.name] = w[..., :self.used].copy()
+
+    def save(self, grads, out, used):
+        if self.name in grads:
+            used.add(self.name)
+            g = np.asarray(grads[self.name])
+            out[self.name] = np.concatenate([g, np.zeros(g.shape[:-1] + (self.total - g.shape[-1],), g.dtype)], -1)
+
+
+def _local_rules(config):
+    return [Named(r"differential\.weight|local_conv\.bias", False), Derived(r"differential\.conv\.weight"),
+            _BasisColumns("local_conv.weight", config)]
+
+
+def _local_build(rng, p, cfg, z):
+    c = p["differential.weight"].shape[1] * int(cfg.get("fd_groups", 1))
+    return {"x": rng.standard_normal((z["b"], c, LOCAL_NO_GRID, LOCAL_NO_GRID))}, {}
+
+
+def _local_call(module, inp, cfg):
+    s = tuple(inp["x"].shape[-2:])
+    if tuple(getattr(module, "default_in_shape", s)) != s:
+        raise ValueError(f"local_differential_disco_kernels: check_module draws grids {s}; build the module with "
+                         f"default_in_shape={s} (got {module.default_in_shape})")
+    return module(inp["x"])
+
+
 _BN_STATS = "BatchNorm running statistics are refattn's buffers= config, not params"
 
 _SPECS = [
@@ -407,6 +458,16 @@ _SPECS = [
                 Named(r"[vef]_linear_out\.bias", False), Derived(r"[vef]_acc\.\d+\.diffusion_time")],
          call=_hodge_call, build=_hodge_build, attrs={"n_head": "h", "attn_sym": "attn_sym"},
          defaults={"d0": None, "d1": None}),  # placeholders: each case's mesh comes from the builder
+    Spec("local_differential_disco_kernels",
+         "neuraloperator/neuraloperator neuralop/layers/local_no_block.py@93d3f06 (LocalNOBlocks' local kernels "
+         "differential[i](x, grid_width) + local_convs[i](x) under the keys differential.*, local_conv.*: "
+         "differential_conv.py FiniteDifferenceConvolution (its conv.weight alias is read and dropped), "
+         "discrete_continuous_convolution.py EquidistantDiscreteContinuousConv2d (the basis' columns of weight); "
+         "x on the module's grid, LOCAL_NO_GRID = 10; config disco_kernel_shape, radius_cutoff, fd_padding, "
+         "domain_length as the module's)",
+         rules=_local_rules, required=("differential.weight", "local_conv.weight"),
+         call=_local_call, build=_local_build,
+         attrs={"grid_width": "grid_width", "fd_groups": "differential.groups", "disco_groups": "local_conv.groups"}),
     Spec("multiwavelet_operator",
          "gaurav71531/mwt-operator models/models.py@4b0770c (MWT_CZ1d with sparseKernelFT1d A, B, C (complex "
          "weights1) and T0; the filter buffers ec_s, ec_d, rc_e, rc_o are read and dropped: refattn builds them "
