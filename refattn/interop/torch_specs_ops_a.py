@@ -7,6 +7,13 @@ with :func:`~refattn.interop.torch_specs.add_specs` into the same
 :data:`~refattn.interop.torch_specs.SPECS` that :mod:`refattn.interop.torch` reads (that module
 imports this one). Grid operators map the battery's ``n`` to their grid (see each builder). The
 reference modules the tests run are in ``tests/_upstream_ops_a.py``.
+
+Where a record is one part of a bigger upstream module (MgNO_DC's layer, HATDiTBlock's channel branch,
+GNOT's gated experts, LocalNOBlocks' local kernels), the table reads that part's keys under the
+block's submodule names, and ``params_from_state_dict(..., strict=False)`` takes them from the whole
+block's ``state_dict``. Three rules beyond the shared ones live here: ``_Experts`` (per-expert
+``nn.Linear`` stacked along a leading axis), ``_LinearOrConv`` (transposed only when 2-D) and
+``_BasisColumns`` (the basis' columns of a DISCO weight).
 """
 
 from __future__ import annotations
