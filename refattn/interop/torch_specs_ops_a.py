@@ -8,10 +8,12 @@ with :func:`~refattn.interop.torch_specs.add_specs` into the same
 imports this one). Grid operators map the battery's ``n`` to their grid (see each builder). The
 reference modules the tests run are in ``tests/_upstream_ops_a.py``.
 
-Where a record is one part of a bigger upstream module (MgNO_DC's layer, HATDiTBlock's channel branch,
-GNOT's gated experts, LocalNOBlocks' local kernels), the table reads that part's keys under the
-block's submodule names, and ``params_from_state_dict(..., strict=False)`` takes them from the whole
-block's ``state_dict``. Three rules beyond the shared ones live here: ``_Experts`` (per-expert
+Where a record is one part of a bigger upstream module, the table reads that part's keys under the
+block's submodule names: HATDiTBlock's ``adain_2.``, ``norm2.``, ``attn_channel.`` and GNOT's
+``gatenet.``, ``moe_mlp1.`` (``params_from_state_dict(..., strict=False)`` takes them from the whole
+block's ``state_dict``); MgNO_DC's layer ``i`` is ``conv_list.{i}.`` / ``linear_list.{i}.`` upstream
+and ``conv.`` / ``linear.`` here, LocalNOBlocks' ``differential.{i}.`` / ``local_convs.{i}.`` are
+``differential.`` / ``local_conv.`` here (rename the prefixes). Three rules beyond the shared ones live here: ``_Experts`` (per-expert
 ``nn.Linear`` stacked along a leading axis), ``_LinearOrConv`` (transposed only when 2-D) and
 ``_BasisColumns`` (the basis' columns of a DISCO weight).
 """
