@@ -843,3 +843,116 @@ class ConverterBlock(nn.Module):
         alpha = torch.clamp(self.alpha, min=0.0, max=1.0)
         k = self.kernelution_norm(self.kernelution(embed) + embed)
         return self.gffn_norm(self.gffn(k) + alpha * k.real + (1.0 - alpha) * k.imag)
+# mit-han-lab/flatformer@31dc5a923915040682ec4f7c05df35737227a8f5 mmdet3d/models/middle_encoders/flatformer.py:
+# BasicLayer, GroupAttention, FlashAttention, get_window_coors_shift, FlattenedWindowMapping,
+# PositionalEmbedding, and the step of BasicBlock.forward that applies one layer in one order.
+# Deviations: flash_attn_unpadded_qkvpacked_func (equal cu_seqlens) is SDPA per group (scale 1/sqrt(d), as
+# flash-attn's default); auto_fp16 and the registry decorator are dropped; inv_freq and normalize_pos's division
+# are float64 (upstream: float32, inv_freq on "cuda"); the module holds one BasicLayer's parameters and the order's settings
+# (axis, shifted, window_shape, sparse_shape, pos_temperature, normalize_pos) and takes x (B, N, C) with
+# coords (B, N, 2) (y, x), building upstream's (batch, z, y, x) coordinates.
+
+
+class FlatFlashAttention(nn.MultiheadAttention):
+    def forward(self, q, k, v):
+        batch_size, num_tokens, embed_dim = q.shape
+        head_dim = embed_dim // self.num_heads
+        x = torch.stack([q, k, v]).view(3, -1, embed_dim)
+        iw = self.in_proj_weight.view(3, -1, embed_dim).transpose(1, 2)
+        x = torch.baddbmm(self.in_proj_bias.view(3, 1, -1), x, iw)
+        q, k, v = (t.view(batch_size, num_tokens, self.num_heads, head_dim).transpose(1, 2)
+                   for t in x.view(3, -1, embed_dim))
+        x = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch_size, num_tokens, -1)
+        return F.linear(x, self.out_proj.weight, self.out_proj.bias), None
+
+
+class FlatGroupAttention(nn.Module):
+    def __init__(self, in_channels, num_heads, group_size):
+        super().__init__()
+        self.group_size = group_size
+        self.attn = FlatFlashAttention(in_channels, num_heads)
+
+    def forward(self, x, pe):
+        groups = int(math.ceil(x.shape[0] / self.group_size))
+        x, pe = x.view(groups, self.group_size, -1), pe.view(groups, self.group_size, -1)
+        out, _ = self.attn(x + pe, x + pe, x)
+        return out.view(groups * self.group_size, -1)
+
+
+def flat_window_coors_shift(coords, sparse_shape, window_shape, shifted):
+    n, m, _ = sparse_shape
+    n2, m2, _ = window_shape
+    n1, m1 = int(np.ceil(n / n2) + 1), int(np.ceil(m / m2) + 1)
+    x = coords[:, 3] + (n2 // 2 if shifted else 0)
+    y = coords[:, 2] + (m2 // 2 if shifted else 0)
+    return 2 * n2, 2 * m2, 2 * n1, 2 * m1, x // n2, y // m2, x % n2, y % m2
+
+
+def flat_window_mapping(coords, batch_size, window_shape, sparse_shape, group_size):
+    _, num_per_batch = torch.unique(coords[:, 0], sorted=False, return_counts=True)
+    start = F.pad(torch.cumsum(num_per_batch, dim=0), (1, 0))
+    num_p = torch.div(start[1:] - start[:-1] + group_size - 1, group_size, rounding_mode="trunc") * group_size
+    start_p = F.pad(torch.cumsum(num_p, dim=0), (1, 0))
+    flat2win, win2flat = torch.arange(start_p[-1]), torch.arange(start[-1])
+    for i in range(batch_size):
+        win2flat[start[i]:start[i + 1]] += start_p[i] - start[i]
+        if num_per_batch[i] != num_p[i]:
+            r = num_per_batch[i] % group_size
+            flat2win[start_p[i + 1] - group_size + r:start_p[i + 1]] = \
+                flat2win[start_p[i + 1] - 2 * group_size + r:start_p[i + 1] - group_size]
+        flat2win[start_p[i]:start_p[i + 1]] -= start_p[i] - start[i]
+    mappings = {"flat2win": flat2win, "win2flat": win2flat}
+    for shifted in (False, True):
+        n2, m2, n1, m1, x1, y1, x2, y2 = flat_window_coors_shift(coords, sparse_shape, window_shape, shifted)
+        batch = coords[:, 0] * sparse_shape[0] * sparse_shape[1] * 10
+        vx = (n1 * y1 + (-1) ** y1 * x1) * n2 * m2 + (-1) ** y1 * (m2 * x2 + (-1) ** x2 * y2) + batch
+        vy = (m1 * x1 + (-1) ** x1 * y1) * m2 * n2 + (-1) ** x1 * (n2 * y2 + (-1) ** y2 * x2) + batch
+        mappings["x" + ("_shift" if shifted else "")] = torch.sort(vx)[1]
+        mappings["y" + ("_shift" if shifted else "")] = torch.sort(vy)[1]
+    return mappings
+
+
+def flat_positional_embedding(coors, feat_dim, sparse_shape, normalize_pos, pos_temperature, dtype):
+    x, y = coors[:, 3], coors[:, 2]
+    if normalize_pos:
+        x, y = x.double() / sparse_shape[0] * 2 * 3.1415, y.double() / sparse_shape[1] * 2 * 3.1415
+    pos_length = (feat_dim // 4) * 2
+    inv_freq = torch.arange(pos_length, dtype=torch.float64)
+    inv_freq = pos_temperature ** (2 * (inv_freq // 2) / pos_length)
+    pex, pey = x[:, None] / inv_freq[None, :], y[:, None] / inv_freq[None, :]
+    pex = torch.stack([pex[:, ::2].sin(), pex[:, 1::2].cos()], dim=-1).flatten(1)
+    pey = torch.stack([pey[:, ::2].sin(), pey[:, 1::2].cos()], dim=-1).flatten(1)
+    pe = torch.cat([pex, pey], dim=-1).to(dtype)
+    gap = feat_dim - pe.size(1)
+    return torch.cat([pe, pe.new_zeros(pe.size(0), gap)], dim=1) if gap > 0 else pe
+
+
+class FlatFormerLayer(nn.Module):
+    """BasicLayer's parameters; forward = BasicBlock.forward's step for one layer in one order."""
+
+    def __init__(self, in_channels, num_heads, activation="gelu", group_size=69, window_shape=(9, 9, 1),
+                 sparse_shape=(468, 468, 1), axis="x", shifted=False, pos_temperature=10000, normalize_pos=False):
+        super().__init__()
+        self.attn = FlatGroupAttention(in_channels, num_heads, group_size)
+        self.fc1 = nn.Linear(in_channels, 2 * in_channels)
+        self.fc2 = nn.Linear(2 * in_channels, in_channels)
+        self.norm1, self.norm2 = nn.LayerNorm(in_channels), nn.LayerNorm(in_channels)
+        self.act = {"relu": F.relu, "gelu": F.gelu}[activation]
+        self.window_shape, self.sparse_shape, self.axis, self.shifted = window_shape, sparse_shape, axis, shifted
+        self.pos_temperature, self.normalize_pos, self.group_size = pos_temperature, normalize_pos, group_size
+
+    def layer(self, src, pe):  # BasicLayer.forward
+        src = self.norm1(src + self.attn(src, pe))
+        return self.norm2(src + self.fc2(self.act(self.fc1(src))))
+
+    def forward(self, x, coords):
+        b, n, c = x.shape
+        coors = torch.zeros(b * n, 4, dtype=torch.long)
+        coors[:, 0] = torch.arange(b).repeat_interleave(n)
+        coors[:, 2], coors[:, 3] = coords[..., 0].reshape(-1), coords[..., 1].reshape(-1)
+        x = x.reshape(b * n, c).clone()
+        pe = flat_positional_embedding(coors, c, self.sparse_shape, self.normalize_pos, self.pos_temperature, x.dtype)
+        maps = flat_window_mapping(coors, b, self.window_shape, self.sparse_shape, self.group_size)
+        idx = maps[self.axis + ("_shift" if self.shifted else "")]
+        x[idx] = self.layer(x[idx][maps["flat2win"]], pe[idx][maps["flat2win"]])[maps["win2flat"]]
+        return x.view(b, n, c)

@@ -157,6 +157,21 @@ def test_converter_block(batch, kw):
             p.add_(0.2 * torch.randn_like(p))
         m.alpha.fill_(0.4)
     _assert_pass(check_module(m, "converter_digraph_convolution", config={"kernel_type": kw["kernel_type"]}))
+# upstream separates batch elements by adding 10 S_x S_y to the sort keys: the grids below keep every key's span
+# under that offset (on small grids with big windows upstream's y order interleaves batch elements)
+@pytest.mark.parametrize("kw", [
+    dict(in_channels=8, num_heads=2, group_size=3, window_shape=(3, 3, 1), sparse_shape=(5, 5, 1), axis="x"),
+    dict(in_channels=6, num_heads=3, group_size=4, window_shape=(3, 3, 1), sparse_shape=(15, 15, 1), axis="y",
+         shifted=True, activation="relu", normalize_pos=True),
+    dict(in_channels=4, num_heads=1, group_size=5, window_shape=(3, 4, 1), sparse_shape=(20, 20, 1), axis="y",
+         pos_temperature=100)])
+def test_flatformer_basic_layer(kw):
+    torch.manual_seed(kw["group_size"])
+    m = _jitter(U.FlatFormerLayer(**kw), seed=kw["group_size"])
+    with torch.no_grad():
+        m.norm1.weight.add_(1.0), m.norm2.weight.add_(1.0)
+    cfg = {k: kw[k] for k in ("window_shape", "sparse_shape", "axis", "activation") if k in kw}
+    _assert_pass(check_module(m, "flatformer_flattened_window_attention", config=cfg))
 
 
 # ---------------------------------------------------------------------------------------------- the group
@@ -172,6 +187,7 @@ _MODULES = {
     "darts_gt_asymmetric_attention": (lambda: U.NASAttention(6, 2), {},
                                       ("kv_model.0.eps", "kv_model.2.lin_edge.weight", "kv_model.2.att_edge")),
     "converter_digraph_convolution": (lambda: U.ConverterBlock(2, 6, 10), {}, ()),
+    "flatformer_flattened_window_attention": (lambda: U.FlatFormerLayer(8, 2, group_size=3), {}, ()),
     "hyena_operator": (lambda: U.HyenaOperator(3, 8, order=3, filter_order=4), {},
                        ("filter_fn.pos_emb.t", "filter_fn.modulation.deltas")),
 }

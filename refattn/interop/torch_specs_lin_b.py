@@ -179,6 +179,28 @@ def _converter_build(rng, p, cfg, z):
 
 _CONVERTER_EMBED = {"embedding.token_embed.weight": "ConverterEncoder's embedding is not part of the record: map the "
                                                     "block (its keys without embedding.*), feed it embedded tokens"}
+# ---- FlatFormer BasicLayer in one flattened-window order, as BasicBlock.forward applies it to its layer k:
+# forward(x (B, N, C), coords (B, N, 2) (y, x)); the module under test holds the BasicLayer's parameters at its top
+# level and the order's settings (axis, shifted, window_shape, sparse_shape) as attributes. The integer coords are
+# the record's argument before params (not keyword-only, not a float input): the builder passes them through the
+# config (build_keys)
+
+
+def _flat_build(rng, p, cfg, z):
+    """Distinct coordinates per batch element in the sparse grid; at least ``group_size`` tokens (upstream
+    pads a short element from the one before it), so one_token becomes one full group."""
+    sx, sy = tuple(cfg.get("sparse_shape", (468, 468, 1)))[:2]
+    n = max(z["n"], int(cfg.get("group_size", 69)))
+    flat = np.stack([rng.choice(sx * sy, n, replace=False) for _ in range(z["b"])])
+    coords = np.stack([flat // sx, flat % sx], axis=-1)
+    return {"x": rng.standard_normal((z["b"], n, p["fc1.weight"].shape[0]))}, {"coords": coords}
+
+
+def _flat_call(module, inp, cfg):
+    import torch
+
+    return module(inp["x"], torch.as_tensor(np.asarray(cfg["coords"]), dtype=torch.long))
+
 
 _SPECS = [
     Spec("multiscale_deformable_attention",
@@ -273,6 +295,19 @@ _SPECS = [
                 "mu": "kernelution.seq_kernel_poly.mu", "xi": "kernelution.seq_kernel_poly.xi",
                 "stigma": "kernelution.seq_kernel_poly.stigma", "heta": "kernelution.seq_kernel_poly.heta",
                 "eps": "gffn_norm.eps"}),
+    Spec("flatformer_flattened_window_attention",
+         "mit-han-lab/flatformer mmdet3d/models/middle_encoders/flatformer.py@31dc5a9 (BasicLayer with GroupAttention, "
+         "FlashAttention (flash-attn's packed kernel as SDPA per group), FlattenedWindowMapping, PositionalEmbedding, "
+         "get_window_coors_shift, applied in one order as BasicBlock.forward does; forward(x, coords); window_shape "
+         "and sparse_shape by config)",
+         rules=[Named(r"attn\.attn\.(in_proj_weight|out_proj\.weight)|fc[12]\.weight", True),
+                Named(r"attn\.attn\.(in_proj_bias|out_proj\.bias)|fc[12]\.bias|norm[12]\.(weight|bias)", False)],
+         required=("attn.attn.in_proj_weight", "attn.attn.out_proj.weight", "fc1.weight", "fc2.weight",
+                   "norm1.weight", "norm2.weight"),
+         call=_flat_call, build=_flat_build,
+         attrs={"num_heads": "attn.attn.num_heads", "group_size": "attn.group_size",
+                "pos_temperature": "pos_temperature", "normalize_pos": "normalize_pos", "shifted": "shifted"},
+         build_keys=("coords",)),
     Spec("hyena_operator",
          "HazyResearch/safari src/models/sequence/hyena.py@02220c6 (HyenaOperator with HyenaFilter, "
          "PositionalEmbedding, ExponentialModulation, Sin, fftconv_ref; forward(u); num_heads = num_blocks = "
