@@ -956,3 +956,118 @@ class FlatFormerLayer(nn.Module):
         idx = maps[self.axis + ("_shift" if self.shifted else "")]
         x[idx] = self.layer(x[idx][maps["flat2win"]], pe[idx][maps["flat2win"]])[maps["win2flat"]]
         return x.view(b, n, c)
+
+
+# ----------------------------------------------------------------------------------------------
+# LHDuan/ConDaFormer@1fa596e3a571d4961c092ce1aea15d5d4ef4fa64 pcr/models/condaformer/modules.py: Window_Attention
+# (get_qkv_from_inp, forward_qkv_one_pass, get_relative_position_index, get_feat_from_attn, forward),
+# pcr/models/condaformer/utils.py: get_indices_params (torch_geometric voxel_grid, precompute_all), the sptr CUDA
+# kernels' arithmetic (tri_plane_self_attention: scores q.(k + T^q) + k.T^k, scatter softmax, sum of p (v + T^v)),
+# and libs/spconv/conv.py: SubMConv3d (KRSC weights; conv1x1 as features @ weight.view(in, out); groups = C as the
+# weight times a diagonal group_mask).
+# Deviations: spconv and sptr (CUDA) cannot run here: the submanifold convs are dense F.conv3d correlations on the
+# zero-filled voxel grid read at the sites (offset = kernel index - 1), the kernels' loops are torch code; one cloud
+# per call (upstream's batch vector: p_0 and the windows per batch element, as refattn); no .float() casts.
+
+
+class SubMConv3d(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, groups=1):
+        super().__init__()
+        self.in_channels, self.out_channels, self.k, self.groups = in_channels, out_channels, kernel_size, groups
+        k = kernel_size
+        self.weight = nn.Parameter(torch.randn(out_channels, k, k, k, in_channels // groups) / math.sqrt(k ** 3))
+        if groups > 1:  # a plain attribute upstream, as here
+            self.group_mask = torch.eye(in_channels).unsqueeze(0).expand(k ** 3, -1, -1).permute(1, 0, 2).reshape(
+                out_channels, k, k, k, in_channels)
+
+    def forward(self, feats, coords):
+        if self.k == 1:
+            return feats @ self.weight.view(self.in_channels, self.out_channels)
+        w = self.weight * self.group_mask.to(self.weight.dtype) if self.groups > 1 else self.weight
+        grid = tuple(int(g) + 1 for g in coords.max(0)[0])
+        dense = feats.new_zeros((1, feats.shape[1]) + grid)
+        dense[0, :, coords[:, 0], coords[:, 1], coords[:, 2]] = feats.T
+        out = F.conv3d(dense, w.permute(0, 4, 1, 2, 3), padding=self.k // 2)
+        return out[0][:, coords[:, 0], coords[:, 1], coords[:, 2]].T
+
+
+class SparseSequential(nn.Sequential):  # spconv.SparseSequential on (features, coords)
+    def forward(self, feats, coords):
+        for m in self:
+            feats = m(feats, coords) if isinstance(m, SubMConv3d) else m(feats)
+        return feats
+
+
+def conda_voxel_grid(pos, size, start):
+    num = torch.floor((pos.max(0)[0] - start) / size).long() + 1
+    c = torch.floor((pos - start) / size).long()
+    return c[:, 0] + c[:, 1] * num[0] + c[:, 2] * num[0] * num[1]
+
+
+def conda_indices_params(xyz, window, shift):
+    cluster = conda_voxel_grid(xyz + 0.5 * window if shift else xyz, window, xyz.min(0)[0])
+    _, cluster, counts = torch.unique(cluster, sorted=True, return_inverse=True, return_counts=True)
+    _, sort_idx = cluster.sort(stable=True)
+    i0, i1, offsets, start = [], [], [0], 0
+    for n in counts.tolist():  # precompute_all: every (query, key) pair of each window
+        for i in range(n):
+            i0 += [start + i] * n
+            i1 += list(range(start, start + n))
+            offsets.append(offsets[-1] + n)
+        start += n
+    return torch.tensor(i0), torch.tensor(i1), torch.tensor(offsets), sort_idx
+
+
+class ConDaWindowAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads, window_size, quant_size, shift_win=False):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.shift_win = embed_dim, num_heads, shift_win
+        self.head_dim = embed_dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.window_size, self.quant_size = np.full(3, float(window_size)), np.full(3, float(quant_size))
+        self.quant_grid_length = int((window_size + 1e-4) / quant_size)
+        shape = (2 * self.quant_grid_length - 1, 3, num_heads // 3, self.head_dim)
+        self.q_table, self.k_table, self.v_table = (nn.Parameter(0.3 * torch.randn(shape)) for _ in range(3))
+        self.qkv = nn.Linear(embed_dim, embed_dim * 3)
+        self.proj = nn.Linear(embed_dim, embed_dim)
+        for post in ("", "_post"):
+            setattr(self, "conv_1" + post, SparseSequential(SubMConv3d(embed_dim, embed_dim // 2, 1),
+                                                            nn.BatchNorm1d(embed_dim // 2)))
+            setattr(self, "conv_3" + post, SparseSequential(
+                SubMConv3d(embed_dim, embed_dim, 3, groups=embed_dim), nn.BatchNorm1d(embed_dim), nn.GELU(),
+                nn.Linear(embed_dim, embed_dim // 2), nn.BatchNorm1d(embed_dim // 2)))
+
+    def relative_position_index(self, window, xyz_ctg, i0, i1):
+        shift = 0.5 * window if self.shift_win else 0.0
+        quant = (xyz_ctg - xyz_ctg.min(0)[0] + shift) % window
+        quant = torch.div(quant, torch.from_numpy(self.quant_size).to(xyz_ctg.dtype), rounding_mode="floor")
+        return (quant[i0] - quant[i1] + self.quant_grid_length - 1).int()
+
+    def attention(self, q, k, v, xyz):
+        hp, outs = self.num_heads // 3, []
+        for plane in range(3):  # xy, xz, yz: the thin window axis is 2, 1, 0
+            window = torch.from_numpy(self.window_size.copy()).to(xyz.dtype)
+            window[2 - plane] = 1.0
+            i0, i1, off, sidx = conda_indices_params(xyz, window, self.shift_win)
+            hs = slice(plane * hp, (plane + 1) * hp)
+            qs, ks, vs = q[:, hs][sidx], k[:, hs][sidx], v[:, hs][sidx]
+            rel = self.relative_position_index(window, xyz[sidx], i0, i1).long()
+            tq, tk, tv = (sum(t[rel[:, a], a] for a in range(3)) for t in (self.q_table, self.k_table, self.v_table))
+            s = (qs[i0] * (ks[i1] + tq)).sum(-1) + (ks[i1] * tk).sum(-1)
+            att = torch.cat([torch.softmax(s[off[n]:off[n + 1]], 0) for n in range(len(off) - 1)])
+            o = torch.zeros_like(qs).index_add(0, i0, att[..., None] * (vs[i1] + tv))
+            out = torch.empty_like(o)
+            out[sidx] = o
+            outs.append(out)
+        return outs
+
+    def forward_cloud(self, feats, coords, xyz):
+        n, c = feats.shape
+        u = torch.cat([self.conv_1(feats, coords), self.conv_3(feats, coords)], dim=1)
+        q, k, v = self.qkv(u).reshape(n, 3, self.num_heads, c // self.num_heads).permute(1, 0, 2, 3)
+        x = torch.cat(self.attention(q * self.scale, k, v, xyz), dim=1).view(n, c)
+        x = torch.cat([self.conv_1_post(x, coords), self.conv_3_post(x, coords)], dim=1)
+        return self.proj(x)
+
+    def forward(self, x, coords, xyz):
+        return torch.stack([self.forward_cloud(x[b], coords[b].long(), xyz[b]) for b in range(x.shape[0])])

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+nn = torch.nn
 
 import _upstream_lin_b as U  # noqa: E402
 
@@ -174,6 +175,37 @@ def test_flatformer_basic_layer(kw):
     _assert_pass(check_module(m, "flatformer_flattened_window_attention", config=cfg))
 
 
+def _conda_stats(m, seed):
+    """Batch-norm running statistics off their init (eval form reads them)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm1d):
+                mod.running_mean.copy_(0.3 * torch.randn(mod.running_mean.shape, generator=g))
+                mod.running_var.copy_(0.5 + torch.rand(mod.running_var.shape, generator=g))
+                mod.weight.add_(0.1 * torch.randn(mod.weight.shape, generator=g))
+                mod.bias.add_(0.1 * torch.randn(mod.bias.shape, generator=g))
+    return m
+
+
+@pytest.mark.parametrize("dim,heads,window,quant,shift", [(12, 6, 2.0, 0.5, False), (6, 3, 2.0, 0.5, True),
+                                                          (12, 3, 1.5, 0.5, True)])
+def test_condaformer_window_attention(dim, heads, window, quant, shift):
+    torch.manual_seed(dim + heads)
+    m = _conda_stats(U.ConDaWindowAttention(dim, heads, window, quant, shift_win=shift), seed=heads)
+    _assert_pass(check_module(m, "condaformer_planar_window_attention",
+                              config={"window_size": window, "quant_size": quant}))
+
+
+def test_condaformer_1x1_weight_is_spconv_view_not_permute():
+    """spconv's conv1x1 path multiplies by weight.view(in, out), not by the KRSC kernel's (out, in) slice transposed."""
+    sd = U.ConDaWindowAttention(6, 3, 2.0, 0.5).state_dict()
+    w = sd["conv_1.0.weight"].numpy()  # (out, 1, 1, 1, in) = (3, 1, 1, 1, 6)
+    p = params_from_state_dict("condaformer_planar_window_attention", sd)
+    np.testing.assert_array_equal(p["conv_1.0.weight"][:, :, 0, 0, 0], w.reshape(6, 3).T)
+    assert not np.array_equal(p["conv_1.0.weight"][:, :, 0, 0, 0], w[:, 0, 0, 0, :])
+
+
 # ---------------------------------------------------------------------------------------------- the group
 
 _MODULES = {
@@ -188,6 +220,10 @@ _MODULES = {
                                       ("kv_model.0.eps", "kv_model.2.lin_edge.weight", "kv_model.2.att_edge")),
     "converter_digraph_convolution": (lambda: U.ConverterBlock(2, 6, 10), {}, ()),
     "flatformer_flattened_window_attention": (lambda: U.FlatFormerLayer(8, 2, group_size=3), {}, ()),
+    "condaformer_planar_window_attention": (lambda: U.ConDaWindowAttention(6, 3, 2.0, 0.5), {},
+                                            tuple(f"{k}.num_batches_tracked" for k in (
+                                                "conv_1.1", "conv_3.1", "conv_3.4", "conv_1_post.1", "conv_3_post.1",
+                                                "conv_3_post.4"))),
     "hyena_operator": (lambda: U.HyenaOperator(3, 8, order=3, filter_order=4), {},
                        ("filter_fn.pos_emb.t", "filter_fn.modulation.deltas")),
 }

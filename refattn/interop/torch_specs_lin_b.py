@@ -202,6 +202,76 @@ def _flat_call(module, inp, cfg):
     return module(inp["x"], torch.as_tensor(np.asarray(cfg["coords"]), dtype=torch.long))
 
 
+# ---- ConDaFormer Window_Attention: forward(x (B, N, C), coords (B, N, 3), xyz (B, N, 3)), one cloud per batch entry,
+# with the repository's own spconv (libs/spconv/conv.py: grouped depthwise kernels, KRSC weights)
+
+
+@dataclass(frozen=True)
+class _Spconv1x1:
+    """A 1x1x1 ``SubMConv3d`` weight, KRSC ``(out, 1, 1, 1, in)``, which spconv's conv1x1 path applies as
+    ``features @ weight.view(in, out)`` (a reinterpretation of the storage, not a transpose): refattn's
+    torch-layout ``(out, in, 1, 1, 1)`` is that matrix transposed."""
+
+    name: str
+
+    def load(self, view, out):
+        a = view.get(self.name)
+        if a.ndim != 5 or a.shape[1:4] != (1, 1, 1):
+            raise ValueError(f"params_from_state_dict[{view.slug}]: {view.prefix + self.name} must be spconv's KRSC "
+                             f"(out, 1, 1, 1, in); got {tuple(a.shape)}")
+        o, i = a.shape[0], a.shape[4]
+        out[self.name] = a.reshape(i, o).T.reshape(o, i, 1, 1, 1)
+
+    def save(self, grads, out, used):
+        if self.name in grads:
+            used.add(self.name)
+            g = np.asarray(grads[self.name])
+            o, i = g.shape[:2]
+            out[self.name] = g.reshape(o, i).T.reshape(o, 1, 1, 1, i)
+
+
+@dataclass(frozen=True)
+class _SpconvDepthwise:
+    """A depthwise ``SubMConv3d(groups=C)`` weight, KRSC ``(C, k, k, k, 1)`` (spconv multiplies it by a diagonal
+    group_mask), as torch's ``(C, 1, k, k, k)``."""
+
+    name: str
+
+    def load(self, view, out):
+        a = view.get(self.name)
+        if a.ndim != 5 or a.shape[4] != 1:
+            raise ValueError(f"params_from_state_dict[{view.slug}]: {view.prefix + self.name} must be spconv's KRSC "
+                             f"(C, k, k, k, 1) of a depthwise kernel; got {tuple(a.shape)}")
+        out[self.name] = a.transpose(0, 4, 1, 2, 3)
+
+    def save(self, grads, out, used):
+        if self.name in grads:
+            used.add(self.name)
+            out[self.name] = np.asarray(grads[self.name]).transpose(0, 2, 3, 4, 1)
+
+
+_CONDA_BN = r"(conv_1|conv_1_post)\.1|(conv_3|conv_3_post)\.[14]"
+
+
+def _conda_build(rng, p, cfg, z):
+    """Distinct voxel sites in a 3^3 grid and positions inside their voxels (refattn's sampler's cloud); they
+    replace the defaults' placeholders ``coords = xyz = None``."""
+    coords, xyz = [], []
+    for _ in range(z["b"]):
+        flat = rng.choice(27, size=z["n"], replace=False)
+        c = np.stack(np.unravel_index(flat, (3, 3, 3)), axis=-1)
+        coords.append(c)
+        xyz.append(c + rng.uniform(0.1, 0.4, c.shape) + 0.5 * rng.integers(0, 2, c.shape))
+    return ({"x": rng.standard_normal((z["b"], z["n"], p["qkv.weight"].shape[0]))},
+            {"coords": np.stack(coords), "xyz": np.stack(xyz)})
+
+
+def _conda_call(module, inp, cfg):
+    import torch
+
+    return module(inp["x"], torch.as_tensor(np.asarray(cfg["coords"])), torch.as_tensor(np.asarray(cfg["xyz"])))
+
+
 _SPECS = [
     Spec("multiscale_deformable_attention",
          "fundamentalvision/Deformable-DETR models/ops/modules/ms_deform_attn.py@11169a6 (MSDeformAttn; "
@@ -295,6 +365,23 @@ _SPECS = [
                 "mu": "kernelution.seq_kernel_poly.mu", "xi": "kernelution.seq_kernel_poly.xi",
                 "stigma": "kernelution.seq_kernel_poly.stigma", "heta": "kernelution.seq_kernel_poly.heta",
                 "eps": "gffn_norm.eps"}),
+    Spec("condaformer_planar_window_attention",
+         "LHDuan/ConDaFormer pcr/models/condaformer/modules.py@1fa596e (Window_Attention.forward with "
+         "forward_qkv_one_pass, pcr/models/condaformer/utils.py get_indices_params, the sptr tri-plane kernels' "
+         "arithmetic, libs/spconv/conv.py SubMConv3d (KRSC weights; conv1x1 as weight.view(in, out); depthwise "
+         "kernels times a diagonal group_mask); forward(x, coords, xyz) per cloud; the submanifold 3x3x3 conv read "
+         "as the dense correlation at the sites (spconv's semantics, not run here); BN in eval form, its "
+         "num_batches_tracked read and dropped; window_size, quant_size by config)",
+         rules=[Named(r"(qkv|proj|(conv_3|conv_3_post)\.3)\.weight", True),
+                Named(r"(qkv|proj|(conv_3|conv_3_post)\.3)\.bias|[qkv]_table"
+                      r"|(" + _CONDA_BN + r")\.(weight|bias|running_mean|running_var)", False),
+                _Spconv1x1("conv_1.0.weight"), _Spconv1x1("conv_1_post.0.weight"),
+                _SpconvDepthwise("conv_3.0.weight"), _SpconvDepthwise("conv_3_post.0.weight"),
+                Derived(r"(" + _CONDA_BN + r")\.num_batches_tracked")],
+         required=("qkv.weight", "proj.weight", "q_table", "k_table", "v_table", "conv_1.0.weight",
+                   "conv_3.0.weight", "conv_1_post.0.weight", "conv_3_post.0.weight"),
+         call=_conda_call, build=_conda_build, attrs={"num_heads": "num_heads", "shift": "shift_win"},
+         defaults={"coords": None, "xyz": None}),
     Spec("flatformer_flattened_window_attention",
          "mit-han-lab/flatformer mmdet3d/models/middle_encoders/flatformer.py@31dc5a9 (BasicLayer with GroupAttention, "
          "FlashAttention (flash-attn's packed kernel as SDPA per group), FlattenedWindowMapping, PositionalEmbedding, "
