@@ -1,0 +1,57 @@
+r"""Rows of the :mod:`refattn.interop.torch` table for blocks around attention (group ``blocks_b``):
+patch embeddings, token mixers, merging and sampling layers, dense residual schemes, dynamic-width
+and dynamic-depth blocks.
+
+Each :class:`~refattn.interop.torch_specs.Spec` maps a mechanism whose registry record's forward is
+the upstream module's forward; params carry the upstream names (``nn.Linear`` weights transposed to
+refattn's ``(in, out)``, conv kernels and norms as they are). A record that composes a refattn
+attention sublayer under refattn's own names is mapped with ``Rename``/``Split`` rules from the
+upstream names. The rows register themselves with
+:func:`~refattn.interop.torch_specs.add_specs`; the reference modules the tests run are in
+``tests/_upstream_blocks_b.py``.
+"""
+
+from __future__ import annotations
+
+from .torch_specs import Named, Spec, add_specs
+
+__all__ = ["GROUP_SLUGS"]
+
+
+# ---- timm ViT embedding: PatchEmbed (proj, optional norm) + VisionTransformer._pos_embed (cls_token, pos_embed)
+
+
+def _vit_infer(keys):
+    return {"class_token": "cls_token" in keys, "patch_norm": "patch_embed.norm.weight" in keys}
+
+
+def _vit_build(rng, p, cfg, z):
+    """An image whose patch grid has as many patches as ``pos_embed`` has rows for (any
+    factorisation: timm adds the table to the flattened tokens); with ``dynamic_img_pad`` the
+    image is cut short of the grid so that timm pads."""
+    d, c, ph, pw = p["patch_embed.proj.weight"].shape
+    n = p["pos_embed"].shape[1] - (1 if cfg.get("class_token", True) and not cfg.get("no_embed_class") else 0)
+    pairs = [(g, n // g) for g in range(1, n + 1) if n % g == 0]
+    gh, gw = pairs[z["n"] % len(pairs)]
+    cut = (1 if ph > 1 else 0, 1 if pw > 1 else 0) if cfg.get("dynamic_img_pad") else (0, 0)
+    return {"x": rng.standard_normal((z["b"], c, gh * ph - cut[0], gw * pw - cut[1]))}, {}
+
+
+def _call_x(module, inp, cfg):
+    return module(inp["x"])
+
+
+_SPECS = [
+    Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
+         "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
+         "the module's forward is _pos_embed(patch_embed(x))",
+         rules=[Named(r"patch_embed\.(proj|norm)\.(weight|bias)|cls_token|pos_embed", False)],
+         required=("patch_embed.proj.weight", "pos_embed"), call=_call_x, build=_vit_build, infer=_vit_infer,
+         attrs={"no_embed_class": "no_embed_class", "dynamic_img_pad": "patch_embed.dynamic_img_pad",
+                "eps": "patch_embed.norm.eps"}),
+]
+
+add_specs(*_SPECS)
+
+GROUP_SLUGS = tuple(s.key for s in _SPECS)
+"""The keys this module adds to :data:`~refattn.interop.torch_specs.SPECS`."""

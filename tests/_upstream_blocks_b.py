@@ -1,0 +1,65 @@
+"""PyTorch modules written from the upstream files that ``refattn/interop/torch_specs_blocks_b.py`` maps,
+for ``tests/test_interop_blocks_b.py``: compact re-statements (not copies), upstream parameter names and
+shapes, float64-clean. Each is headed by its ``owner/repo@commit path: Class`` and its deviations; dropout
+is omitted everywhere (eval mode).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# huggingface/pytorch-image-models@aa4b585 timm/layers/patch_embed.py: PatchEmbed, and
+# timm/models/vision_transformer.py: VisionTransformer._pos_embed (the embedding part of the ViT only:
+# patch_embed, cls_token, pos_embed; pos_drop omitted, no dynamic_img_size)
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, patch_size, in_chans, embed_dim, norm=False, bias=True, dynamic_img_pad=False):
+        super().__init__()
+        self.patch_size = tuple(patch_size)
+        self.dynamic_img_pad = dynamic_img_pad
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6) if norm else nn.Identity()
+
+    def forward(self, x):
+        h, w = x.shape[-2:]
+        if self.dynamic_img_pad:
+            x = F.pad(x, (0, (self.patch_size[1] - w % self.patch_size[1]) % self.patch_size[1],
+                          0, (self.patch_size[0] - h % self.patch_size[0]) % self.patch_size[0]))
+        x = self.proj(x).flatten(2).transpose(1, 2)  # NCHW -> NLC
+        return self.norm(x)
+
+
+class ViTEmbedding(nn.Module):
+    def __init__(self, num_patches, patch_size=(2, 3), in_chans=3, embed_dim=6, class_token=True,
+                 no_embed_class=False, patch_norm=False, dynamic_img_pad=False, bias=True):
+        super().__init__()
+        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim, patch_norm, bias, dynamic_img_pad)
+        self.has_class_token = class_token
+        self.no_embed_class = no_embed_class
+        self.num_prefix_tokens = 1 if class_token else 0
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        length = num_patches if no_embed_class else num_patches + self.num_prefix_tokens
+        self.pos_embed = nn.Parameter(torch.randn(1, length, embed_dim) * .02)
+        if class_token:
+            nn.init.normal_(self.cls_token, std=1e-6)
+
+    def _pos_embed(self, x):
+        to_cat = [self.cls_token.expand(x.shape[0], -1, -1)] if self.cls_token is not None else []
+        if self.no_embed_class:
+            x = x + self.pos_embed
+            if to_cat:
+                x = torch.cat(to_cat + [x], dim=1)
+        else:
+            if to_cat:
+                x = torch.cat(to_cat + [x], dim=1)
+            x = x + self.pos_embed
+        return x
+
+    def forward(self, x):
+        return self._pos_embed(self.patch_embed(x))

@@ -1,0 +1,67 @@
+"""refattn.interop.torch for the ``blocks_b`` group (``refattn/interop/torch_specs_blocks_b.py``):
+``check_module`` in float64 against the modules of ``tests/_upstream_blocks_b.py`` (upstream
+file@commit in their comments), the state_dict round trip, and the registration."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import _upstream_blocks_b as U  # noqa: E402
+
+from refattn.interop.torch import (  # noqa: E402
+    check_module,
+    grads_to_state_dict,
+    params_from_state_dict,
+    supported_slugs,
+)
+
+
+def _assert_pass(report):
+    assert report.passed, "\n" + str(report)
+
+
+def _jitter(m, scale=0.3):
+    """Nonzero biases, norms off the identity: every parameter matters."""
+    torch.manual_seed(11)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return m
+
+
+@pytest.mark.parametrize("kw", [
+    dict(class_token=True, no_embed_class=False, patch_norm=False),
+    dict(class_token=True, no_embed_class=True, patch_norm=True, dynamic_img_pad=True),
+    dict(class_token=False, patch_norm=True, bias=False)])
+def test_vit_patch_embedding(kw):
+    torch.manual_seed(1)
+    m = _jitter(U.ViTEmbedding(12, **kw))
+    _assert_pass(check_module(m, "vit_patch_embedding"))
+
+
+# (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
+_MODULES = {
+    "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
+}
+
+
+def test_blocks_b_specs_are_registered():
+    from refattn.interop.torch_specs_blocks_b import GROUP_SLUGS
+
+    assert set(GROUP_SLUGS) <= set(supported_slugs())
+    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+
+
+@pytest.mark.parametrize("slug", sorted(_MODULES))
+def test_blocks_b_specs_map_state_dict_and_grads_back(slug):
+    make, cfg, derived = _MODULES[slug]
+    torch.manual_seed(4)
+    sd = make().double().state_dict()
+    p = params_from_state_dict(slug, sd, **cfg)
+    assert not set(derived) & set(p)
+    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
+    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
+    for k, v in sd.items():
+        if k not in derived:
+            np.testing.assert_array_equal(back["attn." + k], v.numpy())
