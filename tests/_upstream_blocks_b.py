@@ -63,3 +63,33 @@ class ViTEmbedding(nn.Module):
 
     def forward(self, x):
         return self._pos_embed(self.patch_embed(x))
+
+
+# sail-sg/poolformer@a075575 models/poolformer.py: PoolFormerBlock (with Pooling, GroupNorm, Mlp; DropPath and
+# dropout omitted)
+
+
+class PoolFormerBlock(nn.Module):
+    def __init__(self, dim, pool_size=3, mlp_ratio=4., use_layer_scale=True, layer_scale_init_value=1e-5):
+        super().__init__()
+        self.norm1 = nn.GroupNorm(1, dim)
+        self.token_mixer = nn.Module()
+        self.token_mixer.pool = nn.AvgPool2d(pool_size, stride=1, padding=pool_size // 2, count_include_pad=False)
+        self.norm2 = nn.GroupNorm(1, dim)
+        self.mlp = nn.Module()
+        self.mlp.fc1 = nn.Conv2d(dim, int(dim * mlp_ratio), 1)
+        self.mlp.fc2 = nn.Conv2d(int(dim * mlp_ratio), dim, 1)
+        self.use_layer_scale = use_layer_scale
+        if use_layer_scale:
+            self.layer_scale_1 = nn.Parameter(layer_scale_init_value * torch.ones(dim))
+            self.layer_scale_2 = nn.Parameter(layer_scale_init_value * torch.ones(dim))
+
+    def forward(self, x):
+        t = self.norm1(x)
+        mix = self.token_mixer.pool(t) - t
+        mlp = lambda u: self.mlp.fc2(F.gelu(self.mlp.fc1(u)))  # noqa: E731
+        if self.use_layer_scale:
+            x = x + self.layer_scale_1[:, None, None] * mix
+            return x + self.layer_scale_2[:, None, None] * mlp(self.norm2(x))
+        x = x + mix
+        return x + mlp(self.norm2(x))

@@ -40,9 +40,17 @@ def test_vit_patch_embedding(kw):
     _assert_pass(check_module(m, "vit_patch_embedding"))
 
 
+@pytest.mark.parametrize("pool_size,ls", [(3, True), (5, False)])
+def test_poolformer_block(pool_size, ls):
+    torch.manual_seed(2)
+    m = _jitter(U.PoolFormerBlock(4, pool_size=pool_size, mlp_ratio=2., use_layer_scale=ls))
+    _assert_pass(check_module(m, "poolformer_pooling_mixer"))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
+    "poolformer_pooling_mixer": (lambda: U.PoolFormerBlock(4), {}, ()),
 }
 
 

@@ -41,6 +41,14 @@ def _call_x(module, inp, cfg):
     return module(inp["x"])
 
 
+def _image_build(key, axis=0):
+    """``x (B, C, H, W)`` with ``C = params[key].shape[axis]`` and a size-dependent ``H x W``."""
+    def build(rng, p, cfg, z):
+        h, w = 1 + z["n"] % 5 + z["n"] // 5, 2 + z["m"] % 4
+        return {"x": rng.standard_normal((z["b"], p[key].shape[axis], h, w))}, {}
+    return build
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -49,6 +57,11 @@ _SPECS = [
          required=("patch_embed.proj.weight", "pos_embed"), call=_call_x, build=_vit_build, infer=_vit_infer,
          attrs={"no_embed_class": "no_embed_class", "dynamic_img_pad": "patch_embed.dynamic_img_pad",
                 "eps": "patch_embed.norm.eps"}),
+    Spec("poolformer_pooling_mixer", "sail-sg/poolformer models/poolformer.py@a075575 (PoolFormerBlock with Pooling, "
+         "GroupNorm, Mlp; forward(x) on (B, C, H, W))",
+         rules=[Named(r"norm[12]\.(weight|bias)|mlp\.fc[12]\.(weight|bias)|layer_scale_[12]", False)],
+         required=("norm1.weight", "mlp.fc1.weight", "mlp.fc2.weight"), call=_call_x, build=_image_build("norm1.weight"),
+         attrs={"pool_size": "token_mixer.pool.kernel_size", "use_layer_scale": "use_layer_scale", "eps": "norm1.eps"}),
 ]
 
 add_specs(*_SPECS)
