@@ -93,3 +93,53 @@ class PoolFormerBlock(nn.Module):
             return x + self.layer_scale_2[:, None, None] * mlp(self.norm2(x))
         x = x + mix
         return x + mlp(self.norm2(x))
+
+
+# apple/ml-fastvit@8af5928 models/fastvit.py: RepMixer, on models/modules/mobileone.py: MobileOneBlock (the branches
+# RepMixer builds: groups=dim, no SE, no activation; reparameterize() not restated: inference_mode builds
+# reparam_conv directly)
+
+
+class MobileOneBlock(nn.Module):
+    def __init__(self, dim, kernel_size, use_scale_branch=True, num_conv_branches=1):
+        super().__init__()
+        self.num_conv_branches = num_conv_branches
+        self.rbr_skip = nn.BatchNorm2d(dim)
+        self.rbr_conv = nn.ModuleList([self._conv_bn(dim, kernel_size) for _ in range(num_conv_branches)]) \
+            if num_conv_branches > 0 else None
+        self.rbr_scale = self._conv_bn(dim, 1) if kernel_size > 1 and use_scale_branch else None
+
+    @staticmethod
+    def _conv_bn(dim, k):
+        mod = nn.Sequential()
+        mod.add_module("conv", nn.Conv2d(dim, dim, k, padding=k // 2, groups=dim, bias=False))
+        mod.add_module("bn", nn.BatchNorm2d(dim))
+        return mod
+
+    def forward(self, x):
+        out = self.rbr_skip(x) + (self.rbr_scale(x) if self.rbr_scale is not None else 0)
+        for i in range(self.num_conv_branches):
+            out = out + self.rbr_conv[i](x)
+        return out
+
+
+class RepMixer(nn.Module):
+    def __init__(self, dim, kernel_size=3, use_layer_scale=True, layer_scale_init_value=1e-5, inference_mode=False,
+                 num_conv_branches=1):  # num_conv_branches: MobileOneBlock's (RepMixer leaves it at 1)
+        super().__init__()
+        self.dim, self.kernel_size, self.inference_mode = dim, kernel_size, inference_mode
+        if inference_mode:
+            self.reparam_conv = nn.Conv2d(dim, dim, kernel_size, padding=kernel_size // 2, groups=dim, bias=True)
+        else:
+            self.norm = MobileOneBlock(dim, kernel_size, use_scale_branch=False, num_conv_branches=0)
+            self.mixer = MobileOneBlock(dim, kernel_size, num_conv_branches=num_conv_branches)
+            self.use_layer_scale = use_layer_scale
+            if use_layer_scale:
+                self.layer_scale = nn.Parameter(layer_scale_init_value * torch.ones((dim, 1, 1)))
+
+    def forward(self, x):
+        if hasattr(self, "reparam_conv"):
+            return self.reparam_conv(x)
+        if self.use_layer_scale:
+            return x + self.layer_scale * (self.mixer(x) - self.norm(x))
+        return x + self.mixer(x) - self.norm(x)

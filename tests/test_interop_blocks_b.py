@@ -47,10 +47,31 @@ def test_poolformer_block(pool_size, ls):
     _assert_pass(check_module(m, "poolformer_pooling_mixer"))
 
 
+def _bn_stats(m):
+    """BatchNorm running statistics off (0, 1): eval mode normalises with them."""
+    torch.manual_seed(12)
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            mod.running_mean.normal_()
+            mod.running_var.uniform_(0.5, 2.0)
+    return m
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=3), dict(kernel_size=5, use_layer_scale=False, num_conv_branches=2),
+                                dict(kernel_size=3, inference_mode=True)])
+def test_fastvit_repmixer(kw):
+    torch.manual_seed(3)
+    m = _bn_stats(_jitter(U.RepMixer(4, **kw)))
+    _assert_pass(check_module(m, "fastvit_repmixer"))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
     "poolformer_pooling_mixer": (lambda: U.PoolFormerBlock(4), {}, ()),
+    "fastvit_repmixer": (lambda: U.RepMixer(4), {},
+                         tuple(f"{b}.num_batches_tracked" for b in ("norm.rbr_skip", "mixer.rbr_skip",
+                                                                    "mixer.rbr_conv.0.bn", "mixer.rbr_scale.bn"))),
 }
 
 

@@ -13,7 +13,7 @@ upstream names. The rows register themselves with
 
 from __future__ import annotations
 
-from .torch_specs import Named, Spec, add_specs
+from .torch_specs import Derived, Named, Spec, add_specs
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -49,6 +49,18 @@ def _image_build(key, axis=0):
     return build
 
 
+# ---- FastViT RepMixer: train form (norm, mixer MobileOneBlocks, layer_scale) or inference form (reparam_conv)
+
+
+def _repmixer_infer(keys):
+    return {"inference_mode": "reparam_conv.weight" in keys}
+
+
+def _repmixer_build(rng, p, cfg, z):
+    c = (p["reparam_conv.weight"] if "reparam_conv.weight" in p else p["mixer.rbr_skip.weight"]).shape[0]
+    return {"x": rng.standard_normal((z["b"], c, 1 + z["n"] % 5 + z["n"] // 5, 2 + z["m"] % 4))}, {}
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -62,6 +74,15 @@ _SPECS = [
          rules=[Named(r"norm[12]\.(weight|bias)|mlp\.fc[12]\.(weight|bias)|layer_scale_[12]", False)],
          required=("norm1.weight", "mlp.fc1.weight", "mlp.fc2.weight"), call=_call_x, build=_image_build("norm1.weight"),
          attrs={"pool_size": "token_mixer.pool.kernel_size", "use_layer_scale": "use_layer_scale", "eps": "norm1.eps"}),
+    Spec("fastvit_repmixer", "apple/ml-fastvit models/fastvit.py@8af5928 (RepMixer on models/modules/mobileone.py "
+         "MobileOneBlock; train form or inference_mode reparam_conv; eval: BatchNorm running statistics; the "
+         "num_batches_tracked buffers are read and dropped)",
+         rules=[Named(r"(norm|mixer)\.(rbr_skip|rbr_scale\.(conv|bn)|rbr_conv\.\d+\.(conv|bn))\."
+                      r"(weight|bias|running_mean|running_var)|layer_scale|reparam_conv\.(weight|bias)", False),
+                Derived(r".*num_batches_tracked")],
+         call=_call_x, build=_repmixer_build, infer=_repmixer_infer,
+         attrs={"kernel_size": "kernel_size", "num_conv_branches": "mixer.num_conv_branches",
+                "use_layer_scale": "use_layer_scale", "inference_mode": "inference_mode", "eps": "norm.rbr_skip.eps"}),
 ]
 
 add_specs(*_SPECS)
