@@ -143,3 +143,32 @@ class RepMixer(nn.Module):
         if self.use_layer_scale:
             return x + self.layer_scale * (self.mixer(x) - self.norm(x))
         return x + self.mixer(x) - self.norm(x)
+
+
+# willding123/Shift-Equivariant-Vision-Transformers@c8cd2ef models/poly_utils.py: PolyPatchEmbed on PolyOrder.
+# Deviations: PolyOrder's float32 casts are dropped, and its circular pad + nearest grid_sample + crop (an integer
+# translation) is written as the torch.roll it equals, whose autograd is upstream's backward (the opposite roll).
+
+
+def poly_order(x, patch_size):
+    """PolyOrder.forward, invariance=False: roll the polyphase component of largest l2 norm to the origin."""
+    b, c, h, w = x.shape
+    p0, p1 = patch_size
+    g = h // p0
+    with torch.no_grad():
+        tmp = x.reshape(b, c, g, p0, g, p1).permute(0, 1, 2, 4, 3, 5).reshape(b, c, g * g, p0 * p1)
+        idx = torch.linalg.vector_norm(tmp.permute(0, 3, 1, 2), dim=(2, 3)).argmax(dim=1)
+    px, py = idx // p0, idx % p1
+    return torch.stack([torch.roll(x[i], (-int(px[i]), -int(py[i])), dims=(1, 2)) for i in range(b)])
+
+
+class PolyPatchEmbed(nn.Module):
+    def __init__(self, patch_size, in_chans, out_chans, norm_layer=None):
+        super().__init__()
+        self.patch_size = (patch_size, patch_size)
+        self.proj = nn.Conv2d(in_chans, out_chans, kernel_size=patch_size, stride=patch_size, padding_mode="circular")
+        self.norm = norm_layer(out_chans) if norm_layer else nn.Identity()
+
+    def forward(self, x):
+        x = poly_order(x, self.patch_size)
+        return self.norm(self.proj(x).flatten(2).transpose(1, 2))

@@ -65,6 +65,12 @@ def test_fastvit_repmixer(kw):
     _assert_pass(check_module(m, "fastvit_repmixer"))
 
 
+@pytest.mark.parametrize("patch,norm", [(2, None), (3, torch.nn.LayerNorm)])
+def test_polyphase_anchoring_poly_patch_embed(patch, norm):
+    torch.manual_seed(4)
+    _assert_pass(check_module(_jitter(U.PolyPatchEmbed(patch, 3, 5, norm_layer=norm)), "polyphase_anchoring"))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -72,6 +78,7 @@ _MODULES = {
     "fastvit_repmixer": (lambda: U.RepMixer(4), {},
                          tuple(f"{b}.num_batches_tracked" for b in ("norm.rbr_skip", "mixer.rbr_skip",
                                                                     "mixer.rbr_conv.0.bn", "mixer.rbr_scale.bn"))),
+    "polyphase_anchoring": (lambda: U.PolyPatchEmbed(2, 3, 5, norm_layer=torch.nn.LayerNorm), {}, ()),
 }
 
 

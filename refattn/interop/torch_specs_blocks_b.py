@@ -61,6 +61,15 @@ def _repmixer_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], c, 1 + z["n"] % 5 + z["n"] // 5, 2 + z["m"] % 4))}, {}
 
 
+# ---- Shift-equivariant ViT PolyPatchEmbed: PolyOrder anchoring, then the stride-P conv (square grids upstream)
+
+
+def _poly_build(rng, p, cfg, z):
+    d, c, ph, pw = p["proj.weight"].shape
+    g = 1 + z["n"] % 3  # upstream reshapes with grid_size[0] on both axes: square grids
+    return {"x": rng.standard_normal((z["b"], c, g * ph, g * pw))}, {}
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -83,6 +92,11 @@ _SPECS = [
          call=_call_x, build=_repmixer_build, infer=_repmixer_infer,
          attrs={"kernel_size": "kernel_size", "num_conv_branches": "mixer.num_conv_branches",
                 "use_layer_scale": "use_layer_scale", "inference_mode": "inference_mode", "eps": "norm.rbr_skip.eps"}),
+    Spec("polyphase_anchoring", "willding123/Shift-Equivariant-Vision-Transformers models/poly_utils.py@c8cd2ef "
+         "(PolyPatchEmbed on PolyOrder; forward(x): its PolyOrder.apply(x, patch_size) is always equivariant, "
+         "invariance=False; square patches and grids)",
+         rules=[Named(r"(proj|norm)\.(weight|bias)", False)], required=("proj.weight",), call=_call_x,
+         build=_poly_build, infer=lambda keys: {"patch_norm": "norm.weight" in keys}, attrs={"eps": "norm.eps"}),
 ]
 
 add_specs(*_SPECS)
