@@ -172,3 +172,27 @@ class PolyPatchEmbed(nn.Module):
     def forward(self, x):
         x = poly_order(x, self.patch_size)
         return self.norm(self.proj(x).flatten(2).transpose(1, 2))
+
+
+# pytorch/tutorials@0023ff0 intermediate_source/spatial_transformer_tutorial.py: Net.localization, Net.fc_loc,
+# Net.stn (the classifier head omitted; layer sizes are arguments, the tutorial's are 1, 8, 10, 7, 5, 10*3*3, 32
+# for 28x28 MNIST; stn's xs.view(-1, 10 * 3 * 3) is a flatten; grid_sample's options are arguments, the
+# tutorial's are F.affine_grid/F.grid_sample defaults)
+
+
+class SpatialTransformerNet(nn.Module):
+    def __init__(self, c=1, c1=8, c2=10, k1=7, k2=5, features=10 * 3 * 3, hidden=32, padding_mode="zeros",
+                 align_corners=False):
+        super().__init__()
+        self.localization = nn.Sequential(nn.Conv2d(c, c1, kernel_size=k1), nn.MaxPool2d(2, stride=2), nn.ReLU(True),
+                                          nn.Conv2d(c1, c2, kernel_size=k2), nn.MaxPool2d(2, stride=2), nn.ReLU(True))
+        self.fc_loc = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(True), nn.Linear(hidden, 3 * 2))
+        self.fc_loc[2].weight.data.zero_()
+        self.fc_loc[2].bias.data.copy_(torch.tensor([1, 0, 0, 0, 1, 0], dtype=torch.float))
+        self.padding_mode, self.align_corners = padding_mode, align_corners
+
+    def stn(self, x):
+        xs = self.localization(x)
+        theta = self.fc_loc(xs.flatten(1)).view(-1, 2, 3)
+        grid = F.affine_grid(theta, x.size(), align_corners=self.align_corners)
+        return F.grid_sample(x, grid, padding_mode=self.padding_mode, align_corners=self.align_corners)

@@ -71,6 +71,17 @@ def test_polyphase_anchoring_poly_patch_embed(patch, norm):
     _assert_pass(check_module(_jitter(U.PolyPatchEmbed(patch, 3, 5, norm_layer=norm)), "polyphase_anchoring"))
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(padding_mode="border", align_corners=True),
+                                dict(padding_mode="reflection")])
+def test_spatial_transformer_tutorial_net(kw):
+    torch.manual_seed(5)
+    m = U.SpatialTransformerNet(2, 3, 4, 3, 2, 4 * 2 * 2, 6, **kw)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.2 * torch.randn_like(p))  # a theta off the identity
+    _assert_pass(check_module(m, "spatial_transformer_bilinear_sampler", config=kw))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -79,6 +90,7 @@ _MODULES = {
                          tuple(f"{b}.num_batches_tracked" for b in ("norm.rbr_skip", "mixer.rbr_skip",
                                                                     "mixer.rbr_conv.0.bn", "mixer.rbr_scale.bn"))),
     "polyphase_anchoring": (lambda: U.PolyPatchEmbed(2, 3, 5, norm_layer=torch.nn.LayerNorm), {}, ()),
+    "spatial_transformer_bilinear_sampler": (lambda: U.SpatialTransformerNet(2, 3, 4, 3, 2, 16, 6), {}, ()),
 }
 
 

@@ -70,6 +70,25 @@ def _poly_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], c, g * ph, g * pw))}, {}
 
 
+# ---- Spatial transformer: the PyTorch tutorial's Net.localization, Net.fc_loc and Net.stn
+
+
+def _stn_build(rng, p, cfg, z):
+    """An image whose localisation features (conv k1, pool 2, conv k2, pool 2) flatten to
+    ``fc_loc.0``'s input width; one extra row or column (dropped by the floor of the pools) on odd sizes."""
+    c, k1 = p["localization.0.weight"].shape[1:3]
+    c2, k2 = p["localization.3.weight"].shape[0], p["localization.3.weight"].shape[2]
+    s = p["fc_loc.0.weight"].shape[0] // c2
+    pairs = [(g, s // g) for g in range(1, s + 1) if s % g == 0]
+    sh, sw = pairs[z["n"] % len(pairs)]
+    side = lambda t: (2 * t + k2 - 1) * 2 + k1 - 1  # noqa: E731
+    return {"x": rng.standard_normal((z["b"], c, side(sh) + z["n"] % 2, side(sw) + z["m"] % 2))}, {}
+
+
+def _stn_call(module, inp, cfg):
+    return module.stn(inp["x"])
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -97,6 +116,12 @@ _SPECS = [
          "invariance=False; square patches and grids)",
          rules=[Named(r"(proj|norm)\.(weight|bias)", False)], required=("proj.weight",), call=_call_x,
          build=_poly_build, infer=lambda keys: {"patch_norm": "norm.weight" in keys}, attrs={"eps": "norm.eps"}),
+    Spec("spatial_transformer_bilinear_sampler", "pytorch/tutorials intermediate_source/spatial_transformer_tutorial.py"
+         "@0023ff0 (Net.localization, Net.fc_loc, Net.stn; the authors' code is not public; check_module calls "
+         "module.stn(x): F.affine_grid + F.grid_sample, whose mode/padding_mode/align_corners are config)",
+         rules=[Named(r"fc_loc\.[02]\.weight", True), Named(r"localization\.[03]\.(weight|bias)|fc_loc\.[02]\.bias", False)],
+         required=("localization.0.weight", "localization.3.weight", "fc_loc.0.weight", "fc_loc.2.weight"),
+         call=_stn_call, build=_stn_build, defaults={"localization": "conv"}),
 ]
 
 add_specs(*_SPECS)
