@@ -196,3 +196,82 @@ class SpatialTransformerNet(nn.Module):
         theta = self.fc_loc(xs.flatten(1)).view(-1, 2, 3)
         grid = F.affine_grid(theta, x.size(), align_corners=self.align_corners)
         return F.grid_sample(x, grid, padding_mode=self.padding_mode, align_corners=self.align_corners)
+
+
+# zhuang-group/LIT@742e961 classification/code_for_lit_ti/patch_embed.py: DeformablePatchEmbed_GELU, with
+# classification/code_for_lit_s_m_b/mm_modules/DCN/modules/deform_conv2d.py: DeformConv2dPack. Deviation: the DCN
+# is a CUDA/C++ extension (deform_conv2d_func.py over src/cuda/deform_2d_im2col_cuda.cuh); its forward, the
+# deformable im2col with dmcn_2d_im2col_bilinear's corner rules, is restated in torch and differentiated by autograd
+# (the extension's backward is the same math's VJP). One deformable group, groups=1, dilation 1, as LIT uses it.
+# The BatchNorm output's gradient is made contiguous (a hook): torch's CPU batch_norm backward misreads a
+# transposed gradient at batch 1 (gradcheck of BatchNorm2d(...)(x).flatten(2).transpose(1, 2) fails).
+
+
+def _dmcn_bilinear(img, h, w):
+    """img (B, C, H, W), h, w (B, P) -> (B, C, P): zero when h <= -1 or h >= H (likewise w), a corner
+    outside the image contributes 0 (dmcn_2d_im2col_bilinear and its caller's test)."""
+    b, c, hh, ww = img.shape
+    valid = (h > -1) & (w > -1) & (h < hh) & (w < ww)
+    h0, w0 = torch.floor(h).long(), torch.floor(w).long()
+    lh, lw = h - h0, w - w0
+    flat = img.reshape(b, c, hh * ww)
+
+    def corner(r, q):
+        ok = (r >= 0) & (r <= hh - 1) & (q >= 0) & (q <= ww - 1)
+        idx = r.clamp(0, hh - 1) * ww + q.clamp(0, ww - 1)
+        return torch.gather(flat, 2, idx[:, None, :].expand(b, c, -1)) * ok[:, None, :]
+
+    val = ((1 - lh) * (1 - lw))[:, None] * corner(h0, w0) + ((1 - lh) * lw)[:, None] * corner(h0, w0 + 1) \
+        + (lh * (1 - lw))[:, None] * corner(h0 + 1, w0) + (lh * lw)[:, None] * corner(h0 + 1, w0 + 1)
+    return val * valid[:, None, :]
+
+
+def deform_conv2d_v1(x, offset, weight, bias, stride, padding):
+    b, c, _, _ = x.shape
+    co, _, kh, kw = weight.shape
+    ho, wo = offset.shape[2:]
+    cols = []
+    for i in range(kh):
+        for j in range(kw):
+            t = i * kw + j  # offset channels 2t, 2t+1: row and column offsets of tap t
+            h = (torch.arange(ho) * stride[0] - padding[0])[:, None] + i + offset[:, 2 * t]
+            w = (torch.arange(wo) * stride[1] - padding[1])[None, :] + j + offset[:, 2 * t + 1]
+            cols.append(_dmcn_bilinear(x, h.reshape(b, -1), w.reshape(b, -1)))
+    y = torch.einsum("ock,bckp->bop", weight.reshape(co, c, -1), torch.stack(cols, 2)) + bias[None, :, None]
+    return y.reshape(b, co, ho, wo)
+
+
+class DeformConv2dPack(nn.Module):
+    def __init__(self, in_channels, out_channels, kernel_size, stride, padding):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = (kernel_size,) * 2, (stride,) * 2, (padding,) * 2
+        self.weight = nn.Parameter(torch.empty(out_channels, in_channels, *self.kernel_size))
+        self.bias = nn.Parameter(torch.empty(out_channels))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+        nn.init.uniform_(self.bias, -1 / math.sqrt(in_channels * kernel_size ** 2), 1 / math.sqrt(in_channels * kernel_size ** 2))
+        self.conv_offset = nn.Conv2d(in_channels, 2 * kernel_size ** 2, kernel_size=kernel_size, stride=stride,
+                                     padding=padding, bias=True)
+        self.conv_offset.weight.data.zero_()
+        self.conv_offset.bias.data.zero_()
+
+    def forward(self, x):
+        offset = self.conv_offset(x)
+        return deform_conv2d_v1(x, offset, self.weight, self.bias, self.stride, self.padding), None
+
+
+class DeformablePatchEmbed_GELU(nn.Module):  # noqa: N801 (upstream's name)
+    def __init__(self, patch_size, in_chans, embed_dim):
+        super().__init__()
+        self.patch_size = (patch_size, patch_size)
+        self.dconv = DeformConv2dPack(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size, padding=0)
+        self.norm_layer = nn.BatchNorm2d(embed_dim)
+        self.act_layer = nn.GELU()
+
+    def forward(self, x):
+        _, _, h, w = x.shape
+        x, _ = self.dconv(x)
+        x = self.norm_layer(x)
+        if x.requires_grad:  # torch 2.x CPU batch_norm backward is wrong for a transposed (non-contiguous)
+            x.register_hook(lambda g: g.contiguous())  # incoming gradient at batch 1; upstream runs on CUDA
+        x = self.act_layer(x).flatten(2).transpose(1, 2)
+        return x, (h // self.patch_size[0], w // self.patch_size[1])

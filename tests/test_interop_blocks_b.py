@@ -82,6 +82,13 @@ def test_spatial_transformer_tutorial_net(kw):
     _assert_pass(check_module(m, "spatial_transformer_bilinear_sampler", config=kw))
 
 
+@pytest.mark.parametrize("patch,c_out", [(2, 4), (3, 3)])
+def test_lit_deformable_patch_embed(patch, c_out):
+    torch.manual_seed(6)
+    m = _bn_stats(_jitter(U.DeformablePatchEmbed_GELU(patch, 3, c_out), scale=0.4))  # offsets off zero
+    _assert_pass(check_module(m, "lit_deformable_token_merging"))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -91,6 +98,8 @@ _MODULES = {
                                                                     "mixer.rbr_conv.0.bn", "mixer.rbr_scale.bn"))),
     "polyphase_anchoring": (lambda: U.PolyPatchEmbed(2, 3, 5, norm_layer=torch.nn.LayerNorm), {}, ()),
     "spatial_transformer_bilinear_sampler": (lambda: U.SpatialTransformerNet(2, 3, 4, 3, 2, 16, 6), {}, ()),
+    "lit_deformable_token_merging": (lambda: U.DeformablePatchEmbed_GELU(2, 3, 4), {},
+                                     ("norm_layer.num_batches_tracked",)),
 }
 
 

@@ -89,6 +89,18 @@ def _stn_call(module, inp, cfg):
     return module.stn(inp["x"])
 
 
+# ---- LIT DeformablePatchEmbed_GELU: DeformConv2dPack (conv_offset + DCN v1), BatchNorm2d, GELU; returns (x, (H, W))
+
+
+def _lit_build(rng, p, cfg, z):
+    c_out, c, kh, kw = p["dconv.weight"].shape
+    return {"x": rng.standard_normal((z["b"], c, (1 + z["n"] % 3) * kh, (1 + z["m"] % 3) * kw))}, {}
+
+
+def _lit_call(module, inp, cfg):
+    return module(inp["x"])[0]
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -122,6 +134,15 @@ _SPECS = [
          rules=[Named(r"fc_loc\.[02]\.weight", True), Named(r"localization\.[03]\.(weight|bias)|fc_loc\.[02]\.bias", False)],
          required=("localization.0.weight", "localization.3.weight", "fc_loc.0.weight", "fc_loc.2.weight"),
          call=_stn_call, build=_stn_build, defaults={"localization": "conv"}),
+    Spec("lit_deformable_token_merging", "zhuang-group/LIT classification/code_for_lit_ti/patch_embed.py@742e961 "
+         "(DeformablePatchEmbed_GELU on code_for_lit_s_m_b/mm_modules/DCN/modules/deform_conv2d.py DeformConv2dPack "
+         "and the DCN v1 im2col kernel; forward(x) returns (tokens, (H, W)); eval: BatchNorm running statistics; "
+         "num_batches_tracked read and dropped)",
+         rules=[Named(r"dconv\.(weight|bias|conv_offset\.(weight|bias))"
+                      r"|norm_layer\.(weight|bias|running_mean|running_var)", False),
+                Derived(r"norm_layer\.num_batches_tracked")],
+         required=("dconv.weight", "dconv.conv_offset.weight", "norm_layer.weight"), call=_lit_call, build=_lit_build,
+         attrs={"eps": "norm_layer.eps"}),
 ]
 
 add_specs(*_SPECS)
