@@ -275,3 +275,15 @@ class DeformablePatchEmbed_GELU(nn.Module):  # noqa: N801 (upstream's name)
             x.register_hook(lambda g: g.contiguous())  # incoming gradient at batch 1; upstream runs on CUDA
         x = self.act_layer(x).flatten(2).transpose(1, 2)
         return x, (h // self.patch_size[0], w // self.patch_size[1])
+
+
+# SamuelCahyawijaya/greenformer@2f81f96 src/py_auto_fact/lr_module.py: LED (no deviation)
+
+
+class LED(nn.Module):
+    def __init__(self, in_features, out_features, r, bias=True):
+        super().__init__()
+        self.led_unit = nn.Sequential(nn.Linear(in_features, r, bias=False), nn.Linear(r, out_features, bias=bias))
+
+    def forward(self, inputs):
+        return self.led_unit(inputs)

@@ -89,6 +89,12 @@ def test_lit_deformable_patch_embed(patch, c_out):
     _assert_pass(check_module(m, "lit_deformable_token_merging"))
 
 
+@pytest.mark.parametrize("d_in,d_out,r,bias", [(7, 6, 3, True), (5, 5, 2, False)])
+def test_greenformer_led(d_in, d_out, r, bias):
+    torch.manual_seed(7)
+    _assert_pass(check_module(_jitter(U.LED(d_in, d_out, r, bias=bias)), "low_rank_factorized_linear"))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -100,6 +106,7 @@ _MODULES = {
     "spatial_transformer_bilinear_sampler": (lambda: U.SpatialTransformerNet(2, 3, 4, 3, 2, 16, 6), {}, ()),
     "lit_deformable_token_merging": (lambda: U.DeformablePatchEmbed_GELU(2, 3, 4), {},
                                      ("norm_layer.num_batches_tracked",)),
+    "low_rank_factorized_linear": (lambda: U.LED(5, 5, 2), {}, ()),
 }
 
 

@@ -41,6 +41,13 @@ def _call_x(module, inp, cfg):
     return module(inp["x"])
 
 
+def _tokens_build(key, axis=0):
+    """Tokens ``x (B, N, C)`` with ``C = params[key].shape[axis]``."""
+    def build(rng, p, cfg, z):
+        return {"x": rng.standard_normal((z["b"], z["n"], p[key].shape[axis]))}, {}
+    return build
+
+
 def _image_build(key, axis=0):
     """``x (B, C, H, W)`` with ``C = params[key].shape[axis]`` and a size-dependent ``H x W``."""
     def build(rng, p, cfg, z):
@@ -143,6 +150,10 @@ _SPECS = [
                 Derived(r"norm_layer\.num_batches_tracked")],
          required=("dconv.weight", "dconv.conv_offset.weight", "norm_layer.weight"), call=_lit_call, build=_lit_build,
          attrs={"eps": "norm_layer.eps"}),
+    Spec("low_rank_factorized_linear", "SamuelCahyawijaya/greenformer src/py_auto_fact/lr_module.py@2f81f96 (LED: "
+         "led_unit = Sequential(Linear(d_in, r, bias=False), Linear(r, d_out, bias)); forward(x))",
+         rules=[Named(r"led_unit\.[01]\.weight", True), Named(r"led_unit\.1\.bias", False)],
+         required=("led_unit.0.weight", "led_unit.1.weight"), call=_call_x, build=_tokens_build("led_unit.0.weight")),
 ]
 
 add_specs(*_SPECS)
