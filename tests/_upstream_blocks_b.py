@@ -287,3 +287,56 @@ class LED(nn.Module):
 
     def forward(self, inputs):
         return self.led_unit(inputs)
+
+
+# zeyuliu1037/LMUFormer@5debadd src/blocks/lmu.py: LMU, on src/blocks/lmu_cell.py: LMUFFTCell. Deviations: the
+# discretised A, B stay float64 (upstream casts them to float32); upstream needs N == seq_len (fft_H has
+# seq_len + 1 bins), here the cell takes N <= seq_len by using the first N columns of its impulse response H (for
+# N == seq_len exactly upstream's fft_H); LMU's cell sizes (dim, seq_len=128, theta=128) are arguments.
+
+
+class LMUFFTCell(nn.Module):
+    def __init__(self, input_size, hidden_size, memory_size, seq_len, theta):
+        super().__init__()
+        from scipy.signal import cont2discrete
+
+        self.hidden_size, self.memory_size, self.seq_len, self.theta = hidden_size, memory_size, seq_len, theta
+        self.W_u = nn.Linear(input_size, 1)
+        self.W_h = nn.Linear(memory_size + input_size, hidden_size)
+        q = torch.arange(memory_size, dtype=torch.float64).reshape(-1, 1).numpy()
+        r = (2 * q + 1) / theta
+        i, j = torch.meshgrid(torch.arange(memory_size), torch.arange(memory_size), indexing="ij")
+        a = r * torch.where(i < j, -1.0, (-1.0) ** (i - j + 1).double()).numpy()
+        a, b, *_ = cont2discrete((a, r * (-1.0) ** q, torch.ones(1, memory_size).numpy(), torch.zeros(1).numpy()),
+                                 dt=1.0, method="zoh")
+        self.register_buffer("A", torch.from_numpy(a))
+        self.register_buffer("B", torch.from_numpy(b))
+        hs, a_i = [], torch.eye(memory_size, dtype=torch.float64)
+        for _ in range(seq_len):
+            hs.append(a_i @ self.B)
+            a_i = self.A @ a_i
+        self.register_buffer("H", torch.cat(hs, dim=-1))
+        self.register_buffer("fft_H", torch.fft.rfft(self.H, n=2 * seq_len, dim=-1))
+
+    def forward(self, x):
+        n = x.shape[1]
+        u = F.relu(self.W_u(x))
+        fft_h = self.fft_H if n == self.seq_len else torch.fft.rfft(self.H[:, :n], n=2 * n, dim=-1)
+        m = torch.fft.irfft(torch.fft.rfft(u.permute(0, 2, 1), n=2 * n, dim=-1) * fft_h.unsqueeze(0), n=2 * n, dim=-1)
+        m = m[:, :, :n].permute(0, 2, 1)
+        h = F.relu(self.W_h(torch.cat((m, x), dim=-1)))
+        return h, h[:, -1, :]
+
+
+class LMU(nn.Module):
+    def __init__(self, dim, use_all_h=True, seq_len=128, theta=128):
+        super().__init__()
+        self.use_all_h = use_all_h
+        self.lmu = LMUFFTCell(dim, dim, dim, seq_len=seq_len, theta=theta)
+        self.proj_conv = nn.Conv1d(dim, dim, kernel_size=1, stride=1)
+        self.proj_bn = nn.BatchNorm1d(dim)
+
+    def forward(self, x):
+        h, h_n = self.lmu(x.transpose(-1, -2).contiguous())
+        x = h.transpose(-1, -2).contiguous() if self.use_all_h else h_n.unsqueeze(-1)
+        return self.proj_bn(self.proj_conv(x))

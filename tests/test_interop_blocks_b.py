@@ -51,7 +51,7 @@ def _bn_stats(m):
     """BatchNorm running statistics off (0, 1): eval mode normalises with them."""
     torch.manual_seed(12)
     for mod in m.modules():
-        if isinstance(mod, torch.nn.BatchNorm2d):
+        if isinstance(mod, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
             mod.running_mean.normal_()
             mod.running_var.uniform_(0.5, 2.0)
     return m
@@ -95,6 +95,15 @@ def test_greenformer_led(d_in, d_out, r, bias):
     _assert_pass(check_module(_jitter(U.LED(d_in, d_out, r, bias=bias)), "low_rank_factorized_linear"))
 
 
+@pytest.mark.parametrize("dim,use_all_h,theta", [(4, True, 5.0), (3, False, 16.0)])
+def test_lmuformer_lmu(dim, use_all_h, theta):
+    torch.manual_seed(8)
+    m = _bn_stats(_jitter(U.LMU(dim, use_all_h=use_all_h, seq_len=16, theta=theta)))
+    with torch.no_grad():
+        m.lmu.W_u.bias.fill_(0.5)  # most u > 0: the memory carries signal
+    _assert_pass(check_module(m, "lmu_token_mixer"))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -107,6 +116,8 @@ _MODULES = {
     "lit_deformable_token_merging": (lambda: U.DeformablePatchEmbed_GELU(2, 3, 4), {},
                                      ("norm_layer.num_batches_tracked",)),
     "low_rank_factorized_linear": (lambda: U.LED(5, 5, 2), {}, ()),
+    "lmu_token_mixer": (lambda: U.LMU(4, seq_len=8, theta=5.0), {},
+                        ("lmu.A", "lmu.B", "lmu.H", "lmu.fft_H", "proj_bn.num_batches_tracked")),
 }
 
 

@@ -154,6 +154,16 @@ _SPECS = [
          "led_unit = Sequential(Linear(d_in, r, bias=False), Linear(r, d_out, bias)); forward(x))",
          rules=[Named(r"led_unit\.[01]\.weight", True), Named(r"led_unit\.1\.bias", False)],
          required=("led_unit.0.weight", "led_unit.1.weight"), call=_call_x, build=_tokens_build("led_unit.0.weight")),
+    Spec("lmu_token_mixer", "zeyuliu1037/LMUFormer src/blocks/lmu.py@5debadd (LMU on src/blocks/lmu_cell.py "
+         "LMUFFTCell; forward(x (B, C, N)) with N = the cell's seq_len; eval: BatchNorm running statistics; the "
+         "cell's A, B, H, fft_H buffers and num_batches_tracked are read and dropped: refattn rebuilds them from theta)",
+         rules=[Named(r"lmu\.W_[uh]\.weight", True),
+                Named(r"lmu\.W_[uh]\.bias|proj_conv\.(weight|bias)|proj_bn\.(weight|bias|running_mean|running_var)",
+                      False),
+                Derived(r"lmu\.(A|B|H|fft_H)|proj_bn\.num_batches_tracked")],
+         required=("lmu.W_u.weight", "lmu.W_h.weight", "proj_conv.weight", "proj_bn.weight"), call=_call_x,
+         build=lambda rng, p, cfg, z: ({"x": rng.standard_normal((z["b"], p["proj_conv.weight"].shape[0], z["n"]))}, {}),
+         attrs={"theta": "lmu.theta", "use_all_h": "use_all_h", "eps": "proj_bn.eps"}),
 ]
 
 add_specs(*_SPECS)
