@@ -340,3 +340,34 @@ class LMU(nn.Module):
         h, h_n = self.lmu(x.transpose(-1, -2).contiguous())
         x = h.transpose(-1, -2).contiguous() if self.use_all_h else h_n.unsqueeze(-1)
         return self.proj_bn(self.proj_conv(x))
+
+
+# chenguolin/NuTime@9acdd3d src/models/encoders/MultiBiasEncoder.py: MultiBiasEncoder with the released options
+# (locs=None, loc_weighted_sum=False, use_loc_emb=False, multibias_trainable=True). Deviation: the scales buffer is
+# float64 (upstream's torch.tensor(scales) is float32, so 10**-4 would be rounded); config fields are arguments.
+
+
+class MultiBiasEncoder(nn.Module):
+    def __init__(self, num_bias=9, mb_emb_dim=6, base_bias=10, scale_weighted_sum=True):
+        super().__init__()
+        self.scale_weighted_sum = scale_weighted_sum
+        self.ws = nn.Parameter(torch.empty(num_bias, mb_emb_dim).uniform_(-1, 1))
+        self.bs = nn.Parameter(torch.empty(num_bias, mb_emb_dim).uniform_(-1, 1))
+        self.register_buffer("scales", torch.tensor([float(base_bias) ** i for i in range(-(num_bias - 1) // 2,
+                                                                                          (num_bias + 1) // 2)],
+                                                    dtype=torch.float64))
+        self.register_buffer("locs", torch.tensor([0]))
+        self.ln = nn.LayerNorm(mb_emb_dim, elementwise_affine=False)
+
+    def forward(self, x):
+        if x.ndim > 2:
+            x = x.view(x.shape[0], -1)
+        eps = 1e-6
+        loc_dis = x[..., None] - self.locs  # (B, C, 1)
+        if self.scale_weighted_sum:
+            scale_w = 1 / (torch.abs(torch.log(torch.abs(loc_dis[..., None]) / self.scales + eps)) + eps)
+            scale_w = scale_w / scale_w.sum(dim=-1, keepdim=True)
+        e = self.ln(loc_dis[..., None, None] * self.ws + self.bs * self.scales.unsqueeze(dim=-1))  # (B, C, 1, K, D)
+        if self.scale_weighted_sum:
+            e = e * scale_w[..., None]
+        return e.sum(dim=-2).sum(dim=-2)

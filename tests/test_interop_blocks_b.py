@@ -104,6 +104,13 @@ def test_lmuformer_lmu(dim, use_all_h, theta):
     _assert_pass(check_module(m, "lmu_token_mixer"))
 
 
+@pytest.mark.parametrize("k,base,sws", [(9, 10, True), (4, 3, True), (5, 10, False)])
+def test_nutime_multi_bias_encoder(k, base, sws):
+    torch.manual_seed(9)
+    m = U.MultiBiasEncoder(num_bias=k, mb_emb_dim=5, base_bias=base, scale_weighted_sum=sws)
+    _assert_pass(check_module(m, "nutime_multiscale_embedding", config={"base": float(base)}))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -118,6 +125,7 @@ _MODULES = {
     "low_rank_factorized_linear": (lambda: U.LED(5, 5, 2), {}, ()),
     "lmu_token_mixer": (lambda: U.LMU(4, seq_len=8, theta=5.0), {},
                         ("lmu.A", "lmu.B", "lmu.H", "lmu.fft_H", "proj_bn.num_batches_tracked")),
+    "nutime_multiscale_embedding": (lambda: U.MultiBiasEncoder(num_bias=5, mb_emb_dim=4), {}, ("scales", "locs")),
 }
 
 

@@ -13,6 +13,8 @@ upstream names. The rows register themselves with
 
 from __future__ import annotations
 
+import numpy as np
+
 from .torch_specs import Derived, Named, Spec, add_specs
 
 __all__ = ["GROUP_SLUGS"]
@@ -108,6 +110,15 @@ def _lit_call(module, inp, cfg):
     return module(inp["x"])[0]
 
 
+# ---- NuTime MultiBiasEncoder: unbounded scalars x (B, C) -> (B, C, D)
+
+
+def _nutime_build(rng, p, cfg, z):
+    """Scalars of both signs over eight decades (each scale's range is hit), away from 0."""
+    shape = (z["b"], z["n"])
+    return {"x": np.exp(rng.uniform(np.log(1e-4), np.log(1e4), shape)) * rng.choice([-1.0, 1.0], shape)}, {}
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -164,6 +175,13 @@ _SPECS = [
          required=("lmu.W_u.weight", "lmu.W_h.weight", "proj_conv.weight", "proj_bn.weight"), call=_call_x,
          build=lambda rng, p, cfg, z: ({"x": rng.standard_normal((z["b"], p["proj_conv.weight"].shape[0], z["n"]))}, {}),
          attrs={"theta": "lmu.theta", "use_all_h": "use_all_h", "eps": "proj_bn.eps"}),
+    Spec("nutime_multiscale_embedding", "chenguolin/NuTime src/models/encoders/MultiBiasEncoder.py@9acdd3d "
+         "(MultiBiasEncoder, released configuration: locs=None, loc_weighted_sum=False, use_loc_emb=False, "
+         "multibias_trainable; forward(x (B, C)); config base = its base_bias, 10 by default; the scales and locs "
+         "buffers are read and dropped)",
+         rules=[Named(r"ws|bs", False), Derived(r"scales|locs")], required=("ws", "bs"), call=_call_x,
+         build=_nutime_build, attrs={"scale_weighted_sum": "scale_weighted_sum", "eps": "ln.eps"},
+         unsupported={"loc_emb": "use_loc_emb=True (multi-location ablation) is not implemented"}),
 ]
 
 add_specs(*_SPECS)
