@@ -371,3 +371,92 @@ class MultiBiasEncoder(nn.Module):
         if self.scale_weighted_sum:
             e = e * scale_w[..., None]
         return e.sum(dim=-2).sum(dim=-2)
+
+
+# sacmehta/delight@cc499c5 fairseq/delight_modules/dextra_unit.py: DExTraUnit (norm_type='ln', is_iclr_version=False)
+# on nn_functions.py: GroupLinear, Linear, get_weight_layer, and activation_layers.py ('swish' = x sigmoid(x)).
+# Dropout omitted (eval); the layer sizes are upstream's dextra_config (restated).
+
+_DELIGHT_ACT = {"gelu": F.gelu, "relu": F.relu, "swish": F.silu}
+
+
+class DLinear(nn.Module):  # nn_functions.Linear: weights (out, in), LayerNorm, activation
+    def __init__(self, in_features, out_features, act_type):
+        super().__init__()
+        self.weights = nn.Parameter(nn.init.xavier_uniform_(torch.empty(out_features, in_features)))
+        self.bias = nn.Parameter(torch.zeros(out_features))
+        self.normalization_fn = nn.LayerNorm(out_features)
+        self.act_type = act_type
+
+    def forward(self, x):
+        return _DELIGHT_ACT[self.act_type](self.normalization_fn(F.linear(x, self.weights, self.bias)))
+
+
+class GroupLinear(nn.Module):
+    def __init__(self, in_features, out_features, n_groups, use_shuffle, act_type):
+        super().__init__()
+        self.n_groups, self.feature_shuffle, self.act_type = n_groups, use_shuffle, act_type
+        self.weights = nn.Parameter(nn.init.xavier_uniform_(torch.empty(n_groups, in_features // n_groups,
+                                                                         out_features // n_groups)))
+        self.bias = nn.Parameter(torch.zeros(n_groups, 1, out_features // n_groups))
+        self.normalization_fn = nn.LayerNorm(out_features // n_groups)
+
+    def process_input_bmm(self, x):
+        bsz = x.size(0)
+        x = torch.bmm(x.contiguous().view(bsz, self.n_groups, -1).transpose(0, 1), self.weights) + self.bias
+        if self.feature_shuffle:
+            x = x.permute(1, 2, 0).contiguous().view(bsz, self.n_groups, -1)
+        else:
+            x = x.transpose(0, 1)
+        return _DELIGHT_ACT[self.act_type](self.normalization_fn(x))
+
+    def forward(self, x):
+        t, b, _ = x.size()
+        return self.process_input_bmm(x.contiguous().view(b * t, -1)).contiguous().view(t, b, -1)
+
+
+def _dextra_config(in_features, out_features, max_features, n_layers, max_groups):
+    mid = int(math.ceil(n_layers / 2.0))
+    groups = [min(2 ** (i + 1), max_groups) for i in range(mid)]
+    sizes = [int(v) for v in torch.linspace(in_features, max_features, mid, dtype=torch.float64).floor().tolist()]
+    if n_layers % 2 == 0:
+        groups, sizes = groups + groups[::-1], sizes + sizes[::-1]
+    else:
+        groups, sizes = groups + groups[::-1][1:], sizes + sizes[::-1][1:]
+    sizes = sizes[:-1]
+    ins = [in_features] + [1] * (n_layers - 1)
+    for i in range(n_layers - 1):
+        g = max(groups[i + 1], groups[i], 8)
+        sizes[i] = int(math.ceil(sizes[i] / g)) * g
+        ins[i + 1] = sizes[i] + in_features
+    return {"in": ins, "out": sizes + [out_features], "groups": groups}
+
+
+class DExTraUnit(nn.Module):
+    def __init__(self, in_features, in_proj_features, out_features, width_multiplier=2.0, dextra_depth=4,
+                 max_glt_groups=8, act_type="gelu", glt_shuffle=False):
+        super().__init__()
+        self.in_proj_features, self.out_features, self.width_multiplier = in_proj_features, out_features, width_multiplier
+        self.num_glt_layers, self.max_glt_groups, self.glt_shuffle = dextra_depth, max_glt_groups, glt_shuffle
+        self.input_layer = DLinear(in_features, in_proj_features, act_type)
+        cfg = _dextra_config(in_proj_features, out_features, in_features * width_multiplier, dextra_depth,
+                             max_glt_groups)
+        self.dextra_layers = nn.ModuleList([
+            DLinear(n_in, n_out, act_type) if g == 1 else GroupLinear(n_in, n_out, g, glt_shuffle, act_type)
+            for n_in, n_out, g in zip(cfg["in"], cfg["out"], cfg["groups"])])
+        self.output_layer = DLinear(out_features + in_proj_features, out_features, act_type)
+        self.groups_per_layer = cfg["groups"]
+
+    def forward(self, x):
+        x = self.input_layer(x)
+        b, t = x.size(0), x.size(1)
+        out = x
+        for i, layer in enumerate(self.dextra_layers):
+            out = layer(out)
+            g = self.groups_per_layer[i + 1] if i < self.num_glt_layers - 1 else 1
+            if g == 1:
+                out = torch.cat([x, out], dim=-1)
+            else:
+                out = torch.cat([x.contiguous().view(b, t, g, -1), out.contiguous().view(b, t, g, -1)], dim=-1)
+                out = out.contiguous().view(b, t, -1)
+        return self.output_layer(out)

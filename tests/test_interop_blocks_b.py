@@ -111,6 +111,17 @@ def test_nutime_multi_bias_encoder(k, base, sws):
     _assert_pass(check_module(m, "nutime_multiscale_embedding", config={"base": float(base)}))
 
 
+@pytest.mark.parametrize("depth,wm,gmax,shuffle,act", [(4, 2.0, 4, True, "swish"), (5, 2.0, 8, False, "gelu"),
+                                                       (3, 1.5, 2, True, "relu")])
+def test_delight_dextra_unit(depth, wm, gmax, shuffle, act):
+    torch.manual_seed(10)
+    p = max(4, gmax)  # upstream: widths divisible by max_glt_groups
+    m = _jitter(U.DExTraUnit(8, p, p, width_multiplier=wm, dextra_depth=depth, max_glt_groups=gmax, act_type=act,
+                             glt_shuffle=shuffle))
+    cfg = {"activation": {"swish": "silu"}.get(act, act)}
+    _assert_pass(check_module(m, "delight_dextra", config=cfg))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -126,6 +137,8 @@ _MODULES = {
     "lmu_token_mixer": (lambda: U.LMU(4, seq_len=8, theta=5.0), {},
                         ("lmu.A", "lmu.B", "lmu.H", "lmu.fft_H", "proj_bn.num_batches_tracked")),
     "nutime_multiscale_embedding": (lambda: U.MultiBiasEncoder(num_bias=5, mb_emb_dim=4), {}, ("scales", "locs")),
+    "delight_dextra": (lambda: U.DExTraUnit(8, 4, 4, dextra_depth=3, max_glt_groups=2),
+                       {"dextra_depth": 3, "max_glt_groups": 2, "in_proj_features": 4, "out_features": 4}, ()),
 }
 
 

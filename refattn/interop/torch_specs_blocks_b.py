@@ -119,6 +119,22 @@ def _nutime_build(rng, p, cfg, z):
     return {"x": np.exp(rng.uniform(np.log(1e-4), np.log(1e4), shape)) * rng.choice([-1.0, 1.0], shape)}, {}
 
 
+# ---- DeLighT DExTraUnit: input_layer, dextra_layers (GroupLinear, or Linear where a layer has one group), output_layer
+
+
+def _dextra_rules(config):
+    """upstream's nn_functions ``Linear`` stores ``weights (out, in)`` (transposed here); ``GroupLinear``
+    stores ``weights (g, in/g, out/g)``, already refattn's layout. Which layers are ``Linear`` (one group)
+    follows from ``dextra_depth`` and ``max_glt_groups`` (upstream's ``dextra_config``)."""
+    from ..blocks.delight import dextra_config
+
+    groups = dextra_config(8, 8, 8, dextra_depth=config.get("dextra_depth", 4),
+                           max_glt_groups=config.get("max_glt_groups", 8))["groups"]
+    lin = "|".join(["input_layer", "output_layer"] + [f"dextra_layers\\.{i}" for i, g in enumerate(groups) if g == 1])
+    return [Named(rf"({lin})\.weights", True), Named(r"(input_layer|output_layer|dextra_layers\.\d+)\.(weights|bias"
+                                                     r"|normalization_fn\.(weight|bias))", False)]
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -182,6 +198,16 @@ _SPECS = [
          rules=[Named(r"ws|bs", False), Derived(r"scales|locs")], required=("ws", "bs"), call=_call_x,
          build=_nutime_build, attrs={"scale_weighted_sum": "scale_weighted_sum", "eps": "ln.eps"},
          unsupported={"loc_emb": "use_loc_emb=True (multi-location ablation) is not implemented"}),
+    Spec("delight_dextra", "sacmehta/delight fairseq/delight_modules/dextra_unit.py@cc499c5 (DExTraUnit, "
+         "norm_type='ln', is_iclr_version=False, eval; on nn_functions.py GroupLinear and Linear; forward(x (B, T, N)); "
+         "config activation: 'silu' for act_type 'swish')",
+         rules=_dextra_rules, required=("input_layer.weights", "output_layer.weights"), call=_call_x,
+         build=lambda rng, p, cfg, z: ({"x": rng.standard_normal((z["b"], z["n"], p["input_layer.weights"].shape[0]))},
+                                      {}),
+         attrs={"in_proj_features": "in_proj_features", "out_features": "out_features",
+                "width_multiplier": "width_multiplier", "dextra_depth": "num_glt_layers",
+                "max_glt_groups": "max_glt_groups", "shuffle": "glt_shuffle", "eps": "input_layer.normalization_fn.eps"},
+         defaults={"activation": "gelu", "shuffle": False}),
 ]
 
 add_specs(*_SPECS)
