@@ -460,3 +460,46 @@ class DExTraUnit(nn.Module):
                 out = torch.cat([x.contiguous().view(b, t, g, -1), out.contiguous().view(b, t, g, -1)], dim=-1)
                 out = out.contiguous().view(b, t, -1)
         return self.output_layer(out)
+
+
+# vulus98/Rethinking-attention@983b8c7 models/definitions/ALR_FF.py: FFNetwork_XS/S/M/L (one class, the hidden
+# divisor an argument: 256, 128, 8, 2), and utils/full_sentence_utils.py: AttentionSubstitute. Deviations: MAX_LEN
+# and the head dimension (repository constants) are arguments; the zero padding takes value's dtype and device.
+
+
+class FFNetwork(nn.Module):
+    def __init__(self, model_dimension, sentence_length, divisor=8):
+        super().__init__()
+        self.sentence_length, self.model_dimension = sentence_length, model_dimension
+        self.width = sentence_length * model_dimension
+        widths = [1, divisor, 1]
+        self.layers = nn.ModuleList()
+        for i in range(2):
+            self.layers.extend([nn.LayerNorm(self.width // widths[i]), nn.Linear(self.width // widths[i],
+                                                                                  self.width // widths[i + 1])])
+            if i < 1:
+                self.layers.append(nn.LeakyReLU())
+
+    def forward(self, data, mask):
+        for layer in self.layers:
+            data = layer(data)
+        return data * mask
+
+
+class AttentionSubstitute(nn.Module):
+    def __init__(self, ff, head_dim):
+        super().__init__()
+        self.ff, self.head_dim, self.max_len = ff, head_dim, ff.sentence_length
+
+    def forward(self, query, key, value, mask):
+        b, s, _ = value.shape
+        inputs = torch.cat([value, value.new_zeros(b, self.max_len - s, value.shape[2])], dim=1)
+        shape = inputs.shape
+        mask = torch.squeeze(torch.squeeze(mask, dim=1), dim=1)
+        mask = torch.cat([mask, torch.zeros(b, self.max_len - s, dtype=torch.bool)], dim=1)
+        mask = torch.repeat_interleave(mask, inputs.shape[-1], dim=1)
+        inputs = inputs.reshape((shape[0], shape[1] * shape[2])) * mask
+        outputs = self.ff(inputs, mask)
+        outputs = outputs.reshape((outputs.shape[0], self.max_len, -1, self.head_dim)).transpose(1, 2)
+        outputs, _ = torch.split(outputs, [s, self.max_len - s], dim=2)
+        return outputs

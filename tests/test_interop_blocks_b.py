@@ -122,6 +122,13 @@ def test_delight_dextra_unit(depth, wm, gmax, shuffle, act):
     _assert_pass(check_module(m, "delight_dextra", config=cfg))
 
 
+@pytest.mark.parametrize("d,n_max,divisor,head_dim", [(4, 6, 8, 2), (3, 16, 2, 3)])
+def test_rethinking_attention_substitute(d, n_max, divisor, head_dim):
+    torch.manual_seed(11)
+    m = U.AttentionSubstitute(_jitter(U.FFNetwork(d, n_max, divisor), scale=0.1), head_dim)
+    _assert_pass(check_module(m, "shallow_ffn_attention_replacement"))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -139,6 +146,7 @@ _MODULES = {
     "nutime_multiscale_embedding": (lambda: U.MultiBiasEncoder(num_bias=5, mb_emb_dim=4), {}, ("scales", "locs")),
     "delight_dextra": (lambda: U.DExTraUnit(8, 4, 4, dextra_depth=3, max_glt_groups=2),
                        {"dextra_depth": 3, "max_glt_groups": 2, "in_proj_features": 4, "out_features": 4}, ()),
+    "shallow_ffn_attention_replacement": (lambda: U.FFNetwork(4, 6), {}, ()),
 }
 
 

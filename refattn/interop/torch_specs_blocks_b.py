@@ -135,6 +135,30 @@ def _dextra_rules(config):
                                                      r"|normalization_fn\.(weight|bias))", False)]
 
 
+# ---- Rethinking-attention AttentionSubstitute(FFNetwork_*): forward(query, key, value, mask (B, 1, 1, S))
+
+
+def _ffn_build(rng, p, cfg, z):
+    n_max = int(cfg.get("max_len", 50))
+    d = p["layers.0.weight"].shape[0] // n_max
+    s = min(z["n"], n_max)
+    mask = np.ones((z["b"], s), bool)
+    mask[1:, s - 1 - z["b"] % 2:] = s == 1  # padded keys at the end of later sentences (never the first token)
+    return {"x": rng.standard_normal((z["b"], s, d))}, {"mask": mask}
+
+
+def _ffn_call(module, inp, cfg):
+    """Upstream's ALR call: the substitute takes (query, key, value, mask) and returns heads
+    (B, NH, S, HD), merged back to (B, S, d) here."""
+    import torch
+
+    x = inp["x"]
+    mask = cfg.get("mask")
+    mask = torch.ones(x.shape[:2], dtype=torch.bool) if mask is None else torch.as_tensor(np.asarray(mask))
+    out = module(x, x, x, mask[:, None, None, :])
+    return out.transpose(1, 2).reshape(x.shape)
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -208,6 +232,14 @@ _SPECS = [
                 "width_multiplier": "width_multiplier", "dextra_depth": "num_glt_layers",
                 "max_glt_groups": "max_glt_groups", "shuffle": "glt_shuffle", "eps": "input_layer.normalization_fn.eps"},
          defaults={"activation": "gelu", "shuffle": False}),
+    Spec("shallow_ffn_attention_replacement", "vulus98/Rethinking-attention models/definitions/ALR_FF.py@983b8c7 "
+         "(FFNetwork_XS/S/M/L: layers.0 LayerNorm, .1 Linear, .2 LeakyReLU, .3 LayerNorm, .4 Linear) in "
+         "utils/full_sentence_utils.py AttentionSubstitute (module prefix 'ff.'; forward(query, key, value, mask "
+         "(B, 1, 1, S)) on the values; its heads (B, NH, S, HD) merged to (B, S, d))",
+         rules=[Named(r"layers\.[14]\.weight", True), Named(r"layers\.[0134]\.(weight|bias)", False)],
+         required=("layers.0.weight", "layers.1.weight", "layers.3.weight", "layers.4.weight"), module_prefix="ff.",
+         call=_ffn_call, build=_ffn_build, attrs={"max_len": "ff.sentence_length", "eps": "ff.layers.0.eps",
+                                                  "negative_slope": "ff.layers.2.negative_slope"}),
 ]
 
 add_specs(*_SPECS)
