@@ -503,3 +503,48 @@ class AttentionSubstitute(nn.Module):
         outputs = outputs.reshape((outputs.shape[0], self.max_len, -1, self.head_dim)).transpose(1, 2)
         outputs, _ = torch.split(outputs, [s, self.max_len - s], dim=2)
         return outputs
+
+
+# epfml/DenseFormer@c99a623 denseformer/denseformer.py: DWAModules, in the README's DenseFormer stack (blocks and
+# dwa_modules; wte, ln_f and lm_head left out) with torch.nn.MultiheadAttention self-attention blocks. Deviation: the
+# accumulators are Python lists of the past outputs stacked at each average, not InPlaceSetSlice's preallocated
+# buffers (the same tensors: x_acc[r][:j + 1] is the list of outputs of depth r, r + k, ..., read by tensordot).
+
+
+class DWAModules(nn.Module):
+    def __init__(self, n_blocks, dilation=1, period=1):
+        super().__init__()
+        self.n_blocks, self.dilation, self.period = n_blocks, dilation, period
+        self.alphas = nn.ModuleList([nn.Linear((i + 1 + dilation) // dilation, 1, bias=False) if (i + 1) % period == 0
+                                     else None for i in range(n_blocks)])
+        for module in self.alphas:
+            if module is not None:
+                module.weight.data.zero_()
+                module.weight.data[0, -1] = 1.
+        self.accumulators = None
+
+    def init_accumulators(self, x):
+        self.accumulators = [[] for _ in range(self.dilation)]
+        self.accumulators[0].append(x)
+
+    def forward(self, x, block_idx):
+        acc = self.accumulators[(block_idx + 1) % self.dilation]
+        acc.append(x)
+        if (block_idx + 1) % self.period == 0:
+            x = torch.tensordot(self.alphas[block_idx].weight.view(-1), torch.stack(acc), dims=1)
+        return x
+
+
+class DenseFormerMHA(nn.Module):
+    def __init__(self, n_embd, n_head, n_blocks, dilation=1, period=1, bias=True):
+        super().__init__()
+        self.dwa_modules = DWAModules(n_blocks, dilation, period)
+        self.blocks = nn.ModuleList([nn.MultiheadAttention(n_embd, n_head, bias=bias, batch_first=True)
+                                     for _ in range(n_blocks)])
+
+    def forward(self, x):
+        self.dwa_modules.init_accumulators(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, x, x, need_weights=False)[0]
+            x = self.dwa_modules(x, block_idx=i)
+        return x

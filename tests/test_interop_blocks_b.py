@@ -129,6 +129,14 @@ def test_rethinking_attention_substitute(d, n_max, divisor, head_dim):
     _assert_pass(check_module(m, "shallow_ffn_attention_replacement"))
 
 
+@pytest.mark.parametrize("n_blocks,dilation,period,heads,bias", [(3, 1, 1, 2, True), (5, 2, 2, 1, False),
+                                                               (4, 3, 1, 2, True)])
+def test_denseformer_dwa_mha_blocks(n_blocks, dilation, period, heads, bias):
+    torch.manual_seed(12)
+    m = _jitter(U.DenseFormerMHA(4, heads, n_blocks, dilation, period, bias=bias))  # DWA weights off the identity
+    _assert_pass(check_module(m, "denseformer_dwa", config={"block_config": {"num_heads": heads}}))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -147,6 +155,7 @@ _MODULES = {
     "delight_dextra": (lambda: U.DExTraUnit(8, 4, 4, dextra_depth=3, max_glt_groups=2),
                        {"dextra_depth": 3, "max_glt_groups": 2, "in_proj_features": 4, "out_features": 4}, ()),
     "shallow_ffn_attention_replacement": (lambda: U.FFNetwork(4, 6), {}, ()),
+    "denseformer_dwa": (lambda: U.DenseFormerMHA(4, 2, 3, 2, 1), {"n_blocks": 3}, ()),
 }
 
 

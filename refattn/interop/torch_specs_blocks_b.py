@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Derived, Named, Spec, add_specs
+from .torch_specs import Derived, Named, Rename, Spec, Split, add_specs
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -159,6 +159,26 @@ def _ffn_call(module, inp, cfg):
     return out.transpose(1, 2).reshape(x.shape)
 
 
+# ---- DenseFormer (the README's DenseFormer stack on DWAModules) with torch.nn.MultiheadAttention blocks: refattn's
+# record composes its "multi_head_attention" sublayer under its own names (blocks.{i}.q_proj ...)
+
+
+def _dwa_rules(config):
+    rules = [Named(r"dwa_modules\.alphas\.\d+\.weight", False)]
+    for i in range(int(config.get("n_blocks", 0))):
+        b = f"blocks.{i}."
+        rules += [Split((b + "q_proj", b + "k_proj", b + "v_proj"), b + "in_proj_weight", True),
+                  Split((b + "q_proj_bias", b + "k_proj_bias", b + "v_proj_bias"), b + "in_proj_bias", False,
+                        optional=True),
+                  Rename(b + "out_proj", b + "out_proj.weight", True),
+                  Rename(b + "out_proj_bias", b + "out_proj.bias", False, optional=True)]
+    return rules
+
+
+def _dwa_call(module, inp, cfg):
+    return module(inp["x"])
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -240,6 +260,14 @@ _SPECS = [
          required=("layers.0.weight", "layers.1.weight", "layers.3.weight", "layers.4.weight"), module_prefix="ff.",
          call=_ffn_call, build=_ffn_build, attrs={"max_len": "ff.sentence_length", "eps": "ff.layers.0.eps",
                                                   "negative_slope": "ff.layers.2.negative_slope"}),
+    Spec("denseformer_dwa", "epfml/DenseFormer denseformer/denseformer.py@c99a623 (DWAModules; the README's "
+         "DenseFormer stack: init_accumulators(x), then x = blocks[i](x), x = dwa_modules(x, block_idx=i), without "
+         "wte/ln_f/lm_head) with torch.nn.MultiheadAttention blocks (self-attention, batch_first), refattn's "
+         "block='multi_head_attention'; config n_blocks, block_config={'num_heads': ...})",
+         rules=_dwa_rules, required=("blocks.0.in_proj_weight", "blocks.0.out_proj.weight"), call=_dwa_call,
+         build=lambda rng, p, cfg, z: ({"x": rng.standard_normal((z["b"], z["n"], p["blocks.0.q_proj"].shape[0]))}, {}),
+         attrs={"n_blocks": "dwa_modules.n_blocks", "dilation": "dwa_modules.dilation", "period": "dwa_modules.period"},
+         defaults={"block": "multi_head_attention"}),
 ]
 
 add_specs(*_SPECS)
