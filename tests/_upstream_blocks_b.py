@@ -548,3 +548,41 @@ class DenseFormerMHA(nn.Module):
             x = block(x, x, x, need_weights=False)[0]
             x = self.dwa_modules(x, block_idx=i)
         return x
+
+
+# yifanzhang-pro/deep-delta-learning@2b55f25 model/DDL-vdim1-gpt-mha-rope.py: DeepDeltaResidualVdim1 (and _logit).
+# Deviation: its float32 up-casts (.float() on the gate logits, dtype=torch.float32 in the projection sum) are dropped;
+# the config fields are arguments.
+
+
+class DeepDeltaResidualVdim1(nn.Module):
+    def __init__(self, hidden_size, beta_single_linear=True, beta_hidden_size=128, v_sigmoid=True, v_sigmoid_scale=4.0,
+                 v_constant=False, v_constant_value=2.0, k_eps=1e-5, beta_init=0.0):
+        super().__init__()
+        self.k_eps, self.v_sigmoid, self.v_sigmoid_scale = k_eps, v_sigmoid, v_sigmoid_scale
+        self.v_constant, self.v_constant_value = v_constant, v_constant_value
+        self.beta_single_linear = beta_single_linear
+        if beta_single_linear:
+            self.beta = nn.Linear(hidden_size, 1, bias=True)
+        else:
+            self.beta_in = nn.Linear(hidden_size, beta_hidden_size, bias=False)
+            self.beta_out = nn.Linear(beta_hidden_size, 1, bias=True)
+        self.v_proj = nn.Linear(hidden_size, 1, bias=True)
+        p = min(max(min(max(beta_init, 0.0), 2.0) / 2.0, 1e-6), 1.0 - 1e-6)
+        with torch.no_grad():
+            (self.beta if beta_single_linear else self.beta_out).bias.fill_(math.log(p) - math.log(1.0 - p))
+
+    def forward(self, x, *, k_in, context):
+        k_dim = int(k_in.size(-1))
+        k_rms = F.rms_norm(k_in, [k_dim], eps=(self.k_eps * self.k_eps) / float(k_dim))
+        k_scale = 1.0 / math.sqrt(k_dim)
+        logits = self.beta(context) if self.beta_single_linear else self.beta_out(torch.tanh(self.beta_in(context)))
+        beta = 2.0 * torch.sigmoid(logits)
+        proj = torch.sum(k_rms * x, dim=-1, keepdim=True) * k_scale
+        if self.v_constant:
+            v = torch.full_like(proj, self.v_constant_value)
+        else:
+            v = self.v_proj(x)
+            if self.v_sigmoid:
+                v = torch.sigmoid(v) * self.v_sigmoid_scale
+        return x + ((beta * (v - proj)) * k_scale) * k_rms

@@ -137,6 +137,17 @@ def test_denseformer_dwa_mha_blocks(n_blocks, dilation, period, heads, bias):
     _assert_pass(check_module(m, "denseformer_dwa", config={"block_config": {"num_heads": heads}}))
 
 
+@pytest.mark.parametrize("kw,cfg", [(dict(), {}), (dict(beta_single_linear=False, beta_hidden_size=5, v_sigmoid=False), {}),
+                                    (dict(v_constant=True, v_constant_value=1.5), {"v_constant": 1.5})])
+def test_deep_delta_residual_vdim1(kw, cfg):
+    torch.manual_seed(13)
+    m = U.DeepDeltaResidualVdim1(6, beta_init=1.0, **kw)
+    with torch.no_grad():
+        for p in m.parameters():
+            torch.nn.init.normal_(p, std=0.5)
+    _assert_pass(check_module(m, "depth_attention_delta_residual", config=cfg))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -156,6 +167,8 @@ _MODULES = {
                        {"dextra_depth": 3, "max_glt_groups": 2, "in_proj_features": 4, "out_features": 4}, ()),
     "shallow_ffn_attention_replacement": (lambda: U.FFNetwork(4, 6), {}, ()),
     "denseformer_dwa": (lambda: U.DenseFormerMHA(4, 2, 3, 2, 1), {"n_blocks": 3}, ()),
+    "depth_attention_delta_residual": (lambda: U.DeepDeltaResidualVdim1(6, beta_single_linear=False, beta_hidden_size=3),
+                                       {"beta_single_linear": False}, ()),
 }
 
 

@@ -179,6 +179,25 @@ def _dwa_call(module, inp, cfg):
     return module(inp["x"])
 
 
+# ---- Deep Delta Learning DeepDeltaResidualVdim1: forward(x, *, k_in, context)
+
+
+def _ddl_rules(config):
+    rules = [Named(r"(beta|beta_in|beta_out|v_proj)\.weight", True), Named(r"(beta|beta_out|v_proj)\.bias", False)]
+    if config.get("v_constant") is not None:  # upstream keeps an unused v_proj with ddl_v_dim1_constant
+        rules.insert(0, Derived(r"v_proj\.(weight|bias)"))
+    return rules
+
+
+def _ddl_build(rng, p, cfg, z):
+    c = (p["beta.weight"] if "beta.weight" in p else p["beta_in.weight"]).shape[0]
+    return {name: rng.standard_normal((z["b"], z["n"], c)) for name in ("x", "k", "context")}, {}
+
+
+def _ddl_call(module, inp, cfg):
+    return module(inp["x"], k_in=inp["k"], context=inp["context"])
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -268,6 +287,12 @@ _SPECS = [
          build=lambda rng, p, cfg, z: ({"x": rng.standard_normal((z["b"], z["n"], p["blocks.0.q_proj"].shape[0]))}, {}),
          attrs={"n_blocks": "dwa_modules.n_blocks", "dilation": "dwa_modules.dilation", "period": "dwa_modules.period"},
          defaults={"block": "multi_head_attention"}),
+    Spec("depth_attention_delta_residual", "yifanzhang-pro/deep-delta-learning model/DDL-vdim1-gpt-mha-rope.py@2b55f25 "
+         "(DeepDeltaResidualVdim1; forward(x, k_in=, context=); config v_constant=ddl_v_dim1_constant_value when "
+         "ddl_v_dim1_constant, then v_proj is read and dropped)",
+         rules=_ddl_rules, call=_ddl_call, build=_ddl_build,
+         attrs={"k_eps": "k_eps", "v_sigmoid": "v_sigmoid", "v_sigmoid_scale": "v_sigmoid_scale",
+                "beta_single_linear": "beta_single_linear"}),
 ]
 
 add_specs(*_SPECS)
