@@ -586,3 +586,24 @@ class DeepDeltaResidualVdim1(nn.Module):
             if self.v_sigmoid:
                 v = torch.sigmoid(v) * self.v_sigmoid_scale
         return x + ((beta * (v - proj)) * k_scale) * k_rms
+
+
+# shallowdream204/DiCo@b596b05 dico_models.py: DiCoBlock, its conv module only (conv1, conv2, ca, conv3 as DiCoBlock
+# builds them; forward = the lines of DiCoBlock.forward between modulate(norm1(inp)) and the gated residual). The
+# LayerNorm2d, adaLN modulation and 1x1-conv MLP (conv4, conv5) are not restated.
+
+
+class DiCoConvModule(nn.Module):
+    def __init__(self, hidden_size, kernel_size=3):
+        super().__init__()
+        self.conv1 = nn.Conv2d(hidden_size, hidden_size, kernel_size=1, bias=True)
+        self.conv2 = nn.Conv2d(hidden_size, hidden_size, kernel_size=kernel_size, padding=kernel_size // 2,
+                               groups=hidden_size, bias=True)
+        self.conv3 = nn.Conv2d(hidden_size, hidden_size, kernel_size=1, bias=True)
+        self.ca = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(hidden_size, hidden_size, kernel_size=1, bias=True),
+                                nn.Sigmoid())
+
+    def forward(self, x):
+        x = F.gelu(self.conv2(self.conv1(x)))
+        x = x * self.ca(x)
+        return self.conv3(x)

@@ -148,6 +148,12 @@ def test_deep_delta_residual_vdim1(kw, cfg):
     _assert_pass(check_module(m, "depth_attention_delta_residual", config=cfg))
 
 
+@pytest.mark.parametrize("c,k", [(4, 3), (3, 5)])  # k = 3 upstream; 5: the kernel is read from conv2.weight
+def test_dico_conv_module(c, k):
+    torch.manual_seed(14)
+    _assert_pass(check_module(_jitter(U.DiCoConvModule(c, k)), "dico_compact_channel_attention"))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -169,6 +175,7 @@ _MODULES = {
     "denseformer_dwa": (lambda: U.DenseFormerMHA(4, 2, 3, 2, 1), {"n_blocks": 3}, ()),
     "depth_attention_delta_residual": (lambda: U.DeepDeltaResidualVdim1(6, beta_single_linear=False, beta_hidden_size=3),
                                        {"beta_single_linear": False}, ()),
+    "dico_compact_channel_attention": (lambda: U.DiCoConvModule(4), {}, ()),
 }
 
 

@@ -293,6 +293,15 @@ _SPECS = [
          rules=_ddl_rules, call=_ddl_call, build=_ddl_build,
          attrs={"k_eps": "k_eps", "v_sigmoid": "v_sigmoid", "v_sigmoid_scale": "v_sigmoid_scale",
                 "beta_single_linear": "beta_single_linear"}),
+    Spec("dico_compact_channel_attention", "shallowdream204/DiCo dico_models.py@b596b05 (DiCoBlock's conv module: "
+         "conv1, conv2 (depthwise), ca = Sequential(AdaptiveAvgPool2d, Conv2d, Sigmoid), conv3; the lines of "
+         "DiCoBlock.forward between the adaLN modulation and the gated residual; forward(x (B, C, H, W)))",
+         rules=[Named(r"(conv[123]|ca\.1)\.(weight|bias)", False)],
+         required=("conv1.weight", "conv2.weight", "ca.1.weight", "conv3.weight"), call=_call_x,
+         build=_image_build("conv1.weight"),
+         unsupported={k: "the rest of DiCoBlock (MLP, adaLN), outside the token mixer: strict=False ignores it"
+                      for k in ("conv4.weight", "conv4.bias", "conv5.weight", "conv5.bias",
+                                "adaLN_modulation.1.weight", "adaLN_modulation.1.bias")}),
 ]
 
 add_specs(*_SPECS)
