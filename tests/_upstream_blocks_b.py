@@ -607,3 +607,47 @@ class DiCoConvModule(nn.Module):
         x = F.gelu(self.conv2(self.conv1(x)))
         x = x * self.ca(x)
         return self.conv3(x)
+
+
+# zhengkid/PartialFormer@d1ed959 fairseq/modules/efficient_pa_attention_qk.py: EfficientPAQKMultiheadAttention,
+# self-attention path with use_hdp=False, no masks, no incremental state, eval (dropouts omitted); fairseq's
+# quant_noise (off) and utils.get_activation_fn are plain nn.Linear and F.relu/F.gelu; args fields are arguments.
+
+
+class EfficientPAQKMultiheadAttention(nn.Module):
+    def __init__(self, embed_dim, num_heads, expand_heads, hidden_ratio=2, activation_fn="relu", bias=True):
+        super().__init__()
+        self.embed_dim, self.num_heads, self.expand_heads = embed_dim, num_heads, expand_heads
+        self.head_dim = embed_dim // num_heads
+        self.scaling = self.head_dim ** -0.5
+        self.self_attention = True
+        width = expand_heads * self.head_dim
+        self.k_proj = nn.Linear(embed_dim, width, bias=bias)
+        self.q_proj = nn.Linear(embed_dim, width, bias=bias)
+        self.v_proj = nn.Linear(embed_dim, width, bias=bias)
+        self.u_proj = nn.Linear(embed_dim, width, bias=bias)
+        self.ff1 = nn.Linear(self.head_dim, hidden_ratio * self.head_dim, bias=bias)
+        self.ff2 = nn.Linear(hidden_ratio * self.head_dim, self.head_dim, bias=bias)
+        self.out_proj = nn.Linear(width, embed_dim, bias=bias)
+        self.activation_fn = {"relu": F.relu, "gelu": F.gelu}[activation_fn]
+
+    def forward(self, query, key, value, attn_before=None):
+        tgt_len, bsz, _ = query.size()
+        q, k, v, u = self.q_proj(query), self.k_proj(query), self.v_proj(query), self.u_proj(query)
+        q = q * self.scaling
+        q = q.contiguous().view(tgt_len, bsz * self.expand_heads, self.head_dim).transpose(0, 1)
+        k = k.contiguous().view(-1, bsz * self.expand_heads, self.head_dim).transpose(0, 1)
+        v = v.contiguous().view(-1, bsz * self.expand_heads, self.head_dim).transpose(0, 1)
+        attn_weights = torch.bmm(q, k.transpose(1, 2))
+        if attn_before is not None:
+            attn_weights = attn_weights + attn_before
+        attn_weights_float = F.softmax(attn_weights, dim=-1)
+        attn = torch.bmm(attn_weights_float, v)
+        res = attn
+        attn = self.activation_fn(self.ff1(attn))
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, -1).view(tgt_len, bsz * self.expand_heads, -1)
+        attn = self.ff2(attn)
+        attn = attn.view(tgt_len, -1, self.head_dim).transpose(0, 1).contiguous() + res
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.expand_heads * self.head_dim)
+        attn = self.out_proj(attn * F.relu(u))
+        return attn, attn_weights_float.view(bsz, self.expand_heads, tgt_len, -1).transpose(1, 0)

@@ -154,6 +154,13 @@ def test_dico_conv_module(c, k):
     _assert_pass(check_module(_jitter(U.DiCoConvModule(c, k)), "dico_compact_channel_attention"))
 
 
+@pytest.mark.parametrize("c,h,e,r,act", [(8, 2, 3, 2, "relu"), (6, 3, 3, 1, "gelu")])
+def test_partialformer_attention(c, h, e, r, act):
+    torch.manual_seed(15)
+    m = _jitter(U.EfficientPAQKMultiheadAttention(c, h, e, hidden_ratio=r, activation_fn=act))
+    _assert_pass(check_module(m, "partialformer_head_ffns", config={"activation": act}))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -176,6 +183,7 @@ _MODULES = {
     "depth_attention_delta_residual": (lambda: U.DeepDeltaResidualVdim1(6, beta_single_linear=False, beta_hidden_size=3),
                                        {"beta_single_linear": False}, ()),
     "dico_compact_channel_attention": (lambda: U.DiCoConvModule(4), {}, ()),
+    "partialformer_head_ffns": (lambda: U.EfficientPAQKMultiheadAttention(8, 2, 3), {}, ()),
 }
 
 

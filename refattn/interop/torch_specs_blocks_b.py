@@ -198,6 +198,22 @@ def _ddl_call(module, inp, cfg):
     return module(inp["x"], k_in=inp["k"], context=inp["context"])
 
 
+# ---- PartialFormer EfficientPAQKMultiheadAttention: fairseq's time-major forward(query, key, value, attn_before=)
+
+
+def _pf_build(rng, p, cfg, z):
+    c = p["q_proj.weight"].shape[0]
+    e = int(cfg.get("expand_heads") or cfg["num_heads"])
+    return {"x": rng.standard_normal((z["b"], z["n"], c)),
+            "attn_before": rng.standard_normal((z["b"], e, z["n"], z["n"]))}, {}
+
+
+def _pf_call(module, inp, cfg):
+    x = inp["x"].transpose(0, 1)  # (T, B, C), fairseq's layout
+    b, e, n, _ = inp["attn_before"].shape
+    return module(x, x, x, attn_before=inp["attn_before"].reshape(b * e, n, n))[0].transpose(0, 1)
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -302,6 +318,14 @@ _SPECS = [
          unsupported={k: "the rest of DiCoBlock (MLP, adaLN), outside the token mixer: strict=False ignores it"
                       for k in ("conv4.weight", "conv4.bias", "conv5.weight", "conv5.bias",
                                 "adaLN_modulation.1.weight", "adaLN_modulation.1.bias")}),
+    Spec("partialformer_head_ffns", "zhengkid/PartialFormer fairseq/modules/efficient_pa_attention_qk.py@d1ed959 "
+         "(EfficientPAQKMultiheadAttention, self-attention, use_hdp=False, eval; forward(query, key, value, "
+         "attn_before=(B E, T, T)) time-major, returns (attn, attn_weights); config activation = args.activation_fn)",
+         rules=[Named(r"([qkvu]_proj|ff[12]|out_proj)\.weight", True), Named(r"([qkvu]_proj|ff[12]|out_proj)\.bias", False)],
+         required=("q_proj.weight", "k_proj.weight", "v_proj.weight", "u_proj.weight", "ff1.weight", "ff2.weight",
+                   "out_proj.weight"), call=_pf_call, build=_pf_build,
+         attrs={"num_heads": "num_heads", "expand_heads": "expand_heads"},
+         unsupported={"hdp_net.0.weight": "use_hdp (the head-mixing net) is not implemented"}),
 ]
 
 add_specs(*_SPECS)
