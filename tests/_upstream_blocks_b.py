@@ -651,3 +651,76 @@ class EfficientPAQKMultiheadAttention(nn.Module):
         attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.expand_heads * self.head_dim)
         attn = self.out_proj(attn * F.relu(u))
         return attn, attn_weights_float.view(bsz, self.expand_heads, tgt_len, -1).transpose(1, 0)
+
+
+# ethanbar11/ssm_2d@fbdd3e3 models/mega/two_d_ssm.py: TwoDimensionalSSM (real parameterisation), with the impulse
+# response of models/mega/ssm_coefficient.py: CoeffCalculator. Deviations: the kernel is evaluated by running
+# CoeffCalculator's recurrence (calc_x_h / calc_x_v: a step is halved when both of its source states are non-zero)
+# on the parameter values instead of expanding it symbolically with sympy into power tables (the same numbers), and
+# at the input's side instead of ceil(sqrt(L)) fixed at construction (the same for that side); forward's
+# k.float() is dropped; args fields are arguments.
+
+
+class TwoDimensionalSSM(nn.Module):
+    def __init__(self, embed_dim, ndim=3, n_ssm=2, directions_amount=4, use_residual=False, normalize=False):
+        super().__init__()
+        self.embed_dim, self.ndim, self.n_ssm = embed_dim, ndim, n_ssm
+        self.normalization = nn.LayerNorm(embed_dim) if normalize else nn.Identity()
+        self.directions_amount, self.use_residual = directions_amount, use_residual
+        self.scale = math.sqrt(1.0 / ndim)
+        self.kernel_dim = directions_amount * n_ssm
+        self.C_dimensions = embed_dim * directions_amount
+        self.A = nn.ParameterDict({f"A_{r}": nn.Parameter(torch.randn(self.kernel_dim, ndim) * 0.2) for r in range(1, 5)})
+        self.B_1 = nn.Parameter(torch.randn(self.kernel_dim, ndim) * 0.2)
+        self.B_2 = nn.Parameter(torch.randn(self.kernel_dim, ndim) * 0.2)
+        self.C_1 = nn.Parameter(torch.randn(self.C_dimensions, ndim))
+        self.C_2 = nn.Parameter(torch.randn(self.C_dimensions, ndim))
+        self.omega = nn.Parameter(torch.randn(embed_dim))
+
+    def _x_matrices(self, side):
+        """x_h, x_v (side, side, kernel_dim, ndim): the impulse response at u_0_0 = 1."""
+        a = {k: torch.sigmoid(v) for k, v in self.A.items()}
+        b1, b2 = torch.sigmoid(self.B_1), torch.sigmoid(self.B_2)
+        zero = torch.zeros_like(b1)
+        xh = [[None] * side for _ in range(side)]
+        xv = [[None] * side for _ in range(side)]
+        for i in range(side):
+            for j in range(side):
+                h_src = (xh[i][j - 1], xv[i][j - 1]) if j >= 1 else (None, None)
+                v_src = (xh[i - 1][j], xv[i - 1][j]) if i >= 1 else (None, None)
+                u = 1.0 if i == 0 and j == 0 else 0.0
+                for src, (ka, kb), bb, out in ((h_src, ("A_1", "A_2"), b1, xh), (v_src, ("A_3", "A_4"), b2, xv)):
+                    sh, sv = src
+                    val = (zero if sh is None else a[ka] * sh) + (zero if sv is None else a[kb] * sv)
+                    if sh is not None and sv is not None and sh.abs().sum() > 0 and sv.abs().sum() > 0:
+                        val = val / 2
+                    out[i][j] = val + bb * u
+        return (torch.stack([torch.stack(r) for r in xh]), torch.stack([torch.stack(r) for r in xv]))
+
+    def kernel(self, side):
+        xh, xv = self._x_matrices(side)
+        k = self.n_ssm * self.directions_amount
+        c1 = (self.C_1 * self.scale).view(-1, k, self.ndim)
+        c2 = (self.C_2 * self.scale).view(-1, k, self.ndim)
+        out = torch.einsum("ijcn,hcn->ijhc", xh, c1) + torch.einsum("ijcn,hcn->ijhc", xv, c2)
+        out = out.reshape(side, side, self.C_dimensions).clone()
+        out[0, :, :] *= 2
+        out[:, 0, :] *= 2
+        out[0, 0] /= 4
+        return out
+
+    def forward(self, x):
+        seq_len, bsz, embed_dim = x.size()
+        residual = x * self.omega
+        n = int(math.sqrt(seq_len))
+        x = x.permute(1, 2, 0).reshape(bsz, embed_dim, n, n)
+        k = self.kernel(n).permute(2, 0, 1)
+        k_f = torch.fft.rfft2(k, s=(2 * n, 2 * n))
+        flips = [[], [-2], [-1], [-2, -1]] if self.directions_amount == 4 else [[], [-2, -1]]
+        x_f = torch.fft.rfft2(torch.cat([torch.flip(x, dims=f) for f in flips], dim=1), s=(2 * n, 2 * n))
+        curr_all = torch.fft.irfft2(x_f * k_f, s=(2 * n, 2 * n))[..., :n, :n]
+        out = sum(torch.flip(curr_all[:, i * embed_dim:(i + 1) * embed_dim], dims=f) for i, f in enumerate(flips))
+        out = out.reshape(bsz, embed_dim, seq_len).permute(2, 0, 1)
+        if self.use_residual:
+            out = out + residual
+        return self.normalization(out)

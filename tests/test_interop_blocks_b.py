@@ -161,6 +161,14 @@ def test_partialformer_attention(c, h, e, r, act):
     _assert_pass(check_module(m, "partialformer_head_ffns", config={"activation": act}))
 
 
+@pytest.mark.parametrize("kw", [dict(directions_amount=4, use_residual=True, normalize=True),
+                                dict(directions_amount=2), dict(directions_amount=4, ndim=2, n_ssm=1)])
+def test_ssm_2d_layer(kw):
+    torch.manual_seed(16)
+    m = _jitter(U.TwoDimensionalSSM(4, **kw), scale=0.2)
+    _assert_pass(check_module(m, "ssm_2d_layer"))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -184,6 +192,7 @@ _MODULES = {
                                        {"beta_single_linear": False}, ()),
     "dico_compact_channel_attention": (lambda: U.DiCoConvModule(4), {}, ()),
     "partialformer_head_ffns": (lambda: U.EfficientPAQKMultiheadAttention(8, 2, 3), {}, ()),
+    "ssm_2d_layer": (lambda: U.TwoDimensionalSSM(4, use_residual=True, normalize=True), {"use_residual": True}, ()),
 }
 
 

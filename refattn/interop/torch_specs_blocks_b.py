@@ -214,6 +214,19 @@ def _pf_call(module, inp, cfg):
     return module(x, x, x, attn_before=inp["attn_before"].reshape(b * e, n, n))[0].transpose(0, 1)
 
 
+# ---- 2-D SSM TwoDimensionalSSM (real parameterisation): forward(x (L, B, D)), L = S^2 row-major
+
+
+def _ssm2d_build(rng, p, cfg, z):
+    side = 2 + z["n"] % 3
+    d = p["C_1"].shape[0] // int(cfg.get("directions", 4))  # C_1 is (D * directions, ndim)
+    return {"x": rng.standard_normal((z["b"], side * side, d))}, {}
+
+
+def _ssm2d_call(module, inp, cfg):
+    return module(inp["x"].transpose(0, 1)).transpose(0, 1)  # upstream: Time x Batch x Channel
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -326,6 +339,16 @@ _SPECS = [
                    "out_proj.weight"), call=_pf_call, build=_pf_build,
          attrs={"num_heads": "num_heads", "expand_heads": "expand_heads"},
          unsupported={"hdp_net.0.weight": "use_hdp (the head-mixing net) is not implemented"}),
+    Spec("ssm_2d_layer", "ethanbar11/ssm_2d models/mega/two_d_ssm.py@fbdd3e3 (TwoDimensionalSSM, complex_ssm=False; "
+         "kernel from models/mega/ssm_coefficient.py CoeffCalculator; forward(x (L, B, D)); omega is always a "
+         "parameter upstream: mapped with use_residual, read and dropped without)",
+         rules=lambda config: [Named(r"A\.A_[1-4]|[BC]_[12]|normalization\.(weight|bias)", False),
+                               Named(r"omega", False) if config.get("use_residual") else Derived(r"omega")],
+         required=("A.A_1", "A.A_2", "A.A_3", "A.A_4", "B_1", "B_2", "C_1", "C_2"), call=_ssm2d_call,
+         build=_ssm2d_build, infer=lambda keys: {"normalize": "normalization.weight" in keys},
+         attrs={"directions": "directions_amount", "use_residual": "use_residual", "eps": "normalization.eps"},
+         unsupported={k: "the complex parameterisation (complex_ssm) is not implemented"
+                      for k in ("A_angle.A_1", "A_radius.A_1")}),
 ]
 
 add_specs(*_SPECS)
