@@ -724,3 +724,103 @@ class TwoDimensionalSSM(nn.Module):
         if self.use_residual:
             out = out + residual
         return self.normalization(out)
+
+
+# NUS-HPC-AI-Lab/Dynamic-Diffusion-Transformer-DyDiT-@dd68c47 models.py: DiTBlock, Attention, Mlp (DynaQKVLinear and
+# DynaLinear at width_mult=1 are the full nn.Linear), modulate; dynamic_model.py: DiffRate, TokenSelect,
+# _gumbel_sigmoid (evaluation branch: y_soft = sigmoid(logits); the training branch's Gumbel draws are not restated).
+# Dropout omitted.
+
+
+def _gumbel_sigmoid_eval(logits, hard=True, threshold=0.5):
+    y_soft = logits.sigmoid()
+    if not hard:
+        return y_soft
+    y_hard = torch.zeros_like(logits).masked_fill(y_soft > threshold, 1.0)
+    return y_hard - y_soft.detach() + y_soft
+
+
+class DiffRate(nn.Module):
+    def __init__(self, dim, channel_number, tau=5, is_hard=True, threshold=0.5):
+        super().__init__()
+        self.router = nn.Linear(dim, channel_number)
+        self.is_hard, self.tau, self.threshold = is_hard, tau, threshold
+
+    def forward(self, x):
+        return _gumbel_sigmoid_eval(self.router(x), self.is_hard, self.threshold)
+
+
+class TokenSelect(nn.Module):
+    def __init__(self, dim_in, tau=5, is_hard=True, threshold=0.5, bias=True):
+        super().__init__()
+        self.mlp_head = nn.Sequential(nn.Linear(dim_in, dim_in // 16, bias=bias), nn.ReLU(),
+                                      nn.Linear(dim_in // 16, 1, bias=bias))
+        self.is_hard, self.tau, self.threshold = is_hard, tau, threshold
+
+    def forward(self, x):
+        logits = self.mlp_head(x)
+        return _gumbel_sigmoid_eval(logits, self.is_hard, self.threshold), logits
+
+
+class DyDiTAttention(nn.Module):
+    def __init__(self, dim, num_heads=8, qkv_bias=False):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.scale = self.head_dim ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x, channel_mask=None):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        attn = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        x = (attn @ v).transpose(1, 2).reshape(b, n, -1)
+        if channel_mask is not None:
+            x = channel_mask.unsqueeze(dim=2).repeat(1, 1, self.head_dim).flatten(1).unsqueeze(1) * x
+        return self.proj(x)
+
+
+class DyDiTMlp(nn.Module):
+    def __init__(self, in_features, hidden_features, num_heads):
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden_features, in_features)
+        self.head_dim = hidden_features // num_heads
+
+    def forward(self, x, channel_mask=None):
+        x = self.fc1(x)
+        if channel_mask is not None:
+            x = channel_mask.unsqueeze(dim=2).repeat(1, 1, self.head_dim).flatten(1).unsqueeze(1) * x
+        return self.fc2(self.act(x))
+
+
+def _modulate(x, shift, scale):
+    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
+class DiTBlock(nn.Module):
+    def __init__(self, hidden_size, num_heads, mlp_ratio=4.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.attn = DyDiTAttention(hidden_size, num_heads=num_heads, qkv_bias=True)
+        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.mlp = DyDiTMlp(hidden_size, int(hidden_size * mlp_ratio), num_heads)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size, bias=True))
+        self.attn_rate = DiffRate(hidden_size, num_heads)
+        self.mlp_rate = DiffRate(hidden_size, num_heads)
+        self.token_selection = TokenSelect(hidden_size)
+
+    def forward(self, x, c, t, complete_model):
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=1)
+        attn_weight_mask = self.attn_rate(t) if not complete_model else None
+        x = x + gate_msa.unsqueeze(1) * self.attn(_modulate(self.norm1(x), shift_msa, scale_msa), attn_weight_mask)
+        if not complete_model:
+            token_select, _ = self.token_selection(x)
+            mlp_weight_mask = self.mlp_rate(t)
+            mlp_x = gate_mlp.unsqueeze(1) * self.mlp(_modulate(self.norm2(x), shift_mlp, scale_mlp), mlp_weight_mask)
+            x = x + token_select * mlp_x
+        else:
+            token_select = mlp_weight_mask = None
+            x = x + gate_mlp.unsqueeze(1) * self.mlp(_modulate(self.norm2(x), shift_mlp, scale_mlp))
+        return x, attn_weight_mask, mlp_weight_mask, token_select

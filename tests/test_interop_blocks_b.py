@@ -169,6 +169,16 @@ def test_ssm_2d_layer(kw):
     _assert_pass(check_module(m, "ssm_2d_layer"))
 
 
+@pytest.mark.parametrize("heads,ratio", [(4, 1.0), (2, 2.0)])  # complete_model=True leaves t unused: torch reports
+def test_dydit_block(heads, ratio):                              # no gradient for it, so check_module cannot compare
+    torch.manual_seed(17)
+    m = U.DiTBlock(16, heads, mlp_ratio=ratio)
+    with torch.no_grad():
+        for p in m.parameters():
+            torch.nn.init.normal_(p, std=0.4)  # routers near 0: heads, groups and tokens mixed kept / skipped
+    _assert_pass(check_module(m, "dydit_dynamic_width_token"))
+
+
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
 _MODULES = {
     "vit_patch_embedding": (lambda: U.ViTEmbedding(12, patch_norm=True), {}, ()),
@@ -193,6 +203,7 @@ _MODULES = {
     "dico_compact_channel_attention": (lambda: U.DiCoConvModule(4), {}, ()),
     "partialformer_head_ffns": (lambda: U.EfficientPAQKMultiheadAttention(8, 2, 3), {}, ()),
     "ssm_2d_layer": (lambda: U.TwoDimensionalSSM(4, use_residual=True, normalize=True), {"use_residual": True}, ()),
+    "dydit_dynamic_width_token": (lambda: U.DiTBlock(16, 4, mlp_ratio=1.0), {}, ()),
 }
 
 

@@ -227,6 +227,19 @@ def _ssm2d_call(module, inp, cfg):
     return module(inp["x"].transpose(0, 1)).transpose(0, 1)  # upstream: Time x Batch x Channel
 
 
+# ---- DyDiT DiTBlock: forward(x, c, t, complete_model) -> (x, attn_weight_mask, mlp_weight_mask, token_select)
+
+
+def _dydit_build(rng, p, cfg, z):
+    c = p["attn.proj.weight"].shape[0]
+    return {"x": rng.standard_normal((z["b"], z["n"], c)), "c": rng.standard_normal((z["b"], c)),
+            "t": rng.standard_normal((z["b"], c))}, {}
+
+
+def _dydit_call(module, inp, cfg):
+    return module(inp["x"], inp["c"], inp["t"], bool(cfg.get("complete_model", False)))[0]
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -349,6 +362,18 @@ _SPECS = [
          attrs={"directions": "directions_amount", "use_residual": "use_residual", "eps": "normalization.eps"},
          unsupported={k: "the complex parameterisation (complex_ssm) is not implemented"
                       for k in ("A_angle.A_1", "A_radius.A_1")}),
+    Spec("dydit_dynamic_width_token", "NUS-HPC-AI-Lab/Dynamic-Diffusion-Transformer-DyDiT- models.py@dd68c47 (DiTBlock with "
+         "Attention, Mlp, DynaLinear at width_mult=1; dynamic_model.py DiffRate, TokenSelect, _gumbel_sigmoid; "
+         "forward(x, c, t, complete_model)[0]; eval: hard masks with the straight-through gradient)",
+         rules=[Named(r"(adaLN_modulation\.1|attn\.(qkv|proj)|mlp\.fc[12]|(attn_rate|mlp_rate)\.router"
+                      r"|token_selection\.mlp_head\.[02])\.weight", True),
+                Named(r"(adaLN_modulation\.1|attn\.(qkv|proj)|mlp\.fc[12]|(attn_rate|mlp_rate)\.router"
+                      r"|token_selection\.mlp_head\.[02])\.bias", False)],
+         required=("adaLN_modulation.1.weight", "attn.qkv.weight", "attn.proj.weight", "mlp.fc1.weight",
+                   "attn_rate.router.weight", "mlp_rate.router.weight", "token_selection.mlp_head.0.weight"),
+         call=_dydit_call, build=_dydit_build,
+         attrs={"num_heads": "attn.num_heads", "tau": "attn_rate.tau", "threshold": "attn_rate.threshold",
+                "eps": "norm1.eps"}),
 ]
 
 add_specs(*_SPECS)
