@@ -824,3 +824,74 @@ class DiTBlock(nn.Module):
             token_select = mlp_weight_mask = None
             x = x + gate_mlp.unsqueeze(1) * self.mlp(_modulate(self.norm2(x), shift_mlp, scale_mlp))
         return x, attn_weight_mask, mlp_weight_mask, token_select
+
+
+# CASE-Lab-UMD/Router-Tuning-Mixture-of-Depths@772c160 utils/model/model_patch.py: _patched_decoder_layer_forward up
+# to the attention residual (the MLP half is outside the mechanism), _compute_routing_state, _apply_routing_mask, with
+# the patch's router nn.Linear(hidden, 1, bias=False); on huggingface/transformers@5dd4a63
+# src/transformers/models/llama/modeling_llama.py: LlamaRMSNorm, LlamaAttention (eager, rotate_half, repeat_kv).
+# Deviations: the float32 casts of LlamaRMSNorm and of the eager softmax are dropped; the capacity bookkeeping
+# (mod_capacity, mod_loss) is not restated; eval mode only (STEFunction is the training branch).
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, hidden_size, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, h):
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+def _rotate_half(x):
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, hidden_size, num_heads, num_key_value_heads, bias=False):
+        super().__init__()
+        self.head_dim = hidden_size // num_heads
+        self.num_key_value_groups = num_heads // num_key_value_heads
+        self.scaling = self.head_dim ** -0.5
+        self.q_proj = nn.Linear(hidden_size, num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden_size, num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden_size, num_key_value_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * self.head_dim, hidden_size, bias=bias)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None):
+        shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        k = k.repeat_interleave(self.num_key_value_groups, dim=1)  # repeat_kv
+        v = v.repeat_interleave(self.num_key_value_groups, dim=1)
+        w = torch.matmul(q, k.transpose(2, 3)) * self.scaling
+        if attention_mask is not None:
+            w = w + attention_mask[:, :, :, : k.shape[-2]]
+        out = torch.matmul(w.softmax(dim=-1), v).transpose(1, 2).contiguous()
+        return self.o_proj(out.reshape(*hidden_states.shape[:-1], -1)), w
+
+
+class MindSkipAttentionHalf(nn.Module):
+    def __init__(self, hidden_size, num_heads, num_key_value_heads, granularity="attn_sequence", threshold=0.5,
+                 rms_norm_eps=1e-5):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(hidden_size, eps=rms_norm_eps)
+        self.self_attn = LlamaAttention(hidden_size, num_heads, num_key_value_heads)
+        self.router = nn.Linear(hidden_size, 1, bias=False)
+        self.route_level = "token" if "token" in granularity else "sequence"
+        self.threshold = threshold
+
+    def forward(self, hidden_states, attention_mask=None, position_embeddings=None):
+        residual = hidden_states
+        attn_inputs = self.input_layernorm(hidden_states)
+        pooled = attn_inputs if self.route_level == "token" else attn_inputs.mean(dim=1, keepdim=True)
+        routing_mask = (torch.sigmoid(self.router(pooled)) - self.threshold >= 0).to(attn_inputs.dtype)  # eval
+        update, _ = self.self_attn(attn_inputs, position_embeddings, attention_mask)
+        if routing_mask.dim() == 2:
+            routing_mask = routing_mask.unsqueeze(-1)
+        return residual + update * routing_mask.to(update.dtype)

@@ -176,7 +176,21 @@ def test_dydit_block(heads, ratio):                              # no gradient f
     with torch.no_grad():
         for p in m.parameters():
             torch.nn.init.normal_(p, std=0.4)  # routers near 0: heads, groups and tokens mixed kept / skipped
+        m.token_selection.mlp_head[0].weight.normal_(std=1.0)
+        m.token_selection.mlp_head[2].weight.fill_(1.0)
+        m.token_selection.mlp_head[2].bias.fill_(-0.2)  # token kept iff its (single) hidden unit exceeds 0.2
     _assert_pass(check_module(m, "dydit_dynamic_width_token"))
+
+
+@pytest.mark.parametrize("granularity,heads,kv_heads,rope", [("attn_sequence", 2, 1, True), ("attn_token", 2, 2, False)])
+def test_mindskip_llama_attention_half(granularity, heads, kv_heads, rope):
+    torch.manual_seed(18)
+    m = _jitter(U.MindSkipAttentionHalf(8, heads, kv_heads, granularity=granularity))
+    with torch.no_grad():
+        m.router.weight.mul_(4.0)  # routing scores away from 1/2: sequences / tokens both kept and skipped
+    cfg = {"route_level": m.route_level, "attention_config": {"num_heads": heads, "num_kv_heads": kv_heads,
+                                                              "is_causal": True, "rope": {"base": 100.0} if rope else None}}
+    _assert_pass(check_module(m, "mindskip_attention_dynamic_depth", config=cfg))
 
 
 # (make, config, derived keys) per slug: the round trip state_dict -> params -> state_dict
@@ -204,6 +218,7 @@ _MODULES = {
     "partialformer_head_ffns": (lambda: U.EfficientPAQKMultiheadAttention(8, 2, 3), {}, ()),
     "ssm_2d_layer": (lambda: U.TwoDimensionalSSM(4, use_residual=True, normalize=True), {"use_residual": True}, ()),
     "dydit_dynamic_width_token": (lambda: U.DiTBlock(16, 4, mlp_ratio=1.0), {}, ()),
+    "mindskip_attention_dynamic_depth": (lambda: U.MindSkipAttentionHalf(8, 2, 1), {}, ()),
 }
 
 

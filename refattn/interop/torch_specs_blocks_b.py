@@ -240,6 +240,36 @@ def _dydit_call(module, inp, cfg):
     return module(inp["x"], inp["c"], inp["t"], bool(cfg.get("complete_model", False)))[0]
 
 
+# ---- Router-Tuning MindSkip: the attention half of the patched LLaMA decoder layer (input_layernorm, router,
+# self_attn = HF LlamaAttention); refattn's record composes its "gqa_mqa" sublayer under self_attn.{q,k,v,out}_proj
+
+_MINDSKIP_RULES = [Named(r"input_layernorm\.weight", False), Named(r"router\.weight", True)] + [
+    Rename(f"self_attn.{t}_proj", f"self_attn.{t}_proj.weight", True) for t in "qkv"] + [
+    Rename(f"self_attn.{t}_proj_bias", f"self_attn.{t}_proj.bias", False, optional=True) for t in "qkv"] + [
+    Rename("self_attn.out_proj", "self_attn.o_proj.weight", True),
+    Rename("self_attn.out_proj_bias", "self_attn.o_proj.bias", False, optional=True)]
+
+
+def _mindskip_call(module, inp, cfg):
+    """The patched decoder layer's attention half, as HF calls it: position_embeddings (cos, sin) of
+    LlamaRotaryEmbedding (rotate-half, base from attention_config's rope) and the additive causal mask."""
+    import torch
+
+    x = inp["x"]
+    b, n, _ = x.shape
+    att = dict(cfg.get("attention_config") or {})
+    d = module.self_attn.head_dim
+    rope = att.get("rope")
+    base = float((rope if isinstance(rope, dict) else {}).get("base", 10000.0))
+    inv = 1.0 / base ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    emb = torch.cat([torch.arange(n, dtype=torch.float64)[:, None] * inv] * 2, dim=-1)[None].expand(b, n, d)
+    cos, sin = (emb.cos(), emb.sin()) if rope else (torch.ones_like(emb), torch.zeros_like(emb))
+    mask = None
+    if att.get("is_causal"):
+        mask = torch.full((n, n), torch.finfo(x.dtype).min, dtype=x.dtype).triu(1)[None, None].expand(b, 1, n, n)
+    return module(x, attention_mask=mask, position_embeddings=(cos.to(x.dtype), sin.to(x.dtype)))
+
+
 _SPECS = [
     Spec("vit_patch_embedding", "huggingface/pytorch-image-models timm/layers/patch_embed.py@aa4b585 (PatchEmbed) + "
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
@@ -374,6 +404,17 @@ _SPECS = [
          call=_dydit_call, build=_dydit_build,
          attrs={"num_heads": "attn.num_heads", "tau": "attn_rate.tau", "threshold": "attn_rate.threshold",
                 "eps": "norm1.eps"}),
+    Spec("mindskip_attention_dynamic_depth", "CASE-Lab-UMD/Router-Tuning-Mixture-of-Depths utils/model/model_patch.py"
+         "@772c160 (_patched_decoder_layer_forward's attention half with _compute_routing_state and "
+         "_apply_routing_mask, granularity attn_sequence / attn_token) on huggingface/transformers "
+         "models/llama/modeling_llama.py LlamaRMSNorm and LlamaAttention (refattn attention='gqa_mqa'; "
+         "attention_config num_heads, num_kv_heads, is_causal, rope); eval: the hard mask, no router gradient "
+         "(estimator='fixed'; upstream's STE is its training mode)",
+         rules=_MINDSKIP_RULES,
+         required=("input_layernorm.weight", "router.weight", "self_attn.q_proj.weight", "self_attn.o_proj.weight"),
+         call=_mindskip_call, build=_tokens_build("input_layernorm.weight"),
+         attrs={"threshold": "threshold", "eps": "input_layernorm.variance_epsilon"},
+         defaults={"attention": "gqa_mqa", "estimator": "fixed", "norm": "rms"}),
 ]
 
 add_specs(*_SPECS)
