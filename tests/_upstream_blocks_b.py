@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 # huggingface/pytorch-image-models@aa4b585 timm/layers/patch_embed.py: PatchEmbed, and
 # timm/models/vision_transformer.py: VisionTransformer._pos_embed (the embedding part of the ViT only:
 # patch_embed, cls_token, pos_embed; pos_drop omitted, no dynamic_img_size)
