@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Derived, Named, Rename, Spec, Split, add_specs
+from .torch_specs import Derived, Named, Rename, Spec, Split, add_specs, call_x, x_build
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -37,17 +37,6 @@ def _vit_build(rng, p, cfg, z):
     gh, gw = pairs[z["n"] % len(pairs)]
     cut = (1 if ph > 1 else 0, 1 if pw > 1 else 0) if cfg.get("dynamic_img_pad") else (0, 0)
     return {"x": rng.standard_normal((z["b"], c, gh * ph - cut[0], gw * pw - cut[1]))}, {}
-
-
-def _call_x(module, inp, cfg):
-    return module(inp["x"])
-
-
-def _tokens_build(key, axis=0):
-    """Tokens ``x (B, N, C)`` with ``C = params[key].shape[axis]``."""
-    def build(rng, p, cfg, z):
-        return {"x": rng.standard_normal((z["b"], z["n"], p[key].shape[axis]))}, {}
-    return build
 
 
 def _image_build(key, axis=0):
@@ -275,13 +264,13 @@ _SPECS = [
          "timm/models/vision_transformer.py (VisionTransformer._pos_embed: cls_token, pos_embed; no pos_drop); "
          "the module's forward is _pos_embed(patch_embed(x))",
          rules=[Named(r"patch_embed\.(proj|norm)\.(weight|bias)|cls_token|pos_embed", False)],
-         required=("patch_embed.proj.weight", "pos_embed"), call=_call_x, build=_vit_build, infer=_vit_infer,
+         required=("patch_embed.proj.weight", "pos_embed"), call=call_x, build=_vit_build, infer=_vit_infer,
          attrs={"no_embed_class": "no_embed_class", "dynamic_img_pad": "patch_embed.dynamic_img_pad",
                 "eps": "patch_embed.norm.eps"}),
     Spec("poolformer_pooling_mixer", "sail-sg/poolformer models/poolformer.py@a075575 (PoolFormerBlock with Pooling, "
          "GroupNorm, Mlp; forward(x) on (B, C, H, W))",
          rules=[Named(r"norm[12]\.(weight|bias)|mlp\.fc[12]\.(weight|bias)|layer_scale_[12]", False)],
-         required=("norm1.weight", "mlp.fc1.weight", "mlp.fc2.weight"), call=_call_x, build=_image_build("norm1.weight"),
+         required=("norm1.weight", "mlp.fc1.weight", "mlp.fc2.weight"), call=call_x, build=_image_build("norm1.weight"),
          attrs={"pool_size": "token_mixer.pool.kernel_size", "use_layer_scale": "use_layer_scale", "eps": "norm1.eps"}),
     Spec("fastvit_repmixer", "apple/ml-fastvit models/fastvit.py@8af5928 (RepMixer on models/modules/mobileone.py "
          "MobileOneBlock; train form or inference_mode reparam_conv; eval: BatchNorm running statistics; the "
@@ -289,13 +278,13 @@ _SPECS = [
          rules=[Named(r"(norm|mixer)\.(rbr_skip|rbr_scale\.(conv|bn)|rbr_conv\.\d+\.(conv|bn))\."
                       r"(weight|bias|running_mean|running_var)|layer_scale|reparam_conv\.(weight|bias)", False),
                 Derived(r".*num_batches_tracked")],
-         call=_call_x, build=_repmixer_build, infer=_repmixer_infer,
+         call=call_x, build=_repmixer_build, infer=_repmixer_infer,
          attrs={"kernel_size": "kernel_size", "num_conv_branches": "mixer.num_conv_branches",
                 "use_layer_scale": "use_layer_scale", "inference_mode": "inference_mode", "eps": "norm.rbr_skip.eps"}),
     Spec("polyphase_anchoring", "willding123/Shift-Equivariant-Vision-Transformers models/poly_utils.py@c8cd2ef "
          "(PolyPatchEmbed on PolyOrder; forward(x): its PolyOrder.apply(x, patch_size) is always equivariant, "
          "invariance=False; square patches and grids)",
-         rules=[Named(r"(proj|norm)\.(weight|bias)", False)], required=("proj.weight",), call=_call_x,
+         rules=[Named(r"(proj|norm)\.(weight|bias)", False)], required=("proj.weight",), call=call_x,
          build=_poly_build, infer=lambda keys: {"patch_norm": "norm.weight" in keys}, attrs={"eps": "norm.eps"}),
     Spec("spatial_transformer_bilinear_sampler", "pytorch/tutorials intermediate_source/spatial_transformer_tutorial.py"
          "@0023ff0 (Net.localization, Net.fc_loc, Net.stn; the authors' code is not public; check_module calls "
@@ -315,7 +304,7 @@ _SPECS = [
     Spec("low_rank_factorized_linear", "SamuelCahyawijaya/greenformer src/py_auto_fact/lr_module.py@2f81f96 (LED: "
          "led_unit = Sequential(Linear(d_in, r, bias=False), Linear(r, d_out, bias)); forward(x))",
          rules=[Named(r"led_unit\.[01]\.weight", True), Named(r"led_unit\.1\.bias", False)],
-         required=("led_unit.0.weight", "led_unit.1.weight"), call=_call_x, build=_tokens_build("led_unit.0.weight")),
+         required=("led_unit.0.weight", "led_unit.1.weight"), call=call_x, build=x_build("led_unit.0.weight")),
     Spec("lmu_token_mixer", "zeyuliu1037/LMUFormer src/blocks/lmu.py@5debadd (LMU on src/blocks/lmu_cell.py "
          "LMUFFTCell; forward(x (B, C, N)) with N = the cell's seq_len; eval: BatchNorm running statistics; the "
          "cell's A, B, H, fft_H buffers and num_batches_tracked are read and dropped: refattn rebuilds them from theta)",
@@ -323,20 +312,20 @@ _SPECS = [
                 Named(r"lmu\.W_[uh]\.bias|proj_conv\.(weight|bias)|proj_bn\.(weight|bias|running_mean|running_var)",
                       False),
                 Derived(r"lmu\.(A|B|H|fft_H)|proj_bn\.num_batches_tracked")],
-         required=("lmu.W_u.weight", "lmu.W_h.weight", "proj_conv.weight", "proj_bn.weight"), call=_call_x,
+         required=("lmu.W_u.weight", "lmu.W_h.weight", "proj_conv.weight", "proj_bn.weight"), call=call_x,
          build=lambda rng, p, cfg, z: ({"x": rng.standard_normal((z["b"], p["proj_conv.weight"].shape[0], z["n"]))}, {}),
          attrs={"theta": "lmu.theta", "use_all_h": "use_all_h", "eps": "proj_bn.eps"}),
     Spec("nutime_multiscale_embedding", "chenguolin/NuTime src/models/encoders/MultiBiasEncoder.py@9acdd3d "
          "(MultiBiasEncoder, released configuration: locs=None, loc_weighted_sum=False, use_loc_emb=False, "
          "multibias_trainable; forward(x (B, C)); config base = its base_bias, 10 by default; the scales and locs "
          "buffers are read and dropped)",
-         rules=[Named(r"ws|bs", False), Derived(r"scales|locs")], required=("ws", "bs"), call=_call_x,
+         rules=[Named(r"ws|bs", False), Derived(r"scales|locs")], required=("ws", "bs"), call=call_x,
          build=_nutime_build, attrs={"scale_weighted_sum": "scale_weighted_sum", "eps": "ln.eps"},
          unsupported={"loc_emb": "use_loc_emb=True (multi-location ablation) is not implemented"}),
     Spec("delight_dextra", "sacmehta/delight fairseq/delight_modules/dextra_unit.py@cc499c5 (DExTraUnit, "
          "norm_type='ln', is_iclr_version=False, eval; on nn_functions.py GroupLinear and Linear; forward(x (B, T, N)); "
          "config activation: 'silu' for act_type 'swish')",
-         rules=_dextra_rules, required=("input_layer.weights", "output_layer.weights"), call=_call_x,
+         rules=_dextra_rules, required=("input_layer.weights", "output_layer.weights"), call=call_x,
          build=lambda rng, p, cfg, z: ({"x": rng.standard_normal((z["b"], z["n"], p["input_layer.weights"].shape[0]))},
                                       {}),
          attrs={"in_proj_features": "in_proj_features", "out_features": "out_features",
@@ -369,7 +358,7 @@ _SPECS = [
          "conv1, conv2 (depthwise), ca = Sequential(AdaptiveAvgPool2d, Conv2d, Sigmoid), conv3; the lines of "
          "DiCoBlock.forward between the adaLN modulation and the gated residual; forward(x (B, C, H, W)))",
          rules=[Named(r"(conv[123]|ca\.1)\.(weight|bias)", False)],
-         required=("conv1.weight", "conv2.weight", "ca.1.weight", "conv3.weight"), call=_call_x,
+         required=("conv1.weight", "conv2.weight", "ca.1.weight", "conv3.weight"), call=call_x,
          build=_image_build("conv1.weight"),
          unsupported={k: "the rest of DiCoBlock (MLP, adaLN), outside the token mixer: strict=False ignores it"
                       for k in ("conv4.weight", "conv4.bias", "conv5.weight", "conv5.bias",
@@ -412,7 +401,7 @@ _SPECS = [
          "(estimator='fixed'; upstream's STE is its training mode)",
          rules=_MINDSKIP_RULES,
          required=("input_layernorm.weight", "router.weight", "self_attn.q_proj.weight", "self_attn.o_proj.weight"),
-         call=_mindskip_call, build=_tokens_build("input_layernorm.weight"),
+         call=_mindskip_call, build=x_build("input_layernorm.weight"),
          attrs={"threshold": "threshold", "eps": "input_layernorm.variance_epsilon"},
          defaults={"attention": "gqa_mqa", "estimator": "fixed", "norm": "rms"}),
 ]
