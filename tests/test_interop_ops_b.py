@@ -1,0 +1,62 @@
+"""refattn.interop.torch_specs_ops_b: check_module against the upstream neural-operator modules of
+``tests/_upstream_ops_b.py`` (file@commit in their comments), in float64."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import _upstream_ops_b as U  # noqa: E402
+
+from refattn.interop.torch import (  # noqa: E402
+    check_module,
+    grads_to_state_dict,
+    params_from_state_dict,
+    supported_slugs,
+)
+
+
+def _assert_pass(report):
+    assert report.passed, "\n" + str(report)
+    return report
+
+
+@pytest.mark.parametrize("nd,if_11cnv,ncp", [(1, False, 1), (1, True, 2), (2, False, 1), (2, True, 2)])
+def test_cape_prm_emb_block(nd, if_11cnv, ncp):
+    torch.manual_seed(1)
+    grid = (16,) if nd == 1 else (8, 12)
+    m = U.PrmEmbBlock(6, 3, 2, if_11cnv, 2, ncp, modes=3 if nd == 1 else 2, normed_dim=grid, nd=nd)
+    with torch.no_grad():
+        m.LN.weight.normal_(1, 0.3)
+        m.LN.bias.normal_(0, 0.3)
+    _assert_pass(check_module(m, "cape_parameter_channel_attention"))
+
+
+# ----------------------------------------------------------------------------------------------
+# every spec of the group: the state_dict maps to params and the params map back to it
+
+_MODULES = {
+    "cape_parameter_channel_attention": (lambda: U.PrmEmbBlock(6, 3, 2, False, 2, 1, modes=2, normed_dim=(8, 8),
+                                                               nd=2), {}, ()),
+}
+
+
+def test_ops_b_specs_are_registered():
+    from refattn.interop.torch_specs_ops_b import GROUP_SLUGS
+
+    assert set(GROUP_SLUGS) <= set(supported_slugs())
+    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+
+
+@pytest.mark.parametrize("slug", sorted(_MODULES))
+def test_ops_b_specs_map_state_dict_and_grads_back(slug):
+    make, cfg, derived = _MODULES[slug]
+    torch.manual_seed(4)
+    sd = make().double().state_dict()
+    p = params_from_state_dict(slug, sd, **cfg)
+    assert not set(derived) & set(p)
+    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
+    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
+    for k, v in sd.items():
+        if k not in derived:
+            np.testing.assert_array_equal(back["attn." + k], v.numpy())
