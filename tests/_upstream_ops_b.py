@@ -8,6 +8,8 @@ input's dtype instead, so that float64 stays float64.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -79,3 +81,148 @@ class PrmEmbBlock(nn.Module):
         y = self.CNN_2(y)
         xt = x.repeat((1, self.num_channels_PrmEmb) + (1,) * self.nd)
         return [xt + self.LN(y) if self.nd == 1 else xt * (1.0 + self.LN(y)), x_p]
+
+
+# ----------------------------------------------------------------------------------------------
+# camlab-ethz/GAOT@aec18bb src/model/layers/magno.py: MAGNOEncoder, MAGNODecoder (fixed-coordinate "fx"
+# mode, use_attention=True, statistical geometry embedding, no edge drop), on agno.py: AGNO,
+# gemb.py: GeometricEmbedding, node_pos_encode, mlp.py: ChannelMLP, LinearChannelMLP, and the "native"
+# neighbour search (dists <= radius). Deviations: the CSR gather / segment_csr sums are written as dense
+# (targets x sources) masked sums (same values; an empty ball sums to 0); torch_scatter is not used.
+
+
+def _node_pos_encode(x, freq=4):
+    phi = math.pi * (x + 1)
+    a = torch.arange(1, freq + 1, dtype=x.dtype)[None, :, None] * phi[:, None, :]
+    return torch.cat([a.sin(), a.cos()], dim=2).reshape(x.shape[0], -1)
+
+
+class _ChannelMLP(nn.Module):  # mlp.py ChannelMLP with n_layers=1: one Conv1d(k=1)
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.fcs = nn.ModuleList([nn.Conv1d(cin, cout, 1)])
+
+    def forward(self, x):  # (B, C, N)
+        return self.fcs[0](x)
+
+
+class _LinearChannelMLP(nn.Module):  # mlp.py LinearChannelMLP(layers), GELU between
+    def __init__(self, layers):
+        super().__init__()
+        self.fcs = nn.ModuleList([nn.Linear(a, b) for a, b in zip(layers[:-1], layers[1:])])
+
+    def forward(self, x):
+        for i, fc in enumerate(self.fcs):
+            x = fc(x)
+            if i < len(self.fcs) - 1:
+                x = F.gelu(x)
+        return x
+
+
+class _AGNO(nn.Module):
+    def __init__(self, layers, transform_type, attention_type, coord_dim):
+        super().__init__()
+        self.transform_type, self.attention_type = transform_type, attention_type
+        self.channel_mlp = _LinearChannelMLP(layers)
+        if attention_type == "dot_product":
+            self.query_proj = nn.Linear(coord_dim, 64)
+            self.key_proj = nn.Linear(coord_dim, 64)
+            self.scaling_factor = 1.0 / 64 ** 0.5
+
+    def forward(self, y, mask, x, f_y):
+        # y (N, kd) sources, x (M, kd) targets, mask (M, N) the radius graph, f_y (B, N, C)
+        m, n = mask.shape
+        rep, slf = y[None].expand(m, n, -1), x[:, None].expand(m, n, -1)
+        if self.attention_type == "dot_product":
+            s = (self.query_proj(slf) * self.key_proj(rep)).sum(-1) * self.scaling_factor
+        else:
+            s = (F.normalize(slf, p=2, dim=-1) * F.normalize(rep, p=2, dim=-1)).sum(-1)
+        s = s.masked_fill(~mask, float("-inf"))
+        alpha = torch.nan_to_num(torch.softmax(s, dim=-1) * mask, nan=0.0)  # segment softmax; empty rows 0
+        agg = torch.cat([rep, slf], dim=-1)[None].expand(f_y.shape[0], m, n, -1)
+        fin = f_y[:, None].expand(-1, m, n, -1)
+        if self.transform_type == "nonlinear":
+            agg = torch.cat([agg, fin], dim=-1)
+        k = self.channel_mlp(agg) * fin * alpha[None, :, :, None]
+        return k.sum(2)
+
+
+class _GeometricEmbedding(nn.Module):  # gemb.py, method="statistical"
+    def __init__(self, input_dim, output_dim):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(3 + 2 * input_dim, 64), nn.ReLU(), nn.Linear(64, output_dim), nn.ReLU())
+
+    @staticmethod
+    def features(src, dst, mask):
+        w = mask.to(src.dtype)
+        cnt = w.sum(1)
+        has = cnt > 0
+        cc = cnt.clamp(min=1.0)
+        dist = torch.cdist(dst, src)
+        d_avg = (w * dist).sum(1) / cc
+        d_var = ((w * dist ** 2).sum(1) / cc - d_avg ** 2).clamp(min=0.0)
+        cen = (w @ src) / cc[:, None]
+        cent = src[None] - cen[:, None]  # (M, N, d)
+        cov = torch.einsum("mn,mni,mnj->mij", w, cent, cent) / cc[:, None, None]
+        pca = torch.zeros_like(cen)
+        if has.any():
+            pca[has] = torch.linalg.eigvalsh(cov[has]).flip(dims=[1])
+        g = torch.cat([cnt[:, None], d_avg[:, None], d_var[:, None], cen - dst, pca], dim=1)
+        g[~has] = 0.0
+        sd = g.std(dim=0, keepdim=True)
+        sd[sd < 1e-6] = 1.0
+        return (g - g.mean(dim=0, keepdim=True)) / sd
+
+    def forward(self, src, dst, mask):
+        return self.mlp(self.features(src, dst, mask))
+
+
+class MAGNO(nn.Module):
+    """``MAGNOEncoder(in_channels, out_channels, config)`` (role="encoder") or ``MAGNODecoder`` (role=
+    "decoder"), with MAGNOConfig's fields as keywords; forward(src_coord, f, dst_coord) as upstream's
+    ``(x_coord, pndata, latent_tokens_coord)`` / ``(latent_tokens_coord, rndata, query_coord)``."""
+
+    def __init__(self, in_channels, out_channels, role="encoder", coord_dim=2, radius=0.033, hidden_size=64,
+                 mlp_layers=3, scales=(1.0,), use_scale_weights=False, attention_type="cosine", use_geoembed=True,
+                 transform_type="linear", node_embedding=False):
+        super().__init__()
+        self.role, self.radius, self.scales = role, radius, list(scales)
+        self.use_scale_weights, self.use_geoembed, self.node_embedding = use_scale_weights, use_geoembed, node_embedding
+        kd = coord_dim * 8 if node_embedding else coord_dim
+        ch = out_channels if role == "encoder" else in_channels  # the AGNO width
+        kin = 2 * kd + (in_channels if transform_type == "nonlinear" else 0)
+        self.agno = _AGNO([kin] + [hidden_size] * mlp_layers + [ch], transform_type, attention_type, kd)
+        if role == "encoder":
+            self.lifting = _ChannelMLP(in_channels, out_channels)
+        else:
+            self.projection = _ChannelMLP(in_channels, out_channels)
+        if use_geoembed:
+            self.geoembed = _GeometricEmbedding(coord_dim, ch)
+            self.recovery = _ChannelMLP(2 * ch, ch)
+        if use_scale_weights:
+            self.scale_weighting = nn.Sequential(nn.Linear(kd, hidden_size // 4), nn.ReLU(),
+                                                 nn.Linear(hidden_size // 4, len(self.scales)))
+
+    def forward(self, src, f, dst):
+        if self.role == "encoder":
+            f = self.lifting(f.permute(0, 2, 1)).permute(0, 2, 1)
+        es, ed = (_node_pos_encode(src), _node_pos_encode(dst)) if self.node_embedding else (src, dst)
+        dist = torch.cdist(dst, src)
+        outs = []
+        for s in self.scales:
+            mask = dist <= self.radius * s
+            enc = self.agno(es, mask, ed, f)
+            if self.use_geoembed:
+                g = self.geoembed(src, dst, mask)[None].expand(f.shape[0], -1, -1)
+                enc = self.recovery(torch.cat([enc, g], dim=-1).permute(0, 2, 1)).permute(0, 2, 1)
+            outs.append(enc)
+        if len(outs) == 1:
+            out = outs[0]
+        elif self.use_scale_weights:
+            w = torch.softmax(self.scale_weighting(dst), dim=-1)
+            out = sum(w[None, :, i:i + 1] * o for i, o in enumerate(outs))
+        else:
+            out = torch.stack(outs, 0).mean(0)
+        if self.role == "decoder":
+            out = self.projection(out.permute(0, 2, 1)).permute(0, 2, 1)
+        return out

@@ -32,12 +32,25 @@ def test_cape_prm_emb_block(nd, if_11cnv, ncp):
     _assert_pass(check_module(m, "cape_parameter_channel_attention"))
 
 
+@pytest.mark.parametrize("kw,cfg", [
+    (dict(in_channels=3, out_channels=4, role="encoder", radius=0.8, hidden_size=8, mlp_layers=2), {}),
+    (dict(in_channels=4, out_channels=4, role="encoder", radius=0.8, hidden_size=8, mlp_layers=2,
+          attention_type="dot_product", transform_type="nonlinear", node_embedding=True), {"transform_type": "nonlinear"}),
+    (dict(in_channels=4, out_channels=3, role="decoder", radius=0.7, hidden_size=8, mlp_layers=1, scales=(1.0, 1.6),
+          use_scale_weights=True), {"scales": (1.0, 1.6)})])
+def test_gaot_magno(kw, cfg):
+    torch.manual_seed(2)
+    _assert_pass(check_module(U.MAGNO(**kw), "gaot_magno", config=cfg))
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
 _MODULES = {
     "cape_parameter_channel_attention": (lambda: U.PrmEmbBlock(6, 3, 2, False, 2, 1, modes=2, normed_dim=(8, 8),
                                                                nd=2), {}, ()),
+    "gaot_magno": (lambda: U.MAGNO(3, 4, attention_type="dot_product", hidden_size=8, mlp_layers=2,
+                                   scales=(1.0, 2.0), use_scale_weights=True), {}, ()),
 }
 
 

@@ -29,6 +29,45 @@ def _cape_call(module, inp, cfg):
     return module([inp["x"], inp["x_p"]])[0]
 
 
+# ---- GAOT MAGNOEncoder / MAGNODecoder: forward(src_coord, f, dst_coord); coordinates are config (not
+# differentiated), drawn here in the coordinate dimension the weights imply
+
+
+def _magno_infer(keys):
+    return {"role": "encoder" if "lifting.fcs.0.weight" in keys else "decoder",
+            "attention_type": "dot_product" if "agno.query_proj.weight" in keys else "cosine",
+            "use_geoembed": "geoembed.mlp.0.weight" in keys,
+            "use_scale_weights": "scale_weighting.0.weight" in keys}
+
+
+def _magno_coord_dim(p, cfg):
+    if "geoembed.mlp.0.weight" in p:  # 3 + 2 d statistics
+        return (p["geoembed.mlp.0.weight"].shape[0] - 3) // 2
+    if "scale_weighting.0.weight" in p:
+        kd = p["scale_weighting.0.weight"].shape[0]
+    else:
+        fcs = sorted(k for k in p if k.startswith("agno.channel_mlp.fcs.") and k.endswith(".weight"))
+        w = p[fcs[0]].shape[0] - (p[fcs[-1]].shape[1] if cfg.get("transform_type") == "nonlinear" else 0)
+        kd = w // 2
+    return kd // 8 if cfg.get("node_embedding") else kd
+
+
+def _magno_build(rng, p, cfg, z):
+    d = _magno_coord_dim(p, cfg)
+    n_src, n_dst = z["n"] + z["m"], z["n"] + 2  # >= 2 targets: the geometry statistics are standardised over them
+    c = p["lifting.fcs.0.weight" if "lifting.fcs.0.weight" in p else "projection.fcs.0.weight"].shape[1]
+    return ({"f": rng.standard_normal((z["b"], n_src, c))},
+            {"src_coord": rng.uniform(-1.0, 1.0, (n_src, d)), "dst_coord": rng.uniform(-0.8, 0.8, (n_dst, d))})
+
+
+def _magno_call(module, inp, cfg):
+    import torch
+
+    f = inp["f"]
+    src, dst = (torch.as_tensor(cfg[k], dtype=f.dtype) for k in ("src_coord", "dst_coord"))
+    return module(src, f, dst)
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -37,6 +76,16 @@ _SPECS = [
          required=("CNN_0.weight", "CNN_SC.weights1", "CNN_AD.weight", "CNN_1.weight", "CNN_AC.weight",
                    "CNN_2.weight", "fc0a.weight", "LN.weight"),
          call=_cape_call, build=_cape_build),
+    Spec("gaot_magno", "camlab-ethz/GAOT src/model/layers/magno.py@aec18bb (MAGNOEncoder, MAGNODecoder in the fixed-"
+         "coordinate mode, forward(src_coord, f, dst_coord); agno.py AGNO, gemb.py GeometricEmbedding 'statistical', "
+         "mlp.py; scales= and transform_type= in config, as they do not show in the keys)",
+         rules=[Named(r"agno\.(channel_mlp\.fcs\.\d+|query_proj|key_proj)\.weight|(geoembed\.mlp|scale_weighting)\.[02]"
+                      r"\.weight", True),
+                Named(r"(lifting|projection|recovery)\.fcs\.0\.(weight|bias)|agno\.(channel_mlp\.fcs\.\d+|query_proj"
+                      r"|key_proj)\.bias|(geoembed\.mlp|scale_weighting)\.[02]\.bias", False)],
+         required=("agno.channel_mlp.fcs.0.weight",), call=_magno_call, build=_magno_build, infer=_magno_infer,
+         attrs={"radius": ("radius", "config.radius"), "node_embedding": "node_embedding"},
+         defaults={"src_coord": None, "dst_coord": None}),  # placeholders: the builder draws the coordinates
 ]
 
 add_specs(*_SPECS)
