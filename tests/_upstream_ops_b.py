@@ -226,3 +226,83 @@ class MAGNO(nn.Module):
         if self.role == "decoder":
             out = self.projection(out.permute(0, 2, 1)).permute(0, 2, 1)
         return out
+
+
+# ----------------------------------------------------------------------------------------------
+# AlexColagrande/MANO (no snapshot retrievable; the classes as read in identical third-party copies in the
+# code index, as refattn/operators/mano.py says): MultipoleAttention, LocalAttention2D, AttentionBlock.
+# Deviations: einops rearranges written as permute/reshape; dropout omitted.
+
+
+class _ManoAttentionBlock(nn.Module):
+    def __init__(self, dim, heads=8, dim_head=64):
+        super().__init__()
+        inner = dim_head * heads
+        self.heads, self.scale = heads, dim_head ** -0.5
+        self.norm = nn.LayerNorm(dim)
+        self.to_qkv = nn.Linear(dim, inner * 3, bias=False)
+        self.to_out = nn.Sequential(nn.Linear(inner, dim)) if not (heads == 1 and dim_head == dim) else nn.Identity()
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (t.reshape(b, n, self.heads, -1).transpose(1, 2) for t in self.to_qkv(self.norm(x)).chunk(3, -1))
+        out = torch.softmax(q @ k.transpose(-1, -2) * self.scale, dim=-1) @ v
+        return self.to_out(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class _ManoLocalAttention2D(nn.Module):
+    def __init__(self, kernel_size, stride, dim, heads, dim_head):
+        super().__init__()
+        self.kernel_size, self.stride = kernel_size, stride
+        self.norm = nn.LayerNorm(dim)
+        self.Attention = _ManoAttentionBlock(dim, heads, dim_head)
+        self.unfold = nn.Unfold(kernel_size=kernel_size, stride=stride)
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        kk = self.kernel_size
+        patches = self.unfold(x.permute(0, 3, 1, 2))  # (B, C K K, L)
+        nl = patches.shape[-1]
+        patches = patches.reshape(b, c, kk * kk, nl).permute(0, 3, 2, 1).reshape(b * nl, kk * kk, c)
+        out = self.Attention(self.norm(patches))
+        out = out.reshape(b, nl, kk * kk, c).permute(0, 3, 2, 1).reshape(b, c * kk * kk, nl)
+        fold = nn.Fold(output_size=(h, w), kernel_size=kk, stride=self.stride)
+        norm = fold(self.unfold(torch.ones((b, 1, h, w), dtype=x.dtype)))
+        return (fold(out) / norm).permute(0, 2, 3, 1)
+
+
+class _Perm(nn.Module):  # einops Rearrange between channels-last and channels-first
+    def __init__(self, *dims):
+        super().__init__()
+        self.dims = dims
+
+    def forward(self, x):
+        return x.permute(*self.dims)
+
+
+class MultipoleAttention(nn.Module):
+    def __init__(self, image_size, in_channels, local_attention_kernel_size, local_attention_stride, downsampling,
+                 upsampling, sampling_rate, heads, dim_head, dropout=0.0, channel_scale=1):
+        super().__init__()
+        self.levels = int(math.log(image_size, sampling_rate))
+        c = in_channels
+        self.Attention = _ManoLocalAttention2D(local_attention_kernel_size, local_attention_stride, c, heads, dim_head)
+        to_cf, to_cl = _Perm(0, 3, 1, 2), _Perm(0, 2, 3, 1)
+        if downsampling == "avg_pool":
+            self.down = nn.Sequential(to_cf, nn.AvgPool2d(sampling_rate, sampling_rate), to_cl)
+        else:
+            self.down = nn.Sequential(to_cf, nn.Conv2d(c, c, sampling_rate, sampling_rate, bias=False), to_cl)
+        if upsampling == "avg_pool":
+            self.up = nn.Sequential(to_cf, nn.Upsample(scale_factor=sampling_rate, mode="nearest"), to_cl)
+        else:
+            self.up = nn.Sequential(to_cf, nn.ConvTranspose2d(c, c, sampling_rate, sampling_rate, bias=False), to_cl)
+
+    def forward(self, x):
+        outs = [self.Attention(x)]
+        for _ in range(1, self.levels):
+            x = self.down(x)
+            outs.append(self.Attention(x))
+        res = outs.pop()
+        for j, o in enumerate(outs[::-1]):
+            res = o + (1 / (j + 1)) * self.up(res)
+        return res

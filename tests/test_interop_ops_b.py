@@ -43,6 +43,18 @@ def test_gaot_magno(kw, cfg):
     _assert_pass(check_module(U.MAGNO(**kw), "gaot_magno", config=cfg))
 
 
+@pytest.mark.parametrize("args", [(8, 4, 2, 2, "conv", "conv", 2, 2, 3),  # 3 levels, conv samplers
+                                  (4, 4, 2, 2, "avg_pool", "avg_pool", 2, 1, 4)])  # one head of width C: no to_out
+def test_mano_multipole_attention(args):
+    torch.manual_seed(2)
+    m = U.MultipoleAttention(*args)
+    with torch.no_grad():
+        for n, v in m.named_parameters():
+            if "norm" in n:
+                v.add_(0.3 * torch.randn_like(v))
+    _assert_pass(check_module(m, "mano_multipole_attention"))
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -51,6 +63,7 @@ _MODULES = {
                                                                nd=2), {}, ()),
     "gaot_magno": (lambda: U.MAGNO(3, 4, attention_type="dot_product", hidden_size=8, mlp_layers=2,
                                    scales=(1.0, 2.0), use_scale_weights=True), {}, ()),
+    "mano_multipole_attention": (lambda: U.MultipoleAttention(8, 4, 2, 2, "conv", "conv", 2, 2, 3), {}, ()),
 }
 
 

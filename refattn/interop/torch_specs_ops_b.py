@@ -9,7 +9,7 @@ imports this one). The reference modules the tests run are in ``tests/_upstream_
 
 from __future__ import annotations
 
-from .torch_specs import Complex, Named, Spec, add_specs
+from .torch_specs import Complex, Named, Spec, add_specs, call_x
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -68,6 +68,28 @@ def _magno_call(module, inp, cfg):
     return module(src, f, dst)
 
 
+# ---- MANO MultipoleAttention: forward(x (B, H, W, C)); a grid every level's windows tile, for the module's
+# level count; the samplers' kind shows in the keys, the sampling rate in the conv kernels (else config)
+
+
+def _mano_infer(keys):
+    return {"downsampling": "conv" if "down.1.weight" in keys else "avg_pool",
+            "upsampling": "conv" if "up.1.weight" in keys else "avg_pool"}
+
+
+def _mano_build(rng, p, cfg, z):
+    conv = next((p[k] for k in ("down.1.weight", "up.1.weight") if k in p), None)
+    s = int(conv.shape[-1]) if conv is not None else int(cfg.get("sampling_rate", 2))
+    k, t, lv = int(cfg.get("kernel_size", 2)), int(cfg.get("stride", 2)), int(cfg["levels"])
+
+    def tiles(n):
+        return all(n // s ** i >= k and (n // s ** i - k) % t == 0 for i in range(lv))
+
+    sizes = [n for n in range(s ** (lv - 1), 64 * s ** lv, s ** (lv - 1)) if tiles(n)][:2]
+    h, w = sizes[0], sizes[z["n"] % 2]
+    return {"x": rng.standard_normal((z["b"], h, w, p["Attention.norm.weight"].shape[0]))}, {"sampling_rate": s}
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -86,6 +108,16 @@ _SPECS = [
          required=("agno.channel_mlp.fcs.0.weight",), call=_magno_call, build=_magno_build, infer=_magno_infer,
          attrs={"radius": ("radius", "config.radius"), "node_embedding": "node_embedding"},
          defaults={"src_coord": None, "dst_coord": None}),  # placeholders: the builder draws the coordinates
+    Spec("mano_multipole_attention", "AlexColagrande/MANO (no snapshot retrievable, no commit pinned: MultipoleAttention, "
+         "LocalAttention2D, AttentionBlock as read in identical third-party copies; forward(x (B, H, W, C)))",
+         rules=[Named(r"Attention\.Attention\.(to_qkv|to_out\.0)\.weight", True),
+                Named(r"Attention\.(Attention\.)?norm\.(weight|bias)|Attention\.Attention\.to_out\.0\.bias"
+                      r"|(down|up)\.1\.weight", False)],
+         required=("Attention.norm.weight", "Attention.Attention.to_qkv.weight"), call=call_x, build=_mano_build,
+         infer=_mano_infer,
+         attrs={"num_heads": "Attention.Attention.heads", "kernel_size": "Attention.kernel_size",
+                "stride": "Attention.stride", "levels": "levels",
+                "sampling_rate": ("down.1.kernel_size", "up.1.scale_factor")}),
 ]
 
 add_specs(*_SPECS)
