@@ -306,3 +306,115 @@ class MultipoleAttention(nn.Module):
         for j, o in enumerate(outs[::-1]):
             res = o + (1 / (j + 1)) * self.up(res)
         return res
+
+
+# ----------------------------------------------------------------------------------------------
+# yzshi5/MINO@143e4b4 models/mino_modules/encoder_supernodes_gno_cross_attention.py: EncoderSupernodes
+# (cond_dim=None), on modules/supernode_pooling_gno.py SupernodePooling, modules/gno_block.py GNOBlock
+# (transform_type="nonlinear_kernelonly", native neighbour search dists <= radius), modules/integral_transform.py
+# IntegralTransform (mean over the ball), conditioner_timestep.py ContinuousSincosEmbed, and the blocks of
+# BenediktAlkin/KappaModules@748c370 kappamodules/transformer/perceiver_block.py PerceiverBlock,
+# attention/perceiver_attention.py PerceiverAttention, transformer/mlp.py Mlp. Deviations: the embedding's
+# omega buffer is built in float64 (upstream float32), the CSR gather/segment mean is a dense masked mean.
+
+
+class _SincosEmbed(nn.Module):
+    def __init__(self, dim, ndim, max_wavelength=10000, scale=128):
+        super().__init__()
+        ndim_pad = dim % ndim
+        per = (dim - ndim_pad) // ndim
+        self.padding = ndim_pad + (per % 2) * ndim
+        eff = (dim - self.padding) // ndim
+        self.register_buffer("omega", 1.0 / max_wavelength ** (torch.arange(0, eff, 2, dtype=torch.float64) / eff))
+        self.scale = scale
+
+    def forward(self, coords):
+        out = self.scale * coords.unsqueeze(-1) @ self.omega.unsqueeze(0)
+        emb = torch.cat([torch.sin(out), torch.cos(out)], dim=-1).reshape(coords.shape[0], -1)
+        return torch.cat([emb, emb.new_zeros(emb.shape[0], self.padding)], dim=-1) if self.padding else emb
+
+
+class _GNOBlock(nn.Module):
+    def __init__(self, in_channels, out_channels, coord_dim, radius):
+        super().__init__()
+        h = out_channels
+        self.radius = radius
+        self.lift_ffn = nn.Linear(in_channels, h)
+        self.pos_embedding = _SincosEmbed(h, coord_dim)
+        self.channel_mlp = _LinearChannelMLP([3 * h, 2 * h, h])
+
+    def forward(self, y, x, f_y):
+        f = self.lift_ffn(f_y)
+        ye, xe = self.pos_embedding(y), self.pos_embedding(x)
+        mask = (torch.cdist(x, y) <= self.radius).to(f.dtype)  # (M, N)
+        m, n = mask.shape
+        agg = torch.cat([ye[None].expand(m, n, -1), xe[:, None].expand(m, n, -1)], dim=-1)
+        agg = torch.cat([agg[None].expand(f.shape[0], -1, -1, -1), f[:, None].expand(-1, m, -1, -1)], dim=-1)
+        k = self.channel_mlp(agg) * mask[None, :, :, None]
+        return k.sum(2) / mask.sum(1).clamp(min=1.0)[None, :, None]
+
+
+class _SupernodePooling(nn.Module):
+    def __init__(self, radius, input_dim, hidden_dim, ndim):
+        super().__init__()
+        self.message = _GNOBlock(input_dim, hidden_dim, ndim, radius)
+
+    def forward(self, input_feat, input_pos, query_pos):
+        return self.message(input_pos[0], query_pos[0], input_feat)
+
+
+class _Mlp(nn.Module):
+    def __init__(self, in_dim, hidden_dim):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(in_dim, hidden_dim), nn.Linear(hidden_dim, in_dim)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class _PerceiverAttention(nn.Module):
+    def __init__(self, dim, num_heads, kv_dim=None):
+        super().__init__()
+        self.num_heads = num_heads
+        self.kv = nn.Linear(kv_dim or dim, 2 * dim)
+        self.q = nn.Linear(dim, dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, q, kv):
+        b, nq, d = q.shape
+        hh = self.num_heads
+        q = self.q(q).reshape(b, nq, hh, -1).transpose(1, 2)
+        k, v = self.kv(kv).reshape(b, kv.shape[1], 2, hh, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        x = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(x.transpose(1, 2).reshape(b, nq, d))
+
+
+class _PerceiverBlock(nn.Module):
+    def __init__(self, dim, num_heads, kv_dim=None, mlp_hidden_dim=None, eps=1e-6):
+        super().__init__()
+        self.norm1q, self.norm1kv = nn.LayerNorm(dim, eps=eps), nn.LayerNorm(kv_dim or dim, eps=eps)
+        self.attn = _PerceiverAttention(dim, num_heads, kv_dim)
+        self.norm2 = nn.LayerNorm(dim, eps=eps)
+        self.mlp = _Mlp(dim, mlp_hidden_dim or 4 * dim)
+
+    def forward(self, q, kv):
+        q = q + self.attn(self.norm1q(q), self.norm1kv(kv))
+        return q + self.mlp(self.norm2(q))
+
+
+class EncoderSupernodes(nn.Module):
+    def __init__(self, input_dim, ndim, radius, enc_dim, enc_depth, enc_num_heads):
+        super().__init__()
+        self.radius, self.enc_num_heads = radius, enc_num_heads
+        self.supernode_pooling = _SupernodePooling(radius, input_dim, enc_dim, ndim)
+        self.enc_proj = nn.Identity()  # LinearProjection(enc_dim, enc_dim, optional=True)
+        self.first_block = _PerceiverBlock(enc_dim, enc_num_heads, kv_dim=enc_dim)
+        self.rest_block = nn.ModuleList(_PerceiverBlock(enc_dim, enc_num_heads, kv_dim=enc_dim)
+                                        for _ in range(enc_depth - 1))
+
+    def forward(self, input_feat, input_pos, query_pos):
+        x = self.enc_proj(self.supernode_pooling(input_feat, input_pos, query_pos))
+        h = self.first_block(q=x, kv=x)
+        for blk in self.rest_block:
+            h = blk(q=h, kv=x)
+        return h

@@ -55,6 +55,16 @@ def test_mano_multipole_attention(args):
     _assert_pass(check_module(m, "mano_multipole_attention"))
 
 
+@pytest.mark.parametrize("args", [(3, 2, 0.45, 8, 2, 2), (2, 2, 0.6, 6, 1, 3)])  # depth 2 / depth 1, 3 heads
+def test_mino_encoder_supernodes(args):
+    torch.manual_seed(2)
+    m = U.EncoderSupernodes(*args)
+    with torch.no_grad():  # off kappamodules' non-affine norms and zero biases
+        for v in m.parameters():
+            v.add_(0.2 * torch.randn_like(v))
+    _assert_pass(check_module(m, "mino_gno_cross_attention"))
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -64,6 +74,8 @@ _MODULES = {
     "gaot_magno": (lambda: U.MAGNO(3, 4, attention_type="dot_product", hidden_size=8, mlp_layers=2,
                                    scales=(1.0, 2.0), use_scale_weights=True), {}, ()),
     "mano_multipole_attention": (lambda: U.MultipoleAttention(8, 4, 2, 2, "conv", "conv", 2, 2, 3), {}, ()),
+    "mino_gno_cross_attention": (lambda: U.EncoderSupernodes(3, 2, 0.45, 8, 2, 2), {},
+                                 ("supernode_pooling.message.pos_embedding.omega",)),
 }
 
 

@@ -9,7 +9,9 @@ imports this one). The reference modules the tests run are in ``tests/_upstream_
 
 from __future__ import annotations
 
-from .torch_specs import Complex, Named, Spec, add_specs, call_x
+import numpy as np
+
+from .torch_specs import Complex, Derived, Named, Spec, add_specs, call_x
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -90,6 +92,26 @@ def _mano_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], h, w, p["Attention.norm.weight"].shape[0]))}, {"sampling_rate": s}
 
 
+# ---- MINO EncoderSupernodes: forward(input_feat, input_pos (B, n, d), query_pos (B, m, d)); one point cloud
+# shared over the batch (upstream reads input_pos[0]); 2-D points unless config gives input_pos
+
+
+def _mino_build(rng, p, cfg, z):
+    d = np.shape(cfg["input_pos"])[-1] if cfg.get("input_pos") is not None else 2
+    n_in = z["n"] + z["m"]
+    f = rng.standard_normal((z["b"], n_in, p["supernode_pooling.message.lift_ffn.weight"].shape[0]))
+    return {"f": f}, {"input_pos": rng.uniform(0.0, 1.0, (n_in, d)),
+                      "query_pos": rng.uniform(0.1, 0.9, (z["n"] + 1, d))}
+
+
+def _mino_call(module, inp, cfg):
+    import torch
+
+    f = inp["f"]
+    y, x = (torch.as_tensor(cfg[k], dtype=f.dtype) for k in ("input_pos", "query_pos"))
+    return module(f, y[None].expand(f.shape[0], -1, -1), x[None].expand(f.shape[0], -1, -1))
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -118,6 +140,19 @@ _SPECS = [
          attrs={"num_heads": "Attention.Attention.heads", "kernel_size": "Attention.kernel_size",
                 "stride": "Attention.stride", "levels": "levels",
                 "sampling_rate": ("down.1.kernel_size", "up.1.scale_factor")}),
+    Spec("mino_gno_cross_attention", "yzshi5/MINO models/mino_modules/encoder_supernodes_gno_cross_attention.py@143e4b4 "
+         "(EncoderSupernodes, cond_dim=None: SupernodePooling/GNOBlock, then kappamodules PerceiverBlock@748c370; "
+         "forward(f, input_pos, query_pos); the embedding's omega buffer is read and dropped)",
+         rules=[Named(r"supernode_pooling\.message\.(lift_ffn|channel_mlp\.fcs\.\d+)\.weight"
+                      r"|(first_block|rest_block\.\d+)\.(attn\.(q|kv|proj)|mlp\.fc[12])\.weight", True),
+                Named(r"supernode_pooling\.message\.(lift_ffn|channel_mlp\.fcs\.\d+)\.bias"
+                      r"|(first_block|rest_block\.\d+)\.((attn\.(q|kv|proj)|mlp\.fc[12])\.bias"
+                      r"|norm(1q|1kv|2)\.(weight|bias))", False),
+                Derived(r"supernode_pooling\.message\.pos_embedding\.omega")],
+         required=("supernode_pooling.message.lift_ffn.weight", "first_block.attn.q.weight"),
+         call=_mino_call, build=_mino_build,
+         attrs={"radius": "radius", "num_heads": ("enc_num_heads", "first_block.attn.num_heads")},
+         defaults={"input_pos": None, "query_pos": None}),  # placeholders: the builder draws the points
 ]
 
 add_specs(*_SPECS)
