@@ -418,3 +418,78 @@ class EncoderSupernodes(nn.Module):
         for blk in self.rest_block:
             h = blk(q=h, kv=x)
         return h
+
+
+# ----------------------------------------------------------------------------------------------
+# ZijiangY1116/MoNo@60d086a utils/models/mono.py: CoTAP (MONOMLP, MONORowNormalizedLinear, FasterSinkhornRouter)
+# with utils/models/op.py sinkhorn_reference (the CPU path of faster_sinkhorn). Upstream calls
+# build_mapping(anchor), encode(build_encode_mapping(.), x), decode(build_decode_mapping(.), z) separately;
+# ``cotap_pair`` below runs the three and stacks the outputs along the tokens, as refattn's record returns them.
+
+
+class _RowNormalizedLinear(nn.Module):
+    def __init__(self, in_features, out_features, scale_init=3.0, eps=1e-12):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.global_scale = nn.Parameter(torch.tensor(float(scale_init)))
+        nn.init.kaiming_uniform_(self.weight, a=math.sqrt(5))
+
+    def forward(self, x):
+        return F.linear(x, F.normalize(self.weight, p=2, dim=1, eps=self.eps) * self.global_scale)
+
+
+class _MonoMLP(nn.Module):
+    def __init__(self, input_dim, hidden_dim, output_dim, n_layer, act, row_normalized_output=False):
+        super().__init__()
+        self.input = nn.Linear(input_dim, hidden_dim)
+        self.hidden = nn.ModuleList([nn.Linear(hidden_dim, hidden_dim) for _ in range(n_layer)])
+        self.output = (_RowNormalizedLinear(hidden_dim, output_dim) if row_normalized_output
+                       else nn.Linear(hidden_dim, output_dim))
+        self.act = act
+
+    def forward(self, x):
+        h = self.act(self.input(x))
+        for layer in self.hidden:
+            h = h + self.act(layer(h))
+        return self.output(h)
+
+
+class _SinkhornRouter(nn.Module):
+    def __init__(self, n_iter=8, temperature=1.0):
+        super().__init__()
+        self.n_iter, self.temperature = n_iter, temperature
+
+    def forward(self, logits):
+        _, n, m = logits.shape
+        s = logits / self.temperature
+        log_mu, log_nu = -math.log(n), -math.log(m)
+        u, v = s.new_zeros(s.shape[:2]), s.new_zeros((s.shape[0], m))
+        for _ in range(self.n_iter):
+            u = log_mu - torch.logsumexp(s + v.unsqueeze(1), dim=-1)
+            v = log_nu - torch.logsumexp(s + u.unsqueeze(-1), dim=1)
+        t = torch.exp(s + u.unsqueeze(-1) + v.unsqueeze(1))
+        return {"score_encode": t * m, "score_decode": t * n}
+
+
+class CoTAP(nn.Module):
+    def __init__(self, n_dim, n_mode, n_layer, act, mlp_rownorm=False):
+        super().__init__()
+        self.attention_projector = _MonoMLP(n_dim, n_dim, n_mode, n_layer, act, row_normalized_output=mlp_rownorm)
+        self.router = _SinkhornRouter(n_iter=8, temperature=1.0)
+
+    def build_mapping(self, score_source):
+        score = self.attention_projector(score_source)
+        return {"score": score, **self.router(score)}
+
+    def build_encode_mapping(self, mapping):
+        return mapping["score_encode"]
+
+    def build_decode_mapping(self, mapping):
+        return mapping["score_decode"]
+
+    def encode(self, score_encode, source_feature):
+        return torch.einsum("bij,bic->bjc", score_encode, source_feature)
+
+    def decode(self, score_decode, latent_feature):
+        return torch.einsum("bij,bjc->bic", score_decode, latent_feature)

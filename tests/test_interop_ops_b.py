@@ -65,6 +65,14 @@ def test_mino_encoder_supernodes(args):
     _assert_pass(check_module(m, "mino_gno_cross_attention"))
 
 
+@pytest.mark.parametrize("rownorm,n_iter,tau", [(False, 8, 1.0), (True, 5, 0.7)])
+def test_mono_cotap(rownorm, n_iter, tau):
+    torch.manual_seed(2)
+    m = U.CoTAP(5, 4, 2, torch.nn.GELU(), mlp_rownorm=rownorm)
+    m.router.n_iter, m.router.temperature = n_iter, tau
+    _assert_pass(check_module(m, "mono_cotap_ot_projection"))
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -76,6 +84,7 @@ _MODULES = {
     "mano_multipole_attention": (lambda: U.MultipoleAttention(8, 4, 2, 2, "conv", "conv", 2, 2, 3), {}, ()),
     "mino_gno_cross_attention": (lambda: U.EncoderSupernodes(3, 2, 0.45, 8, 2, 2), {},
                                  ("supernode_pooling.message.pos_embedding.omega",)),
+    "mono_cotap_ot_projection": (lambda: U.CoTAP(5, 4, 2, torch.nn.GELU(), mlp_rownorm=True), {}, ()),
 }
 
 

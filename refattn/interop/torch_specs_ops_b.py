@@ -112,6 +112,24 @@ def _mino_call(module, inp, cfg):
     return module(f, y[None].expand(f.shape[0], -1, -1), x[None].expand(f.shape[0], -1, -1))
 
 
+# ---- MoNo CoTAP: build_mapping(anchor), then encode(x) and decode(z), stacked along the tokens as the record
+
+
+def _cotap_build(rng, p, cfg, z):
+    d = p["attention_projector.input.weight"].shape[0]
+    m, n = p["attention_projector.output.weight"].shape[1], z["n"] + z["m"]
+    return {"anchor": rng.standard_normal((z["b"], n, d)), "x": rng.standard_normal((z["b"], n, d)),
+            "z": rng.standard_normal((z["b"], m, d))}, {}
+
+
+def _cotap_call(module, inp, cfg):
+    import torch
+
+    mp = module.build_mapping(inp["anchor"])
+    return torch.cat([module.encode(module.build_encode_mapping(mp), inp["x"]),
+                      module.decode(module.build_decode_mapping(mp), inp["z"])], dim=1)
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -153,6 +171,14 @@ _SPECS = [
          call=_mino_call, build=_mino_build,
          attrs={"radius": "radius", "num_heads": ("enc_num_heads", "first_block.attn.num_heads")},
          defaults={"input_pos": None, "query_pos": None}),  # placeholders: the builder draws the points
+    Spec("mono_cotap_ot_projection", "ZijiangY1116/MoNo utils/models/mono.py@60d086a (CoTAP with MONOMLP, "
+         "MONORowNormalizedLinear, FasterSinkhornRouter on op.py sinkhorn_reference; build_mapping(anchor), "
+         "encode(x), decode(z), stacked along the tokens)",
+         rules=[Named(r"attention_projector\.(input|hidden\.\d+|output)\.weight", True),
+                Named(r"attention_projector\.(input|hidden\.\d+|output)\.bias|attention_projector\.output"
+                      r"\.global_scale", False)],
+         required=("attention_projector.input.weight", "attention_projector.output.weight"),
+         call=_cotap_call, build=_cotap_build, attrs={"n_iter": "router.n_iter", "temperature": "router.temperature"}),
 ]
 
 add_specs(*_SPECS)
