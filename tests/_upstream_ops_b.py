@@ -493,3 +493,74 @@ class CoTAP(nn.Module):
 
     def decode(self, score_decode, latent_feature):
         return torch.einsum("bij,bjc->bic", score_decode, latent_feature)
+
+
+# ----------------------------------------------------------------------------------------------
+# pengwei07/PhysGTO@198d88f code/task1/src/atten.py: Atten (PhysGTOAtten1), code/task2/src/model/atten.py:
+# GTO_Atten, code/task3/src/model/atten.py: Atten (PhysGTOAtten3). Deviations: einops rearranges as
+# reshapes; dropout omitted (eval).
+
+
+def _heads(t, h):  # 'b n (h c) -> b h n c'
+    b, n, _ = t.shape
+    return t.reshape(b, n, h, -1).transpose(1, 2)
+
+
+def _merge(t):  # 'b h n c -> b n (h c)'
+    b, h, n, c = t.shape
+    return t.transpose(1, 2).reshape(b, n, h * c)
+
+
+class PhysGTOAtten1(nn.Module):
+    def __init__(self, c_dim=128, n_token=128, n_heads=4):
+        super().__init__()
+        self.n_heads, self.token_dim = n_heads, c_dim // n_heads
+        self.Q = nn.Parameter(torch.randn(n_heads, n_token, self.token_dim) / self.token_dim ** 0.5)
+        self.kv_1 = nn.Linear(c_dim, 2 * c_dim)
+        self.kv_2 = nn.Linear(self.token_dim, 2 * self.token_dim)
+        self.q_3 = nn.Linear(c_dim, c_dim)
+        self.out_proj = nn.Linear(c_dim, c_dim)
+
+    def forward(self, x):
+        k1, v1 = (_heads(t, self.n_heads) for t in self.kv_1(x).chunk(2, dim=-1))
+        a1 = F.softmax(torch.einsum("hmc,bhnc->bhmn", self.Q, k1) / self.token_dim ** 0.5, dim=-1)
+        k2, v2 = self.kv_2(a1 @ v1).chunk(2, dim=-1)
+        q3 = _heads(self.q_3(x), self.n_heads)
+        a2 = F.softmax(q3 @ k2.transpose(-1, -2) / self.token_dim ** 0.5, dim=-1)
+        return self.out_proj(_merge(a2 @ v2))
+
+
+class GTO_Atten(nn.Module):
+    def __init__(self, c_dim=128, n_token=128, n_heads=4):
+        super().__init__()
+        self.n_heads = n_heads
+        d = c_dim // n_heads
+        self.Q = nn.Parameter(torch.randn(n_heads, n_token, d))
+        self.kv_1 = nn.Linear(c_dim, c_dim)
+        self.qkv_2 = nn.Linear(d, d * 2, bias=False)
+        self.q_3 = nn.Linear(c_dim, c_dim)
+        self.proj = nn.Linear(c_dim, c_dim)
+        nn.init.xavier_uniform_(self.Q)
+
+    def forward(self, W0):
+        kv = _heads(self.kv_1(W0), self.n_heads)
+        w = F.softmax(torch.einsum("hmc,bhnc->bhmn", self.Q, kv) / kv.shape[-1] ** 0.5, dim=-1)
+        k, v = self.qkv_2(w @ kv).chunk(2, dim=-1)
+        q3 = _heads(self.q_3(W0), self.n_heads)
+        return self.proj(_merge(F.softmax(q3 @ k.transpose(-2, -1) / q3.shape[-1] ** 0.5, dim=-1) @ v))
+
+
+class PhysGTOAtten3(nn.Module):
+    def __init__(self, n_token=128, c_dim=128, n_heads=4):
+        super().__init__()
+        self.n_heads = n_heads
+        self.Q = nn.Parameter(torch.randn(n_token, c_dim))
+        for i in (1, 2, 3):
+            setattr(self, f"attention{i}", nn.MultiheadAttention(c_dim, n_heads, batch_first=True))
+
+    def forward(self, W0):
+        q = self.Q.unsqueeze(0).repeat(W0.shape[0], 1, 1)
+        w, _ = self.attention1(q, W0, W0)
+        w, _ = self.attention2(w, w, w)
+        w, _ = self.attention3(W0, w, w)
+        return w

@@ -73,6 +73,18 @@ def test_mono_cotap(rownorm, n_iter, tau):
     _assert_pass(check_module(m, "mono_cotap_ot_projection"))
 
 
+@pytest.mark.parametrize("make", [lambda: U.PhysGTOAtten1(6, 4, 2), lambda: U.GTO_Atten(6, 3, 3),
+                                  lambda: U.PhysGTOAtten3(4, 6, 2)], ids=["task1", "task2", "task3"])
+def test_physgto_attention(make):
+    torch.manual_seed(2)
+    m = make()
+    with torch.no_grad():
+        for k, v in m.named_parameters():
+            if "bias" in k:
+                v.normal_(0, 0.3)
+    _assert_pass(check_module(m, "physgto_projection_attention"))
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -85,6 +97,7 @@ _MODULES = {
     "mino_gno_cross_attention": (lambda: U.EncoderSupernodes(3, 2, 0.45, 8, 2, 2), {},
                                  ("supernode_pooling.message.pos_embedding.omega",)),
     "mono_cotap_ot_projection": (lambda: U.CoTAP(5, 4, 2, torch.nn.GELU(), mlp_rownorm=True), {}, ()),
+    "physgto_projection_attention": (lambda: U.PhysGTOAtten3(4, 6, 2), {}, ()),
 }
 
 

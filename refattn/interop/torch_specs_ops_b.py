@@ -130,6 +130,18 @@ def _cotap_call(module, inp, cfg):
                       module.decode(module.build_decode_mapping(mp), inp["z"])], dim=1)
 
 
+# ---- PhysGTO attention (three upstream implementations; the variant shows in the keys)
+
+
+def _physgto_infer(keys):
+    return {"variant": "task1" if "kv_2.weight" in keys else "task2" if "qkv_2.weight" in keys else "task3"}
+
+
+def _physgto_build(rng, p, cfg, z):
+    c = p["Q"].shape[-1] if p["Q"].ndim == 2 else p["q_3.weight"].shape[0]
+    return {"x": rng.standard_normal((z["b"], z["n"] + 2, c))}, {}
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -179,6 +191,14 @@ _SPECS = [
                       r"\.global_scale", False)],
          required=("attention_projector.input.weight", "attention_projector.output.weight"),
          call=_cotap_call, build=_cotap_build, attrs={"n_iter": "router.n_iter", "temperature": "router.temperature"}),
+    Spec("physgto_projection_attention", "pengwei07/PhysGTO code/task1/src/atten.py (Atten: variant 'task1'), "
+         "code/task2/src/model/atten.py (GTO_Atten: 'task2'), code/task3/src/model/atten.py (Atten with three "
+         "nn.MultiheadAttention: 'task3') @198d88f; forward(x)",
+         rules=[Named(r"(kv_1|kv_2|qkv_2|q_3|out_proj|proj)\.weight|attention[123]\.(in_proj_weight|out_proj\.weight)",
+                      True),
+                Named(r"Q|(kv_1|kv_2|q_3|out_proj|proj)\.bias|attention[123]\.(in_proj_bias|out_proj\.bias)", False)],
+         required=("Q",), call=call_x, build=_physgto_build, infer=_physgto_infer,
+         attrs={"num_heads": ("n_heads", "attention1.num_heads")}),
 ]
 
 add_specs(*_SPECS)
