@@ -564,3 +564,53 @@ class PhysGTOAtten3(nn.Module):
         w, _ = self.attention2(w, w, w)
         w, _ = self.attention3(W0, w, w)
         return w
+
+
+# ----------------------------------------------------------------------------------------------
+# lucidrains/denoising-diffusion-pytorch@ff6cbb4 denoising_diffusion_pytorch/denoising_diffusion_pytorch.py:
+# SinusoidalPosEmb, Unet.time_mlp, Block, ResnetBlock (the block DiTTO builds on; its authors' code is not
+# public). ``DittoResnetBlock`` holds Unet's ``time_mlp`` next to one ResnetBlock's children (mlp, block1,
+# block2, res_conv) and runs ResnetBlock.forward(x, time_mlp(t)), the names refattn's record uses.
+
+
+class _SinusoidalPosEmb(nn.Module):
+    def __init__(self, dim, theta=10000):
+        super().__init__()
+        self.dim, self.theta = dim, theta
+
+    def forward(self, x):
+        half = self.dim // 2
+        emb = torch.exp(torch.arange(half, dtype=x.dtype) * -(math.log(self.theta) / (half - 1)))
+        emb = x[:, None] * emb[None, :]
+        return torch.cat((emb.sin(), emb.cos()), dim=-1)
+
+
+class _DdpmBlock(nn.Module):
+    def __init__(self, dim, dim_out, groups=8):
+        super().__init__()
+        self.proj = nn.Conv2d(dim, dim_out, 3, padding=1)
+        self.norm = nn.GroupNorm(groups, dim_out)
+        self.act = nn.SiLU()
+
+    def forward(self, x, scale_shift=None):
+        x = self.norm(self.proj(x))
+        if scale_shift is not None:
+            scale, shift = scale_shift
+            x = x * (scale + 1) + shift
+        return self.act(x)
+
+
+class DittoResnetBlock(nn.Module):
+    def __init__(self, dim, dim_out, *, emb_dim, time_dim, groups=8, theta=10000):
+        super().__init__()
+        self.time_mlp = nn.Sequential(_SinusoidalPosEmb(emb_dim, theta), nn.Linear(emb_dim, time_dim), nn.GELU(),
+                                      nn.Linear(time_dim, time_dim))
+        self.mlp = nn.Sequential(nn.SiLU(), nn.Linear(time_dim, dim_out * 2))
+        self.block1 = _DdpmBlock(dim, dim_out, groups=groups)
+        self.block2 = _DdpmBlock(dim_out, dim_out, groups=groups)
+        self.res_conv = nn.Conv2d(dim, dim_out, 1) if dim != dim_out else nn.Identity()
+
+    def forward(self, x, t):
+        scale_shift = self.mlp(self.time_mlp(t))[:, :, None, None].chunk(2, dim=1)
+        h = self.block2(self.block1(x, scale_shift=scale_shift))
+        return h + self.res_conv(x)

@@ -85,6 +85,15 @@ def test_physgto_attention(make):
     _assert_pass(check_module(m, "physgto_projection_attention"))
 
 
+@pytest.mark.parametrize("cin,cout,groups,theta", [(3, 4, 2, 10000), (4, 4, 4, 100)])  # res_conv / identity
+def test_ditto_resnet_block(cin, cout, groups, theta):
+    torch.manual_seed(2)
+    m = U.DittoResnetBlock(cin, cout, emb_dim=6, time_dim=5, groups=groups, theta=theta)
+    for prm in m.parameters():
+        torch.nn.init.normal_(prm, std=0.5)
+    _assert_pass(check_module(m, "ditto_time_conditioned_operator"))
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -98,6 +107,7 @@ _MODULES = {
                                  ("supernode_pooling.message.pos_embedding.omega",)),
     "mono_cotap_ot_projection": (lambda: U.CoTAP(5, 4, 2, torch.nn.GELU(), mlp_rownorm=True), {}, ()),
     "physgto_projection_attention": (lambda: U.PhysGTOAtten3(4, 6, 2), {}, ()),
+    "ditto_time_conditioned_operator": (lambda: U.DittoResnetBlock(3, 4, emb_dim=6, time_dim=5, groups=2), {}, ()),
 }
 
 

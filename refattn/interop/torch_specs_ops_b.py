@@ -142,6 +142,15 @@ def _physgto_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], z["n"] + 2, c))}, {}
 
 
+# ---- DiTTO: Unet.time_mlp and one ResnetBlock (lucidrains' names at top level), forward(x, t)
+
+
+def _ditto_build(rng, p, cfg, z):
+    c = p["block1.proj.weight"].shape[1]
+    h, w = 3 + z["n"] % 3, 2 + z["n"] % 4
+    return {"x": rng.standard_normal((z["b"], c, h, w)), "t": rng.uniform(0.0, 3.0, z["b"])}, {}
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -199,6 +208,15 @@ _SPECS = [
                 Named(r"Q|(kv_1|kv_2|q_3|out_proj|proj)\.bias|attention[123]\.(in_proj_bias|out_proj\.bias)", False)],
          required=("Q",), call=call_x, build=_physgto_build, infer=_physgto_infer,
          attrs={"num_heads": ("n_heads", "attention1.num_heads")}),
+    Spec("ditto_time_conditioned_operator", "lucidrains/denoising-diffusion-pytorch denoising_diffusion_pytorch/"
+         "denoising_diffusion_pytorch.py@ff6cbb4 (the block DiTTO builds on, its authors' code not public: "
+         "Unet.time_mlp with SinusoidalPosEmb beside one ResnetBlock's mlp, block1, block2, res_conv; "
+         "forward(x, t) = ResnetBlock(x, time_mlp(t)))",
+         rules=[Named(r"(time_mlp\.[13]|mlp\.1)\.weight", True),
+                Named(r"(time_mlp\.[13]|mlp\.1)\.bias|(block[12]\.(proj|norm)|res_conv)\.(weight|bias)", False)],
+         required=("time_mlp.1.weight", "mlp.1.weight", "block1.proj.weight", "block2.proj.weight"),
+         call=lambda module, inp, cfg: module(inp["x"], inp["t"]), build=_ditto_build,
+         attrs={"groups": "block1.norm.num_groups", "theta": "time_mlp.0.theta"}),
 ]
 
 add_specs(*_SPECS)
