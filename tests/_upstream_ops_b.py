@@ -614,3 +614,51 @@ class DittoResnetBlock(nn.Module):
         scale_shift = self.mlp(self.time_mlp(t))[:, :, None, None].chunk(2, dim=1)
         h = self.block2(self.block1(x, scale_shift=scale_shift))
         return h + self.res_conv(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# felix-lyx/prose@eaf598d prose_fd/models/attention_utils.py: OperatorDecoderLayer (nn.MultiheadAttention
+# cross-attention, no self-attention, activation="gelu"), with prose_fd/models/transformer.py:
+# TransformerFusion's type embeddings + concatenation + joint key padding, and DataOperatorDecoder's
+# get_query_emb (time_proj or time_embed, plus patch_position_embeddings). ``ProseOperatorDecoding`` holds
+# those parameters under refattn's (upstream's leaf) names, around one decoder layer, with fusion n_layer = 0.
+
+
+class ProseOperatorDecoding(nn.Module):
+    def __init__(self, d_model, nhead, dim_feedforward, patch_num, *, time_embed="learnable", query_dim=1,
+                 max_time_len=10, norm_first=True, layer_norm_eps=1e-5):
+        super().__init__()
+        self.norm_first = norm_first
+        self.type_embeddings = nn.Embedding(2, d_model)
+        if time_embed == "continuous":
+            self.time_proj = nn.Sequential(nn.Linear(query_dim, d_model), nn.GELU(), nn.Linear(d_model, d_model))
+        else:
+            self.time_embed = nn.Parameter(torch.randn(1, max_time_len, 1, d_model))
+        self.patch_position_embeddings = nn.Parameter(torch.randn(1, 1, patch_num, d_model))
+        self.multihead_attn = nn.MultiheadAttention(d_model, nhead, batch_first=True)
+        self.linear1 = nn.Linear(d_model, dim_feedforward)
+        self.linear2 = nn.Linear(dim_feedforward, d_model)
+        self.norm1 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+        self.norm2 = nn.LayerNorm(d_model, eps=layer_norm_eps)
+
+    def _mha(self, x, mem, kpm):
+        return self.multihead_attn(x, mem, mem, key_padding_mask=kpm, need_weights=False)[0]
+
+    def _ff(self, x):
+        return self.linear2(F.gelu(self.linear1(x)))
+
+    def forward(self, times, x0, x1, key_padding_mask0=None, key_padding_mask1=None, output_len=None):
+        b = x0.shape[0]
+        mem = torch.cat([x0 + self.type_embeddings.weight[0], x1 + self.type_embeddings.weight[1]], dim=1)
+        kpm = None
+        if key_padding_mask0 is not None or key_padding_mask1 is not None:
+            k0 = key_padding_mask0 if key_padding_mask0 is not None else torch.zeros(x0.shape[:2], dtype=torch.bool)
+            k1 = key_padding_mask1 if key_padding_mask1 is not None else torch.zeros(x1.shape[:2], dtype=torch.bool)
+            kpm = torch.cat([k0, k1], dim=1)
+        tau = self.time_proj(times)[:, :, None] if hasattr(self, "time_proj") else self.time_embed[:, :output_len]
+        x = (tau + self.patch_position_embeddings).reshape(tau.shape[0], -1, mem.shape[-1]).expand(b, -1, -1)
+        if self.norm_first:
+            x = x + self._mha(self.norm1(x), mem, kpm)
+            return x + self._ff(self.norm2(x))
+        x = self.norm1(x + self._mha(x, mem, kpm))
+        return self.norm2(x + self._ff(x))

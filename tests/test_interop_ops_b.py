@@ -94,6 +94,18 @@ def test_ditto_resnet_block(cin, cout, groups, theta):
     _assert_pass(check_module(m, "ditto_time_conditioned_operator"))
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(norm_first=False, query_dim=2)])
+def test_prose_operator_decoding(kw):
+    torch.manual_seed(2)
+    m = U.ProseOperatorDecoding(8, 2, 12, 3, time_embed="continuous", **kw)
+    for prm in m.parameters():
+        torch.nn.init.normal_(prm, std=0.5)
+    _assert_pass(check_module(m, "prose_multimodal_operator"))
+    learnable = U.ProseOperatorDecoding(8, 2, 12, 3, time_embed="learnable", max_time_len=4)
+    with pytest.raises(ValueError, match="continuous time embedding"):
+        check_module(learnable, "prose_multimodal_operator")
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -108,6 +120,7 @@ _MODULES = {
     "mono_cotap_ot_projection": (lambda: U.CoTAP(5, 4, 2, torch.nn.GELU(), mlp_rownorm=True), {}, ()),
     "physgto_projection_attention": (lambda: U.PhysGTOAtten3(4, 6, 2), {}, ()),
     "ditto_time_conditioned_operator": (lambda: U.DittoResnetBlock(3, 4, emb_dim=6, time_dim=5, groups=2), {}, ()),
+    "prose_multimodal_operator": (lambda: U.ProseOperatorDecoding(8, 2, 12, 3, time_embed="learnable"), {}, ()),
 }
 
 

@@ -151,6 +151,39 @@ def _ditto_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], c, h, w)), "t": rng.uniform(0.0, 3.0, z["b"])}, {}
 
 
+# ---- PROSE: fusion type embeddings, the decoder's query embedding, one OperatorDecoderLayer; the last data
+# token of batch element 0 and the last symbol token of the last element are padded (upstream: True = pad);
+# check_module runs time_embed="continuous" (the learnable table has no times input to draw)
+
+
+def _prose_infer(keys):
+    return {"time_embed": "continuous" if "time_proj.0.weight" in keys else "learnable"}
+
+
+def _prose_build(rng, p, cfg, z):
+    c, b = p["type_embeddings.weight"].shape[1], z["b"]
+    s0, s1 = 1 + z["n"] % 4, 2 + z["m"] % 3
+    k0, k1 = np.zeros((b, s0), dtype=bool), np.zeros((b, s1), dtype=bool)
+    if s0 > 1:
+        k0[0, -1] = True
+    k1[-1, -1] = True
+    inp = {"x0": rng.standard_normal((b, s0, c)), "x1": rng.standard_normal((b, s1, c))}
+    extra = {"key_padding_mask0": k0, "key_padding_mask1": k1}
+    if "time_proj.0.weight" not in p:
+        raise ValueError("check_module[prose_multimodal_operator] runs the continuous time embedding (time_proj): "
+                         "with time_embed='learnable' the record takes no times input to draw; "
+                         "params_from_state_dict maps time_embed all the same")
+    inp["times"] = rng.uniform(0.0, 1.0, (b, 1 + z["n"] % 3, p["time_proj.0.weight"].shape[0]))
+    return inp, extra
+
+
+def _prose_call(module, inp, cfg):
+    import torch
+
+    k0, k1 = (None if cfg.get(k) is None else torch.as_tensor(cfg[k]) for k in ("key_padding_mask0", "key_padding_mask1"))
+    return module(inp["times"], inp["x0"], inp["x1"], k0, k1)
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -217,6 +250,17 @@ _SPECS = [
          required=("time_mlp.1.weight", "mlp.1.weight", "block1.proj.weight", "block2.proj.weight"),
          call=lambda module, inp, cfg: module(inp["x"], inp["t"]), build=_ditto_build,
          attrs={"groups": "block1.norm.num_groups", "theta": "time_mlp.0.theta"}),
+    Spec("prose_multimodal_operator", "felix-lyx/prose prose_fd/models/attention_utils.py@eaf598d (OperatorDecoderLayer, "
+         "under the names of one layer) with prose_fd/models/transformer.py TransformerFusion's type_embeddings "
+         "and DataOperatorDecoder's time_proj/time_embed and patch_position_embeddings (fusion n_layer = 0); "
+         "forward(times, x0, x1, key_padding_mask0, key_padding_mask1, output_len)",
+         rules=[Named(r"multihead_attn\.(in_proj_weight|out_proj\.weight)|linear[12]\.weight|time_proj\.[02]\.weight",
+                      True),
+                Named(r"type_embeddings\.weight|patch_position_embeddings|time_embed|multihead_attn\.(in_proj_bias"
+                      r"|out_proj\.bias)|linear[12]\.bias|norm[12]\.(weight|bias)|time_proj\.[02]\.bias", False)],
+         required=("type_embeddings.weight", "patch_position_embeddings", "multihead_attn.in_proj_weight"),
+         call=_prose_call, build=_prose_build, infer=_prose_infer,
+         attrs={"num_heads": "multihead_attn.num_heads", "norm_first": "norm_first"}),
 ]
 
 add_specs(*_SPECS)
