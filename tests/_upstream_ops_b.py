@@ -662,3 +662,141 @@ class ProseOperatorDecoding(nn.Module):
             return x + self._ff(self.norm2(x))
         x = self.norm1(x + self._mha(x, mem, kpm))
         return self.norm2(x + self._ff(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# AI4Science-WestlakeU/beno@6ac99f3 BE_MPNN.py: InteractionNetwork (build_mlp; a torch_geometric MessagePassing
+# with aggr="mean") on transformer.py: Transformer (DataEmbedding_wo_temp: TokenEmbedding, PositionalEmbedding,
+# and the unused TemporalEmbedding of FixedEmbedding tables; Encoder of EncoderLayer / AttentionLayer /
+# FullAttention(mask_flag=False); AdaptiveMaxPool1d). Deviations: PyG's propagate is written out (message on
+# [x_i, x_j, e], scatter mean over targets, update); the positional table is built in float64 (upstream
+# float32) and the boundary's ``.float()`` cast is dropped.
+
+
+def _build_mlp(i, hidden, o, act):
+    sizes = [i] + hidden + [o]
+    m = nn.Sequential()
+    for k in range(len(sizes) - 1):
+        m.add_module(f"NN-{k}", nn.Linear(sizes[k], sizes[k + 1]))
+        m.add_module(f"Act-{k}", act() if k < len(sizes) - 2 else nn.Identity())
+    return m
+
+
+def _sin_table(n, d):
+    pos = torch.arange(n, dtype=torch.float64)[:, None]
+    div = torch.exp(torch.arange(0, d, 2, dtype=torch.float64) * -(math.log(10000.0) / d))
+    t = torch.zeros(n, d, dtype=torch.float64)
+    t[:, 0::2], t[:, 1::2] = torch.sin(pos * div), torch.cos(pos * div)
+    return t
+
+
+class _FixedEmbedding(nn.Module):
+    def __init__(self, c_in, d_model):
+        super().__init__()
+        self.emb = nn.Embedding(c_in, d_model)
+        self.emb.weight = nn.Parameter(_sin_table(c_in, d_model), requires_grad=False)
+
+
+class _TemporalEmbedding(nn.Module):  # never used by DataEmbedding_wo_temp, but in the state_dict
+    def __init__(self, d_model):
+        super().__init__()
+        for name, n in (("hour", 24), ("weekday", 7), ("day", 32), ("month", 13)):
+            setattr(self, f"{name}_embed", _FixedEmbedding(n, d_model))
+
+
+class _PositionalEmbedding(nn.Module):
+    def __init__(self, d_model, max_len=5000):
+        super().__init__()
+        self.register_buffer("pe", _sin_table(max_len, d_model)[None])
+
+
+class _TokenEmbedding(nn.Module):
+    def __init__(self, c_in, d_model):
+        super().__init__()
+        self.tokenConv = nn.Conv1d(c_in, d_model, kernel_size=3, padding=1, padding_mode="circular", bias=False)
+
+
+class _DataEmbeddingWoTemp(nn.Module):
+    def __init__(self, c_in, d_model):
+        super().__init__()
+        self.value_embedding = _TokenEmbedding(c_in, d_model)
+        self.position_embedding = _PositionalEmbedding(d_model)
+        self.temporal_embedding = _TemporalEmbedding(d_model)
+
+    def forward(self, x):
+        v = self.value_embedding.tokenConv(x.permute(0, 2, 1)).transpose(1, 2)
+        return v + self.position_embedding.pe[:, :x.size(1)]
+
+
+class _AttentionLayer(nn.Module):  # with FullAttention(mask_flag=False), scale 1/sqrt(E)
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        d = d_model // n_heads
+        self.query_projection, self.key_projection = nn.Linear(d_model, d * n_heads), nn.Linear(d_model, d * n_heads)
+        self.value_projection, self.out_projection = nn.Linear(d_model, d * n_heads), nn.Linear(d * n_heads, d_model)
+        self.n_heads = n_heads
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (p(x).view(b, n, self.n_heads, -1) for p in (self.query_projection, self.key_projection,
+                                                                self.value_projection))
+        a = torch.softmax(torch.einsum("blhe,bshe->bhls", q, k) / math.sqrt(q.shape[-1]), dim=-1)
+        return self.out_projection(torch.einsum("bhls,bshd->blhd", a, v).reshape(b, n, -1))
+
+
+class _BenoEncoderLayer(nn.Module):
+    def __init__(self, d_model, n_heads, d_ff):
+        super().__init__()
+        self.attention = _AttentionLayer(d_model, n_heads)
+        self.conv1, self.conv2 = nn.Conv1d(d_model, d_ff, 1), nn.Conv1d(d_ff, d_model, 1)
+        self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+
+    def forward(self, x):
+        x = self.norm1(x + self.attention(x))
+        y = self.conv2(F.gelu(self.conv1(x.transpose(-1, 1)))).transpose(-1, 1)
+        return self.norm2(x + y)
+
+
+class _BenoEncoder(nn.Module):
+    def __init__(self, layers, d_model):
+        super().__init__()
+        self.attn_layers = nn.ModuleList(layers)
+        self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x):
+        for layer in self.attn_layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+class _BenoTransformer(nn.Module):
+    def __init__(self, enc_in=2, d_model=16, n_heads=2, d_ff=16, enc_layers=2):
+        super().__init__()
+        self.enc_embedding = _DataEmbeddingWoTemp(enc_in, d_model)
+        self.encoder = _BenoEncoder([_BenoEncoderLayer(d_model, n_heads, d_ff) for _ in range(enc_layers)], d_model)
+
+    def forward(self, x_enc):
+        return self.encoder(self.enc_embedding(x_enc)).permute(0, 2, 1).amax(-1)  # AdaptiveMaxPool1d(1)
+
+
+class InteractionNetwork(nn.Module):
+    """forward(x (N, D), edge_index (2, E), edge_features (E, De), boundary (L, 3)) -> (x', e'), as upstream."""
+
+    def __init__(self, nnode_in, nnode_out, nedge_in, nedge_out, nmlp_layers, mlp_hidden_dim, boundary_dim,
+                 trans_layer, activation=nn.ReLU):
+        super().__init__()
+        hidden = [mlp_hidden_dim] * nmlp_layers
+        self.node_fn = nn.Sequential(_build_mlp(nnode_in + nedge_out + boundary_dim, hidden, nnode_out, activation),
+                                     nn.LayerNorm(nnode_out))
+        self.edge_fn = nn.Sequential(_build_mlp(nnode_in + nnode_in + nedge_in, hidden, nedge_out, activation),
+                                     nn.LayerNorm(nedge_out))
+        self.boundary_fn = _BenoTransformer(enc_in=3, d_model=boundary_dim, n_heads=2, enc_layers=trans_layer)
+
+    def forward(self, x, edge_index, edge_features, boundary):
+        z = self.boundary_fn(boundary.unsqueeze(0))
+        src, dst = edge_index  # flow source_to_target: x_j = x[src], x_i = x[dst]
+        m = self.edge_fn(torch.cat([x[dst], x[src], edge_features], dim=-1))
+        agg = torch.zeros(x.shape[0], m.shape[1], dtype=m.dtype).index_add(0, dst, m)
+        cnt = torch.zeros(x.shape[0], dtype=m.dtype).index_add(0, dst, torch.ones(len(dst), dtype=m.dtype))
+        u = self.node_fn(torch.cat([agg / cnt.clamp(min=1)[:, None], x, z.repeat(x.shape[0], 1)], dim=-1))
+        return u + x, edge_features + edge_features

@@ -106,6 +106,17 @@ def test_prose_operator_decoding(kw):
         check_module(learnable, "prose_multimodal_operator")
 
 
+@pytest.mark.parametrize("act,name,layers", [(torch.nn.SiLU, "silu", 2), (torch.nn.ELU, "elu", 1)])
+def test_beno_interaction_network(act, name, layers):
+    torch.manual_seed(2)
+    m = U.InteractionNetwork(4, 4, 3, 3, 2, 5, 6, layers, activation=act)
+    with torch.no_grad():
+        for prm in m.parameters():
+            if prm.requires_grad:
+                prm.add_(0.3 * torch.randn_like(prm))
+    _assert_pass(check_module(m, "beno_boundary_embedded_operator", config={"activation": name}))
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -121,6 +132,10 @@ _MODULES = {
     "physgto_projection_attention": (lambda: U.PhysGTOAtten3(4, 6, 2), {}, ()),
     "ditto_time_conditioned_operator": (lambda: U.DittoResnetBlock(3, 4, emb_dim=6, time_dim=5, groups=2), {}, ()),
     "prose_multimodal_operator": (lambda: U.ProseOperatorDecoding(8, 2, 12, 3, time_embed="learnable"), {}, ()),
+    "beno_boundary_embedded_operator": (lambda: U.InteractionNetwork(4, 4, 3, 3, 2, 5, 6, 2), {},
+                                        ("boundary_fn.enc_embedding.position_embedding.pe",)
+                                        + tuple(f"boundary_fn.enc_embedding.temporal_embedding.{t}_embed.emb.weight"
+                                                for t in ("hour", "weekday", "day", "month"))),
 }
 
 

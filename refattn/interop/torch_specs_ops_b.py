@@ -184,6 +184,28 @@ def _prose_call(module, inp, cfg):
     return module(inp["times"], inp["x0"], inp["x1"], k0, k1)
 
 
+# ---- BENO InteractionNetwork: forward(x, edge_index, edge_features, boundary) per graph; the record batches
+# graphs sharing one edge_index, check_module runs the module on each and stacks the node outputs
+
+
+def _beno_build(rng, p, cfg, z):
+    d = p["node_fn.1.weight"].shape[0]
+    de = p["edge_fn.0.NN-0.weight"].shape[0] - 2 * d
+    n = z["n"] + 2
+    e = 2 * n + z["m"]
+    ei = np.stack([rng.integers(0, n, e), rng.integers(0, n - 1, e)])  # the last node has no incoming edge
+    return ({"x": rng.standard_normal((z["b"], n, d)), "edge_features": rng.standard_normal((z["b"], e, de)),
+             "boundary": rng.standard_normal((z["b"], 3 + z["m"] % 5, 3))}, {"edge_index": ei})
+
+
+def _beno_call(module, inp, cfg):
+    import torch
+
+    ei = torch.as_tensor(cfg["edge_index"])
+    return torch.stack([module(inp["x"][b], ei, inp["edge_features"][b], inp["boundary"][b])[0]
+                        for b in range(inp["x"].shape[0])])
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -261,6 +283,21 @@ _SPECS = [
          required=("type_embeddings.weight", "patch_position_embeddings", "multihead_attn.in_proj_weight"),
          call=_prose_call, build=_prose_build, infer=_prose_infer,
          attrs={"num_heads": "multihead_attn.num_heads", "norm_first": "norm_first"}),
+    Spec("beno_boundary_embedded_operator", "AI4Science-WestlakeU/beno BE_MPNN.py@6ac99f3 (InteractionNetwork, "
+         "forward(x, edge_index, edge_features, boundary)[0] per graph) on transformer.py (Transformer; its "
+         "positional table and unused temporal tables are read and dropped); activation= in config (default silu)",
+         rules=[Named(r"(node_fn|edge_fn)\.0\.NN-\d+\.weight|boundary_fn\.encoder\.attn_layers\.\d+\.attention\."
+                      r"(query|key|value|out)_projection\.weight", True),
+                Named(r"(node_fn|edge_fn)\.(0\.NN-\d+\.bias|1\.(weight|bias))|boundary_fn\.enc_embedding\."
+                      r"value_embedding\.tokenConv\.weight|boundary_fn\.encoder\.(norm\.(weight|bias)|attn_layers\.\d+"
+                      r"\.(attention\.(query|key|value|out)_projection\.bias|conv[12]\.(weight|bias)|norm[12]\."
+                      r"(weight|bias)))", False),
+                Derived(r"boundary_fn\.enc_embedding\.(position_embedding\.pe|temporal_embedding\..*)")],
+         required=("node_fn.0.NN-0.weight", "edge_fn.0.NN-0.weight",
+                   "boundary_fn.enc_embedding.value_embedding.tokenConv.weight"),
+         call=_beno_call, build=_beno_build,
+         attrs={"n_heads": "boundary_fn.encoder.attn_layers.0.attention.n_heads"},
+         defaults={"edge_index": None}),  # a placeholder: the builder draws the graph
 ]
 
 add_specs(*_SPECS)
