@@ -800,3 +800,81 @@ class InteractionNetwork(nn.Module):
         cnt = torch.zeros(x.shape[0], dtype=m.dtype).index_add(0, dst, torch.ones(len(dst), dtype=m.dtype))
         u = self.node_fn(torch.cat([agg / cnt.clamp(min=1)[:, None], x, z.repeat(x.shape[0], 1)], dim=-1))
         return u + x, edge_features + edge_features
+
+
+# ----------------------------------------------------------------------------------------------
+# rbischof/hypino@28d7308 src/models/hypino.py: HyperNetDecoder (forward(skip_connections, xy)), ModulationMFNN;
+# src/models/utils.py: AttentionPooling, FourierMapping. Four stages with upstream's heads (4, 8, 8, 16) and
+# GroupNorm groups; ``target_net``'s in_map / out_map are built but unused, as upstream. Deviation: the
+# Fourier frequencies 0.1 * 2^j are built in float64 (upstream in the default float32).
+
+
+class _FourierMapping(nn.Module):
+    def __init__(self, input_dim, num_features, scale=0.1):
+        super().__init__()
+        self.output_dim = input_dim * (2 * num_features + 1)
+        bands = 2.0 ** torch.linspace(0, num_features - 1, steps=num_features, dtype=torch.float64) * scale
+        self.frequencies = nn.Parameter(bands.unsqueeze(0).repeat(input_dim, 1), requires_grad=False)
+
+    def forward(self, x):
+        a = 2 * torch.pi * x.unsqueeze(-1) * self.frequencies
+        return torch.cat([torch.sin(a).flatten(-2, -1), torch.cos(a).flatten(-2, -1), x], dim=-1)
+
+
+class _ModulationMFNN(nn.Module):
+    def __init__(self, input_dim, output_dim, lat_dim, num_latent_layers, activation="tanh"):
+        super().__init__()
+        self.activation, self.num_latent_layers = getattr(F, activation), num_latent_layers
+        self.fourier_transform = _FourierMapping(input_dim, 5, 0.1)
+        self.in_map = nn.Linear(self.fourier_transform.output_dim, lat_dim)
+        self.out_map = nn.Linear(lat_dim, output_dim)
+
+    def forward(self, inputs, weights, biases):
+        x = self.fourier_transform(inputs)
+        u = torch.tanh(torch.bmm(x, weights[0]) + biases[0].unsqueeze(1))
+        v = torch.tanh(torch.bmm(x, weights[1]) + biases[1].unsqueeze(1))
+        x = self.activation(torch.bmm(x, weights[2]) + biases[2].unsqueeze(1))
+        for i in range(3, 3 + self.num_latent_layers):
+            x = self.activation(torch.bmm(u * x + v * (1 - x), weights[i]) + biases[i].unsqueeze(1))
+        return torch.bmm(x, weights[-1]) + biases[-1].unsqueeze(1)
+
+
+class _AttentionPooling(nn.Module):
+    def __init__(self, embed_dim, num_heads, num_queries):
+        super().__init__()
+        self.queries = nn.Parameter(torch.randn(num_queries, embed_dim))
+        self.attention = nn.MultiheadAttention(embed_dim, num_heads, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(self.queries.unsqueeze(0).expand(x.size(0), -1, -1), x, x)[0]
+
+
+class HyperNetDecoder(nn.Module):
+    def __init__(self, num_features, target_input_dim, target_output_dim, target_lat_dim, target_num_latent,
+                 target_activation="tanh"):
+        super().__init__()
+        tl, to, tn = target_lat_dim, target_output_dim, target_num_latent
+        self.tlat, self.tout, self.tn = tl, to, tn
+        self.target_net = _ModulationMFNN(target_input_dim, to, tl, tn, target_activation)
+        self.attention_pooling = nn.ModuleList(_AttentionPooling(c, h, 2 * (tn + 4))
+                                               for c, h in zip(num_features, (4, 8, 8, 16)))
+        p, f = sum(num_features), self.target_net.fourier_transform.output_dim
+        self.weight_maps = nn.ModuleList([self._ffn(p, f * tl * 2, f * tl, 4) for _ in range(3)]
+                                         + [self._ffn(p, p, tl * tl, 16) for _ in range(tn)]
+                                         + [self._ffn(p, tl * to * 2, tl * to, 1)])
+        self.bias_maps = nn.ModuleList([self._ffn(p, tl * 2, tl, 4) for _ in range(tn + 3)] + [self._ffn(p, 32, to, 1)])
+
+    @staticmethod
+    def _ffn(i, hidden, o, groups):
+        return nn.Sequential(nn.Linear(i, hidden), nn.GELU(), nn.GroupNorm(groups, hidden), nn.Linear(hidden, o),
+                             nn.Identity())
+
+    def forward(self, skip_connections, xy):
+        c = torch.cat([att(s.flatten(1, 2)) for att, s in zip(self.attention_pooling, skip_connections)], dim=-1)
+        f, tn = self.target_net.fourier_transform.output_dim, self.tn
+        w = ([self.weight_maps[i](c[:, i]).reshape(-1, f, self.tlat) for i in range(3)]
+             + [self.weight_maps[i](c[:, i]).reshape(-1, self.tlat, self.tlat) for i in range(3, tn + 3)]
+             + [self.weight_maps[-1](c[:, tn + 3]).reshape(-1, self.tlat, self.tout)])
+        b = ([self.bias_maps[i](c[:, tn + 4 + i]).reshape(-1, self.tlat) for i in range(tn + 3)]
+             + [self.bias_maps[-1](c[:, -1]).reshape(-1, self.tout)])
+        return self.target_net(xy, weights=w, biases=b)

@@ -117,6 +117,16 @@ def test_beno_interaction_network(act, name, layers):
     _assert_pass(check_module(m, "beno_boundary_embedded_operator", config={"activation": name}))
 
 
+def test_hypino_hypernet_decoder():  # four stages with upstream's heads (4, 8, 8, 16) and GroupNorm groups
+    torch.manual_seed(2)
+    m = U.HyperNetDecoder((8, 8, 16, 32), 2, 1, 4, 1)
+    with torch.no_grad():
+        for prm in m.parameters():
+            if prm.requires_grad:
+                prm.add_(0.3 * torch.randn_like(prm))
+    _assert_pass(check_module(m, "hypino_hypernetwork_pinn"))
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -136,6 +146,9 @@ _MODULES = {
                                         ("boundary_fn.enc_embedding.position_embedding.pe",)
                                         + tuple(f"boundary_fn.enc_embedding.temporal_embedding.{t}_embed.emb.weight"
                                                 for t in ("hour", "weekday", "day", "month"))),
+    "hypino_hypernetwork_pinn": (lambda: U.HyperNetDecoder((8, 8, 16, 32), 2, 1, 4, 1), {},
+                                 ("target_net.fourier_transform.frequencies", "target_net.in_map.weight",
+                                  "target_net.in_map.bias", "target_net.out_map.weight", "target_net.out_map.bias")),
 }
 
 

@@ -206,6 +206,26 @@ def _beno_call(module, inp, cfg):
                         for b in range(inp["x"].shape[0])])
 
 
+# ---- HyPINO HyperNetDecoder: forward([skip_0, ...] as (B, N_s, 1, C_s), xy); the target net's unused
+# in_map / out_map and its fixed Fourier frequencies are read and dropped
+
+
+def _hypino_build(rng, p, cfg, z):
+    lat = p["bias_maps.0.3.weight"].shape[1]
+    d = p["weight_maps.0.3.weight"].shape[1] // lat // (2 * int(cfg.get("num_fourier_features", 5)) + 1)
+    inp = {"xy": rng.uniform(-1.0, 1.0, (z["b"], z["n"] + 2, d))}
+    s = 0
+    while f"attention_pooling.{s}.queries" in p:
+        inp[f"skip_{s}"] = rng.standard_normal((z["b"], 1 + (z["m"] + s) % 5, p[f"attention_pooling.{s}.queries"].shape[1]))
+        s += 1
+    return inp, {}
+
+
+def _hypino_call(module, inp, cfg):
+    skips = [inp[f"skip_{s}"][:, :, None] for s in range(4) if f"skip_{s}" in inp]
+    return module(skips, inp["xy"])
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -298,6 +318,16 @@ _SPECS = [
          call=_beno_call, build=_beno_build,
          attrs={"n_heads": "boundary_fn.encoder.attn_layers.0.attention.n_heads"},
          defaults={"edge_index": None}),  # a placeholder: the builder draws the graph
+    Spec("hypino_hypernetwork_pinn", "rbischof/hypino src/models/hypino.py@28d7308 (HyperNetDecoder, ModulationMFNN; "
+         "src/models/utils.py AttentionPooling, FourierMapping; forward(skip_connections, xy); num_heads and "
+         "norm_groups as upstream unless config says; target_net.* read and dropped)",
+         rules=[Named(r"attention_pooling\.\d+\.attention\.(in_proj_weight|out_proj\.weight)"
+                      r"|(weight|bias)_maps\.\d+\.[03]\.weight", True),
+                Named(r"attention_pooling\.\d+\.(queries|attention\.(in_proj_bias|out_proj\.bias))"
+                      r"|(weight|bias)_maps\.\d+\.(0\.bias|2\.(weight|bias)|3\.bias)", False),
+                Derived(r"target_net\..*")],
+         required=("attention_pooling.0.queries", "weight_maps.0.0.weight", "bias_maps.0.0.weight"),
+         call=_hypino_call, build=_hypino_build),
 ]
 
 add_specs(*_SPECS)
