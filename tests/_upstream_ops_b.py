@@ -878,3 +878,40 @@ class HyperNetDecoder(nn.Module):
         b = ([self.bias_maps[i](c[:, tn + 4 + i]).reshape(-1, self.tlat) for i in range(tn + 3)]
              + [self.bias_maps[-1](c[:, -1]).reshape(-1, self.tout)])
         return self.target_net(xy, weights=w, biases=b)
+
+
+# ----------------------------------------------------------------------------------------------
+# neuraloperator/NNs-to-NOs@892ba1c models/unet_kernel_interp.py: InterpConv2d (scale from the shared
+# scale_dict), utilities.py: bilinear_interpolate, resize. Deviation: none beyond the compact form.
+
+
+def _nn2no_resize(x, out_size):
+    f = torch.fft.rfft2(x, norm="backward")
+    fz = torch.zeros((*x.shape[:-2], out_size[0], out_size[1] // 2 + 1), dtype=f.dtype)
+    t1, t2 = min((f.shape[-2] + 1) // 2, (out_size[0] + 1) // 2), min(f.shape[-1], out_size[1] // 2 + 1)
+    b1, b2 = min(f.shape[-2] // 2, out_size[0] // 2), min(f.shape[-1], out_size[1] // 2 + 1)
+    fz[..., :t1, :t2] = f[..., :t1, :t2]
+    fz[..., -b1:, :b2] = f[..., -b1:, :b2]
+    return torch.fft.irfft2(fz, s=out_size).real * (out_size[0] / x.shape[-2]) * (out_size[1] / x.shape[-1])
+
+
+class InterpConv2d(nn.Conv2d):
+    def __init__(self, scale_dict, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True, interpolation_mode="bilinear"):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups, bias)
+        self.scale_dict, self.interpolation_mode, self.base_padding = scale_dict, interpolation_mode, padding
+        self.interpolate = ((lambda w, s: F.interpolate(w, size=s, mode="bilinear")) if interpolation_mode == "bilinear"
+                            else _nn2no_resize)
+
+    def interpolate_kernel(self, scale, weight):
+        if scale == 1.0:
+            return weight, self.base_padding
+        ks = tuple(int(scale * i - scale + 1) for i in self.kernel_size)
+        k = self.interpolate(weight, ks) / ((ks[0] * ks[1]) / (weight.shape[2] * weight.shape[3]))
+        bp = self.base_padding
+        pad = tuple(int(i * scale) for i in bp) if isinstance(bp, tuple) else bp if isinstance(bp, str) else int(bp * scale)
+        return k, pad
+
+    def forward(self, input):
+        k, self.padding = self.interpolate_kernel(self.scale_dict["scale"], self.weight)
+        return self._conv_forward(input, k, self.bias)

@@ -127,6 +127,19 @@ def test_hypino_hypernet_decoder():  # four stages with upstream's heads (4, 8, 
     _assert_pass(check_module(m, "hypino_hypernetwork_pinn"))
 
 
+@pytest.mark.parametrize("mode,args,kw,scale", [
+    ("bilinear", (3, 4, (5, 3)), dict(padding=(2, 1)), 2.0), ("fourier", (4, 4, 3), dict(padding=(1, 1), groups=2), 3.0),
+    ("bilinear", (3, 4, 3), dict(padding=(1, 1)), 0.5)])
+def test_nns_to_nos_interp_conv2d(mode, args, kw, scale):
+    torch.manual_seed(2)
+    m = U.InterpConv2d({"scale": scale}, *args, interpolation_mode=mode, **kw)
+    cfg = {"scale": scale, "padding": kw["padding"], "interpolation_mode": mode}
+    _assert_pass(check_module(m, "nns_to_nos_recipe", config=cfg))
+    if scale != 1.0:  # the scale lives in the module's scale_dict: a config that omits it is named
+        bad = check_module(m, "nns_to_nos_recipe", config={"padding": kw["padding"]}, cases=["small"], seeds=[0])
+        assert not bad.passed and "scale_dict" in str(bad)
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -149,6 +162,7 @@ _MODULES = {
     "hypino_hypernetwork_pinn": (lambda: U.HyperNetDecoder((8, 8, 16, 32), 2, 1, 4, 1), {},
                                  ("target_net.fourier_transform.frequencies", "target_net.in_map.weight",
                                   "target_net.in_map.bias", "target_net.out_map.weight", "target_net.out_map.bias")),
+    "nns_to_nos_recipe": (lambda: U.InterpConv2d({"scale": 2.0}, 3, 4, 3, padding=1), {}, ()),
 }
 
 

@@ -226,6 +226,31 @@ def _hypino_call(module, inp, cfg):
     return module(skips, inp["xy"])
 
 
+# ---- NNs-to-NOs InterpConv2d: forward(x); scale (upstream's scale_dict["scale"]) and the base padding
+# are config (not numbers the table can read off the module): the call checks them against the module
+
+
+def _interp_build(rng, p, cfg, z):
+    s = float(cfg.get("scale", 1.0))
+    c = p["weight"].shape[1] * int(cfg.get("groups", 1))
+    h, w = int(np.ceil(s * (8 + z["n"] % 3))), int(np.ceil(s * (9 + z["n"] % 2)))
+    return {"x": rng.standard_normal((z["b"], c, h, w))}, {}
+
+
+def _interp_call(module, inp, cfg):
+    want = {"scale": module.scale_dict["scale"], "padding": module.base_padding,
+            "interpolation_mode": module.interpolation_mode}
+    got = {"scale": cfg.get("scale", 1.0), "padding": cfg.get("padding", 0),
+           "interpolation_mode": cfg.get("interpolation_mode", "bilinear")}
+    def norm(v):
+        return tuple(v) if isinstance(v, (list, tuple)) else v
+
+    if any(norm(got[k]) != norm(want[k]) for k in want):
+        raise ValueError(f"nns_to_nos_recipe: pass config={want} (the module's scale_dict['scale'], base_padding "
+                         f"and interpolation_mode); got {got}")
+    return module(inp["x"])
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -328,6 +353,11 @@ _SPECS = [
                 Derived(r"target_net\..*")],
          required=("attention_pooling.0.queries", "weight_maps.0.0.weight", "bias_maps.0.0.weight"),
          call=_hypino_call, build=_hypino_build),
+    Spec("nns_to_nos_recipe", "neuraloperator/NNs-to-NOs models/unet_kernel_interp.py@892ba1c (InterpConv2d; "
+         "utilities.py bilinear_interpolate, resize; forward(x); config scale, padding, interpolation_mode as "
+         "the module's scale_dict['scale'], base_padding, interpolation_mode)",
+         rules=[Named(r"weight|bias", False)], required=("weight",), call=_interp_call, build=_interp_build,
+         attrs={"groups": "groups"}),
 ]
 
 add_specs(*_SPECS)
