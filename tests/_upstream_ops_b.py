@@ -915,3 +915,200 @@ class InterpConv2d(nn.Conv2d):
     def forward(self, input):
         k, self.padding = self.interpolate_kernel(self.scale_dict["scale"], self.weight)
         return self._conv_forward(input, k, self.bias)
+
+
+# ----------------------------------------------------------------------------------------------
+# LouisSerrano/aroma@77ec74f aroma/encoder_decoder.py: AROMAEncoderDecoderKL (PerceiverEncoder with
+# encode_geo=False, include_pos_in_value=False, decoder_ff=False; PreNormCross, CrossAttention, PreNorm,
+# Attention, MultiScaleAttention, FeedForward, DiagonalGaussianDistribution, LocalityAwareINRDecoder) and
+# aroma/fourier_features.py: NeRFEncoding, MultiScaleNeRFEncoding. As upstream (cache_fn), the processor's
+# attention and feed-forward modules are ONE pair shared by every layer. Deviations: the frequency bands are
+# built in float64 (upstream float32); the model returns (output, kl) as upstream.
+
+
+def _aroma_heads(t, h):  # 'b n (h d) -> (b h) n d'
+    b, n, _ = t.shape
+    return t.reshape(b, n, h, -1).permute(0, 2, 1, 3).reshape(b * h, n, -1)
+
+
+def _aroma_merge(t, h):  # '(b h) n d -> b n (h d)'
+    bh, n, d = t.shape
+    return t.reshape(bh // h, h, n, d).permute(0, 2, 1, 3).reshape(bh // h, n, h * d)
+
+
+class _AromaPreNorm(nn.Module):
+    def __init__(self, dim, fn, context_dim=None):
+        super().__init__()
+        self.fn, self.norm = fn, nn.LayerNorm(dim)
+        self.norm_context = nn.LayerNorm(context_dim) if context_dim is not None else None
+
+    def forward(self, x, **kw):
+        if self.norm_context is not None:
+            kw["context"] = self.norm_context(kw["context"])
+        return self.fn(self.norm(x), **kw)
+
+
+class _AromaPreNormCross(nn.Module):
+    def __init__(self, dim, fn, k_dim, v_dim):
+        super().__init__()
+        self.fn, self.norm = fn, nn.LayerNorm(dim)
+        self.norm_k, self.norm_v = nn.LayerNorm(k_dim), nn.LayerNorm(v_dim)
+
+    def forward(self, x, k, v):
+        return self.fn(self.norm(x), k=self.norm_k(k), v=self.norm_v(v))
+
+
+class _AromaFeedForward(nn.Module):
+    def __init__(self, dim, mult=4):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(dim, dim * mult), nn.GELU(), nn.Linear(dim * mult, dim))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+class _AromaCrossAttention(nn.Module):
+    def __init__(self, query_dim, key_dim, value_dim, heads, dim_head):
+        super().__init__()
+        inner = heads * dim_head
+        self.scale, self.heads = dim_head ** -0.5, heads
+        self.to_q, self.to_k = nn.Linear(query_dim, inner, bias=False), nn.Linear(key_dim, inner, bias=False)
+        self.to_v, self.to_out = nn.Linear(value_dim, inner, bias=False), nn.Linear(inner, query_dim)
+
+    def forward(self, x, k, v):
+        h = self.heads
+        q, k, v = (_aroma_heads(t, h) for t in (self.to_q(x), self.to_k(k), self.to_v(v)))
+        return self.to_out(_aroma_merge((q @ k.transpose(1, 2) * self.scale).softmax(-1) @ v, h))
+
+
+class _AromaAttention(nn.Module):
+    def __init__(self, query_dim, heads, dim_head, context_dim=None, out_dim=None):
+        super().__init__()
+        inner = heads * dim_head
+        self.scale, self.heads = dim_head ** -0.5, heads
+        self.to_q = nn.Linear(query_dim, inner, bias=False)
+        self.to_kv = nn.Linear(context_dim or query_dim, inner * 2, bias=False)
+        self.to_out = nn.Linear(inner, out_dim or query_dim)
+
+    def forward(self, x, context=None):
+        h = self.heads
+        k, v = (_aroma_heads(t, h) for t in self.to_kv(x if context is None else context).chunk(2, dim=-1))
+        q = _aroma_heads(self.to_q(x), h)
+        return self.to_out(_aroma_merge((q @ k.transpose(1, 2) * self.scale).softmax(-1) @ v, h))
+
+
+class _AromaMultiScaleAttention(_AromaAttention):
+    def forward(self, x, context=None):  # x (b, n, s, query_dim)
+        h = self.heads
+        k, v = (_aroma_heads(t, h) for t in self.to_kv(context).chunk(2, dim=-1))
+        b, n, s, _ = x.shape
+        q = self.to_q(x).reshape(b, n, s, h, -1).permute(0, 3, 2, 1, 4).reshape(b * h, s, n, -1)
+        out = (q @ k.transpose(1, 2)[:, None] * self.scale).softmax(-1) @ v[:, None]  # (b h) s n d
+        out = out.reshape(b, h, s, n, -1).permute(0, 3, 2, 1, 4).reshape(b, n, s, -1)
+        return self.to_out(out)
+
+
+class _AromaMultiScaleNeRF(nn.Module):
+    def __init__(self, num_freq, input_dim, scales, base_freq=2):
+        super().__init__()
+        s = [0] + list(scales)
+        self.bands = nn.ParameterDict({
+            f"{s[j + 1]}": nn.Parameter(base_freq ** torch.linspace(s[j], s[j + 1], num_freq, dtype=torch.float64)
+                                        * math.pi, requires_grad=False) for j in range(len(s) - 1)})
+        self.out_dim_per_scale = num_freq * input_dim * 2
+
+    def forward(self, coords):
+        b, n = coords.shape[:2]
+        enc = []
+        for bands in self.bands.values():
+            w = (coords[..., None] * bands[None, :]).reshape(b, n, -1)
+            enc.append(torch.cat([torch.sin(w), torch.cos(w)], dim=-1))
+        return torch.stack(enc, dim=-2)
+
+
+class _AromaNeRF(nn.Module):
+    def __init__(self, num_freq, max_freq_log2, base_freq=2):
+        super().__init__()
+        self.num_freq, self.max_freq_log2 = num_freq, max_freq_log2
+        self.bands = base_freq ** torch.linspace(0.0, max_freq_log2, num_freq, dtype=torch.float64) * math.pi
+
+    def forward(self, coords):
+        b, n, d = coords.shape
+        w = (coords[..., None, :] * self.bands[None, None, :, None]).reshape(b, n, d * self.num_freq)
+        return torch.cat([torch.sin(w), torch.cos(w)], dim=-1)
+
+
+class _AromaPerceiverEncoder(nn.Module):
+    def __init__(self, num_channels, input_dim, depth, num_latents, hidden_dim, latent_dim, mlp_feature_dim,
+                 cross_heads, latent_heads, cross_dim_head, latent_dim_head, max_pos_encoding_freq, num_freq, scales,
+                 bottleneck_index):
+        super().__init__()
+        self.depth, self.bottleneck_index = depth, bottleneck_index
+        self.pos_encoding = _AromaNeRF(num_freq, max_pos_encoding_freq)
+        self.pos_query = _AromaMultiScaleNeRF(num_freq, input_dim, scales)
+        self.latents = nn.Parameter(torch.randn(num_latents, hidden_dim))
+        key_dim, qd = 2 * num_freq * input_dim, self.pos_query.out_dim_per_scale
+        self.lift_values = nn.Linear(num_channels, hidden_dim)
+        self.cross_attend_blocks = nn.ModuleList([
+            _AromaPreNormCross(hidden_dim, _AromaCrossAttention(hidden_dim, key_dim, hidden_dim, cross_heads,
+                                                                cross_dim_head), key_dim, hidden_dim),
+            _AromaPreNorm(hidden_dim, _AromaFeedForward(hidden_dim))])
+        attn = _AromaPreNorm(hidden_dim, _AromaAttention(hidden_dim, latent_heads, latent_dim_head))
+        ff = _AromaPreNorm(hidden_dim, _AromaFeedForward(hidden_dim))
+        self.layers = nn.ModuleList(nn.ModuleList([attn, ff]) for _ in range(depth))  # shared, as cache_fn
+        self.decoder_cross_attn = _AromaPreNorm(
+            qd, _AromaMultiScaleAttention(qd, cross_heads, cross_dim_head, context_dim=hidden_dim,
+                                          out_dim=mlp_feature_dim), context_dim=hidden_dim)
+        self.mean_fc, self.logvar_fc = nn.Linear(hidden_dim, latent_dim), nn.Linear(hidden_dim, latent_dim)
+        self.lift_z = nn.Linear(latent_dim, hidden_dim)
+
+    def _bottleneck(self, x, sample_posterior):
+        mu, logvar = self.mean_fc(x), self.logvar_fc(x).clamp(-30.0, 20.0)
+        z = mu + torch.exp(0.5 * logvar) * torch.randn(mu.shape, dtype=mu.dtype) if sample_posterior else mu
+        kl = 0.5 * torch.mean(mu ** 2 + torch.exp(logvar) - 1.0 - logvar, dim=[1, 2])
+        return self.lift_z(z), kl.sum() / kl.shape[0]
+
+    def forward(self, images, coords, target_coords, sample_posterior=True):
+        queries = self.pos_query(target_coords)
+        x = self.latents[None].expand(images.shape[0], -1, -1)
+        k, v = self.pos_encoding(coords), self.lift_values(images)
+        cross_attn, cross_ff = self.cross_attend_blocks
+        x = cross_attn(x, k=k, v=v) + x
+        x = cross_ff(x) + x
+        kl = None
+        for i, (sa, ff) in enumerate(self.layers):
+            if i == self.bottleneck_index:
+                x, kl = self._bottleneck(x, sample_posterior)
+            x = sa(x) + x
+            x = ff(x) + x
+        if self.bottleneck_index == len(self.layers):
+            x, kl = self._bottleneck(x, sample_posterior)
+        return self.decoder_cross_attn(queries, context=x), kl
+
+
+class _AromaINRDecoder(nn.Module):
+    def __init__(self, output_dim, embed_dim, num_scales, dim, depth):
+        super().__init__()
+        layers = [nn.Linear(embed_dim * num_scales, dim), nn.ReLU()]
+        for _ in range(depth - 1):
+            layers += [nn.Linear(dim, dim), nn.ReLU()]
+        self.mlp = nn.Sequential(*layers, nn.Linear(dim, output_dim))
+
+    def forward(self, z):
+        return self.mlp(z.reshape(z.shape[0], z.shape[1], -1))
+
+
+class AROMAEncoderDecoderKL(nn.Module):
+    def __init__(self, input_dim=2, num_channels=1, hidden_dim=64, dim=64, num_self_attentions=3, num_latents=16,
+                 latent_dim=8, latent_heads=12, latent_dim_head=64, cross_heads=8, cross_dim_head=64, scales=(3, 4, 5),
+                 mlp_feature_dim=16, depth_inr=3, bottleneck_index=0, max_pos_encoding_freq=4, num_freq=12):
+        super().__init__()
+        self.encoder = _AromaPerceiverEncoder(num_channels, input_dim, num_self_attentions, num_latents, hidden_dim,
+                                              latent_dim, mlp_feature_dim, cross_heads, latent_heads, cross_dim_head,
+                                              latent_dim_head, max_pos_encoding_freq, num_freq, scales,
+                                              bottleneck_index)
+        self.decoder = _AromaINRDecoder(num_channels, mlp_feature_dim, len(scales), dim, depth_inr)
+
+    def forward(self, images, coords, target_coords=None, sample_posterior=True):
+        z, kl = self.encoder(images, coords, coords if target_coords is None else target_coords, sample_posterior)
+        return self.decoder(z), kl

@@ -140,6 +140,24 @@ def test_nns_to_nos_interp_conv2d(mode, args, kw, scale):
         assert not bad.passed and "scale_dict" in str(bad)
 
 
+def _aroma(depth, bottleneck_index):
+    return U.AROMAEncoderDecoderKL(input_dim=2, num_channels=2, hidden_dim=8, dim=6, num_self_attentions=depth,
+                                   num_latents=5, latent_dim=3, latent_heads=2, latent_dim_head=4, cross_heads=2,
+                                   cross_dim_head=3, scales=[2, 3, 4], mlp_feature_dim=4, depth_inr=2,
+                                   bottleneck_index=bottleneck_index, max_pos_encoding_freq=3, num_freq=4)
+
+
+@pytest.mark.parametrize("depth,bottleneck_index", [(2, 1), (0, 0)])
+def test_aroma_encoder_decoder(depth, bottleneck_index):
+    torch.manual_seed(2)
+    m = _aroma(depth, bottleneck_index)
+    with torch.no_grad():
+        for prm in m.parameters():
+            if prm.requires_grad:
+                prm.add_(0.2 * torch.randn_like(prm))
+    _assert_pass(check_module(m, "aroma_latent_neural_field_operator"))
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -163,6 +181,9 @@ _MODULES = {
                                  ("target_net.fourier_transform.frequencies", "target_net.in_map.weight",
                                   "target_net.in_map.bias", "target_net.out_map.weight", "target_net.out_map.bias")),
     "nns_to_nos_recipe": (lambda: U.InterpConv2d({"scale": 2.0}, 3, 4, 3, padding=1), {}, ()),
+    "aroma_latent_neural_field_operator": (lambda: _aroma(3, 1), {}, (  # the shared processor's aliases, the bands
+        tuple(f"encoder.pos_query.bands.{s}" for s in (2, 3, 4))
+        + tuple(k for k in _aroma(3, 1).state_dict() if k.startswith(("encoder.layers.1.", "encoder.layers.2."))))),
 }
 
 

@@ -251,6 +251,31 @@ def _interp_call(module, inp, cfg):
     return module(inp["x"])
 
 
+# ---- AROMA AROMAEncoderDecoderKL: forward(images, coords, target_coords=, sample_posterior=False)[0] (the
+# posterior mode: refattn's noise=None); the scales are the keys of pos_query.bands; the processor's modules
+# are one pair shared by every layer (upstream's cache_fn), so layers.{i > 0}.* alias layers.0.* (dropped)
+
+
+def _aroma_infer(keys):
+    pre = "encoder.pos_query.bands."
+    return {"scales": tuple(float(k[len(pre):]) if "." in k[len(pre):] else int(k[len(pre):])
+                            for k in keys if k.startswith(pre))}
+
+
+def _aroma_build(rng, p, cfg, z):
+    d = p["encoder.cross_attend_blocks.0.fn.to_k.weight"].shape[0] // (2 * int(cfg.get("num_freq", 12)))
+    c, n = p["encoder.lift_values.weight"].shape[0], z["n"] + z["m"]
+    return {"images": rng.standard_normal((z["b"], n, c)), "coords": rng.uniform(0.0, 1.0, (z["b"], n, d)),
+            "target_coords": rng.uniform(0.0, 1.0, (z["b"], z["n"] + 1, d))}, {}
+
+
+def _aroma_call(module, inp, cfg):
+    if cfg.get("noise") is not None:
+        raise ValueError("check_module[aroma_latent_neural_field_operator] runs the posterior mode (noise=None): "
+                         "upstream draws the posterior noise with torch.randn inside the forward")
+    return module(inp["images"], inp["coords"], target_coords=inp["target_coords"], sample_posterior=False)[0]
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -358,6 +383,24 @@ _SPECS = [
          "the module's scale_dict['scale'], base_padding, interpolation_mode)",
          rules=[Named(r"weight|bias", False)], required=("weight",), call=_interp_call, build=_interp_build,
          attrs={"groups": "groups"}),
+    Spec("aroma_latent_neural_field_operator", "LouisSerrano/aroma aroma/encoder_decoder.py@77ec74f "
+         "(AROMAEncoderDecoderKL, PerceiverEncoder with encode_geo=False, include_pos_in_value=False; "
+         "aroma/fourier_features.py NeRFEncoding, MultiScaleNeRFEncoding; forward(images, coords, target_coords, "
+         "sample_posterior=False)[0]; the bands and the shared processor's aliases layers.{i>0} are dropped)",
+         rules=[Named(r"encoder\.(lift_values|mean_fc|logvar_fc|lift_z)\.weight|decoder\.mlp\.\d+\.weight"
+                      r"|encoder\.(cross_attend_blocks\.[01]|layers\.0\.[01]|decoder_cross_attn)\.fn\."
+                      r"(to_q|to_k|to_v|to_kv|to_out|net\.[02])\.weight", True),
+                Named(r"encoder\.latents|encoder\.(lift_values|mean_fc|logvar_fc|lift_z)\.bias|decoder\.mlp\.\d+"
+                      r"\.bias|encoder\.(cross_attend_blocks\.[01]|layers\.0\.[01]|decoder_cross_attn)\.(norm|norm_k"
+                      r"|norm_v|norm_context)\.(weight|bias)|encoder\.(cross_attend_blocks\.[01]|layers\.0\.[01]"
+                      r"|decoder_cross_attn)\.fn\.(to_out|net\.[02])\.bias", False),
+                Derived(r"encoder\.pos_query\.bands\..*|encoder\.layers\.[1-9]\d*\..*")],
+         required=("encoder.latents", "encoder.lift_values.weight", "encoder.mean_fc.weight", "decoder.mlp.0.weight"),
+         call=_aroma_call, build=_aroma_build, infer=_aroma_infer,
+         attrs={"depth": "encoder.depth", "bottleneck_index": "encoder.bottleneck_index",
+                "num_freq": "encoder.pos_encoding.num_freq",
+                "max_pos_encoding_freq": "encoder.pos_encoding.max_freq_log2",
+                "cross_heads": "encoder.cross_attend_blocks.0.fn.heads", "latent_heads": "encoder.layers.0.0.fn.heads"}),
 ]
 
 add_specs(*_SPECS)
