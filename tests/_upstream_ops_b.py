@@ -1112,3 +1112,56 @@ class AROMAEncoderDecoderKL(nn.Module):
     def forward(self, images, coords, target_coords=None, sample_posterior=True):
         z, kl = self.encoder(images, coords, coords if target_coords is None else target_coords, sample_posterior)
         return self.decoder(z), kl
+
+
+# ----------------------------------------------------------------------------------------------
+# atzberg/geo_neural_op@6473561 gnp/models/gnp.py: BlockGNP (forward(data) with data.x, data.edge_index,
+# data.edge_attr), gnp/models/layers.py: BlockKernel, BlockConv (a torch_geometric MessagePassing with
+# aggr="mean"). Deviations: PyG's propagate written out (x_j = x[edge_index[0]], mean over edge_index[1]).
+
+
+class _BlockKernel(nn.Module):
+    def __init__(self, edge_dim, d_in, d_out, num_channels, neurons, nonlinearity="ReLU"):
+        super().__init__()
+        self.channels, self.head_in, self.head_out = num_channels, d_in // num_channels, d_out // num_channels
+        self.layers = nn.ModuleList([nn.Linear(edge_dim, neurons),
+                                     nn.Linear(neurons, num_channels * self.head_in * self.head_out)])
+        self.activ = getattr(nn, nonlinearity)()
+
+    def forward(self, x):
+        return self.layers[1](self.activ(self.layers[0](x))).view(-1, self.channels, self.head_in, self.head_out)
+
+
+class _BlockConv(nn.Module):
+    def __init__(self, edge_dim, d_in, d_out, num_channels, neurons, nonlinearity="ReLU"):
+        super().__init__()
+        self.d_out, self.head_in, self.channels = d_out, d_in // num_channels, num_channels
+        self.nn = _BlockKernel(edge_dim, d_in, d_out, num_channels, neurons, nonlinearity)
+
+    def forward(self, x, edge_index, edge_attr):
+        src, dst = edge_index
+        m = torch.matmul(x[src].view(-1, self.channels, 1, self.head_in), self.nn(edge_attr)).view(-1, self.d_out)
+        agg = torch.zeros(x.shape[0], self.d_out, dtype=m.dtype).index_add(0, dst, m)
+        cnt = torch.zeros(x.shape[0], dtype=m.dtype).index_add(0, dst, torch.ones(len(dst), dtype=m.dtype))
+        return agg / cnt.clamp(min=1)[:, None]
+
+
+class BlockGNP(nn.Module):
+    def __init__(self, node_dim, edge_dim, out_dim, layers, num_channels, neurons, nonlinearity, device="cpu"):
+        super().__init__()
+        self.depth, self.channels, self.nonlinearity = len(layers) - 1, num_channels, nonlinearity
+        self.lift, self.proj = nn.Linear(node_dim, layers[0]), nn.Linear(layers[-1], out_dim)
+        self.W = nn.ModuleList([nn.Linear(a, b) if a != b else nn.Identity() for a, b in zip(layers[:-1], layers[1:])])
+        self.mixes = nn.ModuleList([nn.Linear(b, b) for b in layers[1:]])
+        self.convs = nn.ModuleList([_BlockConv(edge_dim, a, b, num_channels, neurons, nonlinearity)
+                                    for a, b in zip(layers[:-1], layers[1:])])
+        self.activ = getattr(nn, nonlinearity)()
+
+    def forward(self, data):
+        x, edge_index, edge_attr = data.x, data.edge_index, data.edge_attr
+        x = self.lift(x)
+        for i in range(self.depth):
+            x = self.W[i](x) + self.mixes[i](self.convs[i](x, edge_index, edge_attr))
+            if i < self.depth - 1:
+                x = self.activ(x)
+        return self.proj(x)

@@ -158,6 +158,13 @@ def test_aroma_encoder_decoder(depth, bottleneck_index):
     _assert_pass(check_module(m, "aroma_latent_neural_field_operator"))
 
 
+@pytest.mark.parametrize("act,layers", [("ReLU", [4, 4, 6]), ("GELU", [6, 4, 4]), ("Tanh", [4, 8])])
+def test_gnp_block_gnp(act, layers):
+    torch.manual_seed(2)
+    m = U.BlockGNP(3, 4, 5, layers, 2, 7, act)
+    _assert_pass(check_module(m, "gnp_geometric_neural_operator", config={"nonlinearity": act}))
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -184,6 +191,7 @@ _MODULES = {
     "aroma_latent_neural_field_operator": (lambda: _aroma(3, 1), {}, (  # the shared processor's aliases, the bands
         tuple(f"encoder.pos_query.bands.{s}" for s in (2, 3, 4))
         + tuple(k for k in _aroma(3, 1).state_dict() if k.startswith(("encoder.layers.1.", "encoder.layers.2."))))),
+    "gnp_geometric_neural_operator": (lambda: U.BlockGNP(3, 4, 5, [4, 4, 6], 2, 7, "ReLU"), {}, ()),
 }
 
 

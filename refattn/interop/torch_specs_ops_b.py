@@ -276,6 +276,37 @@ def _aroma_call(module, inp, cfg):
     return module(inp["images"], inp["coords"], target_coords=inp["target_coords"], sample_posterior=False)[0]
 
 
+# ---- GNP BlockGNP: forward(Data(x, edge_index, edge_attr = [p_src, p_tgt])) per point cloud; a radius graph
+# with self-loops drawn on the points; nonlinearity is config (the module's is a string)
+
+
+def _gnp_build(rng, p, cfg, z):
+    from ..operators.gnp import gnp_radius_graph
+
+    n, c = z["n"] + 3, p["lift.weight"].shape[0]
+    q = p["convs.0.nn.layers.0.weight"].shape[0] // 2
+    pts = rng.uniform(0.0, 1.0, (n, max(q, 1)))
+    return ({"x": rng.standard_normal((z["b"], n, c)), "edge_data": rng.standard_normal((z["b"], n, q))},
+            {"edge_index": gnp_radius_graph(pts, 0.6)})
+
+
+def _gnp_call(module, inp, cfg):
+    import types
+
+    import torch
+
+    if getattr(module, "nonlinearity", cfg.get("nonlinearity", "ReLU")) != cfg.get("nonlinearity", "ReLU"):
+        raise ValueError(f"gnp_geometric_neural_operator: pass config={{'nonlinearity': {module.nonlinearity!r}}} "
+                         f"(the module's); got {cfg.get('nonlinearity', 'ReLU')!r}")
+    ei = torch.as_tensor(cfg["edge_index"])
+    outs = []
+    for b in range(inp["x"].shape[0]):
+        e = inp["edge_data"][b]
+        attr = torch.cat([e[ei[0]], e[ei[1]]], dim=-1)
+        outs.append(module(types.SimpleNamespace(x=inp["x"][b], edge_index=ei, edge_attr=attr)))
+    return torch.stack(outs)
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -401,6 +432,14 @@ _SPECS = [
                 "num_freq": "encoder.pos_encoding.num_freq",
                 "max_pos_encoding_freq": "encoder.pos_encoding.max_freq_log2",
                 "cross_heads": "encoder.cross_attend_blocks.0.fn.heads", "latent_heads": "encoder.layers.0.0.fn.heads"}),
+    Spec("gnp_geometric_neural_operator", "atzberg/geo_neural_op gnp/models/gnp.py@6473561 (BlockGNP, forward(data) "
+         "per point cloud with edge_attr = [edge_data[src], edge_data[dst]]; gnp/models/layers.py BlockKernel, "
+         "BlockConv; nonlinearity= in config)",
+         rules=[Named(r"(lift|proj|W\.\d+|mixes\.\d+|convs\.\d+\.nn\.layers\.[01])\.weight", True),
+                Named(r"(lift|proj|W\.\d+|mixes\.\d+|convs\.\d+\.nn\.layers\.[01])\.bias", False)],
+         required=("lift.weight", "proj.weight", "convs.0.nn.layers.0.weight"),
+         call=_gnp_call, build=_gnp_build, attrs={"num_channels": "channels"},
+         defaults={"edge_index": None}),  # a placeholder: the builder draws the graph
 ]
 
 add_specs(*_SPECS)
