@@ -1165,3 +1165,99 @@ class BlockGNP(nn.Module):
             if i < self.depth - 1:
                 x = self.activ(x)
         return self.proj(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# mroberto166/nio@c2defcc NIOModules.py: NIOHelmPermInv (eval mode), DeepONetModules.py: FeedForwardNN,
+# DeepOnetNoBiasOrg, activation; FNOModules.py: FNO_WOR, SpectralConv2d. Deviations: the branch encoder
+# (EncoderHelm2) is replaced by the identity, as refattn's record starts at the branch coefficients; the
+# spectral weights are complex128. As upstream, fc0 enters through ``fc0.weight.data`` (no gradient) and
+# ``deeponet.trunk`` is the same module as ``trunk``.
+
+
+class _NioFeedForwardNN(nn.Module):
+    def __init__(self, input_dimension, output_dimension, arch):
+        super().__init__()
+        self.output_dimension, self.act_string = output_dimension, arch["act_string"]
+        n = arch["neurons"]
+        self.input_layer = nn.Linear(input_dimension, n)
+        self.hidden_layers = nn.ModuleList([nn.Linear(n, n) for _ in range(arch["n_hidden_layers"] - 1)])
+        self.batch_layers = nn.ModuleList([nn.BatchNorm1d(n) for _ in range(arch["n_hidden_layers"] - 1)])
+        self.output_layer = nn.Linear(n, output_dimension)
+        self.activation = nn.Tanh() if self.act_string == "tanh" else nn.LeakyReLU()
+
+    def forward(self, x):
+        x = self.activation(self.input_layer(x))
+        for lin, bn in zip(self.hidden_layers, self.batch_layers):
+            x = bn(self.activation(lin(x)))
+        return self.output_layer(x)
+
+
+class _DeepOnetNoBiasOrg(nn.Module):
+    def __init__(self, branch, trunk):
+        super().__init__()
+        self.branch, self.trunk = branch, trunk
+        self.b0 = nn.Parameter(torch.tensor(0.0))
+        self.p = trunk.output_dimension
+
+    def forward(self, u_, x_):
+        return (torch.matmul(self.branch(u_), self.trunk(x_).T) + self.b0) / self.p ** 0.5
+
+
+class _NioSpectralConv2d(nn.Module):
+    def __init__(self, cin, cout, m1, m2):
+        super().__init__()
+        self.cout, self.m1, self.m2 = cout, m1, m2
+        scale = 1 / (cin * cout)
+        self.weights1 = nn.Parameter(scale * torch.rand(cin, cout, m1, m2, dtype=torch.cdouble))
+        self.weights2 = nn.Parameter(scale * torch.rand(cin, cout, m1, m2, dtype=torch.cdouble))
+
+    def forward(self, x):
+        xf = torch.fft.rfft2(x)
+        out = torch.zeros(x.shape[0], self.cout, x.size(-2), x.size(-1) // 2 + 1, dtype=xf.dtype)
+        out[:, :, :self.m1, :self.m2] = torch.einsum("bixy,ioxy->boxy", xf[:, :, :self.m1, :self.m2], self.weights1)
+        out[:, :, -self.m1:, :self.m2] = torch.einsum("bixy,ioxy->boxy", xf[:, :, -self.m1:, :self.m2], self.weights2)
+        return torch.fft.irfft2(out, s=(x.size(-2), x.size(-1)))
+
+
+class _FnoWor(nn.Module):
+    def __init__(self, arch, padding_frac=1 / 4):
+        super().__init__()
+        m1 = arch["modes"]
+        m2 = int(m1 / 2) if m1 > 35 else m1
+        w, self.n_layers, self.padding_frac = arch["width"], arch["n_layers"], padding_frac
+        self.conv_list = nn.ModuleList([nn.Conv2d(w, w, 1) for _ in range(self.n_layers)])
+        self.spectral_list = nn.ModuleList([_NioSpectralConv2d(w, w, m1, m2) for _ in range(self.n_layers)])
+        self.fc1, self.fc2 = nn.Linear(w, 128), nn.Linear(128, 1)
+
+    def forward(self, x):
+        x = x.permute(0, 3, 1, 2)
+        p1, p2 = int(round(x.shape[-1] * self.padding_frac)), int(round(x.shape[-2] * self.padding_frac))
+        x = F.pad(x, [0, p1, 0, p2])
+        for k, (s, c) in enumerate(zip(self.spectral_list, self.conv_list)):
+            x = s(x) + c(x)
+            if k != self.n_layers - 1:
+                x = F.gelu(x)
+        x = x[..., :-p1, :-p2].permute(0, 2, 3, 1)
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class NIOHelmPermInv(nn.Module):
+    def __init__(self, input_dimensions_trunk, network_properties_trunk, fno_architecture, padding_frac=1 / 4):
+        super().__init__()
+        self.trunk = _NioFeedForwardNN(input_dimensions_trunk, network_properties_trunk["n_basis"],
+                                       network_properties_trunk)
+        self.branch = nn.Identity()
+        self.deeponet = _DeepOnetNoBiasOrg(self.branch, self.trunk)
+        self.fc0 = nn.Linear(3, fno_architecture["width"])
+        self.fno = _FnoWor(fno_architecture, padding_frac=padding_frac)
+
+    def forward(self, x, grid):
+        L = x.shape[1]
+        nx, ny = grid.shape[0], grid.shape[1]
+        x = self.deeponet(x, grid.view(-1, 2)).view(x.shape[0], x.shape[1], nx, ny)
+        g = grid.unsqueeze(0).expand(x.shape[0], nx, ny, 2).permute(0, 3, 1, 2)
+        x = torch.cat((g, x), 1).permute(0, 2, 3, 1)
+        w, b = self.fc0.weight.data, self.fc0.bias.data
+        w = torch.cat([w[:, :2], w[:, 2].view(-1, 1).repeat(1, L) / L], dim=1)
+        return self.fno(torch.matmul(x, w.T) + b)[:, :, :, 0]

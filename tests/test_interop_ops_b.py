@@ -165,6 +165,29 @@ def test_gnp_block_gnp(act, layers):
     _assert_pass(check_module(m, "gnp_geometric_neural_operator", config={"nonlinearity": act}))
 
 
+def _nio(hidden, layers, act):
+    return U.NIOHelmPermInv(2, {"n_hidden_layers": hidden, "neurons": 6, "act_string": act, "n_basis": 5},
+                            {"width": 4, "modes": 2, "n_layers": layers})
+
+
+@pytest.mark.parametrize("hidden,layers,act", [(3, 2, "leaky_relu"), (1, 1, "tanh")])
+def test_nio_helm_perm_inv(hidden, layers, act):
+    torch.manual_seed(2)
+    m = _nio(hidden, layers, act)
+    with torch.no_grad():
+        for prm in m.parameters():
+            prm.add_(0.3 * torch.randn_like(prm))
+        for bn in m.trunk.batch_layers:
+            bn.running_mean.copy_(0.1 * torch.randn(6))
+            bn.running_var.copy_(0.5 + torch.rand(6))
+    stats = {k: v.numpy() for k, v in m.state_dict().items() if k.startswith("trunk.") and "running_" in k}
+    cfg = {"activation": act, "trunk_running_stats": stats}
+    with pytest.raises(ValueError, match="freeze it"):  # upstream's fc0.weight.data: torch has no fc0 gradient
+        check_module(m, "nio_neural_inverse_operator", config=cfg, cases=["small"], seeds=[0])
+    m.fc0.requires_grad_(False)
+    _assert_pass(check_module(m, "nio_neural_inverse_operator", config=cfg))
+
+
 # ----------------------------------------------------------------------------------------------
 # every spec of the group: the state_dict maps to params and the params map back to it
 
@@ -192,6 +215,9 @@ _MODULES = {
         tuple(f"encoder.pos_query.bands.{s}" for s in (2, 3, 4))
         + tuple(k for k in _aroma(3, 1).state_dict() if k.startswith(("encoder.layers.1.", "encoder.layers.2."))))),
     "gnp_geometric_neural_operator": (lambda: U.BlockGNP(3, 4, 5, [4, 4, 6], 2, 7, "ReLU"), {}, ()),
+    "nio_neural_inverse_operator": (lambda: _nio(3, 2, "leaky_relu"), {}, tuple(  # BatchNorm buffers, the alias
+        k for k in _nio(3, 2, "leaky_relu").state_dict() if "running_" in k or "num_batches" in k
+        or k.startswith("deeponet.trunk."))),
 }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .torch_specs import Complex, Derived, Named, Spec, add_specs, call_x
+from .torch_specs import Complex, Derived, Named, Reshape, Spec, add_specs, call_x
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -307,6 +307,48 @@ def _gnp_call(module, inp, cfg):
     return torch.stack(outs)
 
 
+# ---- NIO NIOHelmPermInv (eval, branch = identity): forward(beta, grid); the trunk's BatchNorm running
+# statistics are config (trunk_running_stats), read and dropped here; deeponet.trunk aliases trunk (dropped);
+# fc0 enters upstream through .data (no torch gradient): check_module needs it frozen
+
+
+_NIO_BASE = [Named(r"trunk\.(input_layer|hidden_layers\.\d+|output_layer)\.weight|fc0\.weight|fno\.fc[12]\.weight", True),
+             Named(r"trunk\.(input_layer|hidden_layers\.\d+|output_layer)\.bias|trunk\.batch_layers\.\d+\.(weight|bias)"
+                   r"|fc0\.bias|fno\.fc[12]\.bias|fno\.conv_list\.\d+\.(weight|bias)", False),
+             Reshape("deeponet.b0", lambda n: ()),
+             Derived(r"trunk\.batch_layers\.\d+\.(running_mean|running_var|num_batches_tracked)|deeponet\.trunk\..*")]
+
+
+def _nio_rules(names):
+    n = len({k.split(".")[2] for k in names if k.startswith("fno.spectral_list.")})
+    return _NIO_BASE + [Complex(f"fno.spectral_list.{k}.weights{j}") for k in range(n) for j in (1, 2)]
+
+
+def _nio_build(rng, p, cfg, z):
+    nx = 4 + z["n"] % 3
+    gx, gy = np.meshgrid(np.linspace(0, 1, nx), np.linspace(0, 1, nx), indexing="ij")
+    beta = rng.standard_normal((z["b"], 1 + z["m"] % 4, p["trunk.output_layer.weight"].shape[1]))
+    return {"beta": beta}, {"grid": np.stack([gx, gy], -1)}
+
+
+def _nio_call(module, inp, cfg):
+    import torch
+
+    if module.fc0.weight.requires_grad:
+        raise ValueError("nio_neural_inverse_operator: upstream reads fc0.weight.data, so torch gives fc0 no gradient "
+                         "while refattn returns its true one; freeze it (module.fc0.requires_grad_(False))")
+    stats = {k: v for k, v in module.state_dict().items() if k.startswith("trunk.") and "running_" in k}
+    given = cfg.get("trunk_running_stats") or {}
+    if any(not np.allclose(np.asarray(given.get(k, 0.0 if k.endswith("mean") else 1.0)), v.detach().cpu().numpy())
+           for k, v in stats.items()):
+        raise ValueError("nio_neural_inverse_operator: pass config trunk_running_stats = the module's trunk.batch_layers"
+                         ".*.running_mean / running_var buffers")
+    act = getattr(module.trunk, "act_string", cfg.get("activation", "leaky_relu"))
+    if act != cfg.get("activation", "leaky_relu"):
+        raise ValueError(f"nio_neural_inverse_operator: pass config activation={act!r} (the trunk's act_string)")
+    return module(inp["beta"], torch.as_tensor(cfg["grid"], dtype=inp["beta"].dtype))
+
+
 _SPECS = [
     Spec("cape_parameter_channel_attention", "nec-research/CAPE-ML4Sci CAPE/models/PrmEmbd/PrmEmbd.py@8ae7d64 "
          "(PrmEmb_Block_1d, PrmEmb_Block_2d; forward([x, x_p])[0]; the grid is LN's normed_dim)",
@@ -440,6 +482,14 @@ _SPECS = [
          required=("lift.weight", "proj.weight", "convs.0.nn.layers.0.weight"),
          call=_gnp_call, build=_gnp_build, attrs={"num_channels": "channels"},
          defaults={"edge_index": None}),  # a placeholder: the builder draws the graph
+    Spec("nio_neural_inverse_operator", "mroberto166/nio NIOModules.py@c2defcc (NIOHelmPermInv in eval mode with the "
+         "branch replaced by the identity: forward(beta, grid); DeepONetModules.py FeedForwardNN, DeepOnetNoBiasOrg; "
+         "FNOModules.py FNO_WOR, SpectralConv2d; fc0 frozen, trunk_running_stats= and activation= in config)",
+         rules=_NIO_BASE, load_pick=_nio_rules, save_pick=lambda grads: _nio_rules(
+             [k[:-len("_real")] for k in grads if k.endswith("_real")]),
+         required=("trunk.input_layer.weight", "trunk.output_layer.weight", "deeponet.b0", "fc0.weight", "fno.fc1.weight"),
+         call=_nio_call, build=_nio_build, attrs={"padding_frac": "fno.padding_frac"},
+         defaults={"grid": None}),  # a placeholder: the builder draws the grid
 ]
 
 add_specs(*_SPECS)
