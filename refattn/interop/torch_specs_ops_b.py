@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .torch_specs import Complex, Derived, Named, Reshape, Spec, add_specs, call_x
+from .unmapped import add_unmapped
 
 __all__ = ["GROUP_SLUGS"]
 
@@ -493,6 +494,12 @@ _SPECS = [
 ]
 
 add_specs(*_SPECS)
+
+add_unmapped("schwarz_neural_inference", "no weights",
+             "the Schwarz iteration has no trainable parameters of its own (upstream questionstorer/sni "
+             "models/ddno.py DDNO freezes everything and holds only restriction matrices and masks); the weights "
+             "are the pluggable local operator's (upstream GNOT or GeoFNO, refattn's record plugs a small pointwise "
+             "MLP of its own), mapped by that operator's table")
 
 GROUP_SLUGS = tuple(s.key for s in _SPECS)
 """The keys this module adds to :data:`~refattn.interop.torch_specs.SPECS`."""
