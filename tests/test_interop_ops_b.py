@@ -117,14 +117,16 @@ def test_beno_interaction_network(act, name, layers):
     _assert_pass(check_module(m, "beno_boundary_embedded_operator", config={"activation": name}))
 
 
-def test_hypino_hypernet_decoder():  # four stages with upstream's heads (4, 8, 8, 16) and GroupNorm groups
+@pytest.mark.parametrize("args,cfg", [(((8, 8, 16, 32), 2, 1, 4, 1), {}),
+                                      (((8, 8, 16, 32), 1, 2, 4, 2, "gelu"), {"activation": "gelu"})])
+def test_hypino_hypernet_decoder(args, cfg):  # four stages with upstream's heads (4, 8, 8, 16) and GroupNorm groups
     torch.manual_seed(2)
-    m = U.HyperNetDecoder((8, 8, 16, 32), 2, 1, 4, 1)
+    m = U.HyperNetDecoder(*args)
     with torch.no_grad():
         for prm in m.parameters():
             if prm.requires_grad:
                 prm.add_(0.3 * torch.randn_like(prm))
-    _assert_pass(check_module(m, "hypino_hypernetwork_pinn"))
+    _assert_pass(check_module(m, "hypino_hypernetwork_pinn", config=cfg))
 
 
 @pytest.mark.parametrize("mode,args,kw,scale", [

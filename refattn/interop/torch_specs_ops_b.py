@@ -5,6 +5,23 @@ forward is the upstream module's forward and whose params already carry the upst
 registered with the public :func:`~refattn.interop.torch_specs.add_specs` into the same
 :data:`~refattn.interop.torch_specs.SPECS` that :mod:`refattn.interop.torch` reads (that module
 imports this one). The reference modules the tests run are in ``tests/_upstream_ops_b.py``.
+
+What these operators need beyond a plain ``x``:
+
+* geometry held fixed (not differentiated) is drawn by the builder and passed as config:
+  coordinates (``gaot_magno``, ``mino_gno_cross_attention``), graphs (``beno_boundary_embedded_operator``,
+  ``gnp_geometric_neural_operator``), the output grid (``nio_neural_inverse_operator``); their
+  keywords have ``None`` placeholders in ``defaults`` so that ``check_module`` does not ask for them;
+* configuration the module keeps as strings, lists or dicts (not numbers ``attrs`` can read) comes
+  from ``config`` or the keys (``infer``); where a wrong value would only show as a mismatch, the
+  call checks it against the module and names the keyword (``nns_to_nos_recipe``'s ``scale``,
+  ``gnp``'s ``nonlinearity``, ``nio``'s ``activation`` and ``trunk_running_stats``);
+* buffers and aliases are read and dropped (``Derived``): fixed frequency tables, BatchNorm
+  running statistics (NIO: config), modules registered twice (AROMA's shared processor layers,
+  NIO's ``deeponet.trunk``), BENO's unused temporal tables.
+
+``schwarz_neural_inference`` is listed as having no weights (:func:`~refattn.interop.unmapped.add_unmapped`):
+the Schwarz iteration has none, its local operator is a separate network.
 """
 
 from __future__ import annotations
