@@ -47,9 +47,10 @@ def torch_coverage() -> dict[str, tuple[str, str]]:
         if rec.slug not in catalogue:
             continue
         code = (rec.official_code or "").strip()
-        if rec.slug in mapped or f"{rec.slug}:layer" in mapped:  # the record's forward, or its full layer
+        keys = [k for k in mapped if k == rec.slug or k.startswith(f"{rec.slug}:")]  # the forward, a layer ...
+        if keys:
             out[rec.slug] = ("mapped", "; ".join(f"{key}: {mapped[key]}" if key != rec.slug else mapped[key]
-                                                for key in (rec.slug, f"{rec.slug}:layer") if key in mapped))
+                                                for key in keys))
         elif rec.slug in UNMAPPED:
             out[rec.slug] = UNMAPPED[rec.slug]
         elif not code or code.startswith(("—", "-")):
