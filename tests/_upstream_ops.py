@@ -244,22 +244,24 @@ def build_neuralop_spectral_conv(torch, params, *, fft_norm="forward", inverse_s
     class SpectralConv(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.weight = torch.nn.Parameter(w0.clone())
+            self.weight = torch.nn.Module()  # upstream's dense FactorizedTensor: state_dict key weight.tensor
+            self.weight.tensor = torch.nn.Parameter(w0.clone())
             self.bias = torch.nn.Parameter(torch.tensor(params["bias"])) if "bias" in params else None
 
         def forward(self, x):
+            weight = self.weight.tensor
             d = x.ndim - 2
             dims = list(range(-d, 0))
             sizes = list(x.shape[2:])
             xf = torch.fft.rfftn(x, norm=fft_norm, dim=dims)
             if d > 1:
                 xf = torch.fft.fftshift(xf, dim=dims[:-1])
-            out = torch.zeros(x.shape[0], self.weight.shape[1], *xf.shape[2:], dtype=torch.complex128)
+            out = torch.zeros(x.shape[0], weight.shape[1], *xf.shape[2:], dtype=torch.complex128)
             sl = [slice(None), slice(None)]
-            for n, k in zip(xf.shape[2:-1], self.weight.shape[2:-1]):
+            for n, k in zip(xf.shape[2:-1], weight.shape[2:-1]):
                 sl.append(slice(n // 2 - k // 2, n // 2 + k // 2 + k % 2))
-            sl.append(slice(None, self.weight.shape[-1]))
-            out[tuple(sl)] = torch.einsum("bi...,io...->bo...", xf[tuple(sl)], self.weight)
+            sl.append(slice(None, weight.shape[-1]))
+            out[tuple(sl)] = torch.einsum("bi...,io...->bo...", xf[tuple(sl)], weight)
             if d > 1:
                 out = getattr(torch.fft, inverse_shift)(out, dim=dims[:-1])
                 out = torch.fft.ifftn(out, s=sizes[:-1], dim=dims[:-1], norm=fft_norm)
@@ -270,8 +272,8 @@ def build_neuralop_spectral_conv(torch, params, *, fft_norm="forward", inverse_s
             return y + self.bias if self.bias is not None else y
 
     mod = SpectralConv()
-    mapping = {"weight_real": (mod.weight, lambda t: t.detach().real.numpy().copy()),
-               "weight_imag": (mod.weight, lambda t: t.detach().imag.numpy().copy())}
+    mapping = {"weight_real": (mod.weight.tensor, lambda t: t.detach().real.numpy().copy()),
+               "weight_imag": (mod.weight.tensor, lambda t: t.detach().imag.numpy().copy())}
     if "bias" in params:
         mapping["bias"] = (mod.bias, same)
     return mod, mapping

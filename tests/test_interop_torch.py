@@ -48,6 +48,8 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 F = torch.nn.functional
 
+import _upstream_fidelity as UF  # noqa: E402
+
 from refattn.interop.torch import (  # noqa: E402
     check_module,
     grads_to_state_dict,
@@ -419,43 +421,6 @@ class DiffAttention(nn.Module):  # DiffCLIP
         return self.out_proj(o.transpose(1, 2).reshape(b, n, c))
 
 
-class SimpleAttention(nn.Module):  # galerkin-transformer, norm_type='layer'
-    def __init__(self, n_head, d_model, pos_dim=1, attention_type="galerkin", eps=1e-5):
-        super().__init__()
-        self.n_head, self.d_k, self.attention_type = n_head, d_model // n_head, attention_type
-        self.linears = nn.ModuleList([nn.Linear(d_model, d_model) for _ in range(3)])
-        norms = ("K", "V") if attention_type == "galerkin" else ("Q", "K")
-        for t in norms:
-            ln = nn.ModuleList([nn.LayerNorm(self.d_k, eps=eps) for _ in range(n_head)])
-            for m in ln:  # non-trivial affine so that the stacking order matters
-                nn.init.normal_(m.weight, 1.0, 0.3)
-                nn.init.normal_(m.bias, 0.0, 0.3)
-            setattr(self, f"norm_{t}", ln)
-        self.fc = nn.Linear(d_model + n_head * pos_dim, d_model)
-
-    def _norm(self, norms, x):
-        return torch.stack([norm(x[:, i]) for i, norm in enumerate(norms)], dim=1)
-
-    def forward(self, query, key, value, pos=None):
-        bsz = query.size(0)
-        query, key, value = (lin(x).view(bsz, -1, self.n_head, self.d_k).transpose(1, 2)
-                             for lin, x in zip(self.linears, (query, key, value)))
-        if self.attention_type == "galerkin":
-            key, value = self._norm(self.norm_K, key), self._norm(self.norm_V, value)
-        else:
-            key, query = self._norm(self.norm_K, key), self._norm(self.norm_Q, query)
-        if pos is not None:
-            pos = pos.unsqueeze(1).repeat([1, self.n_head, 1, 1])
-            query, key, value = (torch.cat([pos, x], dim=-1) for x in (query, key, value))
-        n = query.size(-2)
-        if self.attention_type == "galerkin":
-            x = query @ (key.transpose(-2, -1) @ value / n)
-        else:
-            x = (query @ key.transpose(-2, -1) / math.sqrt(query.size(-1)) / n) @ value
-        out = x.transpose(1, 2).contiguous().view(bsz, -1, self.n_head * x.size(-1))
-        return (self.fc(out) if pos is not None else out), None
-
-
 class Physics_Attention_Irregular_Mesh(nn.Module):
     def __init__(self, dim, heads=2, dim_head=4, slice_num=5):
         super().__init__()
@@ -781,7 +746,7 @@ def test_oformer_linear_attention(attn_type):
 @pytest.mark.parametrize("kind,slug", [("galerkin", "galerkin_attention"), ("fourier", "fourier_type_attention")])
 def test_galerkin_fourier(kind, slug):
     torch.manual_seed(6)
-    m = SimpleAttention(3, 12, pos_dim=2, attention_type=kind)
+    m = UF.SimpleAttention(3, 12, pos_dim=2, attention_type=kind)
     _assert_pass(check_module(m, slug))
 
 
@@ -983,14 +948,14 @@ def test_coverage_sorts_every_catalogue_mechanism():
     implemented = {r.slug for r in registry.all(implemented=True)} & set(registry.catalog_rows())
     assert set(cov) == implemented
     assert {s for s, _ in cov.values()} <= set(STATUSES)
-    assert {k for k, (s, _) in cov.items() if s == "mapped"} == {k.removesuffix(":layer") for k in supported_slugs()}
+    assert {k for k, (s, _) in cov.items() if s == "mapped"} == {k.split(":")[0] for k in supported_slugs()}
     mta = cov["multi_token_attention"]
     assert mta[0] == "mapped" and mta[1].startswith("multi_token_attention:layer: ")
     assert cov["grouped_differential_attention"][0] == "no official code"
     assert cov["gqa_mqa"][0] == "mapped" and "LlamaAttention" in cov["gqa_mqa"][1]
     assert cov["sdpa"] == ("no weights", UNMAPPED["sdpa"][1]) and "scaled_dot_product_attention" in cov["sdpa"][1]
     assert cov["combiner_attention"][0] == "no PyTorch module"
-    assert not set(UNMAPPED) & {k.removesuffix(":layer") for k in supported_slugs()}  # one status each
+    assert not set(UNMAPPED) & {k.split(":")[0] for k in supported_slugs()}  # one status each
     assert "softmax" not in cov  # a primitive, not a catalogue entry
 
 
@@ -1008,7 +973,7 @@ def test_add_unmapped_validates():
 @pytest.mark.parametrize("make,slug", [
     (lambda: nn.MultiheadAttention(8, 2, batch_first=True), "multi_head_attention"),
     (lambda: nn.MultiheadAttention(8, 2, kdim=5, vdim=5), "multi_head_attention"),
-    (lambda: SimpleAttention(2, 8, pos_dim=1), "galerkin_attention"),
+    (lambda: UF.SimpleAttention(2, 8, pos_dim=1), "galerkin_attention"),
     (lambda: Physics_Attention_Irregular_Mesh(6), "transolver_physics_attention"),
     (lambda: SpectralConv2d(2, 3, 2, 2), "fno_spectral_conv"),
     (lambda: LinearCrossAttention(8, 2), "gnot_hna_attention"),
@@ -1124,7 +1089,7 @@ def test_full_layer_slugs_are_named_explicitly():
     assert "multi_token_attention:layer" in supported_slugs() and "multi_token_attention" not in supported_slugs()
     with pytest.raises(ValueError, match="pass the slug 'multi_token_attention:layer'"):
         params_from_state_dict("multi_token_attention", {})
-    with pytest.raises(ValueError, match="the only suffix is ':layer'"):
+    with pytest.raises(ValueError, match="no mapping 'sdpa:layer'; the suffixed names are .*alibi:layer"):
         params_from_state_dict("sdpa:layer", {})
 
 

@@ -8,9 +8,10 @@ data refattn already holds (no torch import):
     detail names the upstream module the table follows. A mechanism whose upstream module is the
     full layer refattn implements beside the record's core is mapped as ``"slug:layer"`` (the
     detail starts with that name).
-``"no weights"``, ``"no PyTorch module"``, ``"code not readable"``
+``"no weights"``, ``"no PyTorch module"``, ``"code not readable"``, ``"reconstruction"``
     official code exists but there is no ``state_dict`` to map: the mechanism has no trainable
-    parameters, or its code is JAX/TensorFlow/Theano/Lua/MindSpore, or it could not be read here
+    parameters, or its code is JAX/TensorFlow/Theano/Lua/MindSpore, or it could not be read here,
+    or refattn builds the sub-networks the upstream takes from other libraries
     (:data:`refattn.interop.unmapped.UNMAPPED` holds each one's reason, which the detail quotes).
 ``"no official code"``
     neither the record nor the catalogue names code for it (the record's ``official_code``, which
@@ -47,9 +48,10 @@ def torch_coverage() -> dict[str, tuple[str, str]]:
         if rec.slug not in catalogue:
             continue
         code = (rec.official_code or "").strip()
-        if rec.slug in mapped or f"{rec.slug}:layer" in mapped:  # the record's forward, or its full layer
+        keys = [k for k in mapped if k == rec.slug or k.startswith(f"{rec.slug}:")]  # the forward, a layer ...
+        if keys:
             out[rec.slug] = ("mapped", "; ".join(f"{key}: {mapped[key]}" if key != rec.slug else mapped[key]
-                                                for key in (rec.slug, f"{rec.slug}:layer") if key in mapped))
+                                                for key in keys))
         elif rec.slug in UNMAPPED:
             out[rec.slug] = UNMAPPED[rec.slug]
         elif not code or code.startswith(("—", "-")):

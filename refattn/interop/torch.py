@@ -46,9 +46,11 @@ Some records' forward is a core on ``(q, k, v)`` while the upstream module is th
 ``"slug:layer"`` (a spec with ``layer=(forward, backward)`` in the table): the same three functions
 then read, map and check the layer's params, e.g. ``check_module(module, "alibi:layer", config=...)``
 or ``params_from_state_dict("multi_token_attention:layer", sd)``; ``config`` takes the layer
-function's keywords. The plain slug raises ``ValueError`` naming the ``:layer`` spelling, so the
-params you get are never silently those of another function. ``supported_slugs()`` lists these
-names; :func:`refattn.interop.coverage.torch_coverage` counts such a slug as mapped. A frozen upstream parameter
+function's keywords. Where the upstream module is another function pair of the mechanism's module
+than a layer (IPOT's whole model, FactFormer's ``LowRankKernel``, neuraloperator's centred
+``SpectralConv``), the suffix names it: ``"ipot_inducing_point_operator:model"``. The plain slug
+raises ``ValueError`` naming the suffixed spelling, so the params you get are never silently those
+of another function. ``supported_slugs()`` lists these names; :func:`refattn.interop.coverage.torch_coverage` counts such a slug as mapped. A frozen upstream parameter
 (``requires_grad=False``: TransNormer's URPE reflection ``urpe.v``, a bias-free ``MyConv1D``'s zero
 bias) is mapped like the others but its gradient, which torch does not compute, is not compared.
 
@@ -123,14 +125,15 @@ def _get_spec(slug) -> Spec:
         raise TypeError(f"slug must be a registry slug (str); got {type(slug).__name__}")
     if slug in SPECS:
         return SPECS[slug]
-    if f"{slug}:layer" in SPECS:
-        lay = SPECS[f"{slug}:layer"]
-        raise ValueError(f"refattn.interop.torch maps {slug!r} as its full layer {lay.layer[0].__name__} "
+    variants = [k for k in SPECS if k.startswith(f"{slug}:")]
+    if variants:
+        lay = SPECS[variants[0]]
+        raise ValueError(f"refattn.interop.torch maps {slug!r} as {lay.layer[0].__name__} "
                          f"({lay.upstream}), not as the record's core {registry.get(slug).forward.__name__}: "
-                         f"pass the slug {slug + ':layer'!r}")
+                         f"pass the slug {' or '.join(map(repr, variants))}")
     if ":" in slug:
-        raise ValueError(f"refattn.interop.torch has no mapping {slug!r}: the only suffix is ':layer', for "
-                         f"{', '.join(k for k in SPECS if k.endswith(':layer'))}")
+        raise ValueError(f"refattn.interop.torch has no mapping {slug!r}; the suffixed names are "
+                         f"{', '.join(k for k in SPECS if ':' in k)}")
     try:
         rec = registry.get(slug)
     except registry.UnknownMechanism as exc:
@@ -155,7 +158,9 @@ def _weightless(slug) -> bool:
 def _check_config(spec: Spec, config: dict) -> None:
     rec = _record(spec)
     sig = inspect.signature(rec.forward)
-    allowed = {n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY}
+    allowed = {n for n, p in sig.parameters.items() if p.kind is p.KEYWORD_ONLY} | set(spec.build_keys)
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return  # e.g. IPOT's whole model passes its core's keywords on: the core checks them
     unknown = sorted(set(config) - allowed)
     if unknown:
         raise TypeError(f"{spec.key}: unknown config keywords {unknown}; {rec.forward.__name__} takes "
@@ -208,7 +213,7 @@ def params_from_state_dict(slug: str, state_dict: Mapping, *, prefix: str = "", 
     spec = _get_spec(slug)
     _check_config(spec, config)
     view = View(state_dict, prefix, spec.key)
-    if not view.items:
+    if not view.items and not (spec.rules == [] and not spec.required):  # an empty table: no weights
         raise ValueError(f"params_from_state_dict[{spec.key}]: no key starts with prefix {prefix!r}; "
                          f"first keys: {sorted(state_dict)[:8]}")
     for name in spec.required:
@@ -335,14 +340,17 @@ def check_module(module, slug: str, *, config: dict | None = None, cases: Sequen
         for kw, val in spec.infer(m.state_dict().keys()).items():
             cfg.setdefault(kw, val)
     sig = inspect.signature(rec.forward).parameters
-    needed = [n for n, q in sig.items() if q.kind is q.KEYWORD_ONLY and q.default is q.empty and n not in cfg]
+    needed = [n for n, q in sig.items() if q.kind is q.KEYWORD_ONLY and q.default is q.empty and n not in cfg
+              and n not in spec.kw_inputs]
     if needed:
         hint = {kw: attr for kw, attr in spec.attrs.items() if kw in needed}
         raise ValueError(f"check_module[{spec.key}]: config must give {needed}"
                          + (f" (read from the module's attributes {hint} when it has them)" if hint else ""))
-    base_cfg = {k: v for k, v in cfg.items() if k != "rel_pos"}
+    base_cfg = {k: v for k, v in cfg.items() if k != "rel_pos" and k not in spec.build_keys}
     params = params_from_state_dict(spec.key, m.state_dict(), prefix=spec.module_prefix, **base_cfg)
     params = {k: v.astype(np.float64) for k, v in params.items()}
+    if "params" not in sig:  # a weightless core (performer, codomain attention ...)
+        params = None
     names_avail = dict(MODULE_CASES)
     if spec.key == "multi_head_attention":
         names_avail["cross"] = dict(b=2, n=4, m=9, cross=True)

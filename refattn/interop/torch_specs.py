@@ -177,10 +177,11 @@ class _Stack:
 
 @dataclass(frozen=True)
 class _Complex:
-    """A complex weight ``up`` as ``{up}_real`` and ``{up}_imag``."""
+    """A complex weight ``up`` as ``{ref}_real`` and ``{ref}_imag`` (``ref`` defaults to ``up``)."""
 
     up: str
     optional: bool = False
+    ref: str = ""
 
     def load(self, view, out):
         if self.optional and not view.has(self.up):
@@ -189,10 +190,11 @@ class _Complex:
         if not np.iscomplexobj(a):
             raise ValueError(f"params_from_state_dict[{view.slug}]: {view.prefix + self.up} must be a complex "
                              f"tensor (torch.cfloat/cdouble, as upstream); got dtype {a.dtype}")
-        out[f"{self.up}_real"], out[f"{self.up}_imag"] = a.real.copy(), a.imag.copy()
+        base = self.ref or self.up
+        out[f"{base}_real"], out[f"{base}_imag"] = a.real.copy(), a.imag.copy()
 
     def save(self, grads, out, used):
-        r, i = f"{self.up}_real", f"{self.up}_imag"
+        r, i = f"{self.ref or self.up}_real", f"{self.ref or self.up}_imag"
         if r in grads and i in grads:
             used.update((r, i))
             out[self.up] = _np(grads[r]) + 1j * _np(grads[i])
@@ -304,12 +306,20 @@ class Spec:
     """load_pick(state_dict keys) -> the rules to load with (when the upstream layout shows in the keys)"""
     layer: tuple = None
     """``(forward, backward)`` of the full layer the upstream module is, when the record's forward is
-    a core on ``(q, k, v)``: the spec is then keyed ``"{slug}:layer"`` and maps the layer's params"""
+    a core on ``(q, k, v)``: the spec is then keyed ``"{slug}:{variant}"`` and maps the layer's params"""
+    variant: str = "layer"
+    """the suffix of a ``layer`` spec's key: ``"layer"``, or what the function pair is (``"model"``,
+    ``"neuralop"`` ...)"""
+    kw_inputs: tuple = ()
+    """keyword-only arguments of the forward that ``build`` draws as (differentiable) inputs"""
+    build_keys: tuple = ()
+    """config keywords ``build`` reads that are not the forward's (e.g. ``cross=True``): accepted by
+    ``check_module`` and ``params_from_state_dict``, never passed to the forward"""
 
     @property
     def key(self) -> str:
-        """The name :func:`refattn.interop.torch.supported_slugs` lists: the slug, or ``slug:layer``."""
-        return f"{self.slug}:layer" if self.layer is not None else self.slug
+        """The name :func:`refattn.interop.torch.supported_slugs` lists: the slug, or ``slug:variant``."""
+        return f"{self.slug}:{self.variant}" if self.layer is not None else self.slug
 
 
 SPECS: dict[str, Spec] = {}
@@ -406,29 +416,6 @@ def _call_x(module, inp, cfg):
 
 
 _LAMBDAS = _Named(r"lambda_[qk][12]", transpose=False)
-
-# ---- Galerkin / Fourier SimpleAttention
-
-
-def _galerkin_build(rng, p, cfg, z):
-    c = p["linears.0.weight"].shape[0]
-    inp = {"x": rng.standard_normal((z["b"], z["n"], c))}
-    if "fc.weight" in p:  # upstream builds fc only for coordinates (pos_dim > 0)
-        h = int(cfg["n_head"])
-        npos = (p["fc.weight"].shape[0] - c) // h
-        inp["pos"] = rng.uniform(0, 1, (z["b"], z["n"], npos))
-    return inp, {}
-
-
-def _galerkin_call(module, inp, cfg):
-    x = inp["x"]
-    return module(x, x, x, pos=inp.get("pos"))[0]
-
-
-def _galerkin_rules(norms):
-    return [_Named(r"linears\.[012]\.weight|fc\.weight", True), _Named(r"linears\.[012]\.bias|fc\.bias", False)] + [
-        _Stack(f"norm_{t}", leaf) for t in norms for leaf in ("weight", "bias")]
-
 
 # ---- Transolver, GNOT
 
@@ -566,13 +553,6 @@ def _llama_build(rng, p, cfg, z):
     return {"x": rng.standard_normal((z["b"], z["n"], p["q_proj"].shape[0]))}, {}
 
 
-# ---- OFormer LinearAttention (self-attention: to_qkv, to_out.0)
-
-
-def _oformer_build(rng, p, cfg, z):
-    return {"x": rng.standard_normal((z["b"], z["n"], p["to_qkv.weight"].shape[0]))}, {}
-
-
 # ---- PhysicsNeMo GALE (GeoTransolver): PhysicsAttentionIrregularMesh + cross-attention to a context
 
 
@@ -694,20 +674,6 @@ add_specs(
          module_prefix="layers.0.",
          attrs={"num_heads": "heads", "scale": "layers.0.0.fn.scale", "step_size": "layers.0.1.fn.step_size",
                 "lambd": "layers.0.1.fn.lambd"}),
-    Spec("galerkin_attention", "scaomath/galerkin-transformer libs/layers.py@2c9d23e (SimpleAttention, "
-          "attention_type='galerkin')",
-          rules=_galerkin_rules("KV"), required=("linears.0.weight", "linears.1.weight", "linears.2.weight"),
-          call=_galerkin_call, build=_galerkin_build, attrs={"n_head": "n_head"}),
-    Spec("fourier_type_attention", "scaomath/galerkin-transformer libs/layers.py@2c9d23e (SimpleAttention, "
-          "attention_type='fourier')",
-          rules=_galerkin_rules("QK"), required=("linears.0.weight", "linears.1.weight", "linears.2.weight"),
-          call=_galerkin_call, build=_galerkin_build, attrs={"n_head": "n_head"}),
-    Spec("oformer_attention", "BaratiLab/OFormer airfoil/nn_module/attention_module.py@f1111b3 (LinearAttention, "
-         "self-attention, no positional embedding; unpadded: norm over each point's channels)",
-         rules=[_Named(r"to_qkv\.weight|to_out\.0\.weight", True),
-                _Named(r"to_out\.0\.bias|[qkv]_norm\.(weight|bias)", False)],
-         required=("to_qkv.weight",), call=_call_x, build=_oformer_build,
-         attrs={"n_head": "heads"}, defaults={"norm_axis": "channels"}),
     Spec("transposed_channel_attention", "swz30/Restormer basicsr/models/archs/restormer_arch.py@861974a (Attention, "
          "MDTA: projection='conv'); facebookresearch/xcit xcit.py@9a7df94 (XCA: projection='linear')",
          rules=_MDTA_RULES, required=("qkv.weight", "temperature"), load_pick=_channel_pick,

@@ -46,7 +46,7 @@ Conventions (keywords)
 * Parameter keys are upstream's module paths: ``m1.in_proj.weight`` ... ``m2.out_proj.weight``,
   ``lambda_q1 .. lambda_k2``, ``subln.weight``; weights ``(in, out)`` (torch ``weight.T``), the
   convolution keeps torch's ``(D_i, 1, K)``. ``in_proj.bias`` / ``out_proj.bias`` optional
-  (upstream ``bias=False``).
+  (upstream ``bias=False``), ``conv1d.bias`` optional (upstream ``conv_bias=True``).
 * Upstream computes the scan in float32; refattn keeps float64.
 
 Measured agreement with upstream (float64, CPU): the ``DiffMamba`` forward transcribed line by line
@@ -132,7 +132,7 @@ def _validate(x, params, eps, mode, chunk_size):
         raise ValueError(f"m1.dt_proj.weight must have shape (dt_rank, d_inner={di}) (refattn weights are (in, out); "
                          f"d_inner from m1.in_proj.weight); got {w_dt}{hint}")
     r = w_dt[0]
-    optional = tuple(f"{m}.{p}.bias" for m in _BRANCHES for p in ("in_proj", "out_proj"))
+    optional = tuple(f"{m}.{p}.bias" for m in _BRANCHES for p in ("in_proj", "out_proj", "conv1d"))
     p = check_params(params, _spec(c, di, n, r, k, True), optional=optional, where="diff_mamba")
     check_positive(eps, "eps")
     check_choice(mode, "mode", ("chunked", "recurrent"))
@@ -148,7 +148,7 @@ def _mamba_forward(x, p, m, dims, mode, chunk_size):
     xz = linear_prefixed(p, f"{m}.in_proj", x)                              # (B, L, 2 Di)
     xi, z = np.swapaxes(xz[..., :di], 1, 2), np.swapaxes(xz[..., di:], 1, 2)  # (B, Di, L)
     pads = ((k - 1, 0),)
-    pre = conv_apply(xi, p[f"{m}.conv1d.weight"], p[f"{m}.conv1d.bias"], padding=pads, groups=di)
+    pre = conv_apply(xi, p[f"{m}.conv1d.weight"], p.get(f"{m}.conv1d.bias"), padding=pads, groups=di)
     u = silu(pre)
     ut = np.swapaxes(u, 1, 2)                                               # (B, L, Di)
     xdbl = ut @ p[f"{m}.x_proj.weight"]
@@ -179,8 +179,11 @@ def _mamba_backward(g, c, p, m, x, dims, grads):
     grads[f"{m}.x_proj.weight"] = c["ut"].reshape(-1, di).T @ dxdbl.reshape(-1, r + 2 * n)
     du = gs["u"] + np.swapaxes(dxdbl @ w_x.T, 1, 2)
     dpre = du * silu_grad(c["pre"])
-    gc = conv_vjp(dpre, c["xi"], p[f"{m}.conv1d.weight"], padding=((k - 1, 0),), groups=di)
-    grads[f"{m}.conv1d.weight"], grads[f"{m}.conv1d.bias"] = gc["weight"], gc["bias"]
+    conv_bias = f"{m}.conv1d.bias" in p
+    gc = conv_vjp(dpre, c["xi"], p[f"{m}.conv1d.weight"], padding=((k - 1, 0),), groups=di, has_bias=conv_bias)
+    grads[f"{m}.conv1d.weight"] = gc["weight"]
+    if conv_bias:
+        grads[f"{m}.conv1d.bias"] = gc["bias"]
     dxz = np.concatenate([np.swapaxes(gc["x"], 1, 2), np.swapaxes(gs["z"], 1, 2)], axis=-1)
     return linear_prefixed_vjp(grads, p, f"{m}.in_proj", dxz, x)
 
@@ -198,7 +201,8 @@ def diff_mamba_forward(x, params, *, depth=None, lambda_init=None, lambda_init_c
         Two Mamba-1 blocks under ``m1.`` / ``m2.`` (``in_proj.weight (C, 2 D_i)``,
         ``conv1d.weight (D_i, 1, K)``, ``conv1d.bias (D_i,)``, ``x_proj.weight (D_i, R + 2N)``,
         ``dt_proj.weight (R, D_i)``, ``dt_proj.bias (D_i,)``, ``A_log (D_i, N)``, ``D (D_i,)``,
-        ``out_proj.weight (D_i, C)``, optional ``in_proj.bias`` / ``out_proj.bias``), the λ vectors
+        ``out_proj.weight (D_i, C)``, optional ``in_proj.bias`` / ``out_proj.bias``; ``conv1d.bias`` is
+        absent for upstream's ``conv_bias=False``), the λ vectors
         ``lambda_q1, lambda_k1, lambda_q2, lambda_k2 (N,)`` and ``subln.weight (C,)``.
     depth, lambda_init, lambda_init_convention
         $\lambda_{init}$ from a layer index (upstream: $0.8 - 0.6e^{-0.3(i-1)}$, convention
@@ -315,6 +319,9 @@ def _sample(rng, size):
     else:
         b, n_t, c, di, n, r, k = 2, int(rng.integers(5, 9)), 4, 6, 3, 2, 3
     p = _draw_params(rng, c, di, n, r, k, bias=bool(rng.integers(2)))
+    if rng.random() < 0.3:  # upstream's conv_bias=False
+        for m in _BRANCHES:
+            del p[f"{m}.conv1d.bias"]
     return Sample(inputs={"x": rng.standard_normal((b, n_t, c))}, params=p,
                   config={"depth": int(rng.integers(1, 6)), "mode": str(rng.choice(["chunked", "recurrent"])),
                           "chunk_size": 2})
@@ -333,7 +340,7 @@ def _reference(x, params, *, depth=None, lambda_init=None, lambda_init_conventio
         w = P["conv1d.weight"][:, 0]
         kk = w.shape[1]
         pad = np.concatenate([np.zeros((x.shape[0], kk - 1, di)), xi], axis=1)
-        u = sum(w[:, j] * pad[:, j:j + x.shape[1]] for j in range(kk)) + P["conv1d.bias"]
+        u = sum(w[:, j] * pad[:, j:j + x.shape[1]] for j in range(kk)) + P.get("conv1d.bias", 0.0)
         u = u / (1.0 + np.exp(-u))
         r, n = P["dt_proj.weight"].shape[0], P["A_log"].shape[1]
         xd = u @ P["x_proj.weight"]

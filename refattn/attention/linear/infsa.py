@@ -24,7 +24,7 @@ $\tilde k = k/\sqrt D$ ($D$ the head width) and $\rho = \sigma(\rho_{\text{logit
   exactly: one left power-iteration step of the affinity from the energy weights, approximating
   its principal (eigenvector-centrality) vector.
 
-The layer (``InfSAAttention``): ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (biases on), heads
+The layer (``InfSAAttention``): ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` (biases optional), heads
 split as usual, $\rho$ from ``rho_logit``.
 
 Backward
@@ -154,10 +154,10 @@ def _validate(query, key, value, params, num_heads, variant, rho_grad, eps):
                          f"query's length {query.shape[-2]}; got {key.shape[-2]}")
     spec = {"q_proj.weight": (E, E), "k_proj.weight": (key.shape[-1], E), "v_proj.weight": (value.shape[-1], E),
             "out_proj.weight": (E, E)}
-    for p in _PROJ:
-        spec[f"{p}.bias"] = (E,)
     spec["rho_logit"] = (1,)
-    check_param_keys(params, tuple(spec), where="infsa_attention", shapes=spec)
+    biases = {f"{p}.bias": (E,) for p in _PROJ}  # optional: upstream InfSAAttention(bias=False)
+    check_param_keys(params, tuple(spec), tuple(biases), where="infsa_attention", shapes={**spec, **biases})
+    spec.update({k: s for k, s in biases.items() if params.get(k) is not None})
     P = {}
     for kk, shape in spec.items():
         arr = as_float(params[kk], kk)
@@ -178,7 +178,8 @@ def infsa_attention_forward(query, key=None, value=None, params=None, *, num_hea
     query : (..., N, E); key, value : (..., S, E), optional (default: self-attention)
     params : dict
         ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` ``.weight`` ``(E, E)`` (stored ``(in, out)``)
-        and ``.bias`` ``(E,)``; ``rho_logit`` ``(1,)`` ($\rho = \sigma(\rho_{\text{logit}})$).
+        and ``.bias`` ``(E,)`` (optional: upstream ``bias=False``); ``rho_logit`` ``(1,)``
+        ($\rho = \sigma(\rho_{\text{logit}})$).
     num_heads : int
     variant : {"pure", "linear"}
     rho_grad : {"detached", "full"}

@@ -132,7 +132,7 @@ def _validate(x, params, num_heads, down_factor, attn_type, posemb, down_shortcu
             "to_out.weight": (c, c, 1, 1), "to_out.bias": (c,)}
     if attn_type == "v2":
         spec["logit_scale"] = (num_heads, 1, 1)
-    p = check_params(params, spec, where="udit_attention")
+    p = check_params(params, spec, where="udit_attention", optional=("to_qkv.bias",))  # upstream bias=False
     dt = compute_dtype(x, *p.values())
     return x.astype(dt, copy=False), cast_all(dt, p), num_heads, f, k
 
@@ -148,7 +148,7 @@ def udit_attention_forward(x, params, *, num_heads: int, down_factor: int = 2, a
         ``H``, ``W`` multiples of ``down_factor``.
     params : dict
         ``downsampler.layer.weight (C, 1, k, k)`` (odd ``k``), ``downsampler.layer.bias (C,)``,
-        ``to_qkv.weight (C, 3C)`` (torch ``weight.T``), ``to_qkv.bias (3C,)``,
+        ``to_qkv.weight (C, 3C)`` (torch ``weight.T``), ``to_qkv.bias (3C,)`` (optional: upstream ``bias=False``),
         ``to_out.weight (C, C, 1, 1)``, ``to_out.bias (C,)``; ``logit_scale (h, 1, 1)`` for ``"v2"``.
     num_heads : int
     down_factor : int

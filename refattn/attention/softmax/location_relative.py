@@ -455,17 +455,31 @@ def dca_attention_backward(dout, cache, *, dalpha=None):
 # One entry point for the record
 
 
-def location_relative_attention_forward(query, memory, params, *, kind=None, **config):
+_GMM_ONLY = ("version", "eps", "masked_value")
+_DCA_ONLY = ("prior_length", "prior_alpha", "prior_beta", "prior_floor", "initial_alignment")
+
+
+def location_relative_attention_forward(query, memory, params, *, kind=None, version=None, eps=None,
+                                        masked_value=None, prior_length=None, prior_alpha=None, prior_beta=None,
+                                        prior_floor=None, initial_alignment=None, memory_mask=None):
     """GMM attention or DCA, chosen by ``kind`` (``"gmm"``/``"dca"``) or, when None, by the
-    parameter names (``mlp.*`` = GMM, ``W.*``/``V.*``/``F.*`` = DCA); ``config`` goes to
-    :func:`gmm_attention_forward` or :func:`dca_attention_forward`."""
+    parameter names (``mlp.*`` = GMM, ``W.*``/``V.*``/``F.*`` = DCA). The keywords go to
+    :func:`gmm_attention_forward` (``version``, ``eps``, ``masked_value``) or :func:`dca_attention_forward`
+    (``prior_*``, ``initial_alignment``), ``memory_mask`` to both; None keeps that function's default,
+    and a keyword of the other kind raises ``TypeError``."""
     if kind is None:
         if not isinstance(params, dict):
             raise TypeError(f"params must be a dict (see gmm_param_spec / dca_param_spec); got {type(params).__name__}")
         kind = "gmm" if "mlp.0.weight" in params else "dca"
     check_choice(kind, "kind", LOCATION_KINDS)
+    given = {k: v for k, v in dict(version=version, eps=eps, masked_value=masked_value, prior_length=prior_length,
+                                   prior_alpha=prior_alpha, prior_beta=prior_beta, prior_floor=prior_floor,
+                                   initial_alignment=initial_alignment).items() if v is not None}
+    other = sorted(k for k in given if k in (_DCA_ONLY if kind == "gmm" else _GMM_ONLY))
+    if other:
+        raise TypeError(f"location_relative_attention_forward: {other} do not apply to kind={kind!r}")
     fn = gmm_attention_forward if kind == "gmm" else dca_attention_forward
-    return fn(query, memory, params, **config)
+    return fn(query, memory, params, memory_mask=memory_mask, **given)
 
 
 def location_relative_attention_backward(dout, cache, *, dalpha=None):

@@ -156,7 +156,7 @@ def _boxes(b, name, lead):
 
 def relation_detr_attention_forward(query, query_pos, src_boxes, tgt_boxes=None, params=None, *, num_heads: int,
                                     num_pos_feats: int = 16, temperature: float = 10000.0, scale: float = 100.0,
-                                    eps: float = 1e-5, attn_mask=None):
+                                    eps: float = 1e-5, attn_mask=None, detach_boxes: bool = False):
     r"""Relation-DETR decoder self-attention with the position-relation bias (see the module docstring).
 
     Parameters
@@ -174,6 +174,9 @@ def relation_detr_attention_forward(query, query_pos, src_boxes, tgt_boxes=None,
         Sine embedding width per scalar (16 in the decoder), $T$, $\sigma$, the box epsilon.
     attn_mask : bool array broadcastable to (B, H, N, N), optional
         True = keep (upstream fills masked pairs of the relation with $-\infty$).
+    detach_boxes : bool
+        True: the boxes are constants, as upstream (``box_rel_encoding`` under ``torch.no_grad()``),
+        so the backward returns no box gradients; False (default): it returns them too.
 
     Returns
     -------
@@ -222,12 +225,13 @@ def relation_detr_attention_forward(query, query_pos, src_boxes, tgt_boxes=None,
     om = merge_heads(o)
     y = linear_apply(om, p["self_attn.out_proj.weight"], p["self_attn.out_proj.bias"])
     return y, {"p": p, "qk_in": qk_in, "query": query, "src": src_boxes, "tgt": tgt_boxes, "self_rel": self_rel,
-               "crel": crel, "core": core, "om": om, "nh": nh, "shape": y.shape}
+               "crel": crel, "core": core, "om": om, "nh": nh, "shape": y.shape, "detach_boxes": bool(detach_boxes)}
 
 
 def relation_detr_attention_backward(dout, cache):
     """Gradient of :func:`relation_detr_attention_forward`: ``query``, ``query_pos``, ``src_boxes``
-    (and ``tgt_boxes`` when given; otherwise both box gradients sum into ``src_boxes``), every parameter."""
+    (and ``tgt_boxes`` when given; otherwise both box gradients sum into ``src_boxes``; neither with
+    ``detach_boxes=True``), every parameter."""
     p, nh = cache["p"], cache["nh"]
     g = as_dout(dout, cache["shape"], cache["query"].dtype)
     c = g.shape[-1]
@@ -245,7 +249,9 @@ def relation_detr_attention_backward(dout, cache):
         gc["bias"], cache["crel"], cache["src"], cache["tgt"], p[_POS + "weight"])
     dqk = lq["x"] + lk["x"]
     out = {"query": dqk + lv["x"], "query_pos": dqk}
-    if cache["self_rel"]:
+    if cache.get("detach_boxes"):
+        pass  # upstream's boxes are constants: no box gradients
+    elif cache["self_rel"]:
         out["src_boxes"] = ds + dt_
     else:
         out["src_boxes"], out["tgt_boxes"] = ds, dt_
