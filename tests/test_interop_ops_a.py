@@ -215,3 +215,18 @@ def test_ops_a_map_state_dict_and_grads_back(slug):
     for k, v in sd.items():
         if k not in derived:
             np.testing.assert_array_equal(back["attn." + k], v.numpy())
+
+
+@pytest.mark.parametrize("kind,red,emb", [("nonlinear", "mean", "nerf"), ("linear_kernelonly", "sum", None)])
+def test_gno_block_real_module(kind, red, emb):
+    """neuraloperator 2.0.0's own ``GNOBlock`` (an optional test dependency, ``refattn[upstream]``)."""
+    gno = pytest.importorskip("neuralop.layers.gno_block")
+    torch.manual_seed(1)
+    m = gno.GNOBlock(3, 3, 2, radius=0.45, transform_type=kind, reduction=red, pos_embedding_type=emb,
+                     pos_embedding_channels=2, channel_mlp_layers=[5], use_open3d_neighbor_search=False,
+                     use_torch_scatter_reduce=False)
+    cfg = {"transform_type": kind, "reduction": red, "pos_embedding": emb}
+    # upstream draws its sinusoidal frequencies in float32 (torch.arange's default dtype): with an
+    # embedding the agreement is float32's, without it float64's
+    tol = {"rtol": 1e-6, "atol": 1e-7} if emb else {}
+    _assert_pass(check_module(m, "gno_kernel_integral_layer", config=cfg, **tol))

@@ -8,9 +8,10 @@ data refattn already holds (no torch import):
     detail names the upstream module the table follows. A mechanism whose upstream module is the
     full layer refattn implements beside the record's core is mapped as ``"slug:layer"`` (the
     detail starts with that name).
-``"no weights"``, ``"no PyTorch module"``, ``"code not readable"``
+``"no weights"``, ``"no PyTorch module"``, ``"code not readable"``, ``"reconstruction"``
     official code exists but there is no ``state_dict`` to map: the mechanism has no trainable
-    parameters, or its code is JAX/TensorFlow/Theano/Lua/MindSpore, or it could not be read here
+    parameters, or its code is JAX/TensorFlow/Theano/Lua/MindSpore, or it could not be read here,
+    or refattn builds the sub-networks the upstream takes from other libraries
     (:data:`refattn.interop.unmapped.UNMAPPED` holds each one's reason, which the detail quotes).
 ``"no official code"``
     neither the record nor the catalogue names code for it (the record's ``official_code``, which

@@ -13,7 +13,11 @@ r"""Mechanisms with official code but no ``state_dict`` table, and why: :data:`U
     PyTorch ``state_dict`` to read;
 ``"code not readable"``
     the code is named, but its repository could not be read when refattn implemented the mechanism,
-    so no table can be checked against it.
+    so no table can be checked against it;
+``"reconstruction"``
+    refattn implements the upstream's composition but builds its sub-networks itself (the upstream
+    takes them from libraries refattn does not reproduce layer for layer), so no upstream
+    ``state_dict`` corresponds to the record's parameters.
 
 The ``torch_specs_*`` modules register further rows with :func:`add_unmapped` as they are written.
 """
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 __all__ = ["UNMAPPED", "UNMAPPED_STATUSES", "add_unmapped"]
 
-UNMAPPED_STATUSES = ("no weights", "no PyTorch module", "code not readable")
+UNMAPPED_STATUSES = ("no weights", "no PyTorch module", "code not readable", "reconstruction")
 
 UNMAPPED: dict[str, tuple[str, str]] = {}
 """``{slug: (status, reason)}``, filled by :func:`add_unmapped`."""
@@ -80,3 +84,8 @@ for _slug, _why in {
     "high_order_attention_vqa": "idansc/HighOrderAtten is Lua Torch7",
 }.items():
     add_unmapped(_slug, "no PyTorch module", _why)
+
+add_unmapped("fno_vit_scattering_hybrid", "reconstruction",
+             "upstream composes neuraloperator's FNO and Poseidon's scOT (a SwinV2 U-Net); refattn keeps that "
+             "composition (p = F(v_s) + T([v_delta, F(v_s)])) with an FNO stack and a ViT of its own, whose "
+             "parameters no upstream checkpoint holds")
