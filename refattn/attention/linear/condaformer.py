@@ -58,10 +58,14 @@ piecewise constant in $p$ and held fixed (no gradient to positions).
 Conventions and reconstruction: ``window_size=4`` (voxels of the current stage),
 ``quant_size=0.25``, ``shift`` as upstream's odd blocks. Upstream takes $p_0$ over the whole
 mini-batch; refattn per batch element (identical for one cloud per call). Conv weights are kept
-in torch's dense layout: spconv's KRSC ``(C_out, k, k, k, C_in)`` maps to ``(C_out, C_in, k, k, k)``
-by ``permute(0, 4, 1, 2, 3)``, and the depthwise kernel (upstream: a dense KRSC weight times a
-diagonal ``group_mask``) to ``(C, 1, k, k, k)`` by taking that diagonal; the kernel axes follow
-the voxel-index columns. That spconv's submanifold conv equals this dense correlation (offset
+in torch's dense layout ``(C_out, C_in/groups, k, k, k)``. The repository's own spconv
+(``libs/spconv/conv.py``) stores KRSC weights, and its 1x1x1 path computes
+``features @ weight.view(C_in, C_out)``, a reinterpretation of the ``(C_out, 1, 1, 1, C_in)``
+storage rather than a permutation: refattn's ``(C_out, C_in, 1, 1, 1)`` weight is that
+``(C_in, C_out)`` matrix transposed. The depthwise kernel (a dense KRSC weight times a diagonal
+``group_mask`` upstream, stored ``(C, k, k, k, 1)``) maps to ``(C, 1, k, k, k)`` by
+``transpose(0, 4, 1, 2, 3)``; the kernel axes follow the voxel-index columns
+(``refattn.interop.torch`` does both maps). That spconv's submanifold conv equals this dense correlation (offset
 $\delta = $ kernel index $- 1$) is from spconv's documented semantics — spconv could not be run
 here. Batch norm in training form (batch statistics) is not offered.
 
