@@ -335,6 +335,18 @@ def _reference(q, k, v, *, num_blocks, block_size=32, approx_mode="full", initia
 
 
 def _draw(rng, size, approx_mode=None, priors=None):
+    """A sample whose refined set and stabiliser arg-max are away from ties. Some configurations
+    make a tie structural (prior blocks share one ranking score, so with ``num_blocks`` landing
+    inside them no draw has a margin): the configuration is then drawn again."""
+    for _ in range(50):
+        try:
+            return _draw_once(rng, size, approx_mode, priors)
+        except RuntimeError:
+            continue
+    raise RuntimeError("mra sampler: no configuration with a tie-free draw in 50 tries")
+
+
+def _draw_once(rng, size, approx_mode, priors):
     b = 2 if size == "tiny" else 4
     nb = 3 if size == "tiny" else int(rng.integers(3, 5))
     d = 2 if size == "tiny" else 4
@@ -356,7 +368,7 @@ def _draw(rng, size, approx_mode=None, priors=None):
         lam_sorted = -np.sort(-lam, axis=-1)  # row-max ties would make the stabiliser's arg-max ambiguous
         return min(topk_margin(flat, num_blocks), float(np.min(lam_sorted[..., 0] - lam_sorted[..., 1])))
 
-    q, k, v = draw_until(rng, draw, margin, 0.05)
+    q, k, v = draw_until(rng, draw, margin, 0.05, tries=200)
     return Sample(inputs={"q": q, "k": k, "v": v},
                   config={"num_blocks": num_blocks, "block_size": b, "approx_mode": approx_mode,
                           "initial_prior_first_n_blocks": first_n, "initial_prior_diagonal_n_blocks": diag_n})
