@@ -241,3 +241,11 @@ def test_blocks_b_specs_map_state_dict_and_grads_back(slug):
     for k, v in sd.items():
         if k not in derived:
             np.testing.assert_array_equal(back["attn." + k], v.numpy())
+
+
+def test_denseformer_without_n_blocks_says_what_to_pass():
+    from refattn.interop.torch import params_from_state_dict
+
+    with pytest.raises(ValueError, match=r"pass n_blocks="):
+        params_from_state_dict("denseformer_dwa", {"blocks.0.in_proj_weight": np.zeros((6, 2)),
+                                                   "blocks.0.out_proj.weight": np.zeros((2, 2))})

@@ -153,8 +153,11 @@ def _ffn_call(module, inp, cfg):
 
 
 def _dwa_rules(config):
+    if "n_blocks" not in config:  # the per-block Split rules are spelled out, one set per block
+        raise ValueError("denseformer_dwa: pass n_blocks= (the number of DenseFormer blocks, upstream's "
+                         "DWAModules.n_blocks) to map the blocks' in_proj_weight / out_proj")
     rules = [Named(r"dwa_modules\.alphas\.\d+\.weight", False)]
-    for i in range(int(config.get("n_blocks", 0))):
+    for i in range(int(config["n_blocks"])):
         b = f"blocks.{i}."
         rules += [Split((b + "q_proj", b + "k_proj", b + "v_proj"), b + "in_proj_weight", True),
                   Split((b + "q_proj_bias", b + "k_proj_bias", b + "v_proj_bias"), b + "in_proj_bias", False,
