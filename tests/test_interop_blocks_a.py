@@ -4,20 +4,15 @@ slug's ``check_module`` against the upstream module in float64, and the state_di
 The modules are in ``tests/_upstream_blocks_a.py`` (file@commit in their comments).
 """
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import _upstream_blocks_a as U  # noqa: E402
+from _interop_checks import assert_pass, assert_registered, assert_round_trip  # noqa: E402
 
-from refattn.interop.torch import check_module, grads_to_state_dict, params_from_state_dict, supported_slugs  # noqa: E402
-
-
-def _assert_pass(report):
-    assert report.passed, "\n" + str(report)
-    return report
+from refattn.interop.torch import check_module, params_from_state_dict  # noqa: E402
 
 
 def _perturb(m, scale=0.3, seed=0):
@@ -32,29 +27,29 @@ def _perturb(m, scale=0.3, seed=0):
 
 @pytest.mark.parametrize("dim,eps", [(6, 1e-6), (4, 1e-5)])
 def test_rms_norm(dim, eps):
-    _assert_pass(check_module(_perturb(U.RMSNorm(dim, eps=eps)), "rms_norm"))
+    assert_pass(check_module(_perturb(U.RMSNorm(dim, eps=eps)), "rms_norm"))
 
 
 @pytest.mark.parametrize("channels_last,alpha", [(True, 0.5), (False, 0.8)])
 def test_dyt_dynamic_tanh(channels_last, alpha):
-    _assert_pass(check_module(_perturb(U.DynamicTanh(5, channels_last, alpha)), "dyt_dynamic_tanh"))
+    assert_pass(check_module(_perturb(U.DynamicTanh(5, channels_last, alpha)), "dyt_dynamic_tanh"))
 
 
 def test_dynamic_range_activator():
     torch.manual_seed(0)
     for _ in range(2):
-        _assert_pass(check_module(U.DRA(), "dynamic_range_activator"))
+        assert_pass(check_module(U.DRA(), "dynamic_range_activator"))
 
 
 @pytest.mark.parametrize("cls,kind", [("PolyNorm", "polynorm"), ("PolyReLU", "polyrelu")])
 def test_polynorm_polycom(cls, kind):
-    _assert_pass(check_module(_perturb(getattr(U, cls)()), "polynorm_polycom", config={"kind": kind}))
+    assert_pass(check_module(_perturb(getattr(U, cls)()), "polynorm_polycom", config={"kind": kind}))
 
 
 @pytest.mark.parametrize("b,max_out,scale", [(2, 2, None), (1.5, 1, None), (2.5, 2, 0.7)])
 def test_bcos_transform(b, max_out, scale):
     torch.manual_seed(1)
-    _assert_pass(check_module(U.BcosConv2d(5, 3, max_out=max_out, b=b, scale=scale), "bcos_transform"))
+    assert_pass(check_module(U.BcosConv2d(5, 3, max_out=max_out, b=b, scale=scale), "bcos_transform"))
 
 
 def test_bcos_transform_refuses_a_kxk_kernel():
@@ -72,7 +67,7 @@ def test_equiformerv2_separable_layernorm(cls, lmax, normalization, bal):
     kw = {} if cls == "EquivariantLayerNormArray" else {"std_balance_degrees": bal}
     m = _perturb(getattr(U, cls)(lmax, 4, normalization=normalization, **kw))
     cfg = {"normalization": normalization} if normalization != "component" else {}
-    _assert_pass(check_module(m, "equiformerv2_separable_layernorm", config=cfg))
+    assert_pass(check_module(m, "equiformerv2_separable_layernorm", config=cfg))
 
 
 def _magneto_args(**kw):
@@ -88,7 +83,7 @@ def _magneto_args(**kw):
                                     ({"activation_fn": "swish", "layernorm_eps": 1e-6}, {"activation": "silu"})])
 def test_magneto_subln_init(kw, cfg):
     torch.manual_seed(2)
-    _assert_pass(check_module(_perturb(U.EncoderLayer(_magneto_args(**kw))), "magneto_subln_init", config=cfg))
+    assert_pass(check_module(_perturb(U.EncoderLayer(_magneto_args(**kw))), "magneto_subln_init", config=cfg))
 
 
 @pytest.mark.parametrize("heads,qkv_bias,qk_scale,eps", [(2, False, None, 1e-6), (3, True, 0.3, 1e-5)])
@@ -99,7 +94,7 @@ def test_layerscale(heads, qkv_bias, qk_scale, eps):
     m = U.LayerScale_Block(6, heads, mlp_ratio=1.5, qkv_bias=qkv_bias, qk_scale=qk_scale, init_values=0.5,
                            norm_layer=partial(nn.LayerNorm, eps=eps))
     acfg = {"num_heads": heads, **({"scale": qk_scale} if qk_scale else {})}
-    _assert_pass(check_module(_perturb(m), "layerscale", config={"attention_config": acfg}))
+    assert_pass(check_module(_perturb(m), "layerscale", config={"attention_config": acfg}))
     bad = check_module(m, "layerscale", config={"attention_config": {"num_heads": 1}}, cases=["small"], seeds=[0])
     assert not bad.passed and "num_heads" in str(bad)  # a head count that is not the module's is named
 
@@ -115,7 +110,7 @@ def _macaron(heads=2, normalize_before=False, c=6):
 def test_macaron_block(heads, normalize_before):
     torch.manual_seed(5)
     m = _perturb(_macaron(heads, normalize_before))
-    _assert_pass(check_module(m, "macaron_block", config={"attention_config": {"num_heads": heads}}))
+    assert_pass(check_module(m, "macaron_block", config={"attention_config": {"num_heads": heads}}))
 
 
 def _gptj(heads=2, rotary_dim=2, c=8, eps=1e-5):
@@ -130,7 +125,7 @@ def test_parallel_attention_mlp_block_gptj(heads, rotary_dim, eps):
     torch.manual_seed(6)
     m = _perturb(_gptj(heads, rotary_dim, eps=eps))
     acfg = {"num_heads": heads, "is_causal": True, "rope": {"interleaved": True, "rotary_dim": rotary_dim}}
-    _assert_pass(check_module(m, "parallel_attention_mlp_block", config={"attention_config": acfg}))
+    assert_pass(check_module(m, "parallel_attention_mlp_block", config={"attention_config": acfg}))
     bad = check_module(m, "parallel_attention_mlp_block", config={"attention_config": {"num_heads": heads}},
                        cases=["small"], seeds=[0])
     assert not bad.passed and "interleaved" in str(bad)
@@ -147,7 +142,7 @@ def _ngpt(c=8, heads=2, base_scale=None):
 def test_ngpt_normalized_block(c, heads, base_scale):
     torch.manual_seed(7)
     m = _perturb(_ngpt(c, heads, base_scale), scale=0.05)
-    _assert_pass(check_module(m, "ngpt_normalized_block", config={"attention_config": {"num_heads": heads}}))
+    assert_pass(check_module(m, "ngpt_normalized_block", config={"attention_config": {"num_heads": heads}}))
 
 
 def _sas_p(layer_idx=1, heads=2, c=8, mlp_skip=0.0):
@@ -174,7 +169,7 @@ def _sas_p(layer_idx=1, heads=2, c=8, mlp_skip=0.0):
 def test_simplified_block_he_hofmann(layer_idx, heads, mlp_skip):
     torch.manual_seed(8)
     m = _sas_p(layer_idx, heads, mlp_skip=mlp_skip)
-    _assert_pass(check_module(m, "simplified_block_he_hofmann", config={"attention_config": {"num_heads": heads}}))
+    assert_pass(check_module(m, "simplified_block_he_hofmann", config={"attention_config": {"num_heads": heads}}))
 
 
 def test_simplified_block_refuses_nonzero_frozen_biases():
@@ -191,7 +186,7 @@ def test_tnt_block(hi, ho, qkv_bias, qk_scale):
     icfg, ocfg = {"num_heads": hi}, {"num_heads": ho}
     if qk_scale:
         icfg["scale"] = ocfg["scale"] = qk_scale
-    _assert_pass(check_module(m, "tnt_block", config={"inner_attention_config": icfg, "outer_attention_config": ocfg}))
+    assert_pass(check_module(m, "tnt_block", config={"inner_attention_config": icfg, "outer_attention_config": ocfg}))
 
 
 @pytest.mark.parametrize("loop_func,n_layer,n_loops,window", [("z=f(x+z)", 1, 3, None), ("z=f(x*z)", 1, 2, 2),
@@ -201,7 +196,7 @@ def test_looped_transformer(loop_func, n_layer, n_loops, window):
     m = _perturb(U.TransformerModelLooped(3, 8, n_embd=6, n_layer=n_layer, n_head=2, loop_func=loop_func), 0.2)
     cfg = {"n_loops": n_loops, "window": window, "injection": "add" if loop_func == "z=f(x+z)" else "mul",
            "attention_config": {"num_heads": 2, "is_causal": True}}
-    _assert_pass(check_module(m, "looped_transformer", config=cfg))
+    assert_pass(check_module(m, "looped_transformer", config=cfg))
 
 
 def _mixtral(experts=4, k=2, c=6, f=5):
@@ -218,7 +213,7 @@ def test_moe_topk_gating_mixtral(experts, k):
     with torch.no_grad():
         for p in m.parameters():
             nn.init.normal_(p, std=0.5)
-    _assert_pass(check_module(m, "moe_topk_gating"))
+    assert_pass(check_module(m, "moe_topk_gating"))
 
 
 @pytest.mark.parametrize("heads,shared,routed,head_dim", [(4, 2, 1, None), (4, 0, 2, None), (2, 2, 0, None),
@@ -229,7 +224,7 @@ def test_mixture_of_head_attention(heads, shared, routed, head_dim):
     with torch.no_grad():
         for p in m.parameters():
             nn.init.normal_(p, std=0.4)
-    _assert_pass(check_module(m, "mixture_of_head_attention"))
+    assert_pass(check_module(m, "mixture_of_head_attention"))
 
 
 @pytest.mark.parametrize("bias,use_norm,ngroups", [(False, False, 1), (True, True, 1), (True, True, 4)])
@@ -239,7 +234,7 @@ def test_gated_memory_unit(bias, use_norm, ngroups):
     with torch.no_grad():
         for p in m.parameters():
             nn.init.normal_(p, std=0.5)
-    _assert_pass(check_module(m, "gated_memory_unit", config={"ngroups": ngroups}))
+    assert_pass(check_module(m, "gated_memory_unit", config={"ngroups": ngroups}))
 
 
 # ---- the round trip over every slug of the group: (module factory, config, Derived buffers)
@@ -271,19 +266,11 @@ _MODULES = {
 def test_blocks_a_specs_are_registered():
     from refattn.interop.torch_specs_blocks_a import GROUP_SLUGS
 
-    assert set(GROUP_SLUGS) <= set(supported_slugs())
-    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+    assert_registered(GROUP_SLUGS, _MODULES)
 
 
 @pytest.mark.parametrize("slug", sorted(_MODULES))
 def test_blocks_a_map_state_dict_and_grads_back(slug):
     make, cfg, derived = _MODULES[slug]
     torch.manual_seed(4)
-    sd = _perturb(make()).double().state_dict()
-    p = params_from_state_dict(slug, sd, **cfg)
-    assert not set(derived) & set(p)
-    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
-    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
-    for k, v in sd.items():
-        if k not in derived:
-            np.testing.assert_array_equal(back["attn." + k], v.numpy())
+    assert_round_trip(slug, _perturb(make()).double(), cfg, derived)

@@ -16,17 +16,13 @@ torch = pytest.importorskip("torch")
 import _upstream_fidelity as UF  # noqa: E402
 import _upstream_layers as UL  # noqa: E402
 import _upstream_ops as UO  # noqa: E402
+from _interop_checks import assert_pass  # noqa: E402
 from _upstream_fidelity import CodomainCore, FunctionalModule  # noqa: E402
 
 from refattn.interop.torch import check_module, grads_to_state_dict, params_from_state_dict, supported_slugs  # noqa: E402
 from refattn.interop.torch_specs_fidelity import FIDELITY_SLUGS  # noqa: E402
 from refattn.operators import factformer as ff  # noqa: E402
 from refattn.operators import fno, ipot, oformer  # noqa: E402
-
-
-def _assert_pass(report):
-    assert report.passed, "\n" + str(report)
-    return report
 
 
 def _perturbed(rng, p, s=0.2):
@@ -41,7 +37,7 @@ def test_simple_attention_cross(attention_type, pos_dim):
     torch.manual_seed(1)
     m = UF.SimpleAttention(2, 6, pos_dim=pos_dim, attention_type=attention_type)
     slug = "galerkin_attention" if attention_type == "galerkin" else "fourier_type_attention"
-    _assert_pass(check_module(m, slug, config={"cross": True}))
+    assert_pass(check_module(m, slug, config={"cross": True}))
     if attention_type == "galerkin" and not pos_dim:  # upstream divides by the query length: not by the keys
         bad = check_module(m, slug, config={"cross": True, "galerkin_length": "key"}, cases=["small"], seeds=[0])
         assert not bad.passed
@@ -56,7 +52,7 @@ def test_oformer_padded_branch(attn_type):
     p = oformer.oformer_init_params(rng, 4, 2, 4, attn_type=attn_type, init_gain=0.5)
     m, _ = UO.build_oformer_linear_attention(torch, p, heads=2, dim_head=4, attn_type=attn_type)
     cfg = {"attn_type": attn_type, "padded": True}
-    _assert_pass(check_module(m, "oformer_attention", config=cfg))
+    assert_pass(check_module(m, "oformer_attention", config=cfg))
     exact = check_module(m, "oformer_attention", config={**cfg, "masked_norm_grad": "exact"}, cases=["small"])
     assert not exact.passed and "x" in str(exact)  # same forward, the true derivative differs from upstream's
 
@@ -67,7 +63,7 @@ def test_oformer_padded_branch(attn_type):
 @pytest.mark.parametrize("residual", [True, False])
 def test_ono_orthogonal_attention(residual):
     m, _ = UO.build_ono_orth(torch, np.array([0.3, -0.2, 0.8, 0.1]), residual=residual)
-    _assert_pass(check_module(m, "ono_orthogonal_attention", config={"residual": residual}))
+    assert_pass(check_module(m, "ono_orthogonal_attention", config={"residual": residual}))
     assert not check_module(m, "ono_orthogonal_attention", config={"residual": not residual},
                             cases=["small"], seeds=[0]).passed
 
@@ -83,7 +79,7 @@ def test_neuralop_spectral_conv_transcription(n_modes, bias, norm, shift):
     rng = np.random.default_rng(3)
     p = fno.init_fno_centred_params(rng, 3, 2, n_modes, bias=bias)
     m, _ = UO.build_neuralop_spectral_conv(torch, p, fft_norm=norm, inverse_shift=shift)
-    _assert_pass(check_module(m, "fno_spectral_conv:neuralop", config={"fft_norm": norm, "inverse_shift": shift}))
+    assert_pass(check_module(m, "fno_spectral_conv:neuralop", config={"fft_norm": norm, "inverse_shift": shift}))
 
 
 def test_neuralop_spectral_conv_real_module():
@@ -95,7 +91,7 @@ def test_neuralop_spectral_conv_real_module():
         m = sc.SpectralConv(3, 2, n_modes, bias=True)
         with torch.no_grad():
             m.bias.add_(0.3 * torch.randn_like(m.bias))
-        _assert_pass(check_module(m, "fno_spectral_conv:neuralop", config={"inverse_shift": "fftshift"},
+        assert_pass(check_module(m, "fno_spectral_conv:neuralop", config={"inverse_shift": "fftshift"},
                                   rtol=2e-5, atol=2e-6))
 
 
@@ -105,7 +101,7 @@ def test_neuralop_attention_kernel_integral_real_module(cin, cout, heads, d, pro
     aki = pytest.importorskip("neuralop.layers.attention_kernel_integral")
     torch.manual_seed(1)
     m = aki.AttentionKernelIntegral(cin, cout, heads, d, project_query=project_query)
-    _assert_pass(check_module(m, "oformer_attention", config={"weighted": weighted}, rtol=1e-8, atol=1e-10))
+    assert_pass(check_module(m, "oformer_attention", config={"weighted": weighted}, rtol=1e-8, atol=1e-10))
 
 
 # ---------------------------------------------------------------- item 2: IPOT whole model
@@ -126,7 +122,7 @@ def test_ipot_whole_model():
 
     m = FunctionalModule(p, fn, _IPOT_LINEAR, in_channel=2, num_layers=2)
     cfg = {"num_bands": nb, "max_resolution": mr, "encoder_heads": 2, "processor_heads": 2, "decoder_heads": 2}
-    _assert_pass(check_module(m, "ipot_inducing_point_operator:model", config=cfg))
+    assert_pass(check_module(m, "ipot_inducing_point_operator:model", config=cfg))
     sd = m.state_dict()
     assert "encoder.encoder_cross_attn.fn.to_q.weight" in sd   # the model-level prefixes are kept
     back = grads_to_state_dict("ipot_inducing_point_operator:model", params_from_state_dict(
@@ -145,7 +141,7 @@ def test_factformer_fablock2d():
     m = FunctionalModule(p, lambda tp, u, px, py: UO.fablock2d_c9801d1_torch(torch, u, tp, px, py, heads=2,
                                                                                dim_head=2, scaling=0.7),
                          _FABLOCK_LINEAR, heads=2, dim_head=2)
-    _assert_pass(check_module(m, "factformer_factorized_attention:layer", config={"scaling_x": 0.7, "scaling_y": 0.7}))
+    assert_pass(check_module(m, "factformer_factorized_attention:layer", config={"scaling_x": 0.7, "scaling_y": 0.7}))
 
 
 @pytest.mark.parametrize("cross,normalize,softmax,rotary", [
@@ -163,7 +159,7 @@ def test_factformer_low_rank_kernel(cross, normalize, softmax, rotary):
     m = FunctionalModule(p, fn, r"to_[qk]\.weight", heads=2)
     cfg = dict(normalize=normalize, softmax=softmax, residual=not cross, scaling=0.8, cross=cross,
                positional_embedding="rotary" if rotary else "none")
-    _assert_pass(check_module(m, "factformer_factorized_attention:low_rank_kernel", config=cfg))
+    assert_pass(check_module(m, "factformer_factorized_attention:low_rank_kernel", config=cfg))
 
 
 # ------------------------------------- weightless cores: items 11 (Performer), 10 (IFactFormer-m), 8 (CODA)
@@ -173,7 +169,7 @@ def test_factformer_low_rank_kernel(cross, normalize, softmax, rotary):
 def test_performer_pytorch_fast_attention(causal):
     m = UL.performer_fast_attention(np.random.default_rng(7), head_dim=4, nb_features=9, causal=causal).module
     proj = m.projection_matrix.numpy()
-    _assert_pass(check_module(m, "performer_favor_plus", config={"projection": proj}))
+    assert_pass(check_module(m, "performer_favor_plus", config={"projection": proj}))
     if causal:  # performer-pytorch's eps on the key prefix sum is what the check sees
         assert not check_module(m, "performer_favor_plus", config={"projection": proj, "key_sum_eps": 0.0},
                                 cases=["long"], seeds=[0], rtol=1e-9, atol=0).passed
@@ -181,12 +177,12 @@ def test_performer_pytorch_fast_attention(causal):
 
 def test_ifactformer_m_fablock3d_core():
     m, _ = UO.build_fablock3d_m_core(torch, scaling=0.7)
-    _assert_pass(check_module(m, "ifactformer_m_parallel_attention:axial", config={"scaling": 0.7}))
+    assert_pass(check_module(m, "ifactformer_m_parallel_attention:axial", config={"scaling": 0.7}))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_coda_codomain_attention_core(temperature):
-    _assert_pass(check_module(CodomainCore(temperature), "coda_no_codomain_attention"))
+    assert_pass(check_module(CodomainCore(temperature), "coda_no_codomain_attention"))
 
 
 # ------------------------------------------------------------------------------ the table
@@ -219,4 +215,4 @@ def test_t5_attention_real_module(is_decoder, cross):
     config = {"is_causal": is_decoder and not cross}
     if cross:  # a cross-attention block reads the encoder's states (the build draws them when k is wider)
         m.k, m.v = torch.nn.Linear(5, 6, bias=False), torch.nn.Linear(5, 6, bias=False)
-    _assert_pass(check_module(m, "relative_position_encodings:layer", config=config))
+    assert_pass(check_module(m, "relative_position_encodings:layer", config=config))

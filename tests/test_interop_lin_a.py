@@ -7,13 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import _upstream_lin_a as U  # noqa: E402
+from _interop_checks import assert_pass, assert_registered, assert_round_trip  # noqa: E402
 
-from refattn.interop.torch import check_module, grads_to_state_dict, params_from_state_dict, supported_slugs  # noqa: E402
-
-
-def _assert_pass(report):
-    assert report.passed, "\n" + str(report)
-    return report
+from refattn.interop.torch import check_module  # noqa: E402
 
 
 @pytest.mark.parametrize("mask_flag,mix,factor,heads,d_keys", [(True, True, 1, 2, None), (False, False, 1, 3, None),
@@ -21,7 +17,7 @@ def _assert_pass(report):
 def test_informer_probsparse_attention(mask_flag, mix, factor, heads, d_keys):
     torch.manual_seed(1)
     m = U.AttentionLayer(U.ProbAttention(mask_flag, factor), 6, heads, d_keys=d_keys, mix=mix)
-    _assert_pass(check_module(m, "informer_probsparse_attention"))
+    assert_pass(check_module(m, "informer_probsparse_attention"))
 
 
 @pytest.mark.parametrize("heads,bias,compressed,shared_kv", [(2, True, 4, 0), (3, False, 2, 1), (1, True, 8, 1)])
@@ -29,7 +25,7 @@ def test_linformer_multihead_linear_attention(heads, bias, compressed, shared_kv
     torch.manual_seed(2)
     m = U.MultiheadLinearAttention(6, heads, bias=bias, compressed=compressed, max_seq_len=16,
                                    shared_kv_compressed=shared_kv)
-    _assert_pass(check_module(m, "linformer_low_rank_attention"))
+    assert_pass(check_module(m, "linformer_low_rank_attention"))
 
 
 def _ecoformer(dim, heads, qkv_bias, nbits, m):
@@ -49,7 +45,7 @@ def test_ecoformer_self_attention(heads, qkv_bias, nbits, m):
 
     torch.manual_seed(3)
     mod = _ecoformer(6, heads, qkv_bias, nbits, m)
-    _assert_pass(check_module(mod, "ecoformer_hash_attention", config=ecoformer_ksh_config(mod.state_dict())))
+    assert_pass(check_module(mod, "ecoformer_hash_attention", config=ecoformer_ksh_config(mod.state_dict())))
 
 
 def _hypformer(c, heads, kappa, power_k, concat):
@@ -66,7 +62,7 @@ def test_hypformer_trans_conv_layer(heads, kappa, power_k, concat):
     torch.manual_seed(4)
     mod = _hypformer(4, heads, kappa, power_k, concat)
     k = float(mod.manifold.k)  # geoopt keeps k in the default dtype (float32): 0.7 is 0.699999988...
-    _assert_pass(check_module(mod, "hypformer_lorentz_linear_attention", config={"curvature": k}))
+    assert_pass(check_module(mod, "hypformer_lorentz_linear_attention", config={"curvature": k}))
 
 
 @pytest.mark.parametrize("kw", [dict(num_heads=2, variant="pure_infsa", rho_init=0.8),
@@ -80,7 +76,7 @@ def test_infsa_attention(kw):
             if lin.bias is not None:
                 lin.bias.normal_(0.0, 0.3)
     variant = kw["variant"].split("_")[0]
-    _assert_pass(check_module(mod, "linear_infsa_neumann", config={"variant": variant}))
+    assert_pass(check_module(mod, "linear_infsa_neumann", config={"variant": variant}))
 
 
 def _dma(hkv, d, window, causal, bias=True, exp_bias=False):
@@ -96,7 +92,7 @@ def test_dynamic_mask_attention(hkv, d, window, causal, bias, exp_bias):
     torch.manual_seed(6)
     mod = _dma(hkv, d, window, causal, bias, exp_bias)
     cfg = {"bias_form": "exp" if exp_bias else "linear"}
-    _assert_pass(check_module(mod, "dynamic_mask_attention", config=cfg))
+    assert_pass(check_module(mod, "dynamic_mask_attention", config=cfg))
 
 
 def _drs(dim, heads, bias):
@@ -111,7 +107,7 @@ def _drs(dim, heads, bias):
 @pytest.mark.parametrize("dim,heads,bias", [(8, 2, False), (12, 3, True), (6, 1, False)])
 def test_drsformer_tksa(dim, heads, bias):
     torch.manual_seed(7)
-    _assert_pass(check_module(_drs(dim, heads, bias), "drsformer_topk_channel_attention"))
+    assert_pass(check_module(_drs(dim, heads, bias), "drsformer_topk_channel_attention"))
 
 
 def _fourier(dim, heads, head_dim, pct, mode):
@@ -124,7 +120,7 @@ def _fourier(dim, heads, head_dim, pct, mode):
 def test_fourier_transformer_dct_attention(heads, head_dim, pct, mode, residual):
     torch.manual_seed(8)
     cfg = {"pooling_mode": mode, "residual": residual}
-    _assert_pass(check_module(_fourier(6, heads, head_dim, pct, mode), "fourier_transformer_dct", config=cfg))
+    assert_pass(check_module(_fourier(6, heads, head_dim, pct, mode), "fourier_transformer_dct", config=cfg))
 
 
 def _udit(dim, heads, attn_type, posemb, shortcut, bias=True, ker="dwconv5"):
@@ -142,7 +138,7 @@ def _udit(dim, heads, attn_type, posemb, shortcut, bias=True, ker="dwconv5"):
 def test_udit_downsample_attn(heads, attn_type, posemb, shortcut, bias):
     torch.manual_seed(9)
     mod = _udit(8, heads, attn_type, posemb, shortcut, bias, "dwconv5" if heads == 2 else "dwconv3")
-    _assert_pass(check_module(mod, "udit_downsampled_token_attention", config={"posemb": posemb}))
+    assert_pass(check_module(mod, "udit_downsampled_token_attention", config={"posemb": posemb}))
 
 
 def _kl(feature, d, heads, m, smoothing=1.0):
@@ -162,7 +158,7 @@ def test_kl_transformer_gmm_linear_attention(feature, d, heads, m, smoothing):
     mod = _kl(feature, d, heads, m, smoothing)
     omega = np.random.default_rng(3).standard_normal(tuple(mod.feature_map.omega.shape))
     cfg = {"feature": feature, "omega": omega}
-    _assert_pass(check_module(mod, "kl_transformer_learned_spectral_kernel", config=cfg))
+    assert_pass(check_module(mod, "kl_transformer_learned_spectral_kernel", config=cfg))
 
 
 @pytest.mark.parametrize("head_dim,rp_dim,feat", [(4, 6, "orf"), (3, 8, "gaus"), (5, 5, "orf")])
@@ -170,7 +166,7 @@ def test_spectraformer_performer_posrf(head_dim, rp_dim, feat):
     torch.manual_seed(11)
     mod = U.PerformerAttention({"head_dim": head_dim, "rp_dim": rp_dim, "kernel_type": "posrf", "feat": feat})
     cfg = {"projection": mod.attn_fn.projection_matrix.double().numpy()}
-    _assert_pass(check_module(mod, "spectraformer_random_features", config=cfg))
+    assert_pass(check_module(mod, "spectraformer_random_features", config=cfg))
 
 
 def _vcc(hidden, heads, inter, r, block, nf, scale_correction):
@@ -193,7 +189,7 @@ def _vcc(hidden, heads, inter, r, block, nf, scale_correction):
                                                                             (4, 1, 8, 4, 2, 3, True)])
 def test_vcc_encoder_layer(hidden, heads, inter, r, block, nf, scale_correction):
     torch.manual_seed(12)
-    _assert_pass(check_module(_vcc(hidden, heads, inter, r, block, nf, scale_correction), "vcc_vip_token_compression"))
+    assert_pass(check_module(_vcc(hidden, heads, inter, r, block, nf, scale_correction), "vcc_vip_token_compression"))
 
 
 _MODULES = {
@@ -221,19 +217,11 @@ _MODULES = {
 def test_lin_a_specs_are_registered():
     from refattn.interop.torch_specs_lin_a import GROUP_SLUGS
 
-    assert set(GROUP_SLUGS) <= set(supported_slugs())
-    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+    assert_registered(GROUP_SLUGS, _MODULES)
 
 
 @pytest.mark.parametrize("slug", sorted(_MODULES))
 def test_lin_a_specs_map_state_dict_and_grads_back(slug):
     make, cfg, derived = _MODULES[slug]
     torch.manual_seed(4)
-    sd = make().double().state_dict()
-    p = params_from_state_dict(slug, sd, **cfg)
-    assert not set(derived) & set(p)
-    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
-    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
-    for k, v in sd.items():
-        if k not in derived:
-            np.testing.assert_array_equal(back["attn." + k], v.numpy())
+    assert_round_trip(slug, make().double(), cfg, derived)

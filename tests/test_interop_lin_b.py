@@ -9,18 +9,12 @@ torch = pytest.importorskip("torch")
 nn = torch.nn
 
 import _upstream_lin_b as U  # noqa: E402
+from _interop_checks import assert_pass, assert_registered, assert_round_trip  # noqa: E402
 
 from refattn.interop.torch import (  # noqa: E402
     check_module,
-    grads_to_state_dict,
     params_from_state_dict,
-    supported_slugs,
 )
-
-
-def _assert_pass(report):
-    assert report.passed, "\n" + str(report)
-    return report
 
 
 def _jitter(module, scale=0.3, seed=0):
@@ -36,7 +30,7 @@ def _jitter(module, scale=0.3, seed=0):
 @pytest.mark.parametrize("d_model,n_levels,n_heads,n_points", [(4, 2, 2, 2), (6, 3, 3, 1), (2, 1, 1, 3)])
 def test_multiscale_deformable_attention(d_model, n_levels, n_heads, n_points):
     m = _jitter(U.MSDeformAttn(d_model, n_levels, n_heads, n_points), seed=n_levels)
-    _assert_pass(check_module(m, "multiscale_deformable_attention"))
+    assert_pass(check_module(m, "multiscale_deformable_attention"))
 
 
 @pytest.mark.parametrize("height,width,text_length,window_size,down_factor", [
@@ -45,7 +39,7 @@ def test_clear_local_downsample_attention(height, width, text_length, window_siz
     m = U.LocalDownsampleAttention(height, width, text_length, window_size, down_factor)
     with torch.no_grad():
         m.spatial_weight.add_(0.2 * torch.randn(m.spatial_weight.shape, generator=torch.Generator().manual_seed(1)))
-    _assert_pass(check_module(m, "local_window_attention_variants"))
+    assert_pass(check_module(m, "local_window_attention_variants"))
 
 
 @pytest.mark.parametrize("order,kw", [(2, {}), (3, dict(shift=0.05, num_inner_mlps=1)),
@@ -57,7 +51,7 @@ def test_hyena_operator(order, kw):
         m.filter_fn.pos_emb.z.add_(0.1 * torch.randn_like(m.filter_fn.pos_emb.z))
         m.filter_fn.implicit_filter[1].freq.mul_(1 + 0.3 * torch.rand_like(m.filter_fn.implicit_filter[1].freq))
     cfg = {"fast_decay_pct": 0.5} if "fast_decay_pct" in kw else {}
-    _assert_pass(check_module(m, "hyena_operator", config=cfg))
+    assert_pass(check_module(m, "hyena_operator", config=cfg))
 
 
 def _stable_poles(m, seed):
@@ -75,13 +69,13 @@ def test_laughing_hyena_parallel_filter(hidden, heads, groups, split):
     torch.manual_seed(hidden + heads)
     m = _stable_poles(U.ParallelHyenaFilter(hidden, 3, heads, hyena_filter_groups=groups, column_split_hyena=split),
                       seed=groups)
-    _assert_pass(check_module(m, "laughing_hyena_modal_ssm"))
+    assert_pass(check_module(m, "laughing_hyena_modal_ssm"))
 
 
 @pytest.mark.parametrize("d_model,size", [(6, 4), (3, 5), (4, 1)])
 def test_superposition_stack_attention(d_model, size):
     torch.manual_seed(d_model)
-    _assert_pass(check_module(U.SuperpositionStackAttention(d_model, size), "stack_attention"))
+    assert_pass(check_module(U.SuperpositionStackAttention(d_model, size), "stack_attention"))
 
 
 def _seqcond_jitter(m, seed):
@@ -109,7 +103,7 @@ def _seqcond_jitter(m, seed):
 def test_seqcond_attention(kw):
     torch.manual_seed(kw["num_heads"])
     m = _seqcond_jitter(U.SeqCondAttention(8, **kw), seed=kw["conv_kernel_size"])
-    _assert_pass(check_module(m, "seqcond_attention"))
+    assert_pass(check_module(m, "seqcond_attention"))
 
 
 @pytest.mark.parametrize("d_e,heads,head_dim,seq_len", [(5, 2, 4, 9), (4, 1, 2, 5), (3, 3, 2, 12)])
@@ -120,7 +114,7 @@ def test_adaptive_filter_attention(d_e, heads, head_dim, seq_len):
         for n, t in m.named_parameters():
             t.copy_(torch.randn_like(t) * (0.5 if n.startswith("W_") else 1.0))
         m.P_scale.copy_(torch.randn_like(m.P_scale))
-    _assert_pass(check_module(m, "adaptive_filter_attention"))
+    assert_pass(check_module(m, "adaptive_filter_attention"))
     sd = {k: v for k, v in m.state_dict().items() if k != "P_scale"}  # upstream's state_dict: no gate
     with pytest.raises(ValueError, match="register_buffer"):
         params_from_state_dict("adaptive_filter_attention", sd)
@@ -135,13 +129,13 @@ def test_two_mamba_attention(hidden, heads, bias, conv):
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.randn_like(p) / max(1, p.shape[-1]) ** 0.5)
-    _assert_pass(check_module(m, "two_mamba_second_order_attention"))
+    assert_pass(check_module(m, "two_mamba_second_order_attention"))
 
 
 @pytest.mark.parametrize("dim,heads", [(6, 2), (4, 1), (6, 3)])
 def test_darts_gt_nas_attention(dim, heads):
     m = _jitter(U.NASAttention(dim, heads), scale=0.5, seed=dim + heads)
-    _assert_pass(check_module(m, "darts_gt_asymmetric_attention"))
+    assert_pass(check_module(m, "darts_gt_asymmetric_attention"))
     sd = dict(m.state_dict(), **{"ff_linear1.weight": torch.zeros(2 * dim, dim)})
     with pytest.raises(ValueError, match="feed-forward block"):
         params_from_state_dict("darts_gt_asymmetric_attention", sd)
@@ -157,7 +151,7 @@ def test_converter_block(batch, kw):
         for p in m.parameters():
             p.add_(0.2 * torch.randn_like(p))
         m.alpha.fill_(0.4)
-    _assert_pass(check_module(m, "converter_digraph_convolution", config={"kernel_type": kw["kernel_type"]}))
+    assert_pass(check_module(m, "converter_digraph_convolution", config={"kernel_type": kw["kernel_type"]}))
 # upstream separates batch elements by adding 10 S_x S_y to the sort keys: the grids below keep every key's span
 # under that offset (on small grids with big windows upstream's y order interleaves batch elements)
 @pytest.mark.parametrize("kw", [
@@ -172,7 +166,7 @@ def test_flatformer_basic_layer(kw):
     with torch.no_grad():
         m.norm1.weight.add_(1.0), m.norm2.weight.add_(1.0)
     cfg = {k: kw[k] for k in ("window_shape", "sparse_shape", "axis", "activation") if k in kw}
-    _assert_pass(check_module(m, "flatformer_flattened_window_attention", config=cfg))
+    assert_pass(check_module(m, "flatformer_flattened_window_attention", config=cfg))
 
 
 def _conda_stats(m, seed):
@@ -193,7 +187,7 @@ def _conda_stats(m, seed):
 def test_condaformer_window_attention(dim, heads, window, quant, shift):
     torch.manual_seed(dim + heads)
     m = _conda_stats(U.ConDaWindowAttention(dim, heads, window, quant, shift_win=shift), seed=heads)
-    _assert_pass(check_module(m, "condaformer_planar_window_attention",
+    assert_pass(check_module(m, "condaformer_planar_window_attention",
                               config={"window_size": window, "quant_size": quant}))
 
 
@@ -232,19 +226,11 @@ _MODULES = {
 def test_lin_b_specs_are_registered():
     from refattn.interop.torch_specs_lin_b import GROUP_SLUGS
 
-    assert set(GROUP_SLUGS) <= set(supported_slugs())
-    assert sorted(k for k in GROUP_SLUGS) == sorted(_MODULES)
+    assert_registered(GROUP_SLUGS, _MODULES)
 
 
 @pytest.mark.parametrize("slug", sorted(_MODULES))
 def test_lin_b_specs_map_state_dict_and_grads_back(slug):
     make, cfg, derived = _MODULES[slug]
     torch.manual_seed(4)
-    sd = _jitter(make().double()).state_dict()
-    p = params_from_state_dict(slug, sd, **cfg)
-    assert not set(derived) & set(p)
-    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
-    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
-    for k, v in sd.items():
-        if k not in derived:
-            np.testing.assert_array_equal(back["attn." + k], v.numpy())
+    assert_round_trip(slug, _jitter(make().double()), cfg, derived)

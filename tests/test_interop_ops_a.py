@@ -1,24 +1,17 @@
 """refattn.interop.torch rows of group ``ops_a`` (refattn/interop/torch_specs_ops_a.py) against the
 PyTorch modules of ``tests/_upstream_ops_a.py`` (file@commit in their comments), in float64."""
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import _upstream_ops_a as U  # noqa: E402
+from _interop_checks import assert_pass, assert_registered, assert_round_trip  # noqa: E402
 
 from refattn.interop.torch import (  # noqa: E402
     check_module,
-    grads_to_state_dict,
     params_from_state_dict,
-    supported_slugs,
 )
-
-
-def _assert_pass(report):
-    assert report.passed, "\n" + str(report)
-    return report
 
 
 @pytest.mark.parametrize("kind,red,emb", [("nonlinear", "mean", "nerf"), ("linear_kernelonly", "sum", None)])
@@ -27,7 +20,7 @@ def test_gno_block(kind, red, emb):
     m = U.GNOBlock(3, 3, 2, radius=0.45, transform_type=kind, reduction=red, pos_embedding_type=emb,
                    pos_embedding_channels=2, channel_mlp_layers=[5])
     cfg = {"transform_type": kind, "reduction": red, "pos_embedding": emb}
-    _assert_pass(check_module(m, "gno_kernel_integral_layer", config=cfg))
+    assert_pass(check_module(m, "gno_kernel_integral_layer", config=cfg))
 
 
 @pytest.mark.parametrize("out_size,cin", [(8, 3), (4, 2), (16, 3)])
@@ -36,7 +29,7 @@ def test_cno_block(out_size, cin):
 
     torch.manual_seed(2)
     m = U.CNOBlock(cin, 2, CNO_IN_SIZE, out_size, batch_norm=False)
-    _assert_pass(check_module(m, "cno_convolutional_operator"))
+    assert_pass(check_module(m, "cno_convolutional_operator"))
     with pytest.raises(ValueError, match="running statistics"):
         params_from_state_dict("cno_convolutional_operator", U.CNOBlock(2, 2, 8, 8).state_dict())
 
@@ -49,7 +42,7 @@ def test_ho_fno_block(width, modes, order, pad):
         for k, v in m.named_parameters():
             if "norm" in k:
                 v.copy_(torch.rand_like(v) + 0.5)
-    _assert_pass(check_module(m, "ho_fno_higher_order_spectral_conv"))
+    assert_pass(check_module(m, "ho_fno_higher_order_spectral_conv"))
 
 
 @pytest.mark.parametrize("its,mode,res,act", [(((2, 1), (1, 1), (2, 1)), "circular", True, "gelu"),
@@ -57,7 +50,7 @@ def test_ho_fno_block(width, modes, order, pad):
 def test_mgno_layer(its, mode, res, act):
     torch.manual_seed(4)
     m = U.MgNOLayer(its, 3, 2, padding_mode=mode, use_res=res, activation=act)
-    _assert_pass(check_module(m, "mgno_multigrid_operator", config={"padding_mode": mode, "activation": act}))
+    assert_pass(check_module(m, "mgno_multigrid_operator", config={"padding_mode": mode, "activation": act}))
 
 
 @pytest.mark.parametrize("k,c,alpha,L,base", [(3, 2, 3, 0, "legendre"), (2, 1, 4, 1, "chebyshev")])
@@ -69,7 +62,7 @@ def test_multiwavelet_mwt_cz1d(k, c, alpha, L, base):
             w = getattr(m, name).weights1
             w.copy_(torch.complex(torch.randn(w.shape), torch.randn(w.shape)) / (c * k))
         m.T0.bias.copy_(torch.randn(k))
-    _assert_pass(check_module(m, "multiwavelet_operator", config={"base": base}))
+    assert_pass(check_module(m, "multiwavelet_operator", config={"base": base}))
 
 
 @pytest.mark.parametrize("att,act,grad,its", [("galerkin", "relu", "unrolled", 3), ("fourier", "gelu", "unrolled", 2)])
@@ -82,7 +75,7 @@ def test_anie_solver(att, act, grad, its):
                 v.mul_(3.0)  # the attention path matters
     cfg = {"attention_type": att, "activation": act, "gradient": grad, "n_iterations": its, "tol": 0.0, "lam": 0.7,
            "smoothing_factor": 0.4}
-    _assert_pass(check_module(m, "anie_attentional_integral_equation", config=cfg))
+    assert_pass(check_module(m, "anie_attentional_integral_equation", config=cfg))
 
 
 @pytest.mark.parametrize("K,orders,mode", [(2, "bidirectional", "recurrent"), (4, "cross2d", "chunked")])
@@ -96,7 +89,7 @@ def test_mamba_ss2d(K, orders, mode):
         m.out_norm.weight.add_(0.2 * torch.randn_like(m.out_norm.weight))
         m.out_norm.bias.add_(0.2 * torch.randn_like(m.out_norm.bias))
     cfg = {"scan_orders": orders, "mode": mode, "chunk_size": 3}
-    _assert_pass(check_module(m, "mamba_selective_scan_operator", config=cfg))
+    assert_pass(check_module(m, "mamba_selective_scan_operator", config=cfg))
 
 
 @pytest.mark.parametrize("attn_type,heads", [("v2", 2), (None, 1)])
@@ -109,7 +102,7 @@ def test_pde_transformer_channel_branch(attn_type, heads):
         m.norm2.weight.add_(0.3 * torch.randn(4))
         if attn_type == "v2":
             m.attn_channel.logit_scale.copy_(torch.tensor([[[1.2]], [[5.0]]]))  # one head above the clamp
-    _assert_pass(check_module(m, "pde_transformer_channel_attention"))
+    assert_pass(check_module(m, "pde_transformer_channel_attention"))
 
 
 @pytest.mark.parametrize("d_out,d_model,d_hidden,n_layers,heads", [(1, 4, 5, 1, 2), (2, 6, 3, 2, 3)])
@@ -119,14 +112,14 @@ def test_pinnsformer(d_out, d_model, d_hidden, n_layers, heads):
     with torch.no_grad():  # WaveAct's w1 = w2 = 1 at init: off it, so that each one matters
         for v in m.parameters():
             v.add_(0.2 * torch.randn_like(v))
-    _assert_pass(check_module(m, "pinnsformer_wavelet_pseudosequence"))
+    assert_pass(check_module(m, "pinnsformer_wavelet_pseudosequence"))
 
 
 @pytest.mark.parametrize("act,experts", [("gelu", 3), ("tanh", 2)])
 def test_gnot_geometric_gating(act, experts):
     torch.manual_seed(10)
     m = U.GNOTGatedMoE(4, 5, 2, experts, act=act)
-    _assert_pass(check_module(m, "gnot_geometric_gating_moe", config={"act": act}))
+    assert_pass(check_module(m, "gnot_geometric_gating_moe", config={"act": act}))
 
 
 @pytest.mark.parametrize("dim,heads,g,mesh,alpha", [(6, 2, 4, (3, 4), 0.3), (2, 1, 3, (2, 3), -0.5)])
@@ -135,7 +128,7 @@ def test_funcattn_structured_mesh(dim, heads, g, mesh, alpha):
     m = U.FunctionalMapAttentionStructuredMesh2D(dim, heads, 0.0, g, *mesh, alpha_init=alpha)
     with torch.no_grad():  # one temperature inside the clamp, one above it
         m.temperature.copy_(torch.tensor([0.7, 6.0][:heads]).reshape(1, heads, 1, 1))
-    _assert_pass(check_module(m, "funcattn_functional_attention", config={"mesh_shape": mesh}))
+    assert_pass(check_module(m, "funcattn_functional_attention", config={"mesh_shape": mesh}))
 
 
 @pytest.mark.parametrize("modes,sym,norm,hodge", [(("v", "e"), True, "layer_norm", "diag"),
@@ -145,7 +138,7 @@ def test_hodgeformer_mesh_hodge_attention(modes, sym, norm, hodge):
     torch.manual_seed(12)
     m = U.MeshMultiHeadHodgeAttention(2, 6, 6, 6, attn_sym=sym, norm_type=norm or False, hodge_type=hodge, modes=modes)
     cfg = {"modes": modes, "norm_type": norm, "hodge_type": hodge}
-    _assert_pass(check_module(m, "hodgeformer_hodge_operators", config=cfg))
+    assert_pass(check_module(m, "hodgeformer_hodge_operators", config=cfg))
 
 
 @pytest.mark.parametrize("ks,rc,mix,pad", [((2, 4), 0.4, True, "periodic"), ((3, 3), 0.62, False, "zeros")])
@@ -159,7 +152,7 @@ def test_local_no_kernels(ks, rc, mix, pad):
     with torch.no_grad():
         m.local_conv.bias.normal_()
     cfg = {"disco_kernel_shape": ks, "radius_cutoff": rc, "fd_padding": pad}
-    _assert_pass(check_module(m, "local_differential_disco_kernels", config=cfg))
+    assert_pass(check_module(m, "local_differential_disco_kernels", config=cfg))
 
 
 def _local_no_kernels():  # the basis-free columns of local_conv.weight zeroed: they do not come back
@@ -199,22 +192,14 @@ _MODULES = {
 def test_ops_a_specs_are_registered():
     from refattn.interop.torch_specs_ops_a import GROUP_SLUGS
 
-    assert set(GROUP_SLUGS) <= set(supported_slugs())
-    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+    assert_registered(GROUP_SLUGS, _MODULES)
 
 
 @pytest.mark.parametrize("slug", sorted(_MODULES))
 def test_ops_a_map_state_dict_and_grads_back(slug):
     make, cfg, derived = _MODULES[slug]
     torch.manual_seed(4)
-    sd = {k: v for k, v in make().double().state_dict().items()}
-    p = params_from_state_dict(slug, sd, **cfg)
-    assert not set(derived) & set(p)
-    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
-    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
-    for k, v in sd.items():
-        if k not in derived:
-            np.testing.assert_array_equal(back["attn." + k], v.numpy())
+    assert_round_trip(slug, make().double(), cfg, derived)
 
 
 @pytest.mark.parametrize("kind,red,emb", [("nonlinear", "mean", "nerf"), ("linear_kernelonly", "sum", None)])
@@ -229,4 +214,4 @@ def test_gno_block_real_module(kind, red, emb):
     # upstream draws its sinusoidal frequencies in float32 (torch.arange's default dtype): with an
     # embedding the agreement is float32's, without it float64's
     tol = {"rtol": 1e-6, "atol": 1e-7} if emb else {}
-    _assert_pass(check_module(m, "gno_kernel_integral_layer", config=cfg, **tol))
+    assert_pass(check_module(m, "gno_kernel_integral_layer", config=cfg, **tol))

@@ -1,24 +1,16 @@
 """refattn.interop.torch_specs_ops_b: check_module against the upstream neural-operator modules of
 ``tests/_upstream_ops_b.py`` (file@commit in their comments), in float64."""
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import _upstream_ops_b as U  # noqa: E402
+from _interop_checks import assert_pass, assert_registered, assert_round_trip  # noqa: E402
 
 from refattn.interop.torch import (  # noqa: E402
     check_module,
-    grads_to_state_dict,
-    params_from_state_dict,
-    supported_slugs,
 )
-
-
-def _assert_pass(report):
-    assert report.passed, "\n" + str(report)
-    return report
 
 
 @pytest.mark.parametrize("nd,if_11cnv,ncp", [(1, False, 1), (1, True, 2), (2, False, 1), (2, True, 2)])
@@ -29,7 +21,7 @@ def test_cape_prm_emb_block(nd, if_11cnv, ncp):
     with torch.no_grad():
         m.LN.weight.normal_(1, 0.3)
         m.LN.bias.normal_(0, 0.3)
-    _assert_pass(check_module(m, "cape_parameter_channel_attention"))
+    assert_pass(check_module(m, "cape_parameter_channel_attention"))
 
 
 @pytest.mark.parametrize("kw,cfg", [
@@ -40,7 +32,7 @@ def test_cape_prm_emb_block(nd, if_11cnv, ncp):
           use_scale_weights=True), {"scales": (1.0, 1.6)})])
 def test_gaot_magno(kw, cfg):
     torch.manual_seed(2)
-    _assert_pass(check_module(U.MAGNO(**kw), "gaot_magno", config=cfg))
+    assert_pass(check_module(U.MAGNO(**kw), "gaot_magno", config=cfg))
 
 
 @pytest.mark.parametrize("args", [(8, 4, 2, 2, "conv", "conv", 2, 2, 3),  # 3 levels, conv samplers
@@ -52,7 +44,7 @@ def test_mano_multipole_attention(args):
         for n, v in m.named_parameters():
             if "norm" in n:
                 v.add_(0.3 * torch.randn_like(v))
-    _assert_pass(check_module(m, "mano_multipole_attention"))
+    assert_pass(check_module(m, "mano_multipole_attention"))
 
 
 @pytest.mark.parametrize("args", [(3, 2, 0.45, 8, 2, 2), (2, 2, 0.6, 6, 1, 3)])  # depth 2 / depth 1, 3 heads
@@ -62,7 +54,7 @@ def test_mino_encoder_supernodes(args):
     with torch.no_grad():  # off kappamodules' non-affine norms and zero biases
         for v in m.parameters():
             v.add_(0.2 * torch.randn_like(v))
-    _assert_pass(check_module(m, "mino_gno_cross_attention"))
+    assert_pass(check_module(m, "mino_gno_cross_attention"))
 
 
 @pytest.mark.parametrize("rownorm,n_iter,tau", [(False, 8, 1.0), (True, 5, 0.7)])
@@ -70,7 +62,7 @@ def test_mono_cotap(rownorm, n_iter, tau):
     torch.manual_seed(2)
     m = U.CoTAP(5, 4, 2, torch.nn.GELU(), mlp_rownorm=rownorm)
     m.router.n_iter, m.router.temperature = n_iter, tau
-    _assert_pass(check_module(m, "mono_cotap_ot_projection"))
+    assert_pass(check_module(m, "mono_cotap_ot_projection"))
 
 
 @pytest.mark.parametrize("make", [lambda: U.PhysGTOAtten1(6, 4, 2), lambda: U.GTO_Atten(6, 3, 3),
@@ -82,7 +74,7 @@ def test_physgto_attention(make):
         for k, v in m.named_parameters():
             if "bias" in k:
                 v.normal_(0, 0.3)
-    _assert_pass(check_module(m, "physgto_projection_attention"))
+    assert_pass(check_module(m, "physgto_projection_attention"))
 
 
 @pytest.mark.parametrize("cin,cout,groups,theta", [(3, 4, 2, 10000), (4, 4, 4, 100)])  # res_conv / identity
@@ -91,7 +83,7 @@ def test_ditto_resnet_block(cin, cout, groups, theta):
     m = U.DittoResnetBlock(cin, cout, emb_dim=6, time_dim=5, groups=groups, theta=theta)
     for prm in m.parameters():
         torch.nn.init.normal_(prm, std=0.5)
-    _assert_pass(check_module(m, "ditto_time_conditioned_operator"))
+    assert_pass(check_module(m, "ditto_time_conditioned_operator"))
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(norm_first=False, query_dim=2)])
@@ -100,7 +92,7 @@ def test_prose_operator_decoding(kw):
     m = U.ProseOperatorDecoding(8, 2, 12, 3, time_embed="continuous", **kw)
     for prm in m.parameters():
         torch.nn.init.normal_(prm, std=0.5)
-    _assert_pass(check_module(m, "prose_multimodal_operator"))
+    assert_pass(check_module(m, "prose_multimodal_operator"))
     learnable = U.ProseOperatorDecoding(8, 2, 12, 3, time_embed="learnable", max_time_len=4)
     with pytest.raises(ValueError, match="continuous time embedding"):
         check_module(learnable, "prose_multimodal_operator")
@@ -114,7 +106,7 @@ def test_beno_interaction_network(act, name, layers):
         for prm in m.parameters():
             if prm.requires_grad:
                 prm.add_(0.3 * torch.randn_like(prm))
-    _assert_pass(check_module(m, "beno_boundary_embedded_operator", config={"activation": name}))
+    assert_pass(check_module(m, "beno_boundary_embedded_operator", config={"activation": name}))
 
 
 @pytest.mark.parametrize("args,cfg", [(((8, 8, 16, 32), 2, 1, 4, 1), {}),
@@ -126,7 +118,7 @@ def test_hypino_hypernet_decoder(args, cfg):  # four stages with upstream's head
         for prm in m.parameters():
             if prm.requires_grad:
                 prm.add_(0.3 * torch.randn_like(prm))
-    _assert_pass(check_module(m, "hypino_hypernetwork_pinn", config=cfg))
+    assert_pass(check_module(m, "hypino_hypernetwork_pinn", config=cfg))
 
 
 @pytest.mark.parametrize("mode,args,kw,scale", [
@@ -136,7 +128,7 @@ def test_nns_to_nos_interp_conv2d(mode, args, kw, scale):
     torch.manual_seed(2)
     m = U.InterpConv2d({"scale": scale}, *args, interpolation_mode=mode, **kw)
     cfg = {"scale": scale, "padding": kw["padding"], "interpolation_mode": mode}
-    _assert_pass(check_module(m, "nns_to_nos_recipe", config=cfg))
+    assert_pass(check_module(m, "nns_to_nos_recipe", config=cfg))
     if scale != 1.0:  # the scale lives in the module's scale_dict: a config that omits it is named
         bad = check_module(m, "nns_to_nos_recipe", config={"padding": kw["padding"]}, cases=["small"], seeds=[0])
         assert not bad.passed and "scale_dict" in str(bad)
@@ -157,14 +149,14 @@ def test_aroma_encoder_decoder(depth, bottleneck_index):
         for prm in m.parameters():
             if prm.requires_grad:
                 prm.add_(0.2 * torch.randn_like(prm))
-    _assert_pass(check_module(m, "aroma_latent_neural_field_operator"))
+    assert_pass(check_module(m, "aroma_latent_neural_field_operator"))
 
 
 @pytest.mark.parametrize("act,layers", [("ReLU", [4, 4, 6]), ("GELU", [6, 4, 4]), ("Tanh", [4, 8])])
 def test_gnp_block_gnp(act, layers):
     torch.manual_seed(2)
     m = U.BlockGNP(3, 4, 5, layers, 2, 7, act)
-    _assert_pass(check_module(m, "gnp_geometric_neural_operator", config={"nonlinearity": act}))
+    assert_pass(check_module(m, "gnp_geometric_neural_operator", config={"nonlinearity": act}))
 
 
 def _nio(hidden, layers, act):
@@ -187,7 +179,7 @@ def test_nio_helm_perm_inv(hidden, layers, act):
     bad = check_module(m, "nio_neural_inverse_operator", config=cfg, cases=["small"], seeds=[0])
     assert not bad.passed and "freeze it" in str(bad)  # upstream's fc0.weight.data: torch has no fc0 gradient
     m.fc0.requires_grad_(False)
-    _assert_pass(check_module(m, "nio_neural_inverse_operator", config=cfg))
+    assert_pass(check_module(m, "nio_neural_inverse_operator", config=cfg))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -226,19 +218,11 @@ _MODULES = {
 def test_ops_b_specs_are_registered():
     from refattn.interop.torch_specs_ops_b import GROUP_SLUGS
 
-    assert set(GROUP_SLUGS) <= set(supported_slugs())
-    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+    assert_registered(GROUP_SLUGS, _MODULES)
 
 
 @pytest.mark.parametrize("slug", sorted(_MODULES))
 def test_ops_b_specs_map_state_dict_and_grads_back(slug):
     make, cfg, derived = _MODULES[slug]
     torch.manual_seed(4)
-    sd = make().double().state_dict()
-    p = params_from_state_dict(slug, sd, **cfg)
-    assert not set(derived) & set(p)
-    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
-    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
-    for k, v in sd.items():
-        if k not in derived:
-            np.testing.assert_array_equal(back["attn." + k], v.numpy())
+    assert_round_trip(slug, make().double(), cfg, derived)

@@ -1,19 +1,14 @@
 """refattn.interop.torch rows of ``refattn/interop/torch_specs_soft_a.py``: check_module in float64 against
 the upstream modules re-stated in ``tests/_upstream_soft_a.py`` (file@commit in their comments)."""
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import _upstream_soft_a as U  # noqa: E402
+from _interop_checks import assert_pass, assert_registered, assert_round_trip  # noqa: E402
 
-from refattn.interop.torch import check_module, grads_to_state_dict, params_from_state_dict, supported_slugs  # noqa: E402
-
-
-def _assert_pass(report):
-    assert report.passed, "\n" + str(report)
-    return report
+from refattn.interop.torch import check_module  # noqa: E402
 
 
 def _jitter(m, scale=0.3):
@@ -30,7 +25,7 @@ def test_swin_window_attention(version, window, shift, heads, bias):
     torch.manual_seed(1)
     cls = U.WindowAttention if version == "v1" else U.WindowAttentionV2
     m = _jitter(cls(6, (window, window), heads, qkv_bias=bias))
-    _assert_pass(check_module(m, "swin_window_attention", config={"window_size": window, "shift_size": shift}))
+    assert_pass(check_module(m, "swin_window_attention", config={"window_size": window, "shift_size": shift}))
     if version == "v1":
         with pytest.raises(ValueError, match="relative_position_bias_table"):  # refattn's default window is 7
             check_module(m, "swin_window_attention", cases=["small"], seeds=[0])
@@ -44,7 +39,7 @@ def test_hat_hybrid_attention(block, window, shift, heads):
                   mlp_ratio=2.)
     else:
         m = U.OCAB(6, (6, 6), window, 1.0, heads)
-    _assert_pass(check_module(_jitter(m), "hat_hybrid_attention"))
+    assert_pass(check_module(_jitter(m), "hat_hybrid_attention"))
 
 
 @pytest.mark.parametrize("method,mode,rpe_on,shared,skip", [
@@ -54,35 +49,35 @@ def test_irpe_rpe_attention(method, mode, rpe_on, shared, skip):
     conf = U.get_rpe_config(ratio=1.3, method=method, mode=mode, shared_head=shared, skip=skip, rpe_on=rpe_on)
     m = _jitter(U.RPEAttention(6, num_heads=2, qkv_bias=True, rpe_config=conf))
     cfg = {"method": method} if method in ("euc", "quant") else {}
-    _assert_pass(check_module(m, "irpe_image_relative_position", config=cfg))
+    assert_pass(check_module(m, "irpe_image_relative_position", config=cfg))
 
 
 @pytest.mark.parametrize("c,heads", [(6, 2), (4, 1)])
 def test_relation_detr_position_bias(c, heads):
     torch.manual_seed(5)
     m = _jitter(U.RelationDecoderSelfAttention(c, heads), 0.1)
-    _assert_pass(check_module(m, "relation_detr_position_bias"))
+    assert_pass(check_module(m, "relation_detr_position_bias"))
 
 
 @pytest.mark.parametrize("stage,heads,bias", [("both", 2, True), ("scale", 3, False), ("patch", 1, True)])
 def test_duoformer_multiscale_attention(stage, heads, bias):
     torch.manual_seed(6)
     m = _jitter(U.MultiScaleAttention(6, heads, qkv_bias=bias))
-    _assert_pass(check_module(m, "duoformer_scale_wise_attention", config={"stage": stage}))
+    assert_pass(check_module(m, "duoformer_scale_wise_attention", config={"stage": stage}))
 
 
 @pytest.mark.parametrize("dim,heads,bias", [(8, 2, False), (6, 3, True)])
 def test_dependencyvit_reversed_attention(dim, heads, bias):
     torch.manual_seed(7)
     m = _jitter(U.ReversedAttention(dim, heads, qkv_bias=bias))
-    _assert_pass(check_module(m, "reversed_attention_dependencyvit"))
+    assert_pass(check_module(m, "reversed_attention_dependencyvit"))
 
 
 @pytest.mark.parametrize("hidden,heads,mem", [(6, 2, 3), (4, 1, 2)])
 def test_adaptive_span_persistent_memory(hidden, heads, mem):
     torch.manual_seed(8)
     m = U.MultiHeadSeqAttention(hidden, heads, attn_span=4, pers_mem_size=mem)
-    _assert_pass(check_module(m, "persistent_memory_attention"))
+    assert_pass(check_module(m, "persistent_memory_attention"))
 
 
 @pytest.mark.parametrize("n_codes,codes_type,poly_type", [(4, "basic", "basic"), (3, "sqrt", "sqrt"),
@@ -91,7 +86,7 @@ def test_parlai_poly_encoder(n_codes, codes_type, poly_type):
     torch.manual_seed(9)
     m = U.PolyEncoderModule(n_codes, 5, codes_type, poly_type)
     cfg = {"codes_attention_type": codes_type, "poly_attention_type": poly_type}
-    _assert_pass(check_module(m, "poly_encoder_attention", config=cfg))
+    assert_pass(check_module(m, "poly_encoder_attention", config=cfg))
     if codes_type == "sqrt":
         bad = check_module(m, "poly_encoder_attention", cases=["small"], seeds=[0])
         assert not bad.passed and "codes_attention_type" in str(bad)
@@ -111,14 +106,14 @@ def test_abstract_transformer_dual_attention(retriever, sym, causal, nkv, bias):
     with torch.no_grad():
         for prm in m.parameters():
             prm.mul_(2.0)
-    _assert_pass(check_module(m, "relational_attention", config={"is_causal": causal}))
+    assert_pass(check_module(m, "relational_attention", config={"is_causal": causal}))
 
 
 @pytest.mark.parametrize("kind,heads", [("relative_key_query", 2), ("relative_key", 3)])
 def test_bert_relative_key_query(kind, heads):
     torch.manual_seed(11)
     m = U.BertSelfAttention(6, heads, 16, position_embedding_type=kind)
-    _assert_pass(check_module(m, "rpe_key_query_huang", config={"position_embedding_type": kind}))
+    assert_pass(check_module(m, "rpe_key_query_huang", config={"position_embedding_type": kind}))
     if kind == "relative_key":
         bad = check_module(m, "rpe_key_query_huang", cases=["small"], seeds=[0])
         assert not bad.passed and "position_embedding_type" in str(bad)
@@ -135,7 +130,7 @@ def test_pct_sa_layer(channels, bn_mode):
             m.after_norm.running_var.uniform_(0.5, 1.5)
         cfg = {"bn_mode": "eval", "running_mean": m.after_norm.running_mean.numpy().copy(),
                "running_var": m.after_norm.running_var.numpy().copy()}
-    _assert_pass(check_module(m, "pct_offset_attention", config=cfg))
+    assert_pass(check_module(m, "pct_offset_attention", config=cfg))
 
 
 @pytest.mark.parametrize("branch,window,heads,bias", [("sa", (2, 3), 2, True), ("ca", (2, 2), 2, True),
@@ -143,7 +138,7 @@ def test_pct_sa_layer(channels, bn_mode):
 def test_reflexsplit_dual_stream_attention(branch, window, heads, bias):
     torch.manual_seed(13)
     m = _jitter(U.DifferentialDualStreamAttention(8, window, heads, qkv_bias=bias))
-    _assert_pass(check_module(m, "reflexsplit_dual_stream_attention", config={"branch": branch, "window_size": window}))
+    assert_pass(check_module(m, "reflexsplit_dual_stream_attention", config={"branch": branch, "window_size": window}))
 
 
 _MODULES = {
@@ -173,18 +168,11 @@ _MODULES = {
 def test_soft_a_specs_are_registered():
     from refattn.interop.torch_specs_soft_a import GROUP_SLUGS
 
-    assert set(GROUP_SLUGS) <= set(supported_slugs())
-    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+    assert_registered(GROUP_SLUGS, _MODULES)
 
 
 @pytest.mark.parametrize("slug", sorted(_MODULES))
 def test_soft_a_specs_map_state_dict_and_grads_back(slug):
     make, cfg, derived = _MODULES[slug]
     torch.manual_seed(4)
-    sd = make().double().state_dict()
-    p = params_from_state_dict(slug, sd, **cfg)
-    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
-    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
-    for k, v in sd.items():
-        if k not in derived:
-            np.testing.assert_array_equal(back["attn." + k], v.numpy())
+    assert_round_trip(slug, make().double(), cfg, derived, derived_unread=False)

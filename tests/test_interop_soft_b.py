@@ -3,19 +3,14 @@ upstream modules restated in tests/_upstream_soft_b.py (file@commit in their com
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import _upstream_soft_b as U  # noqa: E402
+from _interop_checks import assert_pass, assert_registered, assert_round_trip  # noqa: E402
 
-from refattn.interop.torch import check_module, grads_to_state_dict, params_from_state_dict, supported_slugs  # noqa: E402
-
-
-def _assert_pass(report):
-    assert report.passed, "\n" + str(report)
-    return report
+from refattn.interop.torch import check_module, params_from_state_dict  # noqa: E402
 
 
 @pytest.mark.parametrize("hidden,heads,kv_heads,causal,bias", [
@@ -23,7 +18,7 @@ def _assert_pass(report):
 def test_coca_llama_attention(hidden, heads, kv_heads, causal, bias):
     torch.manual_seed(1)
     m = U.CocaLlamaAttention(hidden, heads, kv_heads, base=100.0, bias=bias)
-    _assert_pass(check_module(m, "coca_collinear_attention", config={"is_causal": causal}))
+    assert_pass(check_module(m, "coca_collinear_attention", config={"is_causal": causal}))
 
 
 @pytest.mark.parametrize("kw", [
@@ -33,13 +28,13 @@ def test_coca_llama_attention(hidden, heads, kv_heads, causal, bias):
 def test_urpe_self_attention(kw):
     torch.manual_seed(2)
     m = U.UrpeSelfAttention(6, 3, max_seq_len=20, **kw)
-    _assert_pass(check_module(m, "urpe_toeplitz_modulated_attention"))
+    assert_pass(check_module(m, "urpe_toeplitz_modulated_attention"))
 
 
 @pytest.mark.parametrize("positions,width", [(13, 4), (8, 3)])
 def test_position_coupling_wpe(positions, width):
     torch.manual_seed(3)
-    _assert_pass(check_module(U.CoupledPositionEmbedding(positions, width), "position_coupling"))
+    assert_pass(check_module(U.CoupledPositionEmbedding(positions, width), "position_coupling"))
 
 
 @pytest.mark.parametrize("kw", [dict(static_channels=2, static_kernel_size=5, dynamic_channels=3, dynamic_kernel_size=3,
@@ -53,21 +48,21 @@ def test_dca_location_attention(kw):
         for t in m.parameters():
             t.mul_(3.0)
     cfg = {"prior_alpha": kw["alpha"], "prior_beta": kw["beta"]}
-    _assert_pass(check_module(m, "gmm_dca_location_attention", config=cfg))
+    assert_pass(check_module(m, "gmm_dca_location_attention", config=cfg))
 
 
 @pytest.mark.parametrize("version", ["0", "1", "2"])
 def test_gmm_location_attention(version):
     torch.manual_seed(6)
     m = U.GMMAttention(4, 5, 3, version)
-    _assert_pass(check_module(m, "gmm_dca_location_attention", config={"version": version}))
+    assert_pass(check_module(m, "gmm_dca_location_attention", config={"version": version}))
 
 
 @pytest.mark.parametrize("mode,attn_type", [("exact", "mlp"), ("enum", "mlp"), ("soft", "mlp"), ("enum", "general")])
 def test_latent_alignment_var_attn(mode, attn_type):
     torch.manual_seed(7)
     m = U.VarAttnGenerator(4, 3, 5, 6, attn_type=attn_type)
-    _assert_pass(check_module(m, "latent_alignment_attention", config={"mode": mode, "kl_weight": 0.7}))
+    assert_pass(check_module(m, "latent_alignment_attention", config={"mode": mode, "kl_weight": 0.7}))
 
 
 @pytest.mark.parametrize("step_act,mix,past", [("controlled_relu", False, False), ("sigmoid", False, False),
@@ -79,20 +74,20 @@ def test_monotonic_location_attention(step_act, mix, past):
         m.attention_layer.step_bias.fill_(0.3)
         for t in m.parameters():
             t.mul_(1.5)
-    _assert_pass(check_module(m, "monotonic_location_attention", config={"step_act": step_act}))
+    assert_pass(check_module(m, "monotonic_location_attention", config={"step_act": step_act}))
 
 
 @pytest.mark.parametrize("dim,heads,dim_head,causal,proj", [(8, 2, 4, True, 4), (6, 3, None, False, 6)])
 def test_neural_attention(dim, heads, dim_head, causal, proj):
     torch.manual_seed(9)
     m = U.NeuralAttention(dim, heads, dim_head, causal=causal, projection_dim=proj)
-    _assert_pass(check_module(m, "neural_attention_mlp_scores"))
+    assert_pass(check_module(m, "neural_attention_mlp_scores"))
 
 
 @pytest.mark.parametrize("channels,order", [(8, 1), (8, 2), (12, 4)])
 def test_mhn_high_div_module(channels, order):
     torch.manual_seed(10)
-    _assert_pass(check_module(U.HighDivModule(channels, order), "high_order_attention_hoa"))
+    assert_pass(check_module(U.HighDivModule(channels, order), "high_order_attention_hoa"))
 
 
 @pytest.mark.parametrize("hidden,heads,kv_heads,window", [(8, 2, 2, 3), (8, 4, 1, 2), (12, 3, 1, 128)])
@@ -102,20 +97,20 @@ def test_olmo2_aha_attention(hidden, heads, kv_heads, window):
     with torch.no_grad():
         m.q_norm.weight.add_(0.2 * torch.randn_like(m.q_norm.weight))
         m.k_norm.weight.add_(0.2 * torch.randn_like(m.k_norm.weight))
-    _assert_pass(check_module(m, "all_or_here_attention"))
+    assert_pass(check_module(m, "all_or_here_attention"))
 
 
 @pytest.mark.parametrize("dim,bias,top_k", [(6, True, 3), (4, False, 2), (4, True, 12)])
 def test_co4_modulated_attention(dim, bias, top_k):
     torch.manual_seed(12)
     m = U.ModulatedMultiHeadAttention(dim, qkv_bias=bias, top_k=top_k)
-    _assert_pass(check_module(m, "triadic_modulation_co4"))
+    assert_pass(check_module(m, "triadic_modulation_co4"))
 
 
 @pytest.mark.parametrize("dim,length", [(6, 5), (4, 9)])
 def test_super_attention_port(dim, length):
     torch.manual_seed(13)
-    _assert_pass(check_module(U.SuperAttention(dim, length), "optimised_efficient_super_attention"))
+    assert_pass(check_module(U.SuperAttention(dim, length), "optimised_efficient_super_attention"))
 
 
 @pytest.mark.parametrize("layer,d_state,d_conv,expand,conv_bias,bias", [(3, 4, 4, 2, True, False),
@@ -128,7 +123,7 @@ def test_diff_mamba(layer, d_state, d_conv, expand, conv_bias, bias):
         for mm in (m.m1, m.m2):
             mm.D.add_(0.3 * torch.randn_like(mm.D))
             mm.A_log.add_(0.1 * torch.randn_like(mm.A_log))
-    _assert_pass(check_module(m, "diff_mamba"))
+    assert_pass(check_module(m, "diff_mamba"))
 
 
 # ------------------------------------------------------------------------------ every row of the group
@@ -153,8 +148,7 @@ _MODULES = {
 def test_soft_b_specs_are_registered():
     from refattn.interop.torch_specs_soft_b import GROUP_SLUGS
 
-    assert set(GROUP_SLUGS) <= set(supported_slugs())
-    assert sorted(GROUP_SLUGS) == sorted(_MODULES)
+    assert_registered(GROUP_SLUGS, _MODULES)
     from refattn.interop.unmapped import UNMAPPED
 
     assert UNMAPPED["tucker_attention"][0] == "code not readable"
@@ -166,11 +160,4 @@ def test_soft_b_specs_are_registered():
 def test_soft_b_specs_map_state_dict_and_grads_back(slug):
     make, cfg, derived = _MODULES[slug]
     torch.manual_seed(4)
-    sd = make().double().state_dict()
-    p = params_from_state_dict(slug, sd, **cfg)
-    assert not set(derived) & set(p)
-    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
-    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
-    for k, v in sd.items():
-        if k not in derived:
-            np.testing.assert_array_equal(back["attn." + k], v.numpy())
+    assert_round_trip(slug, make().double(), cfg, derived)
