@@ -48,6 +48,7 @@ nn = torch.nn
 F = torch.nn.functional
 
 import _upstream_fidelity as UF  # noqa: E402
+from _interop_checks import assert_round_trip  # noqa: E402
 
 from refattn.interop.torch import (  # noqa: E402
     check_module,
@@ -1180,13 +1181,8 @@ def test_extra_specs_are_registered():
 def test_extra_specs_map_state_dict_and_grads_back(slug):
     make, cfg, derived = _EXTRA_MODULES[slug]
     torch.manual_seed(4)
-    sd = make().double().state_dict()
-    p = params_from_state_dict(slug, sd, **cfg)
-    assert not set(derived) & set(p)
-    back = grads_to_state_dict(slug, p, prefix="attn.", **cfg)
-    assert sorted(back) == sorted("attn." + k for k in sd if k not in derived)
-    for k, v in sd.items():
-        if k not in derived:
-            np.testing.assert_array_equal(back["attn." + k], v.numpy())
+    m = make().double()
+    assert_round_trip(slug, m, cfg, derived)
     if slug == "physics_biased_fourier_wavelet_attention":  # nn.Linear weights arrive as (in, out)
-        np.testing.assert_array_equal(p["q_proj.weight"], sd["q_proj.weight"].numpy().T)
+        sd = m.state_dict()
+        np.testing.assert_array_equal(params_from_state_dict(slug, sd)["q_proj.weight"], sd["q_proj.weight"].numpy().T)
