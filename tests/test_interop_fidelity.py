@@ -43,6 +43,22 @@ def test_simple_attention_cross(attention_type, pos_dim):
         assert not bad.passed
 
 
+# ------------------------------------- item 1: Transolver on structured meshes, to_out of another width
+
+
+@pytest.mark.parametrize("mesh,out_dim", [((4, 3), None), ((3, 2, 3), None), ((4, 3), 7), (None, 6)])
+def test_transolver_structured_mesh_and_out_width(mesh, out_dim):
+    from refattn.operators import transolver as tso
+
+    rng = np.random.default_rng(9)
+    p = tso.transolver_init_params(rng, 5, 2, 3, 4, out_dim=out_dim, mesh_ndim=None if mesh is None else len(mesh))
+    p["temperature"] = np.array([0.7, 1.3])
+    clamp = (0.1, 5) if mesh else None
+    m, _ = UO.build_transolver_physics_attention(torch, p, heads=2, mesh_shape=mesh, tau_clamp=clamp)
+    assert_pass(check_module(m, "transolver_physics_attention", config={"n_head": 2, "mesh_shape": mesh,
+                                                                         "tau_clamp": clamp}))
+
+
 # ------------------------------------------------------- item 7: OFormer masked_instance_norm
 
 
