@@ -172,6 +172,80 @@ def test_flash_deterministic_across_calls_and_threads():
             assert np.array_equal(a, b)
 
 
+# Causal tiles that cross the diagonal are computed in row groups (``_common.DIAG_ROWS`` rows, each
+# product trimmed to the group's last visible key); the backward must make the same products.
+DIAG_CASES = [  # n, m, cfg, (bq, bk), rows
+    (70, 70, {}, (32, 24), 8),
+    (13, 6, {"causal_alignment": "bottom_right"}, (4, 5), 1),
+    (6, 13, {"causal_alignment": "top_left"}, (4, 5), 3),
+    (45, 50, {"causal_alignment": "bottom_right", "softcap": 1.5}, (16, 12), 5),
+    (40, 40, {"attn_mask": "additive"}, (16, 16), 6),
+]
+
+
+@pytest.mark.parametrize("case", range(len(DIAG_CASES)))
+def test_flash_causal_row_groups_float64(case, monkeypatch):
+    from refattn.kernels.cpu import _common
+
+    n, m, cfg, (bq, bk), rows = DIAG_CASES[case]
+    monkeypatch.setattr(_common, "DIAG_ROWS", rows)
+    rng = np.random.default_rng(40 + case)
+    q, k, v = _qkv(rng, 1, 2, 2, n, m, 8, 5)
+    cfg = dict(cfg, is_causal=True)
+    if "attn_mask" in cfg:
+        cfg["attn_mask"] = _make_mask(rng, cfg["attn_mask"], 1, 2, n, m)
+    out, c = kf.flash_attention_forward(q, k, v, block_q=bq, block_k=bk, **cfg)
+    assert c["block_g"] == min(bq, rows)
+    out_r, c_r = sdpa_forward(q, k, v, **cfg)
+    assert _maxerr(out, out_r) <= 1e-10 and _maxerr(c["lse"], c_r["lse"]) <= 1e-10
+    g = rng.standard_normal(out.shape)
+    gk, gr = kf.flash_attention_backward(g, c), sdpa_backward(g, c_r)
+    for name in ("q", "k", "v"):
+        assert _maxerr(gk[name], gr[name]) <= 1e-10, name
+
+
+@pytest.mark.parametrize("n, bq, bk, rows", [(70, 32, 24, 8), (600, 512, 256, 128), (1100, 512, 512, 128)])
+def test_flash_causal_row_groups_float32_error_rule(n, bq, bk, rows, monkeypatch):
+    from refattn.kernels.cpu import _common
+
+    monkeypatch.setattr(_common, "DIAG_ROWS", rows)
+    rng = np.random.default_rng(7)
+    d = 64 if n > 100 else 16
+    q, k, v = _qkv(rng, 1, 2, 2, n, n, d, d)
+    q, k = q * 2.0, k * 2.0
+    q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v))
+    out64, c64 = sdpa_forward(q, k, v, is_causal=True)
+    out_n, c_n = sdpa_forward(q32, k32, v32, is_causal=True)
+    out_k, c_k = kf.flash_attention_forward(q32, k32, v32, is_causal=True, block_q=bq, block_k=bk)
+    _f32_rule(out_k, out_n, out64)
+    g = rng.standard_normal(out64.shape)
+    g64, gn, gk = sdpa_backward(g, c64), sdpa_backward(g.astype(np.float32), c_n), \
+        kf.flash_attention_backward(g.astype(np.float32), c_k)
+    for name in ("q", "k", "v"):
+        _f32_rule(gk[name], gn[name], g64[name], name)
+
+
+def test_flash_causal_row_groups_deterministic_across_threads(monkeypatch):
+    from refattn.kernels.cpu import _common
+
+    monkeypatch.setattr(_common, "DIAG_ROWS", 3)
+    rng = np.random.default_rng(8)
+    q, k, v = _qkv(rng, 1, 3, 1, 45, 50, 8, 8, np.float32)
+    g = rng.standard_normal((1, 3, 45, 8)).astype(np.float32)
+    before = numba.get_num_threads()
+    results = []
+    try:
+        for threads in (before, before, 1):
+            numba.set_num_threads(threads)
+            out, c = kf.flash_attention_forward(q, k, v, is_causal=True, block_q=16, block_k=8)
+            results.append((out, c["lse"], *kf.flash_attention_backward(g, c).values()))
+    finally:
+        numba.set_num_threads(before)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a, b)
+
+
 def test_flash_dtype_and_inputs_untouched():
     rng = np.random.default_rng(7)
     q, k, v = _qkv(rng, 1, 2, 2, 4, 5, 3, 2)

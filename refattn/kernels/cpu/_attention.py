@@ -28,9 +28,14 @@ float32/float64 arrays calls the BLAS ``gemm`` of SciPy's ``cython_blas`` (the w
 one thread per Numba worker, see :mod:`.runtime`). Tiles are contiguous views (no copies). Score
 tiles are query-major, ``S = Q K^T`` (``nq, nk``), in the forward and in the backward, and the
 backward recomputes each score tile with *the same call on the same tile* as the forward (under a
-causal mask the same trimmed width): OpenBLAS rounds differently for other shapes or layouts, and
-logits that differ from the ones the LSE was built from made the float32 gradients fail the 2x
-rule.
+causal mask the same row groups and trimmed widths, :func:`_diag_rows` / :func:`_diag_width`):
+OpenBLAS rounds differently for other shapes or layouts, and logits that differ from the ones the
+LSE was built from made the float32 gradients fail the 2x rule.
+
+**Causal diagonal.** A causal tile that crosses the diagonal is computed in row groups of ``bg``
+rows (a runtime argument; ``bg = bq`` is one product per tile), each product ending at the last key
+its group's last row sees, so the fully masked corner of a tall tile is not multiplied; within a
+row, the ``max`` and ``exp`` loops stop at the row's own last visible key.
 
 **Vector loops, fixed orders.** ``fastmath=False``; everything else is an elementwise loop over a
 contiguous axis, which LLVM vectorises. Row maxima use ``llvm.maxnum`` with ``nnan`` (exact in any
@@ -208,22 +213,106 @@ def _final_logits(s, nq, nk, b, h, i0, j0, scale, softcap, mask_mode, maskb, mas
             s[ii, jj] = _mask_logit(x, b, h, i0 + ii, j0 + jj, mask_mode, maskb, maskf, ms)
 
 
-@njit(cache=True)
-def _fwd_query_tile(q, k, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, scale, softcap, causal,
-                    offset, bk, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, out, omap, lse):
-    """Online-softmax forward of query rows ``i0 .. i0+nq`` of head ``h`` (all ``R`` maps).
+@njit(cache=True, inline="always")
+def _diag_rows(causal, i0, nq, j0, nk, offset, bg):
+    """Row group of the score products of query tile ``i0 .. i0+nq`` x key tile ``j0 .. j0+nk``:
+    ``nq`` (one product) unless the tile is causal and crosses the diagonal, then ``bg``; the
+    forward and the backward both call this, so they form the same products."""
+    if causal and j0 + nk - 1 > i0 + offset:
+        return bg
+    return nq
 
-    The score tile is query-major here, ``S = Q K^T`` of shape ``(nq, nk)``, because the
-    ``P V`` product is ~15 % faster from a row-major ``P`` than from a transposed one (measured).
-    Row maxima are vectorised ``maxnum`` reductions (exact in any order); the float32 row sums are
-    accumulated in the ``exp`` loop with :func:`_radd`."""
+
+@njit(cache=True, inline="always")
+def _diag_width(causal, i0, g0, ng, j0, nk, M, offset):
+    """Width of the score product of query rows ``i0+g0 .. i0+g0+ng`` with key tile ``j0 .. j0+nk``:
+    under a causal mask it stops at the last key the group's last row sees (<= 0: none)."""
+    if causal:
+        return min(nk, min(M, i0 + g0 + ng + offset) - j0)
+    return nk
+
+
+@njit(cache=True)
+def _fwd_rows(q, k, v, b, h, hk, i0, g0, ng, j0, nk, mask_mode, maskb, maskf, ms, scale, softcap, causal,
+              offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum):
+    """Online-softmax update of query rows ``i0+g0 .. i0+g0+ng`` (tile rows ``g0 .. g0+ng``) with
+    keys ``j0 .. j0+nk`` (all ``R`` maps): one score product ``S = Q K^T`` of shape ``(ng, nk)``.
+
+    The score tile is query-major, because the ``P V`` product is ~15 % faster from a row-major
+    ``P`` than from a transposed one (measured). Row maxima are vectorised ``maxnum`` reductions
+    (exact in any order); the float32 row sums are accumulated in the ``exp`` loop with
+    :func:`_radd`. Under a causal mask the max and exp loops of a row stop at its last visible key
+    (the rest of the row is set to 0)."""
     R = q.shape[0]
-    M = k.shape[3]
     dv = v.shape[3]
     fast = q.itemsize == 4
     plain = softcap == 0.0 and mask_mode == 0
     sc = _as_dtype(scale if plain else 1.0, mrow)  # plain: the scale is applied inside exp
     zero = _as_dtype(0.0, mrow)
+    vt = v[b, hk, j0:j0 + nk]
+    s = sbuf[:ng * nk].reshape(ng, nk)
+    pv = pbuf[:ng * dv].reshape(ng, dv)
+    for r in range(R):
+        np.dot(q[r, b, h, i0 + g0:i0 + g0 + ng], k[r, b, hk, j0:j0 + nk].T, s)  # S = Q K^T
+        if not plain:
+            _final_logits(s, ng, nk, b, h, i0 + g0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
+        for gi in range(ng):
+            ii = g0 + gi
+            nv = nk
+            if causal:
+                nv = min(nk, max(0, i0 + ii + offset + 1 - j0))  # keys j <= i + offset
+                for jj in range(nv, nk):
+                    s[gi, jj] = 0.0
+            m_old = mrow[r, ii]
+            m_new = m_old
+            if nv > 0:
+                mt = s[gi, 0]
+                for jj in range(1, nv):
+                    mt = _fmax(mt, s[gi, jj])
+                m_new = max(m_old, sc * mt)
+            if m_new == -np.inf:  # nothing visible in this row yet: P = 0, state unchanged
+                alpha[gi] = 1.0
+                rsum[gi] = 0.0
+                for jj in range(nv):
+                    s[gi, jj] = 0.0
+                continue
+            mrow[r, ii] = m_new
+            alpha[gi] = math.exp(np.float64(m_old) - np.float64(m_new))  # 0 when m_old = -inf
+            neg = -m_new
+            if fast:
+                t = zero
+                for jj in range(nv):
+                    e = _expf(_fma(sc, s[gi, jj], neg))
+                    s[gi, jj] = e
+                    t = _radd(t, e)
+                rsum[gi] = t
+            else:
+                t = zero
+                for jj in range(nv):
+                    e = math.exp(sc * s[gi, jj] + neg)
+                    s[gi, jj] = e
+                    t += e
+                rsum[gi] = t
+        np.dot(s, vt, pv)  # P V_tile
+        for gi in range(ng):
+            ii = g0 + gi
+            lrow[r, ii] = lrow[r, ii] * alpha[gi] + rsum[gi]  # float64
+            a = _as_dtype(alpha[gi], rsum)
+            for c in range(dv):
+                acc[r, ii, c] = acc[r, ii, c] * a + pv[gi, c]
+
+
+@njit(cache=True)
+def _fwd_query_tile(q, k, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, scale, softcap, causal,
+                    offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, out, omap, lse):
+    """Online-softmax forward of query rows ``i0 .. i0+nq`` of head ``h`` (all ``R`` maps).
+
+    Key tiles ``j0 .. j0+bk``; a causal tile that crosses the diagonal is done in row groups of
+    ``bg`` rows, each product stopping at the group's last visible key (:func:`_diag_rows`,
+    :func:`_diag_width`), so the fully masked corner is not multiplied."""
+    R = q.shape[0]
+    M = k.shape[3]
+    dv = v.shape[3]
     for r in range(R):
         for ii in range(nq):
             mrow[r, ii] = -np.inf
@@ -234,52 +323,15 @@ def _fwd_query_tile(q, k, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, s
     if causal:
         jend = min(M, i0 + nq + offset)  # the last visible key of the tile is (i0 + nq - 1) + offset
     for j0 in range(0, max(jend, 0), bk):
-        nk = min(bk, jend - j0)
-        vt = v[b, hk, j0:j0 + nk]
-        s = sbuf[:nq * nk].reshape(nq, nk)
-        pv = pbuf[:nq * dv].reshape(nq, dv)
-        for r in range(R):
-            np.dot(q[r, b, h, i0:i0 + nq], k[r, b, hk, j0:j0 + nk].T, s)  # S = Q K^T
-            if not plain:
-                _final_logits(s, nq, nk, b, h, i0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
-            for ii in range(nq):
-                if causal:
-                    for jj in range(max(0, i0 + ii + offset + 1 - j0), nk):  # keys j > i + offset
-                        s[ii, jj] = -np.inf
-                mt = s[ii, 0]
-                for jj in range(1, nk):
-                    mt = _fmax(mt, s[ii, jj])
-                m_old = mrow[r, ii]
-                m_new = max(m_old, sc * mt)
-                if m_new == -np.inf:  # nothing visible in this row yet: P = 0, state unchanged
-                    alpha[ii] = 1.0
-                    rsum[ii] = 0.0
-                    for jj in range(nk):
-                        s[ii, jj] = 0.0
-                    continue
-                mrow[r, ii] = m_new
-                alpha[ii] = math.exp(np.float64(m_old) - np.float64(m_new))  # 0 when m_old = -inf
-                neg = -m_new
-                if fast:
-                    t = zero
-                    for jj in range(nk):
-                        e = _expf(_fma(sc, s[ii, jj], neg))
-                        s[ii, jj] = e
-                        t = _radd(t, e)
-                    rsum[ii] = t
-                else:
-                    t = zero
-                    for jj in range(nk):
-                        e = math.exp(sc * s[ii, jj] + neg)
-                        s[ii, jj] = e
-                        t += e
-                    rsum[ii] = t
-            np.dot(s, vt, pv)  # P V_tile
-            for ii in range(nq):
-                lrow[r, ii] = lrow[r, ii] * alpha[ii] + rsum[ii]  # float64
-                a = _as_dtype(alpha[ii], rsum)
-                for c in range(dv):
-                    acc[r, ii, c] = acc[r, ii, c] * a + pv[ii, c]
+        nk = min(bk, M - j0)
+        rows = _diag_rows(causal, i0, nq, j0, nk, offset, bg)
+        for g0 in range(0, nq, rows):
+            ng = min(rows, nq - g0)
+            nkg = _diag_width(causal, i0, g0, ng, j0, nk, M, offset)
+            if nkg <= 0:  # no row of the group sees key j0
+                continue
+            _fwd_rows(q, k, v, b, h, hk, i0, g0, ng, j0, nkg, mask_mode, maskb, maskf, ms, scale, softcap,
+                      causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum)
     for ii in range(nq):
         i = i0 + ii
         for r in range(R):
@@ -303,7 +355,7 @@ def _fwd_query_tile(q, k, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, s
 
 @njit(cache=True, parallel=True)
 def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap, causal, offset,
-                  bq, bk, out, omap, lse):
+                  bq, bk, bg, out, omap, lse):
     """Forward: fills ``out`` (B,H,N,dv), per-map normalised outputs ``omap`` (R,B,H,N,dv) and
     ``lse`` (R,B,H,N), float64 whatever the dtype (``-inf`` on fully masked rows, whose outputs
     are 0): the backward recomputes ``P = exp(sS - L)`` from it, and a float32 LSE of a row with
@@ -330,20 +382,91 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
             it = p if sub == 0 else nqt - 1 - p
             i0 = it * bq
             _fwd_query_tile(q, k, v, w, b, h, kvmap[h], i0, min(bq, N - i0), mask_mode, maskb, maskf, ms,
-                            scale, softcap, causal, offset, bk, sbuf, pbuf, th, acc, mrow, lrow, alpha,
+                            scale, softcap, causal, offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha,
                             rsum, out, omap, lse)
 
 
 @njit(cache=True)
-def _bwd_key_tile(q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_mode, maskb, maskf, ms, scale,
-                  softcap, causal, offset, bq, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva,
-                  dq_part, dk_part, dv_part):
-    """FlashAttention-2 backward of key rows ``j0 .. j0+nk`` of query head ``h`` over all query tiles."""
-    R, B, H, N, d = q.shape
+def _bwd_rows(q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, mask_mode, maskb, maskf, ms,
+              scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dq_part):
+    """Backward contribution of query rows ``i0 .. i0+nq`` and keys ``j0 .. j0+nkq``: one recomputed
+    score product (the forward's), then ``dP``, ``dV``, ``dK`` and ``dQ`` products."""
+    R = q.shape[0]
+    d = q.shape[4]
     dv = v.shape[3]
     fast = q.itemsize == 4
     plain = softcap == 0.0 and mask_mode == 0
     sc = _as_dtype(scale if plain else 1.0, lrow)
+    dot = dout[b, h, i0:i0 + nq]
+    s = sbuf[:nq * nkq].reshape(nq, nkq)
+    dp = dpbuf[:nq * nkq].reshape(nq, nkq)
+    ds = dsbuf[:nq * nkq].reshape(nq, nkq)
+    np.dot(dot, v[b, hk, j0:j0 + nkq].T, dp)  # dP = dO V^T, shared by the R maps
+    for r in range(R):
+        qt = q[r, b, h, i0:i0 + nq]
+        kt = k[r, b, hk, j0:j0 + nkq]
+        np.dot(qt, kt.T, s)  # S = Q K^T, the forward's call
+        if not plain:
+            _final_logits(s, nq, nkq, b, h, i0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
+        for ii in range(nq):
+            i = i0 + ii
+            L = lse[r, b, h, i]  # float64
+            if L == -np.inf:  # a fully masked row: P = 0, dS = 0
+                for jj in range(nkq):
+                    s[ii, jj] = 0.0
+                    ds[ii, jj] = 0.0
+                continue
+            nv = nkq
+            if causal:
+                nv = min(nkq, max(0, i + offset + 1 - j0))  # keys j <= i + offset
+                for jj in range(nv, nkq):
+                    s[ii, jj] = 0.0
+                    ds[ii, jj] = 0.0
+            lrow[ii] = L  # L rounded to the dtype ...
+            llo[ii] = L - np.float64(lrow[ii])  # ... and the rest
+            lh = lrow[ii]
+            lo = llo[ii]
+            D = delta[r, b, h, i]
+            wr = w[r, b, h, i]
+            if fast:
+                for jj in range(nv):
+                    pw = _expf(_fma(sc, s[ii, jj], -lh) - lo)
+                    ds[ii, jj] = pw * (wr * dp[ii, jj] - D)
+                    s[ii, jj] = wr * pw  # w P, the dV weight
+            else:
+                for jj in range(nv):
+                    pw = math.exp(sc * s[ii, jj] - lh - lo)
+                    ds[ii, jj] = pw * (wr * dp[ii, jj] - D)
+                    s[ii, jj] = wr * pw
+            if softcap > 0.0:
+                for jj in range(nv):
+                    tt = th[ii, jj]
+                    ds[ii, jj] = ds[ii, jj] * (1.0 - tt * tt)
+        tv = tbuf[:nkq * dv].reshape(nkq, dv)
+        np.dot(s.T, dot, tv)  # (w P)^T dO
+        for jj in range(nkq):
+            for c in range(dv):
+                dva[jj, c] += tv[jj, c]
+        tk = tbuf[:nkq * d].reshape(nkq, d)
+        np.dot(ds.T, qt, tk)  # dS^T Q
+        for jj in range(nkq):
+            for c in range(d):
+                dka[r, jj, c] += tk[jj, c]
+        tq = tbuf[:nq * d].reshape(nq, d)
+        np.dot(ds, kt, tq)  # dS K
+        dqp = dq_part[sp, r, b, h]
+        for ii in range(nq):
+            for c in range(d):
+                dqp[i0 + ii, c] += tq[ii, c]
+
+
+@njit(cache=True)
+def _bwd_key_tile(q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_mode, maskb, maskf, ms, scale,
+                  softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva,
+                  dq_part, dk_part, dv_part):
+    """FlashAttention-2 backward of key rows ``j0 .. j0+nk`` of query head ``h`` over all query tiles."""
+    R, B, H, N, d = q.shape
+    dv = v.shape[3]
     for jj in range(nk):
         for c in range(dv):
             dva[jj, c] = 0.0
@@ -356,71 +479,18 @@ def _bwd_key_tile(q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_mode,
         i_start = max(0, j0 - offset)  # the first query that sees key j0
     for i0 in range(i_start - i_start % bq, N, bq):
         nq = min(bq, N - i0)
-        # The forward's tile (i0, j0): same shape, so the recomputed logits are bit-identical to
-        # the ones the LSE was built from (OpenBLAS rounds differently for other shapes/layouts).
-        nkq = nk
-        if causal:
-            nkq = min(nk, min(M, i0 + nq + offset) - j0)
-            if nkq <= 0:  # no query of this tile sees key j0 (N < M, top-left)
+        # The forward's products of tile (i0, j0) (same row groups, same widths), so the
+        # recomputed logits are bit-identical to the ones the LSE was built from (OpenBLAS rounds
+        # differently for other shapes/layouts).
+        rows = _diag_rows(causal, i0, nq, j0, nk, offset, bg)
+        for g0 in range(0, nq, rows):
+            ng = min(rows, nq - g0)
+            nkq = _diag_width(causal, i0, g0, ng, j0, nk, M, offset)
+            if nkq <= 0:  # no query of this group sees key j0
                 continue
-        dot = dout[b, h, i0:i0 + nq]
-        s = sbuf[:nq * nkq].reshape(nq, nkq)
-        dp = dpbuf[:nq * nkq].reshape(nq, nkq)
-        ds = dsbuf[:nq * nkq].reshape(nq, nkq)
-        np.dot(dot, v[b, hk, j0:j0 + nkq].T, dp)  # dP = dO V^T, shared by the R maps
-        for r in range(R):
-            qt = q[r, b, h, i0:i0 + nq]
-            kt = k[r, b, hk, j0:j0 + nkq]
-            np.dot(qt, kt.T, s)  # S = Q K^T, the forward's call
-            if not plain:
-                _final_logits(s, nq, nkq, b, h, i0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
-            for ii in range(nq):
-                i = i0 + ii
-                L = lse[r, b, h, i]  # float64
-                if L == -np.inf:  # a fully masked row: P = 0, dS = 0
-                    for jj in range(nkq):
-                        s[ii, jj] = 0.0
-                        ds[ii, jj] = 0.0
-                    continue
-                if causal:
-                    for jj in range(max(0, i + offset + 1 - j0), nkq):  # keys j > i + offset
-                        s[ii, jj] = -np.inf
-                lrow[ii] = L  # L rounded to the dtype ...
-                llo[ii] = L - np.float64(lrow[ii])  # ... and the rest
-                lh = lrow[ii]
-                lo = llo[ii]
-                D = delta[r, b, h, i]
-                wr = w[r, b, h, i]
-                if fast:
-                    for jj in range(nkq):
-                        pw = _expf(_fma(sc, s[ii, jj], -lh) - lo)
-                        ds[ii, jj] = pw * (wr * dp[ii, jj] - D)
-                        s[ii, jj] = wr * pw  # w P, the dV weight
-                else:
-                    for jj in range(nkq):
-                        pw = math.exp(sc * s[ii, jj] - lh - lo)
-                        ds[ii, jj] = pw * (wr * dp[ii, jj] - D)
-                        s[ii, jj] = wr * pw
-                if softcap > 0.0:
-                    for jj in range(nkq):
-                        tt = th[ii, jj]
-                        ds[ii, jj] = ds[ii, jj] * (1.0 - tt * tt)
-            tv = tbuf[:nkq * dv].reshape(nkq, dv)
-            np.dot(s.T, dot, tv)  # (w P)^T dO
-            for jj in range(nkq):
-                for c in range(dv):
-                    dva[jj, c] += tv[jj, c]
-            tk = tbuf[:nkq * d].reshape(nkq, d)
-            np.dot(ds.T, qt, tk)  # dS^T Q
-            for jj in range(nkq):
-                for c in range(d):
-                    dka[r, jj, c] += tk[jj, c]
-            tq = tbuf[:nq * d].reshape(nq, d)
-            np.dot(ds, kt, tq)  # dS K
-            dqp = dq_part[sp, r, b, h]
-            for ii in range(nq):
-                for c in range(d):
-                    dqp[i0 + ii, c] += tq[ii, c]
+            _bwd_rows(q, k, v, w, dout, lse, delta, b, h, hk, i0 + g0, ng, j0, nkq, sp, mask_mode, maskb,
+                      maskf, ms, scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka,
+                      dva, dq_part)
     for jj in range(nk):
         for r in range(R):
             for c in range(d):
@@ -431,7 +501,7 @@ def _bwd_key_tile(q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_mode,
 
 @njit(cache=True, parallel=True)
 def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap, causal, offset,
-                  bq, bk, nsplit, dout, lse, delta, dq_part, dk_part, dv_part):
+                  bq, bk, bg, nsplit, dout, lse, delta, dq_part, dk_part, dv_part):
     r"""FlashAttention-2 backward, recomputing $P$ from the stored LSE.
 
     ``delta`` (R,B,H,N) is $D_r = w_r\,\mathrm{rowsum}(dO \odot O_r) - dL_r$ (``dL`` the upstream
@@ -466,7 +536,7 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
                 continue
             j0 = kt_i * bk
             _bwd_key_tile(q, k, v, w, dout, lse, delta, b, h, kvmap[h], j0, min(bk, M - j0), sp, mask_mode,
-                          maskb, maskf, ms, scale, softcap, causal, offset, bq, sbuf, dpbuf, dsbuf, tbuf, th,
+                          maskb, maskf, ms, scale, softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th,
                           vec[0], vec[1], dka, dva, dq_part, dk_part, dv_part)
 
 

@@ -32,6 +32,7 @@ from ._common import (
     readonly,
     run_kernel,
     sdpa_blocks,
+    sdpa_row_group,
     validate_config,
     validate_qkv,
 )
@@ -67,9 +68,10 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
     return_lse : bool
         Accepted for signature symmetry with the reference; the LSE is always ``cache["lse"]``.
     block_q, block_k : int, optional
-        Query / key tile sizes; by default chosen from ``N`` and ``is_causal``
-        (:func:`refattn.kernels.cpu._common.sdpa_blocks`: ``512 x 256`` non-causal, ``128 x 512``
-        causal up to ``N = 1024``, ``256 x 256`` above).
+        Query / key tile sizes; by default ``512 x 512``
+        (:func:`refattn.kernels.cpu._common.sdpa_blocks`). Under a causal mask, tiles that cross the
+        diagonal are computed in row groups of ``min(block_q, 128)`` rows, each product stopping at
+        the group's last visible key.
 
     Returns
     -------
@@ -84,6 +86,7 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
         1 if block_q is None else block_q, 1 if block_k is None else block_k)
     block_q, block_k = sdpa_blocks(q.shape[-2], is_causal, None if block_q is None else bq_in,
                                    None if block_k is None else bk_in)
+    block_g = sdpa_row_group(block_q, is_causal)
     dt = compute_dtype(q, k, v)
     lead = q.shape[:-3]
     h, n, d = q.shape[-3:]
@@ -100,14 +103,14 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
     omap = out[None]  # R = 1, weight 1: the per-map output is the output (written twice, same value)
     lse = np.empty((1, b, h, n), dtype=np.float64)  # float64 inside, for the backward (see _attention)
     run_kernel(_k.attention_fwd, q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, float(s),
-               float(softcap or 0.0), bool(is_causal), offset, block_q, block_k, out, omap, lse)
+               float(softcap or 0.0), bool(is_causal), offset, block_q, block_k, block_g, out, omap, lse)
     out_l = out.reshape(lead + (h, n, dv))
     cache = {
         "backend": BACKEND, "q": q4, "k": k4, "v": v4, "out4": out, "out": out_l, "lse4": lse,
         "lse": lse[0].astype(dt).reshape(lead + (h, n)), "scale": float(s), "softcap": softcap,
         "is_causal": is_causal, "offset": offset, "kv_group_map": kv_group_map,
         "mask": (mode, mb, mf, ms), "block_q": block_q, "block_k": block_k,
-        "shapes": (q.shape, k.shape, v.shape),
+        "block_g": block_g, "shapes": (q.shape, k.shape, v.shape),
     }
     # the caller gets a copy: the backward reads out4, which a caller's in-place update of the
     # returned array must not reach
@@ -159,7 +162,7 @@ def flash_attention_backward(dout, cache, *, dlse=None):
     w = readonly(np.ones((1, b, h, n), dtype=dt))
     run_kernel(_k.attention_bwd, q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, c["scale"],
                float(c["softcap"] or 0.0), bool(c["is_causal"]), c["offset"], c["block_q"],
-               c["block_k"], nsplit, g4, readonly(c["lse4"]), delta, dq_part, dk_part, dv_part)
+               c["block_k"], c["block_g"], nsplit, g4, readonly(c["lse4"]), delta, dq_part, dk_part, dv_part)
     dq = dq_part[0, 0]
     for i in range(1, nsplit):  # fixed order, in place (no extra float64 N x d arrays)
         dq += dq_part[i, 0]
