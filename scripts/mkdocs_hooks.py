@@ -165,6 +165,14 @@ def _coverage_table() -> str:
             "site is built.\n")
 
 
+def _md_text(text: str) -> str:
+    """Plain text in a Markdown table cell: ``|`` would end the cell, and ``[...](...)`` (e.g.
+    ``differential[i](x)`` in an upstream call) or ``*``/``<`` would become markup."""
+    for ch in "\\[]*<":
+        text = text.replace(ch, "\\" + ch)
+    return text.replace("|", "/")
+
+
 def _interop_table() -> str:
     """The "Port an official module" page's table: every implemented catalogue mechanism with its
     ``refattn.interop.torch`` status (``refattn.interop.coverage.torch_coverage``)."""
@@ -179,7 +187,7 @@ def _interop_table() -> str:
         if not rows:
             continue
         lines += [f"### {status.capitalize()} ({len(rows)})", "", "| mechanism | upstream |", "|---|---|"]
-        lines += [f"| `{k}` | {d.replace('|', '/')} |" for k, d in rows]
+        lines += [f"| `{k}` | {_md_text(d)} |" for k, d in rows]
         lines.append("")
     return "\n".join(lines)
 
