@@ -20,7 +20,7 @@ from _interop_checks import assert_pass  # noqa: E402
 from _upstream_fidelity import CodomainCore, FunctionalModule  # noqa: E402
 
 from refattn.interop.torch import check_module, grads_to_state_dict, params_from_state_dict, supported_slugs  # noqa: E402
-from refattn.interop.torch_specs_fidelity import FIDELITY_SLUGS  # noqa: E402
+from refattn.interop.torch_specs_fidelity import FABLOCK_LINEAR, FIDELITY_SLUGS, IPOT_LINEAR  # noqa: E402
 from refattn.operators import factformer as ff  # noqa: E402
 from refattn.operators import fno, ipot, oformer  # noqa: E402
 
@@ -130,13 +130,12 @@ def test_ipot_whole_model():
     core = _perturbed(rng, core, 0.1)
     p = {("encoder." if k.startswith(("latents", "encoder")) else "processor." if k.startswith("processor")
           else "decoder.") + k: v for k, v in core.items()}
-    from refattn.interop.torch_specs_fidelity import _IPOT_LINEAR  # noqa: PLC2701 (the same rule the table maps by)
 
     def fn(tp, x, q):
         return UO.ipot_model_torch(torch, x, q, tp, in_channel=2, num_bands=nb, max_resolution=mr, num_layers=2,
                                    heads=2)
 
-    m = FunctionalModule(p, fn, _IPOT_LINEAR, in_channel=2, num_layers=2)
+    m = FunctionalModule(p, fn, IPOT_LINEAR, in_channel=2, num_layers=2)
     cfg = {"num_bands": nb, "max_resolution": mr, "encoder_heads": 2, "processor_heads": 2, "decoder_heads": 2}
     assert_pass(check_module(m, "ipot_inducing_point_operator:model", config=cfg))
     sd = m.state_dict()
@@ -152,11 +151,9 @@ def test_ipot_whole_model():
 def test_factformer_fablock2d():
     rng = np.random.default_rng(5)
     p = _perturbed(rng, ff.init_factformer_block_params(rng, 6, 2, 5, 2, 7))
-    from refattn.interop.torch_specs_fidelity import _FABLOCK_LINEAR  # noqa: PLC2701
-
     m = FunctionalModule(p, lambda tp, u, px, py: UO.fablock2d_c9801d1_torch(torch, u, tp, px, py, heads=2,
                                                                                dim_head=2, scaling=0.7),
-                         _FABLOCK_LINEAR, heads=2, dim_head=2)
+                         FABLOCK_LINEAR, heads=2, dim_head=2)
     assert_pass(check_module(m, "factformer_factorized_attention:layer", config={"scaling_x": 0.7, "scaling_y": 0.7}))
 
 

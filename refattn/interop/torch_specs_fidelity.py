@@ -28,7 +28,7 @@ import numpy as np
 from ..operators import factformer, fno, ifactformer, ipot
 from .torch_specs import Complex, Derived, Named, Spec, Stack, add_specs
 
-__all__ = ["FIDELITY_SLUGS", "axial3_forward", "axial3_backward"]
+__all__ = ["FIDELITY_SLUGS", "IPOT_LINEAR", "FABLOCK_LINEAR", "axial3_forward", "axial3_backward"]
 
 # ---- Galerkin / Fourier SimpleAttention
 
@@ -131,12 +131,14 @@ def _ipot_build(rng, p, cfg, z):
             "decoder_query": rng.random((z["m"], d))}, {}
 
 
-_IPOT_LINEAR = r".*\.(to_q|to_kv|to_out|net\.0|net\.3)\.weight"
+IPOT_LINEAR = r".*\.(to_q|to_kv|to_out|net\.0|net\.3)\.weight"
+"""IPOT's ``nn.Linear`` weights (the names the table transposes)."""
 
 # ---- FactFormer (BaratiLab/FactFormer @ c9801d1): FABlock2D and LowRankKernel
 
-_FABLOCK_LINEAR = r"(to_v|to_in|to_[xy]\.\d\.to_in|to_[xy]\.\d\.out_ffn\.fn\.net\.[03]|low_rank_kernel_[xy]\.to_[qk]" \
+FABLOCK_LINEAR = r"(to_v|to_in|to_[xy]\.\d\.to_in|to_[xy]\.\d\.out_ffn\.fn\.net\.[03]|low_rank_kernel_[xy]\.to_[qk]" \
                   r"|to_out\.[13])\.weight"
+"""FactFormer FABlock2D's ``nn.Linear`` weights (the names the table transposes)."""
 
 
 def _fablock_build(rng, p, cfg, z):
@@ -240,14 +242,14 @@ _SPECS = [
          layer=(fno.fno_spectral_conv_centred_forward, fno.fno_spectral_conv_centred_backward), variant="neuralop"),
     Spec("ipot_inducing_point_operator", "7tl7qns7ch/IPOT models/epd.py@18c1778 (EncoderProcessorDecoder with "
          "IPOTBasicPreprocessor and IPOTDecoder, pos2fourier; forward(inputs, decoder_query))",
-         rules=[Named(_IPOT_LINEAR, True), Named(r".*", False)], required=("encoder.latents",),
+         rules=[Named(IPOT_LINEAR, True), Named(r".*", False)], required=("encoder.latents",),
          call=lambda m, inp, cfg: m(inp["inputs"], inp["decoder_query"]), build=_ipot_build,
          attrs={"in_channel": "in_channel", "num_layers": "num_layers"},
          layer=(ipot.ipot_model_forward, ipot.ipot_model_backward), variant="model"),
     Spec("factformer_factorized_attention", "BaratiLab/FactFormer libs/factorization_module.py@c9801d1 (FABlock2D, "
          "use_rope=True; to_out GroupNorm(heads, domain_wise=True, affine=False) of libs/basics.py; "
          "forward(u, pos_x, pos_y))",
-         rules=[Named(_FABLOCK_LINEAR, True), Named(r".*", False)], required=("to_v.weight", "to_in.weight"),
+         rules=[Named(FABLOCK_LINEAR, True), Named(r".*", False)], required=("to_v.weight", "to_in.weight"),
          call=_fablock_call, build=_fablock_build, attrs={"heads": "heads", "dim_head": "dim_head"},
          kw_inputs=("pos_x", "pos_y"),
          layer=(factformer.factformer_block_forward, factformer.factformer_block_backward)),
