@@ -154,8 +154,10 @@ def test_flash_float32_error_rule(is_causal):
         _f32_rule(gk[name], gn[name], g64[name], name)
 
 
-def test_flash_deterministic_across_calls_and_threads():
-    rng = np.random.default_rng(6)
+def _assert_causal_bit_identical_across_threads(seed, block_q, block_k):
+    """Causal forward and backward, twice at the current thread count and once on one thread: every
+    output bit-identical."""
+    rng = np.random.default_rng(seed)
     q, k, v = _qkv(rng, 1, 3, 1, 45, 50, 8, 8, np.float32)
     g = rng.standard_normal((1, 3, 45, 8)).astype(np.float32)
     before = numba.get_num_threads()
@@ -163,13 +165,17 @@ def test_flash_deterministic_across_calls_and_threads():
     try:
         for threads in (before, before, 1):
             numba.set_num_threads(threads)
-            out, c = kf.flash_attention_forward(q, k, v, is_causal=True, block_q=8, block_k=8)
+            out, c = kf.flash_attention_forward(q, k, v, is_causal=True, block_q=block_q, block_k=block_k)
             results.append((out, c["lse"], *kf.flash_attention_backward(g, c).values()))
     finally:
         numba.set_num_threads(before)
     for other in results[1:]:
         for a, b in zip(results[0], other):
             assert np.array_equal(a, b)
+
+
+def test_flash_deterministic_across_calls_and_threads():
+    _assert_causal_bit_identical_across_threads(6, 8, 8)
 
 
 # Causal tiles that cross the diagonal are computed in row groups (``_common.DIAG_ROWS`` rows, each
@@ -229,21 +235,7 @@ def test_flash_causal_row_groups_deterministic_across_threads(monkeypatch):
     from refattn.kernels.cpu import _common
 
     monkeypatch.setattr(_common, "DIAG_ROWS", 3)
-    rng = np.random.default_rng(8)
-    q, k, v = _qkv(rng, 1, 3, 1, 45, 50, 8, 8, np.float32)
-    g = rng.standard_normal((1, 3, 45, 8)).astype(np.float32)
-    before = numba.get_num_threads()
-    results = []
-    try:
-        for threads in (before, before, 1):
-            numba.set_num_threads(threads)
-            out, c = kf.flash_attention_forward(q, k, v, is_causal=True, block_q=16, block_k=8)
-            results.append((out, c["lse"], *kf.flash_attention_backward(g, c).values()))
-    finally:
-        numba.set_num_threads(before)
-    for other in results[1:]:
-        for a, b in zip(results[0], other):
-            assert np.array_equal(a, b)
+    _assert_causal_bit_identical_across_threads(8, 16, 8)
 
 
 def test_flash_dtype_and_inputs_untouched():
