@@ -197,6 +197,33 @@ def kernel_scratch_bytes(kind: str, *, threads: int, d: int, dv: int, r: int = 1
 # Cases
 
 
+def _blas_variants(fwd, fb) -> dict:
+    """The Numba implementations of a case: ``numba`` with SciPy's BLAS for the tile products and,
+    where oneMKL can be loaded, ``numba_mkl`` (``runtime.set_blas``); each call sets its BLAS and
+    restores the previous choice."""
+    from refattn.kernels.cpu import runtime
+
+    def under(name, fn):
+        def call():
+            prev = runtime.get_blas()
+            runtime.set_blas(name)
+            try:
+                return fn()
+            finally:
+                runtime.set_blas(prev)
+        return call
+
+    out = {"numba": (under("scipy", fwd), under("scipy", fb))}
+    try:
+        prev = runtime.get_blas()
+        runtime.set_blas("mkl")
+        runtime.set_blas(prev)
+        out["numba_mkl"] = (under("mkl", fwd), under("mkl", fb))
+    except ValueError:
+        pass
+    return out
+
+
 def _sdpa_flops(b, h, n, d, causal):
     return 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
 
@@ -215,7 +242,7 @@ def _case_sdpa(n, *, b, h, d, causal, numpy_max, torch):
     def nb_fb():
         return flash_attention_backward(g, flash_attention_forward(q, k, v, is_causal=causal)[1])
 
-    impls = {"numba": (nb_fwd, nb_fb)}
+    impls = _blas_variants(nb_fwd, nb_fb)
     if n <= numpy_max:
         def np_fwd():
             return sdpa_forward(q, k, v, is_causal=causal)
@@ -258,7 +285,7 @@ def _case_diff(n, *, b, h, d, causal, numpy_max, torch):
     def nb_fb():
         return diff_attention_backward(g, diff_attention_forward(q1, k1, q2, k2, v, lam, **cfg)[1])
 
-    impls = {"numba": (nb_fwd, nb_fb)}
+    impls = _blas_variants(nb_fwd, nb_fb)
     if n <= numpy_max:
         def np_fwd():
             return diff_attention_core_forward(q1, k1, q2, k2, v, lam, **cfg)
@@ -390,7 +417,9 @@ def markdown(report: dict) -> str:
         f"- CPU: {m['cpu']} ({m['cores']} cores); Python {m['python']}, NumPy {m['numpy']}, Numba {m['numba']} "
         f"(threading layer {m.get('numba_threading_layer')}), torch {m.get('torch')}",
         f"- BLAS kernels in use (threadpoolctl): {blas or 'threadpoolctl not installed'}; the Numba kernels' "
-        f"tile products call {m.get('kernel_blas')}",
+        f"tile products call {m.get('kernel_blas')}"
+        + (f"; `numba_mkl` rows: the same kernels with oneMKL's tile products, {m['kernel_blas_mkl']}"
+           if m.get("kernel_blas_mkl") else ""),
         f"- environment: {m['env']}",
         f"- load average (1, 5, 15 min; other processes share this machine) before / after: "
         f"{m.get('loadavg_before')} / {m.get('loadavg_after')}",
@@ -468,7 +497,7 @@ def plot(report: dict, path: Path) -> bool:
     modes = list(report["modes"])
     fig, axes = plt.subplots(1, len(modes), figsize=(6.4 * len(modes), 4.8), squeeze=False)
     markers = {"sdpa": "o", "diff": "s", "linear": "^"}
-    colors = {"numba": "C0", "torch": "C1", "torch_two_sdpa": "C1", "numpy": "C2"}
+    colors = {"numba": "C0", "numba_mkl": "C3", "torch": "C1", "torch_two_sdpa": "C1", "numpy": "C2"}
     for ax, mode in zip(axes[0], modes):
         mr = report["modes"][mode]
         peak = mr["sgemm"]["numpy"]
@@ -536,6 +565,13 @@ def run(*, sizes, threads, repeats, cases, numpy_max, memory_n, b=1, h=4, d=64, 
                "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
                                                       "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "NUMBA_NUM_THREADS")},
                "loadavg_before": _loadavg(), "kernel_blas": "; ".join(runtime.blas_libraries()) or "unknown"}
+    try:
+        prev = runtime.get_blas()
+        runtime.set_blas("mkl")
+        machine["kernel_blas_mkl"] = runtime.blas_description()
+        runtime.set_blas(prev)
+    except ValueError:
+        machine["kernel_blas_mkl"] = None
     report = {"machine": machine, "modes": {}}
     for mode in modes:
         nthreads = 1 if mode == "1thread" else threads

@@ -9,6 +9,7 @@
 * determinism: repeated calls and different thread counts give bit-identical results.
 
 Sizes are tiny; every kernel compiles once per dtype (all flags are runtime arguments, cache=True).
+Every test runs with both BLAS choices of the tile products (the ``blas`` fixture).
 """
 
 from __future__ import annotations
@@ -24,6 +25,21 @@ from refattn.attention.softmax import sdpa_backward, sdpa_forward
 from refattn.kernels.cpu import differential as kd
 from refattn.kernels.cpu import flash as kf
 from refattn.kernels.cpu import linear as kl
+
+
+@pytest.fixture(autouse=True, params=["scipy", "mkl"])
+def blas(request):
+    """Every test of this module runs with each BLAS of the tile products (``runtime.set_blas``):
+    SciPy's (``np.dot``) and oneMKL's CBLAS, skipped where oneMKL cannot be loaded."""
+    from refattn.kernels.cpu import runtime
+
+    before = runtime.get_blas()
+    try:
+        runtime.set_blas(request.param)
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    yield request.param
+    runtime.set_blas(before)
 
 
 def _maxerr(a, b):
@@ -583,4 +599,43 @@ def test_blas_pinned_to_one_thread_inside_kernels_and_restored():
     with threadpool_limits(2, user_api="blas"):
         with runtime.single_blas_thread():
             assert all(lib["num_threads"] == 1 for lib in threadpool_info() if lib["user_api"] == "blas")
-        assert all(lib["num_threads"] == 2 for lib in threadpool_info() if lib["user_api"] == "blas")
+        # (oneMKL, once loaded for set_blas("mkl"), is on its sequential layer: always one thread)
+        assert all(lib["num_threads"] == 2 for lib in threadpool_info()
+                   if lib["user_api"] == "blas" and lib.get("threading_layer") != "sequential")
+
+
+def test_set_blas_choices_and_errors(monkeypatch):
+    from refattn.kernels.cpu import runtime
+
+    with pytest.raises(ValueError, match="blas must be one of"):
+        runtime.set_blas("openblas64")
+    assert runtime.set_blas("auto") in ("scipy", "mkl")
+    assert runtime.set_blas("SciPy") == "scipy" and runtime.gemm_pointer(np.float32) == 0
+    assert "cython_blas" in runtime.blas_description()
+    monkeypatch.setattr(runtime, "_blas_choice", None)
+    monkeypatch.setenv("REFATTN_BLAS", "fastest")
+    with pytest.raises(ValueError, match="REFATTN_BLAS='fastest'"):
+        runtime.get_blas()
+    monkeypatch.setenv("REFATTN_BLAS", "scipy")
+    assert runtime.get_blas() == "scipy"
+
+
+def test_backward_repeats_the_forwards_blas(blas):
+    """A backward after ``set_blas`` changed uses the BLAS of its forward (kept in the cache): its
+    gradients are bit-identical to a backward under the forward's BLAS."""
+    from refattn.kernels.cpu import runtime
+
+    try:
+        runtime.set_blas("mkl")
+    except ValueError as exc:
+        pytest.skip(str(exc))
+    runtime.set_blas(blas)
+    rng = np.random.default_rng(21)
+    q, k, v = _qkv(rng, 1, 2, 2, 40, 40, 8, 8, np.float32)
+    g = rng.standard_normal((1, 2, 40, 8)).astype(np.float32)
+    out, c = kf.flash_attention_forward(q, k, v, is_causal=True, block_q=16, block_k=16)
+    same = kf.flash_attention_backward(g, c)
+    runtime.set_blas("scipy" if blas == "mkl" else "mkl")
+    other = kf.flash_attention_backward(g, c)
+    for name in same:
+        assert np.array_equal(same[name], other[name]), name

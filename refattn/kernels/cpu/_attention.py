@@ -151,6 +151,69 @@ def _radd(typingctx, a, b):
     return res(a, b), codegen
 
 
+@intrinsic
+def _cblas_gemm(typingctx, fp, ta, tb, m, n, k, a, lda, b, ldb, c, ldc):
+    """``C = op(A) op(B)`` through the CBLAS ``?gemm`` at address ``fp`` (row-major; ``ta`` /
+    ``tb`` nonzero: transposed). ``a``, ``b``, ``c`` are arrays of one float dtype whose rows are
+    ``lda`` / ``ldb`` / ``ldc`` elements apart and whose elements are contiguous within a row.
+
+    The address is a runtime argument (see :func:`.runtime.gemm_pointer`), so the compiled kernels
+    stay cacheable: nothing process-specific is baked into them."""
+    arrs = (a, b, c)
+    if not all(isinstance(x, types.Array) and isinstance(x.dtype, types.Float) for x in arrs):
+        return None
+    if len({x.dtype for x in arrs}) != 1:
+        return None
+
+    def codegen(context, builder, sig, args):
+        fp_, ta_, tb_, m_, n_, k_, a_, lda_, b_, ldb_, c_, ldc_ = args
+        i32 = ir.IntType(32)
+        ft = ir.FloatType() if sig.args[6].dtype.bitwidth == 32 else ir.DoubleType()
+        ptr = ft.as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [i32, i32, i32, i32, i32, i32, ft, ptr, i32, ptr, i32, ft, ptr, i32])
+        fn = builder.inttoptr(fp_, fnty.as_pointer())
+
+        def data(ty, val):
+            return builder.bitcast(context.make_array(ty)(context, builder, val).data, ptr)
+
+        def i32_(v):
+            return builder.trunc(v, i32) if v.type.width > 32 else v
+
+        def trans(flag):  # CblasNoTrans 111, CblasTrans 112
+            return builder.select(builder.icmp_signed("!=", flag, ir.Constant(flag.type, 0)),
+                                  ir.Constant(i32, 112), ir.Constant(i32, 111))
+
+        builder.call(fn, [ir.Constant(i32, 101), trans(ta_), trans(tb_), i32_(m_), i32_(n_), i32_(k_),
+                          ir.Constant(ft, 1.0), data(sig.args[6], a_), i32_(lda_), data(sig.args[8], b_),
+                          i32_(ldb_), ir.Constant(ft, 0.0), data(sig.args[10], c_), i32_(ldc_)])
+        return context.get_dummy_value()
+
+    return types.void(fp, ta, tb, m, n, k, a, lda, b, ldb, c, ldc), codegen
+
+
+@njit(cache=True, inline="always")
+def _mm(fp, a, ta, b, tb, c):
+    """``c = op(a) @ op(b)`` with ``op(x) = x.T`` where the flag is set; every array 2-D with
+    contiguous rows. ``fp == 0``: ``np.dot`` (SciPy's BLAS, through Numba); else the CBLAS gemm at
+    address ``fp`` (:func:`.runtime.gemm_pointer`, e.g. oneMKL). The forward and the backward of
+    one call always use the same ``fp``, so recomputed score tiles stay bit-identical."""
+    if fp == 0:
+        if ta:
+            if tb:
+                np.dot(a.T, b.T, c)
+            else:
+                np.dot(a.T, b, c)
+        elif tb:
+            np.dot(a, b.T, c)
+        else:
+            np.dot(a, b, c)
+        return
+    sz = a.itemsize
+    kk = a.shape[0] if ta else a.shape[1]
+    _cblas_gemm(fp, ta, tb, c.shape[0], c.shape[1], kk, a, a.strides[0] // sz, b, b.strides[0] // sz,
+                c, c.strides[0] // sz)
+
+
 LOG2E = 1.4426950408889634
 
 
@@ -233,7 +296,7 @@ def _diag_width(causal, i0, g0, ng, j0, nk, M, offset):
 
 
 @njit(cache=True)
-def _fwd_rows(q, k, v, b, h, hk, i0, g0, ng, j0, nk, mask_mode, maskb, maskf, ms, scale, softcap, causal,
+def _fwd_rows(fp, q, k, v, b, h, hk, i0, g0, ng, j0, nk, mask_mode, maskb, maskf, ms, scale, softcap, causal,
               offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum):
     """Online-softmax update of query rows ``i0+g0 .. i0+g0+ng`` (tile rows ``g0 .. g0+ng``) with
     keys ``j0 .. j0+nk`` (all ``R`` maps): one score product ``S = Q K^T`` of shape ``(ng, nk)``.
@@ -253,7 +316,7 @@ def _fwd_rows(q, k, v, b, h, hk, i0, g0, ng, j0, nk, mask_mode, maskb, maskf, ms
     s = sbuf[:ng * nk].reshape(ng, nk)
     pv = pbuf[:ng * dv].reshape(ng, dv)
     for r in range(R):
-        np.dot(q[r, b, h, i0 + g0:i0 + g0 + ng], k[r, b, hk, j0:j0 + nk].T, s)  # S = Q K^T
+        _mm(fp, q[r, b, h, i0 + g0:i0 + g0 + ng], False, k[r, b, hk, j0:j0 + nk], True, s)  # S = Q K^T
         if not plain:
             _final_logits(s, ng, nk, b, h, i0 + g0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
         for gi in range(ng):
@@ -293,7 +356,7 @@ def _fwd_rows(q, k, v, b, h, hk, i0, g0, ng, j0, nk, mask_mode, maskb, maskf, ms
                     s[gi, jj] = e
                     t += e
                 rsum[gi] = t
-        np.dot(s, vt, pv)  # P V_tile
+        _mm(fp, s, False, vt, False, pv)  # P V_tile
         for gi in range(ng):
             ii = g0 + gi
             lrow[r, ii] = lrow[r, ii] * alpha[gi] + rsum[gi]  # float64
@@ -303,7 +366,7 @@ def _fwd_rows(q, k, v, b, h, hk, i0, g0, ng, j0, nk, mask_mode, maskb, maskf, ms
 
 
 @njit(cache=True)
-def _fwd_query_tile(q, k, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, scale, softcap, causal,
+def _fwd_query_tile(fp, q, k, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, scale, softcap, causal,
                     offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, out, omap, lse):
     """Online-softmax forward of query rows ``i0 .. i0+nq`` of head ``h`` (all ``R`` maps).
 
@@ -330,7 +393,7 @@ def _fwd_query_tile(q, k, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, s
             nkg = _diag_width(causal, i0, g0, ng, j0, nk, M, offset)
             if nkg <= 0:  # no row of the group sees key j0
                 continue
-            _fwd_rows(q, k, v, b, h, hk, i0, g0, ng, j0, nkg, mask_mode, maskb, maskf, ms, scale, softcap,
+            _fwd_rows(fp, q, k, v, b, h, hk, i0, g0, ng, j0, nkg, mask_mode, maskb, maskf, ms, scale, softcap,
                       causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum)
     for ii in range(nq):
         i = i0 + ii
@@ -355,7 +418,7 @@ def _fwd_query_tile(q, k, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, s
 
 @njit(cache=True, parallel=True)
 def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap, causal, offset,
-                  bq, bk, bg, out, omap, lse):
+                  bq, bk, bg, out, omap, lse, fp):
     """Forward: fills ``out`` (B,H,N,dv), per-map normalised outputs ``omap`` (R,B,H,N,dv) and
     ``lse`` (R,B,H,N), float64 whatever the dtype (``-inf`` on fully masked rows, whose outputs
     are 0): the backward recomputes ``P = exp(sS - L)`` from it, and a float32 LSE of a row with
@@ -381,13 +444,13 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         for sub in range(tiles):
             it = p if sub == 0 else nqt - 1 - p
             i0 = it * bq
-            _fwd_query_tile(q, k, v, w, b, h, kvmap[h], i0, min(bq, N - i0), mask_mode, maskb, maskf, ms,
+            _fwd_query_tile(fp, q, k, v, w, b, h, kvmap[h], i0, min(bq, N - i0), mask_mode, maskb, maskf, ms,
                             scale, softcap, causal, offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha,
                             rsum, out, omap, lse)
 
 
 @njit(cache=True)
-def _bwd_rows(q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, mask_mode, maskb, maskf, ms,
+def _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, mask_mode, maskb, maskf, ms,
               scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dq_part):
     """Backward contribution of query rows ``i0 .. i0+nq`` and keys ``j0 .. j0+nkq``: one recomputed
     score product (the forward's), then ``dP``, ``dV``, ``dK`` and ``dQ`` products."""
@@ -401,11 +464,11 @@ def _bwd_rows(q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, mask_
     s = sbuf[:nq * nkq].reshape(nq, nkq)
     dp = dpbuf[:nq * nkq].reshape(nq, nkq)
     ds = dsbuf[:nq * nkq].reshape(nq, nkq)
-    np.dot(dot, v[b, hk, j0:j0 + nkq].T, dp)  # dP = dO V^T, shared by the R maps
+    _mm(fp, dot, False, v[b, hk, j0:j0 + nkq], True, dp)  # dP = dO V^T, shared by the R maps
     for r in range(R):
         qt = q[r, b, h, i0:i0 + nq]
         kt = k[r, b, hk, j0:j0 + nkq]
-        np.dot(qt, kt.T, s)  # S = Q K^T, the forward's call
+        _mm(fp, qt, False, kt, True, s)  # S = Q K^T, the forward's call
         if not plain:
             _final_logits(s, nq, nkq, b, h, i0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
         for ii in range(nq):
@@ -443,17 +506,17 @@ def _bwd_rows(q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, mask_
                     tt = th[ii, jj]
                     ds[ii, jj] = ds[ii, jj] * (1.0 - tt * tt)
         tv = tbuf[:nkq * dv].reshape(nkq, dv)
-        np.dot(s.T, dot, tv)  # (w P)^T dO
+        _mm(fp, s, True, dot, False, tv)  # (w P)^T dO
         for jj in range(nkq):
             for c in range(dv):
                 dva[jj, c] += tv[jj, c]
         tk = tbuf[:nkq * d].reshape(nkq, d)
-        np.dot(ds.T, qt, tk)  # dS^T Q
+        _mm(fp, ds, True, qt, False, tk)  # dS^T Q
         for jj in range(nkq):
             for c in range(d):
                 dka[r, jj, c] += tk[jj, c]
         tq = tbuf[:nq * d].reshape(nq, d)
-        np.dot(ds, kt, tq)  # dS K
+        _mm(fp, ds, False, kt, False, tq)  # dS K
         dqp = dq_part[sp, r, b, h]
         for ii in range(nq):
             for c in range(d):
@@ -461,7 +524,7 @@ def _bwd_rows(q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, mask_
 
 
 @njit(cache=True)
-def _bwd_key_tile(q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_mode, maskb, maskf, ms, scale,
+def _bwd_key_tile(fp, q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_mode, maskb, maskf, ms, scale,
                   softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva,
                   dq_part, dk_part, dv_part):
     """FlashAttention-2 backward of key rows ``j0 .. j0+nk`` of query head ``h`` over all query tiles."""
@@ -488,7 +551,7 @@ def _bwd_key_tile(q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_mode,
             nkq = _diag_width(causal, i0, g0, ng, j0, nk, M, offset)
             if nkq <= 0:  # no query of this group sees key j0
                 continue
-            _bwd_rows(q, k, v, w, dout, lse, delta, b, h, hk, i0 + g0, ng, j0, nkq, sp, mask_mode, maskb,
+            _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0 + g0, ng, j0, nkq, sp, mask_mode, maskb,
                       maskf, ms, scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka,
                       dva, dq_part)
     for jj in range(nk):
@@ -501,7 +564,7 @@ def _bwd_key_tile(q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_mode,
 
 @njit(cache=True, parallel=True)
 def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap, causal, offset,
-                  bq, bk, bg, nsplit, dout, lse, delta, dq_part, dk_part, dv_part):
+                  bq, bk, bg, nsplit, dout, lse, delta, dq_part, dk_part, dv_part, fp):
     r"""FlashAttention-2 backward, recomputing $P$ from the stored LSE.
 
     ``delta`` (R,B,H,N) is $D_r = w_r\,\mathrm{rowsum}(dO \odot O_r) - dL_r$ (``dL`` the upstream
@@ -535,7 +598,7 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
             if pos != sp and pos != 2 * nsplit - 1 - sp:
                 continue
             j0 = kt_i * bk
-            _bwd_key_tile(q, k, v, w, dout, lse, delta, b, h, kvmap[h], j0, min(bk, M - j0), sp, mask_mode,
+            _bwd_key_tile(fp, q, k, v, w, dout, lse, delta, b, h, kvmap[h], j0, min(bk, M - j0), sp, mask_mode,
                           maskb, maskf, ms, scale, softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th,
                           vec[0], vec[1], dka, dva, dq_part, dk_part, dv_part)
 

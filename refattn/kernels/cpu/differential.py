@@ -28,6 +28,7 @@ import numpy as np
 from ..._checks import check_int
 from ...attention.softmax import sum_to_shape
 from . import _attention as _k
+from . import runtime
 from ._common import (
     DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,
@@ -102,15 +103,16 @@ def diff_attention_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_causal:
     out = np.empty((b, h, n, dv), dtype=dt)
     omap = np.empty((2, b, h, n, dv), dtype=dt)
     lse = np.empty((2, b, h, n), dtype=np.float64)  # float64 inside, for the backward (see _attention)
+    fp = runtime.gemm_pointer(dt)  # the BLAS of the tile products; the backward reuses it
     run_kernel(_k.attention_fwd, q, k, v4, w, kvm, mode, mb, mf, ms, float(s), 0.0, bool(is_causal), offset,
-               block_q, block_k, block_q, out, omap, lse)
+               block_q, block_k, block_q, out, omap, lse, fp)
     out_l = out.reshape(lead + (h, n, dv))
     cache = {
         "backend": BACKEND, "q": q, "k": k, "v": v4, "w": w, "omap": omap, "lse4": lse,
         "lse": lse.astype(dt).reshape((2,) + lead + (h, n)), "out": out_l, "scale": float(s),
         "is_causal": bool(is_causal), "offset": offset, "kv_group_map": kv_group_map,
         "mask": (mode, mb, mf, ms), "block_q": block_q, "block_k": block_k,
-        "shapes": (q1.shape, k1.shape, v.shape), "lam_shape": lam.shape, "kind": "diff",
+        "shapes": (q1.shape, k1.shape, v.shape), "lam_shape": lam.shape, "kind": "diff", "fp": fp,
     }
     return out_l, cache
 
@@ -137,7 +139,7 @@ def diff_attention_backward(dout, cache):
     kvm = kv_map(h, hkv, c["kv_group_map"])
     run_kernel(_k.attention_bwd, q, k, v4, w, kvm, mode, mb, mf, ms, c["scale"], 0.0, c["is_causal"],
                c["offset"], c["block_q"], c["block_k"], c["block_q"], nsplit, g4, readonly(c["lse4"]), delta, dq_part,
-               dk_part, dv_part)
+               dk_part, dv_part, c["fp"])
     dq = dq_part[0]
     for i in range(1, nsplit):  # fixed order, in place
         dq += dq_part[i]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _attention as _k
+from . import runtime
 from ._common import (
     bwd_splits,
     check_dout,
@@ -102,15 +103,16 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
     out = np.empty((b, h, n, dv), dtype=dt)
     omap = out[None]  # R = 1, weight 1: the per-map output is the output (written twice, same value)
     lse = np.empty((1, b, h, n), dtype=np.float64)  # float64 inside, for the backward (see _attention)
+    fp = runtime.gemm_pointer(dt)  # the BLAS of the tile products; the backward reuses it
     run_kernel(_k.attention_fwd, q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, float(s),
-               float(softcap or 0.0), bool(is_causal), offset, block_q, block_k, block_g, out, omap, lse)
+               float(softcap or 0.0), bool(is_causal), offset, block_q, block_k, block_g, out, omap, lse, fp)
     out_l = out.reshape(lead + (h, n, dv))
     cache = {
         "backend": BACKEND, "q": q4, "k": k4, "v": v4, "out4": out, "out": out_l, "lse4": lse,
         "lse": lse[0].astype(dt).reshape(lead + (h, n)), "scale": float(s), "softcap": softcap,
         "is_causal": is_causal, "offset": offset, "kv_group_map": kv_group_map,
         "mask": (mode, mb, mf, ms), "block_q": block_q, "block_k": block_k,
-        "block_g": block_g, "shapes": (q.shape, k.shape, v.shape),
+        "block_g": block_g, "shapes": (q.shape, k.shape, v.shape), "fp": fp,
     }
     # the caller gets a copy: the backward reads out4, which a caller's in-place update of the
     # returned array must not reach
@@ -162,7 +164,7 @@ def flash_attention_backward(dout, cache, *, dlse=None):
     w = readonly(np.ones((1, b, h, n), dtype=dt))
     run_kernel(_k.attention_bwd, q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, c["scale"],
                float(c["softcap"] or 0.0), bool(c["is_causal"]), c["offset"], c["block_q"],
-               c["block_k"], c["block_g"], nsplit, g4, readonly(c["lse4"]), delta, dq_part, dk_part, dv_part)
+               c["block_k"], c["block_g"], nsplit, g4, readonly(c["lse4"]), delta, dq_part, dk_part, dv_part, c["fp"])
     dq = dq_part[0, 0]
     for i in range(1, nsplit):  # fixed order, in place (no extra float64 N x d arrays)
         dq += dq_part[i, 0]
