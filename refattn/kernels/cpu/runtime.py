@@ -16,6 +16,8 @@ Imported by every kernel module *before* its ``@njit`` functions are defined.
   BLAS library in the process to one thread while a kernel runs and restores the previous count
   afterwards (through ``threadpoolctl`` when it is installed, else directly through SciPy's
   OpenBLAS). The kernels' own parallelism is ``numba.get_num_threads()``.
+* **Which BLAS.** :func:`set_blas` (or ``REFATTN_BLAS``) sends the SDPA / differential tile
+  products to oneMKL instead (:func:`gemm_pointer`), loaded on its sequential threading layer.
 * **Compile notice.** The first call of a kernel for a dtype compiles it (tens of seconds); a
   one-line message on stderr says so instead of a silent stall. Later processes load the compiled
   code from the on-disk cache (about a second) and print nothing.
