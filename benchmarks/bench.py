@@ -214,13 +214,8 @@ def _blas_variants(fwd, fb) -> dict:
         return call
 
     out = {"numba": (under("scipy", fwd), under("scipy", fb))}
-    try:
-        prev = runtime.get_blas()
-        runtime.set_blas("mkl")
-        runtime.set_blas(prev)
+    if runtime.mkl_available():
         out["numba_mkl"] = (under("mkl", fwd), under("mkl", fb))
-    except ValueError:
-        pass
     return out
 
 
@@ -565,13 +560,7 @@ def run(*, sizes, threads, repeats, cases, numpy_max, memory_n, b=1, h=4, d=64, 
                "env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_NUM_THREADS",
                                                       "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "NUMBA_NUM_THREADS")},
                "loadavg_before": _loadavg(), "kernel_blas": "; ".join(runtime.blas_libraries()) or "unknown"}
-    try:
-        prev = runtime.get_blas()
-        runtime.set_blas("mkl")
-        machine["kernel_blas_mkl"] = runtime.blas_description()
-        runtime.set_blas(prev)
-    except ValueError:
-        machine["kernel_blas_mkl"] = None
+    machine["kernel_blas_mkl"] = runtime.mkl_description() if runtime.mkl_available() else None
     report = {"machine": machine, "modes": {}}
     for mode in modes:
         nthreads = 1 if mode == "1thread" else threads

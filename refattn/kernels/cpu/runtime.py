@@ -37,7 +37,7 @@ from numba.core import config as _numba_config
 from numba.core import event as _event
 
 __all__ = ["cache_dir", "single_blas_thread", "blas_libraries", "register_entry_point", "COMPILE_SECONDS",
-           "set_blas", "get_blas", "gemm_pointer", "BLAS_CHOICES"]
+           "set_blas", "get_blas", "gemm_pointer", "blas_description", "mkl_available", "mkl_description", "BLAS_CHOICES"]
 
 
 def _writeable_dir(path: Path) -> bool:
@@ -202,6 +202,11 @@ def _load_mkl():
     return None
 
 
+def mkl_available() -> bool:
+    """Whether oneMKL can be loaded, so that ``set_blas("mkl")`` would succeed."""
+    return _load_mkl() is not None
+
+
 def set_blas(name: str) -> str:
     """Choose the BLAS of the SDPA and differential kernels' tile products; returns the choice.
 
@@ -254,10 +259,15 @@ def gemm_pointer(dtype) -> int:
     return int(ctypes.cast(fn, ctypes.c_void_p).value)
 
 
+def mkl_description() -> str:
+    """One line naming the oneMKL library ``set_blas("mkl")`` uses (call when :func:`mkl_available`)."""
+    return f"oneMKL (CBLAS, sequential) {_load_mkl()._refattn_path}"
+
+
 def blas_description() -> str:
     """One line: the BLAS of the tile products now (library and file)."""
     if get_blas() == "mkl":
-        return f"oneMKL (CBLAS, sequential) {_load_mkl()._refattn_path}"
+        return mkl_description()
     return "SciPy's cython_blas (np.dot inside Numba)"
 
 
