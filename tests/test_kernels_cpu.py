@@ -173,6 +173,32 @@ def test_flash_float32_error_rule(is_causal):
         _f32_rule(gk[name], gn[name], g64[name], name)
 
 
+def test_flash_float32_wide_logit_range_and_minus_inf_mask():
+    """The float32 exp over its whole input range: logits spread over ~±150 (so exp(s - max) runs
+    from 1 down past the clamp at 2^-127 into exact zeros) and an additive mask with -inf entries
+    (exp(-inf) must be exactly 0, so a removed key whose value is huge changes nothing)."""
+    rng = np.random.default_rng(15)
+    q, k, v = _qkv(rng, 1, 2, 2, 40, 48, 8, 8)
+    q, k = q * 5.0, k * 5.0
+    add = np.where(rng.random((1, 2, 40, 48)) < 0.25, -np.inf, rng.standard_normal((1, 2, 40, 48)))
+    v_far = v.copy()
+    v_far[..., 5, :] = 1e30  # key 5: removed from every row below
+    add[..., 5] = -np.inf
+    q32, k32, v32 = (a.astype(np.float32) for a in (q, k, v_far))
+    out64, c64 = sdpa_forward(q, k, v, attn_mask=add, scale=1.0)
+    out_n, c_n = sdpa_forward(q32, k32, v.astype(np.float32), attn_mask=add.astype(np.float32), scale=1.0)
+    out_k, c_k = kf.flash_attention_forward(q32, k32, v32, attn_mask=add.astype(np.float32), scale=1.0,
+                                            block_q=16, block_k=16)
+    assert np.isfinite(out_k).all()
+    _f32_rule(out_k, out_n, out64)
+    g = rng.standard_normal(out64.shape)
+    gk, gn, g64 = kf.flash_attention_backward(g.astype(np.float32), c_k), \
+        sdpa_backward(g.astype(np.float32), c_n), sdpa_backward(g, c64)
+    assert np.all(gk["v"][..., 5, :] == 0)  # P = 0 exactly on the removed key
+    for name in ("q", "k"):
+        _f32_rule(gk[name], gn[name], g64[name], name)
+
+
 def _assert_causal_bit_identical_across_threads(seed, block_q, block_k):
     """Causal forward and backward, twice at the current thread count and once on one thread: every
     output bit-identical."""
