@@ -20,30 +20,31 @@ from ..._checks import (
     validate_qkv,
 )
 
-# Measured at d = 64, float32, one thread (N = 2048): 256 x 256 tiles beat 128 x 256 and 64 x 256
-# (forward ~41 vs 40 vs 43 GFLOP/s non-causal but 42 vs 41 vs 32 causal; forward+backward
-# 44 / 41 vs 44 / 44 vs 39 / 35); larger tiles make the BLAS calls efficient, the score tile
-# (256 KiB in float32) still fits a 512 KiB L2.
+# Tile sizes of the differential kernel. Measured at d = 64, dv = 128, float32, one thread,
+# N = 2048 on a Xeon (AVX-512): 256 x 1024 ran the forward 8 % faster than 256 x 256 with oneMKL
+# and 5 % with OpenBLAS (forward+backward the same within 2 %), as for SDPA (:func:`sdpa_blocks`).
+# Earlier, on an AMD EPYC core, 256 x 256 had beaten 128 x 256 and 64 x 256.
 DEFAULT_BLOCK_Q = 256
-DEFAULT_BLOCK_K = 256
+DEFAULT_BLOCK_K = 1024
 
 
 def sdpa_blocks(n: int, is_causal: bool, block_q=None, block_k=None) -> tuple:
     """Tile sizes of the SDPA kernels (``flash``) for ``n`` queries; a size given stays as given.
 
     Chosen by measurement (d = 64, float32, one thread, interleaved with torch SDPA, issue 19):
-    ``512 x 512`` for every ``n``, causal or not. Taller query tiles amortise the packing of each K
-    and V tile by the BLAS over more rows, wider key tiles halve the passes over the accumulator:
-    non-causal forward 0.93-0.95x torch vs 0.90-0.93x at ``512 x 256``, forward+backward 0.99-1.00x
-    vs 0.96x (N = 1024-4096, two runs). Under a causal mask the tiles that cross the diagonal are
-    computed in row groups of :data:`DIAG_ROWS` rows whose products stop at the group's last visible
-    key (:func:`sdpa_row_group`), so the masked corner of a tall tile is not multiplied: causal
-    forward 1.12x / 1.05x / 1.01x torch at N = 1024 / 2048 / 4096, against 1.08x (``128 x 512``) /
-    0.98x / 0.94-0.95x (``256 x 256``) before. ``1024 x 512`` was 1-2.5 % faster again non-causal
-    but halves the work items for the threads and doubles the tile scratch. The choice depends on
-    the shapes only, so results stay bit-identical for any thread count; the backward uses the
+    ``256 x 1024`` for every ``n``, causal or not. Wide key tiles halve the passes over the output
+    accumulator and the number of ``P V`` products against ``512 x 512`` (the same 1 MiB score
+    tile, which stays in a 2 MiB L2); taller query tiles than 256 gained nothing once the keys were
+    1024 wide. On a Xeon (AVX-512) with oneMKL the forward went from 0.94 / 0.96x torch
+    (``512 x 512``) to 0.96-0.99x non-causal (N = 1024 / 4096) and 1.13x / 0.99x causal;
+    forward+backward stayed the same (0.92 / 0.96x); with OpenBLAS both shapes measured the same.
+    Earlier, on an AMD EPYC core with OpenBLAS, ``512 x 512`` had beaten ``512 x 256``, ``256 x 256``
+    and ``128 x 512``. Under a causal mask the tiles that cross the diagonal are computed in row
+    groups of :data:`DIAG_ROWS` rows whose products stop at the group's last visible key
+    (:func:`sdpa_row_group`), so the masked corner of a tile is not multiplied. The choice depends
+    on the shapes only, so results stay bit-identical for any thread count; the backward uses the
     forward's sizes (it must recompute every score tile with the same call)."""
-    bq, bk = 512, 512
+    bq, bk = 256, 1024
     return (bq if block_q is None else block_q), (bk if block_k is None else block_k)
 
 
