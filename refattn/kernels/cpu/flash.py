@@ -101,22 +101,25 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
     w = readonly(np.ones((1, b, h, n), dtype=dt))
     offset = 0 if causal_alignment == "top_left" else m - n
     out = np.empty((b, h, n, dv), dtype=dt)
-    omap = out[None]  # R = 1, weight 1: the per-map output is the output (written twice, same value)
+    # R = 1, weight 1: the per-map output equals the output. The kernel writes it twice, into the
+    # array the caller gets and into the cache's own copy (the backward reads it, so a caller's
+    # in-place update of the returned array must not reach it): two stores of a row still in cache
+    # instead of a copy of the whole output afterwards.
+    omap = np.empty((1, b, h, n, dv), dtype=dt)
     lse = np.empty((1, b, h, n), dtype=np.float64)  # float64 inside, for the backward (see _attention)
     fp = runtime.gemm_pointer(dt)  # the BLAS of the tile products; the backward reuses it
     run_kernel(_k.attention_fwd, q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, float(s),
                float(softcap or 0.0), bool(is_causal), offset, block_q, block_k, block_g, out, omap, lse, fp)
     out_l = out.reshape(lead + (h, n, dv))
     cache = {
-        "backend": BACKEND, "q": q4, "k": k4, "v": v4, "out4": out, "out": out_l, "lse4": lse,
+        "backend": BACKEND, "q": q4, "k": k4, "v": v4, "out4": omap[0], "out": omap[0].reshape(out_l.shape),
+        "lse4": lse,
         "lse": lse[0].astype(dt).reshape(lead + (h, n)), "scale": float(s), "softcap": softcap,
         "is_causal": is_causal, "offset": offset, "kv_group_map": kv_group_map,
         "mask": (mode, mb, mf, ms), "block_q": block_q, "block_k": block_k,
         "block_g": block_g, "shapes": (q.shape, k.shape, v.shape), "fp": fp,
     }
-    # the caller gets a copy: the backward reads out4, which a caller's in-place update of the
-    # returned array must not reach
-    return out_l.copy(), cache
+    return out_l, cache
 
 
 def reduce_heads(x: np.ndarray, hkv: int, kv_group_map: str) -> np.ndarray:
