@@ -643,8 +643,12 @@ def test_set_blas_choices_and_errors(monkeypatch):
     assert "cython_blas" in runtime.blas_description()
     # the environment variable is read once, at the first use: a fresh process
     code = "from refattn.kernels.cpu import runtime; print(runtime.get_blas())"
-    for env, expect in (("fastest", "REFATTN_BLAS='fastest'"), ("SCIPY", "scipy")):
-        monkeypatch.setenv("REFATTN_BLAS", env)
+    for env, expect in (("fastest", "REFATTN_BLAS='fastest'"), ("SCIPY", "scipy"),
+                        (None, "mkl" if runtime.mkl_available() else "scipy")):  # default: "auto"
+        if env is None:
+            monkeypatch.delenv("REFATTN_BLAS", raising=False)
+        else:
+            monkeypatch.setenv("REFATTN_BLAS", env)
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         assert expect in res.stdout + res.stderr, res.stderr
 

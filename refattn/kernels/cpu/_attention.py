@@ -25,8 +25,8 @@ Array layout (``B`` = all leading batch axes flattened):
 
 **Tile products are BLAS calls.** Inside ``@njit``, ``np.dot`` on C- or F-contiguous 2-D
 float32/float64 arrays calls the BLAS ``gemm`` of SciPy's ``cython_blas`` (the wrappers pin it to
-one thread per Numba worker, see :mod:`.runtime`), or, when oneMKL was chosen
-(:func:`.runtime.set_blas`), oneMKL's CBLAS gemm, whose address arrives as the runtime argument ``fp``
+one thread per Numba worker, see :mod:`.runtime`), or oneMKL's CBLAS gemm (the default when it is
+installed, :func:`.runtime.set_blas`), whose address arrives as the runtime argument ``fp``
 (:func:`_mm`). Tiles are contiguous views (no copies). Score
 tiles are query-major, ``S = Q K^T`` (``nq, nk``), in the forward and in the backward, and the
 backward recomputes each score tile with *the same call on the same tile* as the forward (under a

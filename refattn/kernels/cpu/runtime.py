@@ -210,17 +210,19 @@ def mkl_available() -> bool:
 def set_blas(name: str) -> str:
     """Choose the BLAS of the SDPA and differential kernels' tile products; returns the choice.
 
-    * ``"scipy"`` (default): ``np.dot`` inside Numba, i.e. the BLAS SciPy's ``cython_blas``
-      exposes (on pip installs SciPy's bundled OpenBLAS);
+    * ``"auto"`` (default): oneMKL when it can be loaded (``pip install "refattn[mkl]"``), else
+      SciPy's BLAS;
+    * ``"scipy"``: ``np.dot`` inside Numba, i.e. the BLAS SciPy's ``cython_blas`` exposes (on pip
+      installs SciPy's bundled OpenBLAS);
     * ``"mkl"``: oneMKL's CBLAS (``pip install mkl``, or ``refattn[mkl]``); an error if it cannot
-      be loaded;
-    * ``"auto"``: oneMKL when it can be loaded, else SciPy's BLAS.
+      be loaded.
 
-    The environment variable ``REFATTN_BLAS`` sets the initial choice. Both give float64 parity and
+    The environment variable ``REFATTN_BLAS`` sets the initial choice (read at the first kernel
+    call). Both give float64 parity and
     bit-identical results across thread counts; they round float32 differently from each other. A
     forward's cache remembers its BLAS, so a backward always repeats the forward's products. On an
-    Intel Xeon (AVX-512) oneMKL ran the ``512 x 512`` tile products ~40 % faster than OpenBLAS
-    (see docs/performance.md)."""
+    Intel Xeon (AVX-512) oneMKL ran the tile products ~40 % faster than OpenBLAS, which is why
+    installing it is enough to use it (see docs/performance.md)."""
     global _blas_choice
     if not isinstance(name, str) or name.lower() not in BLAS_CHOICES:
         raise ValueError(f"blas must be one of {BLAS_CHOICES}, got {name!r}")
@@ -237,7 +239,7 @@ def set_blas(name: str) -> str:
 def get_blas() -> str:
     """The BLAS the kernels use now: ``"scipy"`` or ``"mkl"`` (see :func:`set_blas`)."""
     if _blas_choice is None:
-        env = os.environ.get("REFATTN_BLAS", "scipy")
+        env = os.environ.get("REFATTN_BLAS", "auto")
         try:
             set_blas(env)
         except ValueError as exc:
