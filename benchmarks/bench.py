@@ -179,17 +179,18 @@ def _measure(impls: dict, *, mode: str, repeats: int, min_s: float, flops: float
 
 
 def kernel_scratch_bytes(kind: str, *, threads: int, d: int, dv: int, r: int = 1, bq: int | None = None,
-                         bk: int | None = None, itemsize: int = 4) -> int:
+                         bk: int | None = None, itemsize: int = 4, softcap: bool = False) -> int:
     """Analytic tile scratch of the Numba attention kernels (allocated per work item inside the
     parallel loop, so at most ``threads`` at a time), default tile sizes unless given."""
     from refattn.kernels.cpu._common import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
 
     bq = DEFAULT_BLOCK_Q if bq is None else bq
     bk = DEFAULT_BLOCK_K if bk is None else bk
-    if kind == "fwd":  # s, th, P V, acc, m, row sums + float64 l, alpha
-        per = (2 * bq * bk + bq * dv + r * bq * dv + r * bq + bq) * itemsize + (r * bq + bq) * 8
-    else:  # s, dp, ds, th, tile products, 2 row vectors + float64 dK, dV accumulators
-        per = (4 * bq * bk + max(bq, bk) * max(d, dv) + 2 * bq) * itemsize + (r * d + dv) * bk * 8
+    th = bq * bk if softcap else 0  # the tanh tile, allocated only under a softcap
+    if kind == "fwd":  # s, P V, acc, m, row sums (+ th) + float64 l, alpha
+        per = (bq * bk + bq * dv + r * bq * dv + r * bq + bq + th) * itemsize + (r * bq + bq) * 8
+    else:  # s, dp, ds, tile products, 2 row vectors (+ th) + float64 dK, dV accumulators
+        per = (3 * bq * bk + max(bq, bk) * max(d, dv) + 2 * bq + th) * itemsize + (r * d + dv) * bk * 8
     return per * threads
 
 
