@@ -71,7 +71,7 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
     block_q, block_k : int, optional
         Query / key tile sizes; by default ``256 x 1024``
         (:func:`refattn.kernels.cpu._common.sdpa_blocks`). Under a causal mask, tiles that cross the
-        diagonal are computed in row groups of ``min(block_q, 128)`` rows, each product stopping at
+        diagonal are computed in row groups of ``min(block_q, 64)`` rows, each product stopping at
         the group's last visible key.
 
     Returns
