@@ -55,7 +55,8 @@ polynomial), which vectorises; float64 uses ``math.exp``.
 ``tanh`` tile only under a softcap). Separate buffers of ~1 MiB each made glibc return the freed
 heap top to the system after every work item (it trims above twice the largest freed chunk) and
 fault the pages in again for the next one: ~4,000 page faults, ~4 ms, per float32 backward at
-N = 1024 (measured); one buffer per dtype is reused from the heap.
+N = 1024 (measured); one buffer per dtype is reused from the heap. Buffers are sized for the largest
+tile that occurs, ``min(bq, N) x min(bk, M)``.
 
 **Schedule.** Forward work item = (batch, head, slot); a slot is one query tile, or under a causal
 mask the pair of query tiles ``(p, nqt-1-p)``, so that every work item has the same number of key
@@ -530,6 +531,7 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
     logits ~10 carries a rounding error of ~5e-7, which alone made float32 ``dV`` fail the 2x rule
     (the naive reference keeps ``P`` itself). The running sums ``l`` are float64 for the same reason."""
     R, B, H, N, d = q.shape
+    M = k.shape[3]
     dv = v.shape[3]
     nqt = (N + bq - 1) // bq
     nslot = (nqt + 1) // 2 if causal else nqt  # causal: query tiles p and nqt-1-p share a slot
@@ -537,23 +539,25 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         b = t // (H * nslot)
         h = (t // nslot) % H
         p = t % nslot
-        # Scratch: one buffer per dtype, carved into views (see the module docstring, "Scratch").
-        nth = bq * bk if softcap > 0.0 else 0  # tanh of the logits: kept only under a softcap
-        fl = np.empty(bq * bk + bq * dv + R * bq * dv + R * bq + bq + nth, dtype=q.dtype)
-        o = bq * bk
+        # Scratch: one buffer per dtype, carved into views (see the module docstring, "Scratch"),
+        # sized for the largest tile that occurs (a short sequence needs less than bq x bk).
+        tq, tk = min(bq, N), min(bk, M)
+        nth = tq * tk if softcap > 0.0 else 0  # tanh of the logits: kept only under a softcap
+        fl = np.empty(tq * tk + tq * dv + R * tq * dv + R * tq + tq + nth, dtype=q.dtype)
+        o = tq * tk
         sbuf = fl[:o]
-        pbuf = fl[o:o + bq * dv]
-        o += bq * dv
-        acc = fl[o:o + R * bq * dv].reshape(R, bq, dv)
-        o += R * bq * dv
-        mrow = fl[o:o + R * bq].reshape(R, bq)
-        o += R * bq
-        rsum = fl[o:o + bq]
-        o += bq
-        th = fl[o:o + nth].reshape(bq if nth else 0, bk if nth else 0)
-        f8 = np.empty(R * bq + bq, dtype=np.float64)
-        lrow = f8[:R * bq].reshape(R, bq)
-        alpha = f8[R * bq:]
+        pbuf = fl[o:o + tq * dv]
+        o += tq * dv
+        acc = fl[o:o + R * tq * dv].reshape(R, tq, dv)
+        o += R * tq * dv
+        mrow = fl[o:o + R * tq].reshape(R, tq)
+        o += R * tq
+        rsum = fl[o:o + tq]
+        o += tq
+        th = fl[o:o + nth].reshape(tq if nth else 0, tk if nth else 0)
+        f8 = np.empty(R * tq + tq, dtype=np.float64)
+        lrow = f8[:R * tq].reshape(R, tq)
+        alpha = f8[R * tq:]
         tiles = 2 if causal and nqt - 1 - p != p else 1
         for sub in range(tiles):
             it = p if sub == 0 else nqt - 1 - p
@@ -696,20 +700,22 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         b = t // (H * nsplit)
         h = (t // nsplit) % H
         sp = t % nsplit
-        # Scratch: one buffer per dtype, carved into views (see the module docstring, "Scratch").
-        nt = bk * bq
+        # Scratch: one buffer per dtype, carved into views (see the module docstring, "Scratch"),
+        # sized for the largest tile that occurs (a short sequence needs less than bq x bk).
+        tq, tk = min(bq, N), min(bk, M)
+        nt = tq * tk
         nth = nt if softcap > 0.0 else 0
-        ntb = max(bk, bq) * max(d, dv)
-        fl = np.empty(3 * nt + ntb + 2 * bq + nth, dtype=q.dtype)
+        ntb = max(tk, tq) * max(d, dv)
+        fl = np.empty(3 * nt + ntb + 2 * tq + nth, dtype=q.dtype)
         sbuf = fl[:nt]
         dpbuf = fl[nt:2 * nt]
         dsbuf = fl[2 * nt:3 * nt]
         tbuf = fl[3 * nt:3 * nt + ntb]
-        vec = fl[3 * nt + ntb:3 * nt + ntb + 2 * bq].reshape(2, bq)
-        th = fl[3 * nt + ntb + 2 * bq:].reshape(bq if nth else 0, bk if nth else 0)
-        f8 = np.empty(R * bk * d + bk * dv, dtype=np.float64)
-        dka = f8[:R * bk * d].reshape(R, bk, d)
-        dva = f8[R * bk * d:].reshape(bk, dv)
+        vec = fl[3 * nt + ntb:3 * nt + ntb + 2 * tq].reshape(2, tq)
+        th = fl[3 * nt + ntb + 2 * tq:].reshape(tq if nth else 0, tk if nth else 0)
+        f8 = np.empty(R * tk * d + tk * dv, dtype=np.float64)
+        dka = f8[:R * tk * d].reshape(R, tk, d)
+        dva = f8[R * tk * d:].reshape(tk, dv)
         for kt_i in range(nkt):
             pos = kt_i % (2 * nsplit)  # zig-zag: split sp owns positions sp and 2*nsplit-1-sp
             if pos != sp and pos != 2 * nsplit - 1 - sp:
