@@ -569,9 +569,16 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
 
 @njit(cache=True)
 def _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, mask_mode, maskb, maskf, ms,
-              scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dq_part):
+              scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dkat, dvat,
+              dq_part):
     """Backward contribution of query rows ``i0 .. i0+nq`` and keys ``j0 .. j0+nkq``: one recomputed
-    score product (the forward's), then ``dP``, ``dV``, ``dK`` and ``dQ`` products."""
+    score product (the forward's), then ``dP``, ``dV``, ``dK`` and ``dQ`` products.
+
+    ``dV`` and ``dK`` of the key tile accumulate in ``dva`` / ``dka`` (key-major) with SciPy's BLAS
+    and in ``dvat`` / ``dkat`` (the same memory, feature-major) with oneMKL (``fp != 0``): oneMKL
+    runs ``(w P)^T dO`` and ``dS^T Q``, whose large operand is transposed, at ~130 GFLOP/s on these
+    shapes but their transposes ``dO^T (w P)`` and ``Q^T dS`` at ~150 (measured, Xeon, one thread);
+    OpenBLAS runs the first form ~3 % faster, so each BLAS gets its faster form."""
     R = q.shape[0]
     d = q.shape[4]
     dv = v.shape[3]
@@ -620,16 +627,28 @@ def _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, m
                 for jj in range(nv):
                     tt = th[ii, jj]
                     ds[ii, jj] = ds[ii, jj] * (1.0 - tt * tt)
-        tv = tbuf[:nkq * dv].reshape(nkq, dv)
-        _mm(fp, s, True, dot, False, tv)  # (w P)^T dO
-        for jj in range(nkq):
+        if fp != 0:  # oneMKL: the transposed products (see the docstring)
+            tvt = tbuf[:dv * nkq].reshape(dv, nkq)
+            _mm(fp, dot, True, s, False, tvt)  # dO^T (w P)
             for c in range(dv):
-                dva[jj, c] += tv[jj, c]
-        tk = tbuf[:nkq * d].reshape(nkq, d)
-        _mm(fp, ds, True, qt, False, tk)  # dS^T Q
-        for jj in range(nkq):
+                for jj in range(nkq):
+                    dvat[c, jj] += tvt[c, jj]
+            tkt = tbuf[:d * nkq].reshape(d, nkq)
+            _mm(fp, qt, True, ds, False, tkt)  # Q^T dS
             for c in range(d):
-                dka[r, jj, c] += tk[jj, c]
+                for jj in range(nkq):
+                    dkat[r, c, jj] += tkt[c, jj]
+        else:
+            tv = tbuf[:nkq * dv].reshape(nkq, dv)
+            _mm(fp, s, True, dot, False, tv)  # (w P)^T dO
+            for jj in range(nkq):
+                for c in range(dv):
+                    dva[jj, c] += tv[jj, c]
+            tk = tbuf[:nkq * d].reshape(nkq, d)
+            _mm(fp, ds, True, qt, False, tk)  # dS^T Q
+            for jj in range(nkq):
+                for c in range(d):
+                    dka[r, jj, c] += tk[jj, c]
         tq = tbuf[:nq * d].reshape(nq, d)
         _mm(fp, ds, False, kt, False, tq)  # dS K
         dqp = dq_part[sp, r, b, h]
@@ -640,17 +659,15 @@ def _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, m
 
 @njit(cache=True)
 def _bwd_key_tile(fp, q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_mode, maskb, maskf, ms, scale,
-                  softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva,
-                  dq_part, dk_part, dv_part):
-    """FlashAttention-2 backward of key rows ``j0 .. j0+nk`` of query head ``h`` over all query tiles."""
+                  softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dkat,
+                  dvat, dq_part, dk_part, dv_part):
+    """FlashAttention-2 backward of key rows ``j0 .. j0+nk`` of query head ``h`` over all query tiles.
+    ``dka`` / ``dva`` and ``dkat`` / ``dvat`` are two layouts of the same accumulators
+    (:func:`_bwd_rows`)."""
     R, B, H, N, d = q.shape
     dv = v.shape[3]
-    for jj in range(nk):
-        for c in range(dv):
-            dva[jj, c] = 0.0
-        for r in range(R):
-            for c in range(d):
-                dka[r, jj, c] = 0.0
+    dka[:] = 0.0  # all of the accumulators' memory, whichever layout is used
+    dva[:] = 0.0
     M = k.shape[3]
     i_start = 0
     if causal:
@@ -668,13 +685,13 @@ def _bwd_key_tile(fp, q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_m
                 continue
             _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0 + g0, ng, j0, nkq, sp, mask_mode, maskb,
                       maskf, ms, scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka,
-                      dva, dq_part)
+                      dva, dkat, dvat, dq_part)
     for jj in range(nk):
         for r in range(R):
             for c in range(d):
-                dk_part[r, b, h, j0 + jj, c] = dka[r, jj, c]
+                dk_part[r, b, h, j0 + jj, c] = dkat[r, c, jj] if fp != 0 else dka[r, jj, c]
         for c in range(dv):
-            dv_part[b, h, j0 + jj, c] = dva[jj, c]
+            dv_part[b, h, j0 + jj, c] = dvat[c, jj] if fp != 0 else dva[jj, c]
 
 
 @njit(cache=True, parallel=True)
@@ -714,8 +731,10 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         vec = fl[3 * nt + ntb:3 * nt + ntb + 2 * tq].reshape(2, tq)
         th = fl[3 * nt + ntb + 2 * tq:].reshape(tq if nth else 0, tk if nth else 0)
         f8 = np.empty(R * tk * d + tk * dv, dtype=np.float64)
-        dka = f8[:R * tk * d].reshape(R, tk, d)
+        dka = f8[:R * tk * d].reshape(R, tk, d)  # key-major (SciPy's BLAS) ...
         dva = f8[R * tk * d:].reshape(tk, dv)
+        dkat = f8[:R * tk * d].reshape(R, d, tk)  # ... or feature-major (oneMKL), see _bwd_rows
+        dvat = f8[R * tk * d:].reshape(dv, tk)
         for kt_i in range(nkt):
             pos = kt_i % (2 * nsplit)  # zig-zag: split sp owns positions sp and 2*nsplit-1-sp
             if pos != sp and pos != 2 * nsplit - 1 - sp:
@@ -723,7 +742,7 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
             j0 = kt_i * bk
             _bwd_key_tile(fp, q, k, v, w, dout, lse, delta, b, h, kvmap[h], j0, min(bk, M - j0), sp, mask_mode,
                           maskb, maskf, ms, scale, softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th,
-                          vec[0], vec[1], dka, dva, dq_part, dk_part, dv_part)
+                          vec[0], vec[1], dka, dva, dkat, dvat, dq_part, dk_part, dv_part)
 
 
 runtime.register_entry_point(attention_fwd, "attention_fwd")
