@@ -567,6 +567,15 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
                             rsum, out, omap, lse)
 
 
+@njit(cache=True, inline="always")
+def _add_into(acc, t):
+    """``acc[:m, :n] += t`` for a tile product ``t`` of shape ``(m, n)`` (``acc`` float64, possibly
+    larger: the accumulators are sized for the largest tile)."""
+    for i in range(t.shape[0]):
+        for j in range(t.shape[1]):
+            acc[i, j] += t[i, j]
+
+
 @njit(cache=True)
 def _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, mask_mode, maskb, maskf, ms,
               scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dkat, dvat,
@@ -630,31 +639,20 @@ def _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, m
         if fp != 0:  # oneMKL: the transposed products (see the docstring)
             tvt = tbuf[:dv * nkq].reshape(dv, nkq)
             _mm(fp, dot, True, s, False, tvt)  # dO^T (w P)
-            for c in range(dv):
-                for jj in range(nkq):
-                    dvat[c, jj] += tvt[c, jj]
+            _add_into(dvat, tvt)
             tkt = tbuf[:d * nkq].reshape(d, nkq)
             _mm(fp, qt, True, ds, False, tkt)  # Q^T dS
-            for c in range(d):
-                for jj in range(nkq):
-                    dkat[r, c, jj] += tkt[c, jj]
+            _add_into(dkat[r], tkt)
         else:
             tv = tbuf[:nkq * dv].reshape(nkq, dv)
             _mm(fp, s, True, dot, False, tv)  # (w P)^T dO
-            for jj in range(nkq):
-                for c in range(dv):
-                    dva[jj, c] += tv[jj, c]
+            _add_into(dva, tv)
             tk = tbuf[:nkq * d].reshape(nkq, d)
             _mm(fp, ds, True, qt, False, tk)  # dS^T Q
-            for jj in range(nkq):
-                for c in range(d):
-                    dka[r, jj, c] += tk[jj, c]
+            _add_into(dka[r], tk)
         tq = tbuf[:nq * d].reshape(nq, d)
         _mm(fp, ds, False, kt, False, tq)  # dS K
-        dqp = dq_part[sp, r, b, h]
-        for ii in range(nq):
-            for c in range(d):
-                dqp[i0 + ii, c] += tq[ii, c]
+        _add_into(dq_part[sp, r, b, h, i0:i0 + nq], tq)
 
 
 @njit(cache=True)
