@@ -299,6 +299,21 @@ def test_flash_dtype_and_inputs_untouched():
         assert np.array_equal(a, b)
 
 
+def test_flash_returned_output_is_not_the_caches():
+    """The backward reads the forward's output from the cache: a caller's in-place update of the
+    returned array must not reach it (the kernel writes the two copies itself)."""
+    rng = np.random.default_rng(22)
+    q, k, v = _qkv(rng, 1, 2, 2, 12, 12, 4, 4, np.float32)
+    g = rng.standard_normal((1, 2, 12, 4)).astype(np.float32)
+    out, c = kf.flash_attention_forward(q, k, v)
+    ref = kf.flash_attention_backward(g, c)
+    assert np.array_equal(out, c["out"]) and not np.shares_memory(out, c["out4"])
+    out *= 0.0
+    again = kf.flash_attention_backward(g, c)
+    for name in ref:
+        assert np.array_equal(ref[name], again[name]), name
+
+
 BAD_SDPA = [
     (lambda q, k, v: ((q.astype(int), k, v), {}), TypeError),
     (lambda q, k, v: ((q, k, v.astype(complex)), {}), TypeError),
