@@ -20,10 +20,10 @@ from ..._checks import (
     validate_qkv,
 )
 
-# Tile sizes of the differential kernel. Measured at d = 64, dv = 128, float32, one thread,
-# N = 2048 on a Xeon (AVX-512): 256 x 1024 ran the forward 8 % faster than 256 x 256 with oneMKL
-# and 5 % with OpenBLAS (forward+backward the same within 2 %), as for SDPA (:func:`sdpa_blocks`).
-# Earlier, on an AMD EPYC core, 256 x 256 had beaten 128 x 256 and 64 x 256.
+# Default tile sizes of both attention kernels (SDPA: :func:`sdpa_blocks`, where the measurements
+# are). For the differential kernel, measured at d = 64, dv = 128, float32, one thread, N = 2048 on
+# a Xeon (AVX-512): 256 x 1024 ran the forward 8 % faster than its earlier 256 x 256 with oneMKL
+# and 5 % with OpenBLAS (forward+backward the same within 2 %).
 DEFAULT_BLOCK_Q = 256
 DEFAULT_BLOCK_K = 1024
 
@@ -44,8 +44,7 @@ def sdpa_blocks(n: int, is_causal: bool, block_q=None, block_k=None) -> tuple:
     (:func:`sdpa_row_group`), so the masked corner of a tile is not multiplied. The choice depends
     on the shapes only, so results stay bit-identical for any thread count; the backward uses the
     forward's sizes (it must recompute every score tile with the same call)."""
-    bq, bk = 256, 1024
-    return (bq if block_q is None else block_q), (bk if block_k is None else block_k)
+    return (DEFAULT_BLOCK_Q if block_q is None else block_q), (DEFAULT_BLOCK_K if block_k is None else block_k)
 
 
 # Rows per score product in a causal tile that crosses the diagonal (None: the whole query tile, one
