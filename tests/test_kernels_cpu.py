@@ -30,10 +30,11 @@ from refattn.kernels.cpu import flash as kf
 from refattn.kernels.cpu import linear as kl
 
 
-@pytest.fixture(autouse=True, params=["scipy", "mkl"])
+@pytest.fixture(autouse=True, params=["builtin", "scipy", "mkl"])
 def blas(request):
-    """Every test of this module runs with each BLAS of the tile products (``runtime.set_blas``):
-    SciPy's (``np.dot``) and oneMKL's CBLAS, skipped where oneMKL cannot be loaded."""
+    """Every test of this module runs with each choice of tile products (``runtime.set_blas``):
+    refattn's micro-kernels, SciPy's BLAS (``np.dot``) and oneMKL's CBLAS, the last skipped where
+    oneMKL cannot be loaded."""
     from refattn.kernels.cpu import runtime
 
     before = runtime.get_blas()
@@ -653,13 +654,14 @@ def test_set_blas_choices_and_errors(monkeypatch):
 
     with pytest.raises(ValueError, match="blas must be one of"):
         runtime.set_blas("openblas64")
-    assert runtime.set_blas("auto") in ("scipy", "mkl")
+    assert runtime.set_blas("auto") == "builtin" and runtime.gemm_pointer(np.float32) == -1
+    assert "micro-kernels" in runtime.blas_description()
     assert runtime.set_blas("SciPy") == "scipy" and runtime.gemm_pointer(np.float32) == 0
     assert "cython_blas" in runtime.blas_description()
     # the environment variable is read once, at the first use: a fresh process
     code = "from refattn.kernels.cpu import runtime; print(runtime.get_blas())"
     for env, expect in (("fastest", "REFATTN_BLAS='fastest'"), ("SCIPY", "scipy"),
-                        (None, "mkl" if runtime.mkl_available() else "scipy")):  # default: "auto"
+                        (None, "builtin")):  # default: "auto"
         if env is None:
             monkeypatch.delenv("REFATTN_BLAS", raising=False)
         else:
@@ -673,14 +675,12 @@ def test_backward_repeats_the_forwards_blas(blas):
     gradients are bit-identical to a backward under the forward's BLAS."""
     from refattn.kernels.cpu import runtime
 
-    if not runtime.mkl_available():
-        pytest.skip("oneMKL cannot be loaded: only one BLAS to switch between")
     rng = np.random.default_rng(21)
     q, k, v = _qkv(rng, 1, 2, 2, 40, 40, 8, 8, np.float32)
     g = rng.standard_normal((1, 2, 40, 8)).astype(np.float32)
     out, c = kf.flash_attention_forward(q, k, v, is_causal=True, block_q=16, block_k=16)
     same = kf.flash_attention_backward(g, c)
-    runtime.set_blas("scipy" if blas == "mkl" else "mkl")
+    runtime.set_blas("builtin" if blas != "builtin" else "scipy")
     other = kf.flash_attention_backward(g, c)
     for name in same:
         assert np.array_equal(same[name], other[name]), name

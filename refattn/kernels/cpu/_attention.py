@@ -76,6 +76,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import runtime  # (cache folder, before the kernels are defined)
+from ._gemm import gemm_nn, gemm_nt, pack_panels, panel_width_of
 
 
 @njit(cache=True, inline="always")
@@ -273,6 +274,58 @@ def _mm(fp, a, ta, b, tb, c):
                 c, c.strides[0] // sz)
 
 
+@njit(cache=True, inline="always")
+def _mm_nt(fp, a, b, bp, c):
+    """``c = a @ b.T``: with the built-in products (``fp == -1``) from ``bp``, the panels of ``b``
+    (:func:`._gemm.pack_panels`), else through :func:`_mm`."""
+    if fp == -1:
+        gemm_nt(a, bp, c, c.shape[0], c.shape[1])
+    else:
+        _mm(fp, a, False, b, True, c)
+
+
+@njit(cache=True, inline="always")
+def _mm_n(fp, a, ta, b, c):
+    """``c = op(a) @ b`` (``op(a) = a.T`` when ``ta``): the built-in products (``fp == -1``,
+    :func:`._gemm.gemm_nn`) or :func:`_mm`."""
+    if fp == -1:
+        gemm_nn(a, ta, b, c, c.shape[0], c.shape[1], b.shape[0])
+    else:
+        _mm(fp, a, ta, b, False, c)
+
+
+@njit(cache=True, parallel=True)
+def _pack_tiles(x, bk, fp):
+    """The built-in products' panels of every ``bk``-row tile of ``x`` (``(..., M, e)``, the
+    leading axes flattened to ``G``): ``(G, ntiles, npan, e, NR)``, tile ``t`` of group ``g`` at
+    ``[g, t]`` (:func:`._gemm.pack_panels`). Packed once per call, in parallel; an empty array
+    (one group, one tile, no panel) when ``fp != -1``: BLAS products read the tiles in place."""
+    M, e = x.shape[-2], x.shape[-1]
+    xs = x.reshape(-1, M, e)
+    G = xs.shape[0]
+    nr = panel_width_of(x.itemsize)
+    tk = min(bk, M)
+    nkt = (M + bk - 1) // bk
+    npan = (tk + nr - 1) // nr
+    if fp != -1:
+        return np.empty((1, 1, 0, e, nr), dtype=x.dtype)
+    out = np.empty((G, nkt, npan, e, nr), dtype=x.dtype)
+    for t in prange(G * nkt):
+        g = t // nkt
+        kt = t % nkt
+        j0 = kt * bk
+        nk = min(bk, M - j0)
+        pack_panels(xs[g, j0:j0 + nk], out[g, kt, :(nk + nr - 1) // nr])
+    return out
+
+
+@njit(cache=True, inline="always")
+def _tile_panels(xp, g, kt):
+    """The panels of tile ``kt`` of group ``g`` from :func:`_pack_tiles` (the empty placeholder's
+    only entry when the products are BLAS calls)."""
+    return xp[min(g, xp.shape[0] - 1), min(kt, xp.shape[1] - 1)]
+
+
 LOG2E = 1.4426950408889634
 
 
@@ -409,8 +462,8 @@ def _diag_width(causal, i0, g0, ng, j0, nk, M, offset):
 
 
 @njit(cache=True)
-def _fwd_rows(fp, q, k, v, b, h, hk, i0, g0, ng, j0, nk, mask_mode, maskb, maskf, ms, scale, softcap, causal,
-              offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum):
+def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, maskb, maskf, ms, scale, softcap,
+              causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum):
     """Online-softmax update of query rows ``i0+g0 .. i0+g0+ng`` (tile rows ``g0 .. g0+ng``) with
     keys ``j0 .. j0+nk`` (all ``R`` maps): one score product ``S = Q K^T`` of shape ``(ng, nk)``.
 
@@ -429,7 +482,8 @@ def _fwd_rows(fp, q, k, v, b, h, hk, i0, g0, ng, j0, nk, mask_mode, maskb, maskf
     s = sbuf[:ng * nk].reshape(ng, nk)
     pv = pbuf[:ng * dv].reshape(ng, dv)
     for r in range(R):
-        _mm(fp, q[r, b, h, i0 + g0:i0 + g0 + ng], False, k[r, b, hk, j0:j0 + nk], True, s)  # S = Q K^T
+        kpan = _tile_panels(kp, (r * k.shape[1] + b) * k.shape[2] + hk, kt)
+        _mm_nt(fp, q[r, b, h, i0 + g0:i0 + g0 + ng], k[r, b, hk, j0:j0 + nk], kpan, s)  # S = Q K^T
         if not plain:
             _final_logits(s, ng, nk, b, h, i0 + g0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
         for gi in range(ng):
@@ -462,7 +516,7 @@ def _fwd_rows(fp, q, k, v, b, h, hk, i0, g0, ng, j0, nk, mask_mode, maskb, maskf
                     s[gi, jj] = e
                     t += e
                 rsum[gi] = t
-        _mm(fp, s, False, vt, False, pv)  # P V_tile
+        _mm_n(fp, s, False, vt, pv)  # P V_tile
         for gi in range(ng):
             ii = g0 + gi
             lrow[r, ii] = lrow[r, ii] * alpha[gi] + rsum[gi]  # float64
@@ -472,7 +526,7 @@ def _fwd_rows(fp, q, k, v, b, h, hk, i0, g0, ng, j0, nk, mask_mode, maskb, maskf
 
 
 @njit(cache=True)
-def _fwd_query_tile(fp, q, k, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, scale, softcap, causal,
+def _fwd_query_tile(fp, q, k, kp, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, scale, softcap, causal,
                     offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, out, omap, lse):
     """Online-softmax forward of query rows ``i0 .. i0+nq`` of head ``h`` (all ``R`` maps).
 
@@ -499,8 +553,8 @@ def _fwd_query_tile(fp, q, k, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, m
             nkg = _diag_width(causal, i0, g0, ng, j0, nk, M, offset)
             if nkg <= 0:  # no row of the group sees key j0
                 continue
-            _fwd_rows(fp, q, k, v, b, h, hk, i0, g0, ng, j0, nkg, mask_mode, maskb, maskf, ms, scale, softcap,
-                      causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum)
+            _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, j0 // bk, nkg, mask_mode, maskb, maskf, ms, scale,
+                      softcap, causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum)
     for ii in range(nq):
         i = i0 + ii
         for r in range(R):
@@ -535,6 +589,7 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
     dv = v.shape[3]
     nqt = (N + bq - 1) // bq
     nslot = (nqt + 1) // 2 if causal else nqt  # causal: query tiles p and nqt-1-p share a slot
+    kp = _pack_tiles(k, bk, fp)  # the K tiles' panels for the built-in products (empty otherwise)
     for t in prange(B * H * nslot):
         b = t // (H * nslot)
         h = (t // nslot) % H
@@ -562,7 +617,7 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         for sub in range(tiles):
             it = p if sub == 0 else nqt - 1 - p
             i0 = it * bq
-            _fwd_query_tile(fp, q, k, v, w, b, h, kvmap[h], i0, min(bq, N - i0), mask_mode, maskb, maskf, ms,
+            _fwd_query_tile(fp, q, k, kp, v, w, b, h, kvmap[h], i0, min(bq, N - i0), mask_mode, maskb, maskf, ms,
                             scale, softcap, causal, offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha,
                             rsum, out, omap, lse)
 
@@ -577,9 +632,9 @@ def _add_into(acc, t):
 
 
 @njit(cache=True)
-def _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, mask_mode, maskb, maskf, ms,
-              scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dkat, dvat,
-              dq_part):
+def _bwd_rows(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, hk, i0, nq, j0, kt, nkq, sp, mask_mode, maskb,
+              maskf, ms, scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dkat,
+              dvat, dq_part):
     """Backward contribution of query rows ``i0 .. i0+nq`` and keys ``j0 .. j0+nkq``: one recomputed
     score product (the forward's), then ``dP``, ``dV``, ``dK`` and ``dQ`` products.
 
@@ -598,11 +653,11 @@ def _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, m
     s = sbuf[:nq * nkq].reshape(nq, nkq)
     dp = dpbuf[:nq * nkq].reshape(nq, nkq)
     ds = dsbuf[:nq * nkq].reshape(nq, nkq)
-    _mm(fp, dot, False, v[b, hk, j0:j0 + nkq], True, dp)  # dP = dO V^T, shared by the R maps
+    _mm_nt(fp, dot, v[b, hk, j0:j0 + nkq], _tile_panels(vp, b * v.shape[1] + hk, kt), dp)  # dP = dO V^T (all maps)
     for r in range(R):
         qt = q[r, b, h, i0:i0 + nq]
-        kt = k[r, b, hk, j0:j0 + nkq]
-        _mm(fp, qt, False, kt, True, s)  # S = Q K^T, the forward's call
+        ktile = k[r, b, hk, j0:j0 + nkq]
+        _mm_nt(fp, qt, ktile, _tile_panels(kp, (r * k.shape[1] + b) * k.shape[2] + hk, kt), s)  # the forward's call
         if not plain:
             _final_logits(s, nq, nkq, b, h, i0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
         for ii in range(nq):
@@ -636,7 +691,7 @@ def _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, m
                 for jj in range(nv):
                     tt = th[ii, jj]
                     ds[ii, jj] = ds[ii, jj] * (1.0 - tt * tt)
-        if fp != 0:  # oneMKL: the transposed products (see the docstring)
+        if fp > 0:  # oneMKL: the transposed products (see the docstring)
             tvt = tbuf[:dv * nkq].reshape(dv, nkq)
             _mm(fp, dot, True, s, False, tvt)  # dO^T (w P)
             _add_into(dvat, tvt)
@@ -645,19 +700,19 @@ def _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0, nq, j0, nkq, sp, m
             _add_into(dkat[r], tkt)
         else:
             tv = tbuf[:nkq * dv].reshape(nkq, dv)
-            _mm(fp, s, True, dot, False, tv)  # (w P)^T dO
+            _mm_n(fp, s, True, dot, tv)  # (w P)^T dO
             _add_into(dva, tv)
             tk = tbuf[:nkq * d].reshape(nkq, d)
-            _mm(fp, ds, True, qt, False, tk)  # dS^T Q
+            _mm_n(fp, ds, True, qt, tk)  # dS^T Q
             _add_into(dka[r], tk)
         tq = tbuf[:nq * d].reshape(nq, d)
-        _mm(fp, ds, False, kt, False, tq)  # dS K
+        _mm_n(fp, ds, False, ktile, tq)  # dS K
         _add_into(dq_part[sp, r, b, h, i0:i0 + nq], tq)
 
 
 @njit(cache=True)
-def _bwd_key_tile(fp, q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_mode, maskb, maskf, ms, scale,
-                  softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dkat,
+def _bwd_key_tile(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, hk, j0, kt, nk, sp, mask_mode, maskb, maskf, ms,
+                  scale, softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dkat,
                   dvat, dq_part, dk_part, dv_part):
     """FlashAttention-2 backward of key rows ``j0 .. j0+nk`` of query head ``h`` over all query tiles.
     ``dka`` / ``dva`` and ``dkat`` / ``dvat`` are two layouts of the same accumulators
@@ -681,15 +736,15 @@ def _bwd_key_tile(fp, q, k, v, w, dout, lse, delta, b, h, hk, j0, nk, sp, mask_m
             nkq = _diag_width(causal, i0, g0, ng, j0, nk, M, offset)
             if nkq <= 0:  # no query of this group sees key j0
                 continue
-            _bwd_rows(fp, q, k, v, w, dout, lse, delta, b, h, hk, i0 + g0, ng, j0, nkq, sp, mask_mode, maskb,
-                      maskf, ms, scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka,
-                      dva, dkat, dvat, dq_part)
+            _bwd_rows(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, hk, i0 + g0, ng, j0, kt, nkq, sp, mask_mode,
+                      maskb, maskf, ms, scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo,
+                      dka, dva, dkat, dvat, dq_part)
     for jj in range(nk):
         for r in range(R):
             for c in range(d):
-                dk_part[r, b, h, j0 + jj, c] = dkat[r, c, jj] if fp != 0 else dka[r, jj, c]
+                dk_part[r, b, h, j0 + jj, c] = dkat[r, c, jj] if fp > 0 else dka[r, jj, c]
         for c in range(dv):
-            dv_part[b, h, j0 + jj, c] = dvat[c, jj] if fp != 0 else dva[jj, c]
+            dv_part[b, h, j0 + jj, c] = dvat[c, jj] if fp > 0 else dva[jj, c]
 
 
 @njit(cache=True, parallel=True)
@@ -711,6 +766,8 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
     M = k.shape[3]
     dv = v.shape[3]
     nkt = (M + bk - 1) // bk
+    kp = _pack_tiles(k, bk, fp)  # the K and V tiles' panels for the built-in products (empty otherwise)
+    vp = _pack_tiles(v, bk, fp)
     for t in prange(B * H * nsplit):
         b = t // (H * nsplit)
         h = (t // nsplit) % H
@@ -738,9 +795,9 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
             if pos != sp and pos != 2 * nsplit - 1 - sp:
                 continue
             j0 = kt_i * bk
-            _bwd_key_tile(fp, q, k, v, w, dout, lse, delta, b, h, kvmap[h], j0, min(bk, M - j0), sp, mask_mode,
-                          maskb, maskf, ms, scale, softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th,
-                          vec[0], vec[1], dka, dva, dkat, dvat, dq_part, dk_part, dv_part)
+            _bwd_key_tile(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, kvmap[h], j0, kt_i, min(bk, M - j0), sp,
+                          mask_mode, maskb, maskf, ms, scale, softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf,
+                          tbuf, th, vec[0], vec[1], dka, dva, dkat, dvat, dq_part, dk_part, dv_part)
 
 
 runtime.register_entry_point(attention_fwd, "attention_fwd")

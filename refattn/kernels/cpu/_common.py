@@ -99,10 +99,13 @@ def readonly(x) -> np.ndarray:
     return view
 
 
-def run_kernel(kernel, *args):
-    """Call a Numba kernel with the BLAS it calls pinned to one thread (see :mod:`.runtime`)."""
+def run_kernel(kernel, *args, blas=True):
+    """Call a Numba kernel with the BLAS it calls pinned to one thread (see :mod:`.runtime`);
+    ``blas=False``: a kernel that calls no BLAS (the built-in tile products), called as it is."""
     from .runtime import single_blas_thread
 
+    if not blas:
+        return kernel(*args)
     with single_blas_thread():
         return kernel(*args)
 

@@ -105,7 +105,7 @@ def diff_attention_forward(q1, k1, q2, k2, v, lam, *, attn_mask=None, is_causal:
     lse = np.empty((2, b, h, n), dtype=np.float64)  # float64 inside, for the backward (see _attention)
     fp = runtime.gemm_pointer(dt)  # the BLAS of the tile products; the backward reuses it
     run_kernel(_k.attention_fwd, q, k, v4, w, kvm, mode, mb, mf, ms, float(s), 0.0, bool(is_causal), offset,
-               block_q, block_k, block_q, out, omap, lse, fp)
+               block_q, block_k, block_q, out, omap, lse, fp, blas=fp >= 0)
     out_l = out.reshape(lead + (h, n, dv))
     cache = {
         "backend": BACKEND, "q": q, "k": k, "v": v4, "w": w, "omap": omap, "lse4": lse,
@@ -139,7 +139,8 @@ def diff_attention_backward(dout, cache):
     kvm = kv_map(h, hkv, c["kv_group_map"])
     run_kernel(_k.attention_bwd, q, k, v4, w, kvm, mode, mb, mf, ms, c["scale"], 0.0, c["is_causal"],
                c["offset"], c["block_q"], c["block_k"], c["block_q"], nsplit, g4, readonly(c["lse4"]), delta, dq_part,
-               dk_part, dv_part, c["fp"])
+               dk_part, dv_part, c["fp"],
+               blas=c["fp"] >= 0)
     dq = dq_part[0]
     for i in range(1, nsplit):  # fixed order, in place
         dq += dq_part[i]

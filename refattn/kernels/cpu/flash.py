@@ -109,7 +109,8 @@ def flash_attention_forward(q, k, v, *, attn_mask=None, is_causal: bool = False,
     lse = np.empty((1, b, h, n), dtype=np.float64)  # float64 inside, for the backward (see _attention)
     fp = runtime.gemm_pointer(dt)  # the BLAS of the tile products; the backward reuses it
     run_kernel(_k.attention_fwd, q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, float(s),
-               float(softcap or 0.0), bool(is_causal), offset, block_q, block_k, block_g, out, omap, lse, fp)
+               float(softcap or 0.0), bool(is_causal), offset, block_q, block_k, block_g, out, omap, lse, fp,
+               blas=fp >= 0)
     out_l = out.reshape(lead + (h, n, dv))
     cache = {
         "backend": BACKEND, "q": q4, "k": k4, "v": v4, "out4": omap[0], "out": omap[0].reshape(out_l.shape),
@@ -167,7 +168,8 @@ def flash_attention_backward(dout, cache, *, dlse=None):
     w = readonly(np.ones((1, b, h, n), dtype=dt))
     run_kernel(_k.attention_bwd, q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, c["scale"],
                float(c["softcap"] or 0.0), bool(c["is_causal"]), c["offset"], c["block_q"],
-               c["block_k"], c["block_g"], nsplit, g4, readonly(c["lse4"]), delta, dq_part, dk_part, dv_part, c["fp"])
+               c["block_k"], c["block_g"], nsplit, g4, readonly(c["lse4"]), delta, dq_part, dk_part, dv_part, c["fp"],
+               blas=c["fp"] >= 0)
     dq = dq_part[0, 0]
     for i in range(1, nsplit):  # fixed order, in place (no extra float64 N x d arrays)
         dq += dq_part[i, 0]

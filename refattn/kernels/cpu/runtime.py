@@ -16,8 +16,10 @@ Imported by every kernel module *before* its ``@njit`` functions are defined.
   BLAS library in the process to one thread while a kernel runs and restores the previous count
   afterwards (through ``threadpoolctl`` when it is installed, else directly through SciPy's
   OpenBLAS). The kernels' own parallelism is ``numba.get_num_threads()``.
-* **Which BLAS.** :func:`set_blas` (or ``REFATTN_BLAS``) sends the SDPA / differential tile
-  products to oneMKL instead (:func:`gemm_pointer`), loaded on its sequential threading layer.
+* **Which tile products.** The SDPA / differential kernels multiply their tiles with refattn's own
+  register-blocked micro-kernels (:mod:`._gemm`) by default; :func:`set_blas` (or ``REFATTN_BLAS``)
+  sends them to SciPy's BLAS or to oneMKL instead (:func:`gemm_pointer`), the latter loaded on its
+  sequential threading layer. The causal linear scan always uses SciPy's BLAS.
 * **Compile notice.** The first call of a kernel for a dtype compiles it (tens of seconds); a
   one-line message on stderr says so instead of a silent stall. Later processes load the compiled
   code from the on-disk cache (about a second) and print nothing.
@@ -161,7 +163,7 @@ def single_blas_thread():
 # --------------------------------------------------------------------------------------------
 # Which BLAS runs the SDPA / differential tile products
 
-BLAS_CHOICES = ("scipy", "mkl", "auto")
+BLAS_CHOICES = ("builtin", "scipy", "mkl", "auto")
 _MKL_SEQUENTIAL = 1  # MKL_THREADING_SEQUENTIAL
 _blas_choice = None
 _mkl_lib = None
@@ -208,21 +210,20 @@ def mkl_available() -> bool:
 
 
 def set_blas(name: str) -> str:
-    """Choose the BLAS of the SDPA and differential kernels' tile products; returns the choice.
+    """Choose what multiplies the SDPA and differential kernels' tiles; returns the choice.
 
-    * ``"auto"`` (default): oneMKL when it can be loaded (``pip install "refattn[mkl]"``), else
-      SciPy's BLAS;
+    * ``"builtin"`` (what ``"auto"``, the default, chooses): refattn's own micro-kernels
+      (:mod:`._gemm`), no BLAS call. On an Intel Xeon (AVX-512) they ran the tile products as fast
+      as oneMKL and 20-40 % faster than SciPy's OpenBLAS (see docs/performance.md);
     * ``"scipy"``: ``np.dot`` inside Numba, i.e. the BLAS SciPy's ``cython_blas`` exposes (on pip
       installs SciPy's bundled OpenBLAS);
     * ``"mkl"``: oneMKL's CBLAS (``pip install mkl``, or ``refattn[mkl]``); an error if it cannot
       be loaded.
 
     The environment variable ``REFATTN_BLAS`` sets the initial choice (read at the first kernel
-    call). Both give float64 parity and
-    bit-identical results across thread counts; they round float32 differently from each other. A
-    forward's cache remembers its BLAS, so a backward always repeats the forward's products. On an
-    Intel Xeon (AVX-512) oneMKL ran the tile products ~40 % faster than OpenBLAS, which is why
-    installing it is enough to use it (see docs/performance.md)."""
+    call). All give float64 parity and bit-identical results across thread counts; they round
+    float32 differently from each other. A forward's cache remembers its choice, so a backward
+    always repeats the forward's products."""
     global _blas_choice
     if not isinstance(name, str) or name.lower() not in BLAS_CHOICES:
         raise ValueError(f"blas must be one of {BLAS_CHOICES}, got {name!r}")
@@ -231,13 +232,13 @@ def set_blas(name: str) -> str:
         raise ValueError("blas='mkl': oneMKL's libmkl_rt could not be loaded (install it with "
                          "`pip install mkl` or `pip install refattn[mkl]`)")
     if name == "auto":
-        name = "mkl" if _load_mkl() is not None else "scipy"
+        name = "builtin"
     _blas_choice = name
     return name
 
 
 def get_blas() -> str:
-    """The BLAS the kernels use now: ``"scipy"`` or ``"mkl"`` (see :func:`set_blas`)."""
+    """What multiplies the tiles now: ``"builtin"``, ``"scipy"`` or ``"mkl"`` (see :func:`set_blas`)."""
     if _blas_choice is None:
         env = os.environ.get("REFATTN_BLAS", "auto")
         try:
@@ -248,8 +249,10 @@ def get_blas() -> str:
 
 
 def gemm_pointer(dtype) -> int:
-    """What the kernels pass as ``fp``: 0 for SciPy's BLAS (``np.dot``), else the address of
-    oneMKL's ``cblas_sgemm`` / ``cblas_dgemm`` for ``dtype``."""
+    """What the kernels pass as ``fp``: -1 for the built-in micro-kernels, 0 for SciPy's BLAS
+    (``np.dot``), else the address of oneMKL's ``cblas_sgemm`` / ``cblas_dgemm`` for ``dtype``."""
+    if get_blas() == "builtin":
+        return -1
     if get_blas() == "scipy":
         return 0
     import ctypes
@@ -267,7 +270,13 @@ def mkl_description() -> str:
 
 
 def blas_description() -> str:
-    """One line: the BLAS of the tile products now (library and file)."""
+    """One line: what multiplies the tiles now (library and file, or the micro-kernels' shape)."""
+    if get_blas() == "builtin":
+        from . import _gemm
+
+        isa = "AVX-512" if _gemm.AVX512 else "AVX2 or narrower"
+        return (f"refattn's micro-kernels ({isa}: {_gemm.MR} x {_gemm.NV} vectors of "
+                f"{_gemm.VECTOR_BYTES * 8} bits)")
     if get_blas() == "mkl":
         return mkl_description()
     return "SciPy's cython_blas (np.dot inside Numba)"
