@@ -179,19 +179,27 @@ def _measure(impls: dict, *, mode: str, repeats: int, min_s: float, flops: float
 
 
 def kernel_scratch_bytes(kind: str, *, threads: int, d: int, dv: int, r: int = 1, bq: int | None = None,
-                         bk: int | None = None, itemsize: int = 4, softcap: bool = False) -> int:
-    """Analytic tile scratch of the Numba attention kernels (allocated per work item inside the
-    parallel loop, so at most ``threads`` at a time), default tile sizes unless given."""
+                         bk: int | None = None, itemsize: int = 4, softcap: bool = False, m: int = 0,
+                         heads: int = 1) -> int:
+    """Analytic scratch of the Numba attention kernels: the tiles (allocated per work item inside
+    the parallel loop, so at most ``threads`` at a time; default tile sizes unless given) plus, for
+    ``m`` keys of ``heads`` kv heads, the built-in products' panels of the K tiles (and in the
+    backward of the V tiles), packed once per call (zero-padded to whole panels)."""
     from refattn.kernels.cpu._common import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
+    from refattn.kernels.cpu._gemm import panel_width
 
     bq = DEFAULT_BLOCK_Q if bq is None else bq
     bk = DEFAULT_BLOCK_K if bk is None else bk
     th = bq * bk if softcap else 0  # the tanh tile, allocated only under a softcap
-    if kind == "fwd":  # s, P V, acc, m, row sums (+ th) + float64 l, alpha
-        per = (bq * bk + bq * dv + r * bq * dv + r * bq + bq + th) * itemsize + (r * bq + bq) * 8
+    if kind == "fwd":  # s, P V, acc, m, row sums, row maxima (+ th) + float64 l, alpha
+        per = (bq * bk + bq * dv + r * bq * dv + r * bq + 2 * bq + th) * itemsize + (r * bq + bq) * 8
     else:  # s, dp, ds, tile products, 2 row vectors (+ th) + float64 dK, dV accumulators
         per = (3 * bq * bk + max(bq, bk) * max(d, dv) + 2 * bq + th) * itemsize + (r * d + dv) * bk * 8
-    return per * threads
+    nr = panel_width(np.float32 if itemsize == 4 else np.float64)
+    tiles = -(-m // bk) if m else 0
+    padded = tiles * -(-min(bk, m) // nr) * nr if m else 0
+    panels = heads * padded * (r * d + (dv if kind != "fwd" else 0)) * itemsize
+    return per * threads + panels
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,9 +207,9 @@ def kernel_scratch_bytes(kind: str, *, threads: int, d: int, dv: int, r: int = 1
 
 
 def _blas_variants(fwd, fb) -> dict:
-    """The Numba implementations of a case: ``numba`` with SciPy's BLAS for the tile products and,
-    where oneMKL can be loaded, ``numba_mkl`` (``runtime.set_blas``); each call sets its BLAS and
-    restores the previous choice."""
+    """The Numba implementations of a case (``runtime.set_blas``): ``numba`` with the built-in tile
+    products (the default), ``numba_openblas`` with SciPy's BLAS and, where oneMKL can be loaded,
+    ``numba_mkl``; each call sets its choice and restores the previous one."""
     from refattn.kernels.cpu import runtime
 
     def under(name, fn):
@@ -214,7 +222,8 @@ def _blas_variants(fwd, fb) -> dict:
                 runtime.set_blas(prev)
         return call
 
-    out = {"numba": (under("scipy", fwd), under("scipy", fb))}
+    out = {"numba": (under("builtin", fwd), under("builtin", fb)),
+           "numba_openblas": (under("scipy", fwd), under("scipy", fb))}
     if runtime.mkl_available():
         out["numba_mkl"] = (under("mkl", fwd), under("mkl", fb))
     return out
@@ -335,7 +344,8 @@ _CASES = {"sdpa": _case_sdpa, "diff": _case_diff, "linear": _case_linear}
 
 def memory_per_head(n: int, *, d: int = 64, threads: int = 1) -> dict:
     """Measured peak NumPy allocations of one head's Numba forward and forward+backward at length
-    ``n`` (float32), plus the analytic kernel scratch, in MiB per head."""
+    ``n`` (float32), plus the analytic kernel scratch (tiles and the built-in products' K and V
+    panels), in MiB per head."""
     from refattn.kernels.cpu.flash import flash_attention_backward, flash_attention_forward
 
     rng = np.random.default_rng(0)
@@ -348,7 +358,7 @@ def memory_per_head(n: int, *, d: int = 64, threads: int = 1) -> dict:
     from refattn.kernels.cpu._common import sdpa_blocks
 
     bq, bk = sdpa_blocks(n, False)  # the tiles flash_attention_forward picks for this case
-    scratch = kernel_scratch_bytes("bwd", threads=threads, d=d, dv=d, bq=bq, bk=bk)
+    scratch = kernel_scratch_bytes("bwd", threads=threads, d=d, dv=d, bq=bq, bk=bk, m=n)
     return {"N": n, "d": d, "fwd_numpy_peak_MiB": fwd / mib, "fwd_bwd_numpy_peak_MiB": fb / mib,
             "kernel_scratch_MiB": scratch / mib, "fwd_bwd_total_MiB": (fb + scratch) / mib,
             "inputs_MiB": 4 * n * d * 4 / mib, "dense_scores_MiB_for_comparison": n * n * 4 / mib}
@@ -412,9 +422,10 @@ def markdown(report: dict) -> str:
         "",
         f"- CPU: {m['cpu']} ({m['cores']} cores); Python {m['python']}, NumPy {m['numpy']}, Numba {m['numba']} "
         f"(threading layer {m.get('numba_threading_layer')}), torch {m.get('torch')}",
-        f"- BLAS kernels in use (threadpoolctl): {blas or 'threadpoolctl not installed'}; the Numba kernels' "
-        f"tile products call {m.get('kernel_blas')}"
-        + (f"; `numba_mkl` rows: the same kernels with oneMKL's tile products, {m['kernel_blas_mkl']}"
+        f"- BLAS kernels in use (threadpoolctl): {blas or 'threadpoolctl not installed'}; `numba` rows: the "
+        f"kernels' tile products are {m.get('kernel_products')}; `numba_openblas` rows: the same kernels with "
+        f"SciPy's BLAS ({m.get('kernel_blas')}), which the causal linear scan always uses"
+        + (f"; `numba_mkl` rows: with oneMKL's tile products, {m['kernel_blas_mkl']}"
            if m.get("kernel_blas_mkl") else ""),
         f"- environment: {m['env']}",
         f"- load average (1, 5, 15 min; other processes share this machine) before / after: "
@@ -457,7 +468,8 @@ def markdown(report: dict) -> str:
         lines += ["## Memory per head (Numba flash kernel, float32)", "",
                   f"N={mm['N']}, d={mm['d']}: forward {mm['fwd_numpy_peak_MiB']:.1f} MiB, forward+backward "
                   f"{mm['fwd_bwd_numpy_peak_MiB']:.1f} MiB of NumPy allocations (tracemalloc: outputs, LSE, caches, "
-                  f"gradients, dQ partials) + {mm['kernel_scratch_MiB']:.2f} MiB kernel tile scratch (analytic) = "
+                  f"gradients, dQ partials) + {mm['kernel_scratch_MiB']:.2f} MiB kernel scratch (tiles and K, V "
+                  f"panels; analytic) = "
                   f"{mm['fwd_bwd_total_MiB']:.1f} MiB; inputs {mm['inputs_MiB']:.1f} MiB; a dense N×N score matrix "
                   f"would be {mm['dense_scores_MiB_for_comparison']:.0f} MiB.", ""]
     if report.get("cold_start"):
@@ -493,7 +505,7 @@ def plot(report: dict, path: Path) -> bool:
     modes = list(report["modes"])
     fig, axes = plt.subplots(1, len(modes), figsize=(6.4 * len(modes), 4.8), squeeze=False)
     markers = {"sdpa": "o", "diff": "s", "linear": "^"}
-    colors = {"numba": "C0", "numba_mkl": "C3", "torch": "C1", "torch_two_sdpa": "C1", "numpy": "C2"}
+    colors = {"numba": "C0", "numba_openblas": "C4", "numba_mkl": "C3", "torch": "C1", "torch_two_sdpa": "C1", "numpy": "C2"}
     for ax, mode in zip(axes[0], modes):
         mr = report["modes"][mode]
         peak = mr["sgemm"]["numpy"]
@@ -562,6 +574,10 @@ def run(*, sizes, threads, repeats, cases, numpy_max, memory_n, b=1, h=4, d=64, 
                                                       "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "NUMBA_NUM_THREADS")},
                "loadavg_before": _loadavg(), "kernel_blas": "; ".join(runtime.blas_libraries()) or "unknown"}
     machine["kernel_blas_mkl"] = runtime.mkl_description() if runtime.mkl_available() else None
+    prev = runtime.get_blas()
+    runtime.set_blas("builtin")
+    machine["kernel_products"] = runtime.blas_description()
+    runtime.set_blas(prev)
     report = {"machine": machine, "modes": {}}
     for mode in modes:
         nthreads = 1 if mode == "1thread" else threads

@@ -23,16 +23,18 @@ Array layout (``B`` = all leading batch axes flattened):
   (``offset = 0`` top-left, ``M - N`` bottom-right);
 * ``softcap > 0`` enables $T(x) = c\tanh(x/c)$.
 
-**Tile products are BLAS calls.** Inside ``@njit``, ``np.dot`` on C- or F-contiguous 2-D
-float32/float64 arrays calls the BLAS ``gemm`` of SciPy's ``cython_blas`` (the wrappers pin it to
-one thread per Numba worker, see :mod:`.runtime`), or oneMKL's CBLAS gemm (the default when it is
-installed, :func:`.runtime.set_blas`), whose address arrives as the runtime argument ``fp``
-(:func:`_mm`). Tiles are contiguous views (no copies). Score
-tiles are query-major, ``S = Q K^T`` (``nq, nk``), in the forward and in the backward, and the
-backward recomputes each score tile with *the same call on the same tile* as the forward (under a
-causal mask the same row groups and trimmed widths, :func:`_diag_rows` / :func:`_diag_width`):
-OpenBLAS rounds differently for other shapes or layouts, and logits that differ from the ones the
-LSE was built from made the float32 gradients fail the 2x rule.
+**Tile products.** The runtime argument ``fp`` says what multiplies the tiles
+(:func:`.runtime.gemm_pointer`): ``-1`` refattn's register-blocked micro-kernels (:mod:`._gemm`,
+the default), whose ``C = A B^T`` products read the K (and in the backward V) tiles from panels
+packed once per call (:func:`_pack_tiles`); ``0`` ``np.dot``, i.e. the BLAS ``gemm`` of SciPy's
+``cython_blas`` (the wrappers pin it to one thread per Numba worker, see :mod:`.runtime`); else the
+address of oneMKL's CBLAS gemm (:func:`_mm`). Tiles are contiguous views (no copies). Score tiles
+are query-major, ``S = Q K^T`` (``nq, nk``), in the forward and in the backward, and the backward
+recomputes each score tile with *the same call on the same tile* as the forward (under a causal
+mask the same row groups and trimmed widths, :func:`_diag_rows` / :func:`_diag_width`): OpenBLAS
+rounds differently for other shapes or layouts, and logits that differ from the ones the LSE was
+built from made the float32 gradients fail the 2x rule (the built-in products give every entry the
+same value whatever the shape).
 
 **Causal diagonal.** A causal tile that crosses the diagonal is computed in row groups of ``bg``
 rows (a runtime argument; ``bg = bq`` is one product per tile), each product ending at the last key
@@ -279,7 +281,7 @@ def _mm_nt(fp, a, b, bp, c):
     """``c = a @ b.T``: with the built-in products (``fp == -1``) from ``bp``, the panels of ``b``
     (:func:`._gemm.pack_panels`), else through :func:`_mm`."""
     if fp == -1:
-        gemm_nt(a, bp, c, c.shape[0], c.shape[1])
+        gemm_nt(a, bp, c, c.shape[0], c.shape[1], c[0], False)
     else:
         _mm(fp, a, False, b, True, c)
 
@@ -294,7 +296,7 @@ def _mm_n(fp, a, ta, b, c):
         _mm(fp, a, ta, b, False, c)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def _pack_tiles(x, bk, fp):
     """The built-in products' panels of every ``bk``-row tile of ``x`` (``(..., M, e)``, the
     leading axes flattened to ``G``): ``(G, ntiles, npan, e, NR)``, tile ``t`` of group ``g`` at
@@ -310,7 +312,7 @@ def _pack_tiles(x, bk, fp):
     if fp != -1:
         return np.empty((1, 1, 0, e, nr), dtype=x.dtype)
     out = np.empty((G, nkt, npan, e, nr), dtype=x.dtype)
-    for t in prange(G * nkt):
+    for t in range(G * nkt):
         g = t // nkt
         kt = t % nkt
         j0 = kt * bk
@@ -463,7 +465,7 @@ def _diag_width(causal, i0, g0, ng, j0, nk, M, offset):
 
 @njit(cache=True)
 def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, maskb, maskf, ms, scale, softcap,
-              causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum):
+              causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, rmax):
     """Online-softmax update of query rows ``i0+g0 .. i0+g0+ng`` (tile rows ``g0 .. g0+ng``) with
     keys ``j0 .. j0+nk`` (all ``R`` maps): one score product ``S = Q K^T`` of shape ``(ng, nk)``.
 
@@ -483,7 +485,15 @@ def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, mask
     pv = pbuf[:ng * dv].reshape(ng, dv)
     for r in range(R):
         kpan = _tile_panels(kp, (r * k.shape[1] + b) * k.shape[2] + hk, kt)
-        _mm_nt(fp, q[r, b, h, i0 + g0:i0 + g0 + ng], k[r, b, hk, j0:j0 + nk], kpan, s)  # S = Q K^T
+        qrows = q[r, b, h, i0 + g0:i0 + g0 + ng]
+        # Row maxima from the product's registers: built-in products, raw logits, every key visible.
+        fused = fp == -1 and plain and not (causal and j0 + nk - 1 > i0 + g0 + offset)
+        if fused:
+            for gi in range(ng):
+                rmax[gi] = -np.inf
+            gemm_nt(qrows, kpan, s, ng, nk, rmax, True)  # S = Q K^T and its row maxima
+        else:
+            _mm_nt(fp, qrows, k[r, b, hk, j0:j0 + nk], kpan, s)  # S = Q K^T
         if not plain:
             _final_logits(s, ng, nk, b, h, i0 + g0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
         for gi in range(ng):
@@ -496,7 +506,7 @@ def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, mask
             m_old = mrow[r, ii]
             m_new = m_old
             if nv > 0:
-                mt = _max_row(s[gi], nv)
+                mt = rmax[gi] if fused else _max_row(s[gi], nv)
                 m_new = max(m_old, sc * mt)
             if m_new == -np.inf:  # nothing visible in this row yet: P = 0, state unchanged
                 alpha[gi] = 1.0
@@ -527,7 +537,7 @@ def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, mask
 
 @njit(cache=True)
 def _fwd_query_tile(fp, q, k, kp, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, scale, softcap, causal,
-                    offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, out, omap, lse):
+                    offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, rmax, out, omap, lse):
     """Online-softmax forward of query rows ``i0 .. i0+nq`` of head ``h`` (all ``R`` maps).
 
     Key tiles ``j0 .. j0+bk``; a causal tile that crosses the diagonal is done in row groups of
@@ -554,7 +564,7 @@ def _fwd_query_tile(fp, q, k, kp, v, w, b, h, hk, i0, nq, mask_mode, maskb, mask
             if nkg <= 0:  # no row of the group sees key j0
                 continue
             _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, j0 // bk, nkg, mask_mode, maskb, maskf, ms, scale,
-                      softcap, causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum)
+                      softcap, causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, rmax)
     for ii in range(nq):
         i = i0 + ii
         for r in range(R):
@@ -598,7 +608,7 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         # sized for the largest tile that occurs (a short sequence needs less than bq x bk).
         tq, tk = min(bq, N), min(bk, M)
         nth = tq * tk if softcap > 0.0 else 0  # tanh of the logits: kept only under a softcap
-        fl = np.empty(tq * tk + tq * dv + R * tq * dv + R * tq + tq + nth, dtype=q.dtype)
+        fl = np.empty(tq * tk + tq * dv + R * tq * dv + R * tq + 2 * tq + nth, dtype=q.dtype)
         o = tq * tk
         sbuf = fl[:o]
         pbuf = fl[o:o + tq * dv]
@@ -608,6 +618,8 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         mrow = fl[o:o + R * tq].reshape(R, tq)
         o += R * tq
         rsum = fl[o:o + tq]
+        o += tq
+        rmax = fl[o:o + tq]
         o += tq
         th = fl[o:o + nth].reshape(tq if nth else 0, tk if nth else 0)
         f8 = np.empty(R * tq + tq, dtype=np.float64)
@@ -619,7 +631,7 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
             i0 = it * bq
             _fwd_query_tile(fp, q, k, kp, v, w, b, h, kvmap[h], i0, min(bq, N - i0), mask_mode, maskb, maskf, ms,
                             scale, softcap, causal, offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha,
-                            rsum, out, omap, lse)
+                            rsum, rmax, out, omap, lse)
 
 
 @njit(cache=True, inline="always")
@@ -639,7 +651,8 @@ def _bwd_rows(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, hk, i0, nq, j0, kt
     score product (the forward's), then ``dP``, ``dV``, ``dK`` and ``dQ`` products.
 
     ``dV`` and ``dK`` of the key tile accumulate in ``dva`` / ``dka`` (key-major) with SciPy's BLAS
-    and in ``dvat`` / ``dkat`` (the same memory, feature-major) with oneMKL (``fp != 0``): oneMKL
+    and the built-in products, and in ``dvat`` / ``dkat`` (the same memory, feature-major) with
+    oneMKL (``fp > 0``): oneMKL
     runs ``(w P)^T dO`` and ``dS^T Q``, whose large operand is transposed, at ~130 GFLOP/s on these
     shapes but their transposes ``dO^T (w P)`` and ``Q^T dS`` at ~150 (measured, Xeon, one thread);
     OpenBLAS runs the first form ~3 % faster, so each BLAS gets its faster form."""

@@ -86,21 +86,23 @@ def panel_width(dtype) -> int:
 
 
 def _make_micro(MR: int, NV: int):
-    """An intrinsic ``micro(a, ia, ar, ap, b, ib, ldb, c, ic, ldc, kdim, accum)``:
+    """An intrinsic ``micro(a, ia, ar, ap, b, ib, ldb, c, ic, ldc, kdim, mode, mx, im)``:
     ``C[r, :NV*W] (+)= sum_p a[ia + r*ar + p*ap] * b[ib + p*ldb : ... + NV*W]`` for ``r < MR``,
-    with ``C[r, :]`` at ``c[ic + r*ldc]`` (stored with ``accum == 0``, added to with ``accum != 0``).
-    ``a``, ``b``, ``c`` are arrays of one float dtype; offsets and strides are in elements."""
+    with ``C[r, :]`` at ``c[ic + r*ldc]``: ``mode`` 0 stores the block, 1 adds it to ``C``, 2
+    stores it and raises ``mx[im + r]`` to the maximum of row ``r`` of the block (``maxnum``,
+    exact in any order). ``a``, ``b``, ``c``, ``mx`` are arrays of one float dtype; offsets and
+    strides are in elements."""
 
     @intrinsic
-    def micro(typingctx, a, ia, ar, ap, b, ib, ldb, c, ic, ldc, kdim, accum):
-        arrs = (a, b, c)
+    def micro(typingctx, a, ia, ar, ap, b, ib, ldb, c, ic, ldc, kdim, mode, mx, im):
+        arrs = (a, b, c, mx)
         if not all(isinstance(x, types.Array) and isinstance(x.dtype, types.Float) for x in arrs):
             return None
         if len({x.dtype for x in arrs}) != 1:
             return None
 
         def codegen(context, builder, sig, args):
-            a_, ia_, ar_, ap_, b_, ib_, ldb_, c_, ic_, ldc_, k_, acc_ = args
+            a_, ia_, ar_, ap_, b_, ib_, ldb_, c_, ic_, ldc_, k_, mode_, mx_, im_ = args
             attrs = builder.function.attributes
             try:  # 512-bit vectors must stay legal in this function (see _attention._wide_vectors)
                 for at in _WIDE_ATTRS:
@@ -142,7 +144,22 @@ def _make_micro(MR: int, NV: int):
                                                 ir.Constant(vt, ir.Undefined), bcast)
                     for t in range(NV):
                         builder.store(builder.call(fma, [xs, bv[t], builder.load(acc[r][t])]), acc[r][t])
-            add = builder.icmp_signed("!=", acc_, ir.Constant(acc_.type, 0))
+            add = builder.icmp_signed("==", mode_, ir.Constant(mode_.type, 1))
+            with builder.if_then(builder.icmp_signed("==", mode_, ir.Constant(mode_.type, 2))):
+                pm = base(sig.args[12], mx_, im_)
+                vmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt]),
+                                                      f"llvm.maxnum.v{W}f{bits}")
+                hmax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ft, [vt]),
+                                                      f"llvm.vector.reduce.fmax.v{W}f{bits}")
+                smax = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ft, [ft, ft]),
+                                                      f"llvm.maxnum.f{bits}")
+                for r in range(MR):
+                    v = builder.load(acc[r][0])
+                    for t in range(1, NV):
+                        v = builder.call(vmax, [v, builder.load(acc[r][t])], fastmath=("nnan",))
+                    h = builder.call(hmax, [v], fastmath=("nnan",))
+                    pr = builder.gep(pm, [ir.Constant(i64, r)])
+                    builder.store(builder.call(smax, [builder.load(pr), h], fastmath=("nnan",)), pr)
             for r in range(MR):
                 crow = builder.gep(pc, [builder.mul(ir.Constant(i64, r), ldc_)])
                 for t in range(NV):
@@ -155,7 +172,7 @@ def _make_micro(MR: int, NV: int):
             return context.get_dummy_value()
 
         i = types.intp
-        return types.void(a, i, i, i, b, i, i, c, i, i, i, i), codegen
+        return types.void(a, i, i, i, b, i, i, c, i, i, i, i, mx, i), codegen
 
     return micro
 
@@ -166,19 +183,20 @@ _half = _make_micro(MR // 2, NV)
 _row = _make_micro(1, NV)
 
 
-@njit(cache=True, inline="always")
-def _block_column(a, ia, ar, ap, b, ib, ldb, c, ic, ldc, kdim, add, m):
+@njit(cache=True)
+def _block_column(a, ia, ar, ap, b, ib, ldb, c, ic, ldc, kdim, mode, mx, m):
     """One ``NR``-wide column block of ``C`` for rows ``0 .. m``: blocks of ``MR`` rows, then a
-    half block and single rows (every entry is the same FMA chain whichever kernel computes it)."""
+    half block and single rows (every entry is the same FMA chain whichever kernel computes it);
+    ``mode`` and ``mx`` (row ``i``'s maximum at ``mx[i]``) as in :func:`_make_micro`."""
     mfull = m - m % MR
     for i0 in range(0, mfull, MR):
-        _full(a, ia + i0 * ar, ar, ap, b, ib, ldb, c, ic + i0 * ldc, ldc, kdim, add)
+        _full(a, ia + i0 * ar, ar, ap, b, ib, ldb, c, ic + i0 * ldc, ldc, kdim, mode, mx, i0)
     i = mfull
     if m - i >= MR // 2:
-        _half(a, ia + i * ar, ar, ap, b, ib, ldb, c, ic + i * ldc, ldc, kdim, add)
+        _half(a, ia + i * ar, ar, ap, b, ib, ldb, c, ic + i * ldc, ldc, kdim, mode, mx, i)
         i += MR // 2
     for ii in range(i, m):
-        _row(a, ia + ii * ar, ar, ap, b, ib, ldb, c, ic + ii * ldc, ldc, kdim, add)
+        _row(a, ia + ii * ar, ar, ap, b, ib, ldb, c, ic + ii * ldc, ldc, kdim, mode, mx, ii)
 
 
 @njit(cache=True, inline="always")
@@ -206,23 +224,33 @@ def pack_panels(src, dst):
 
 
 @njit(cache=True)
-def gemm_nt(a, bp, c, m, n):
+def gemm_nt(a, bp, c, m, n, mx, rowmax):
     """``c[:m, :n] = a[:m] @ B^T`` with ``B`` (``n x k``) given as its panels ``bp`` (from
     :func:`pack_panels`; ``k = a.shape[1]``). ``a`` and ``c`` are 2-D with contiguous rows. A
-    last panel narrower than ``NR`` is computed into a small block and copied."""
+    last panel narrower than ``NR`` is computed into a small block and copied. With ``rowmax``,
+    also ``mx[i] = max(mx[i], max(c[i, :n]))`` (``mx`` of ``c``'s dtype, set by the caller),
+    formed from the registers as the blocks are stored: the forward's row maxima without a pass
+    over the score tile."""
+    if m <= 0 or n <= 0:
+        return
     k = a.shape[1]
     nr = bp.shape[2]
     sa = a.strides[0] // a.itemsize
     sc = c.strides[0] // c.itemsize
     nfull = n - n % nr
+    mode = 2 if rowmax else 0
     for j0 in range(0, nfull, nr):
-        _block_column(a, 0, sa, 1, bp, (j0 // nr) * k * nr, nr, c, j0, sc, k, 0, m)
+        _block_column(a, 0, sa, 1, bp, (j0 // nr) * k * nr, nr, c, j0, sc, k, mode, mx, m)
     if nfull < n:
         tmp = np.empty((m, nr), dtype=c.dtype)
-        _block_column(a, 0, sa, 1, bp, (nfull // nr) * k * nr, nr, tmp, 0, nr, k, 0, m)
+        _block_column(a, 0, sa, 1, bp, (nfull // nr) * k * nr, nr, tmp, 0, nr, k, 0, mx, m)
         for i in range(m):
+            mt = mx[i]
             for t in range(n - nfull):
                 c[i, nfull + t] = tmp[i, t]
+                mt = max(mt, tmp[i, t])
+            if rowmax:
+                mx[i] = mt
 
 
 @njit(cache=True)
@@ -231,6 +259,8 @@ def gemm_nn(a, ta, b, c, m, n, k):
     Every array is 2-D with contiguous rows. The inner dimension runs in chunks of :data:`KC`
     (each chunk's FMA chain added to ``c``); a last column block narrower than ``NR`` multiplies a
     zero-padded copy of its ``B`` columns into a small block that is then added to ``c``."""
+    if m <= 0 or n <= 0:
+        return
     nr = panel_width_of(c.itemsize)
     sa = a.strides[0] // a.itemsize
     ar, ap = (1, sa) if ta else (sa, 1)
@@ -244,12 +274,12 @@ def gemm_nn(a, ta, b, c, m, n, k):
         kc = min(KC, k - k0)
         add = 1 if k0 > 0 else 0
         for j0 in range(0, nfull, nr):
-            _block_column(a, k0 * ap, ar, ap, b, k0 * sb + j0, sb, c, j0, sc, kc, add, m)
+            _block_column(a, k0 * ap, ar, ap, b, k0 * sb + j0, sb, c, j0, sc, kc, add, c[0], m)
         if tail:
             for p in range(kc):
                 for t in range(tail):
                     bt[p, t] = b[k0 + p, nfull + t]
-            _block_column(a, k0 * ap, ar, ap, bt, 0, nr, tmp, 0, nr, kc, 0, m)
+            _block_column(a, k0 * ap, ar, ap, bt, 0, nr, tmp, 0, nr, kc, 0, c[0], m)
             for i in range(m):
                 for t in range(tail):
                     if add:
