@@ -24,8 +24,9 @@ row-major array are the same kernel; ``B`` rows are contiguous.
   a chunk stay in L1 across the row blocks.
 
 **Order and determinism.** Every entry of ``C`` is a chain of FMAs over ``p`` in increasing order
-(in chunks of ``KC``, each chunk's chain started at 0 and added to ``C``), the same whichever
-micro-kernel (full or one-row) computed it and whatever rows or columns surround it. The result
+(in chunks of ``KC``, or ``KC_T`` for ``A^T``, each chunk's chain started at 0 and added to
+``C``), the same whichever micro-kernel (full or one-row) computed it and whatever rows or columns
+surround it. The result
 therefore depends on the inner dimension only: a recomputed score tile is bit-identical to the
 forward's, for any tile or group shape, and results do not depend on the thread count.
 
