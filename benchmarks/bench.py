@@ -357,9 +357,10 @@ def memory_per_head(n: int, *, d: int = 64, threads: int = 1) -> dict:
     mib = 1 << 20
     fwd = _peak_numpy_bytes(lambda: flash_attention_forward(q, k, v))
     fb = _peak_numpy_bytes(lambda: flash_attention_backward(g, flash_attention_forward(q, k, v)[1]))
-    from refattn.kernels.cpu._common import sdpa_blocks
+    from refattn.kernels.cpu._common import bwd_block_k, sdpa_blocks
 
     bq, bk = sdpa_blocks(n, False)  # the tiles flash_attention_forward picks for this case
+    bk = bwd_block_k(-1, bk)  # ... and the backward's key tiles with the built-in products
     scratch = kernel_scratch_bytes("bwd", threads=threads, d=d, dv=d, bq=bq, bk=bk, m=n)
     return {"N": n, "d": d, "fwd_numpy_peak_MiB": fwd / mib, "fwd_bwd_numpy_peak_MiB": fb / mib,
             "kernel_scratch_MiB": scratch / mib, "fwd_bwd_total_MiB": fb / mib,

@@ -121,6 +121,40 @@ def test_flash_matches_reference_float64(case):
             assert _maxerr(gk[name], gr[name]) <= 1e-10, name
 
 
+@pytest.mark.parametrize("cfg", [{}, {"is_causal": True, "causal_alignment": "bottom_right"},
+                                 {"attn_mask": "bool"}])
+def test_flash_backward_with_its_own_key_tiles(cfg, blas):
+    """With the built-in products the backward uses key tiles of at most ``BWD_BLOCK_K`` (512)
+    where the forward used 1024: every recomputed logit is still the forward's (float64 parity
+    and the float32 rule, default tiles, lengths across several backward tiles)."""
+    from refattn.kernels.cpu._common import BWD_BLOCK_K, DEFAULT_BLOCK_K, bwd_block_k
+
+    assert bwd_block_k(-1, DEFAULT_BLOCK_K) == BWD_BLOCK_K < DEFAULT_BLOCK_K
+    assert bwd_block_k(0, DEFAULT_BLOCK_K) == DEFAULT_BLOCK_K == bwd_block_k(1, DEFAULT_BLOCK_K)
+    rng = np.random.default_rng(5)
+    n, m = 700, 1100
+    q, k, v = _qkv(rng, 1, 2, 1, n, m, 8, 8)
+    cfg = dict(cfg)
+    if "attn_mask" in cfg:
+        cfg["attn_mask"] = _make_mask(rng, "bool", 1, 2, n, m)
+    g = rng.standard_normal((1, 2, n, 8))
+    out_r, c_r = sdpa_forward(q, k, v, **cfg)
+    gr = sdpa_backward(g, c_r)
+    out, c = kf.flash_attention_forward(q, k, v, **cfg)
+    gk = kf.flash_attention_backward(g, c)
+    assert _maxerr(out, out_r) <= 1e-10
+    for name in ("q", "k", "v"):
+        assert _maxerr(gk[name], gr[name]) <= 1e-10, name
+    f32 = [x.astype(np.float32) for x in (q, k, v, g)]
+    out32, c32 = kf.flash_attention_forward(*f32[:3], **cfg)
+    g32 = kf.flash_attention_backward(f32[3], c32)
+    naive_o, naive_c = sdpa_forward(*f32[:3], **cfg)
+    naive_g = sdpa_backward(f32[3], naive_c)
+    _f32_rule(out32, naive_o, out_r)
+    for name in ("q", "k", "v"):
+        _f32_rule(g32[name], naive_g[name], gr[name], name)
+
+
 def test_flash_fully_masked_rows_are_zero():
     rng = np.random.default_rng(3)
     q, k, v = _qkv(rng, 2, 2, 2, 5, 4, 3, 2)

@@ -300,8 +300,9 @@ def _mm_n(fp, a, ta, b, c):
 def _pack_tiles(x, bk, fp):
     """The built-in products' panels of every ``bk``-row tile of ``x`` (``(..., M, e)``, the
     leading axes flattened to ``G``): ``(G, ntiles, npan, e, NR)``, tile ``t`` of group ``g`` at
-    ``[g, t]`` (:func:`._gemm.pack_panels`). Packed once per call, in parallel; an empty array
-    (one group, one tile, no panel) when ``fp != -1``: BLAS products read the tiles in place."""
+    ``[g, t]`` (:func:`._gemm.pack_panels`). Packed once per call, before the parallel loop (~1 %
+    of a call; a parallel loop here cost compile time for no measurable gain); an empty array (one
+    group, one tile, no panel) when ``fp != -1``: BLAS products read the tiles in place."""
     M, e = x.shape[-2], x.shape[-1]
     xs = x.reshape(-1, M, e)
     G = xs.shape[0]
@@ -471,9 +472,11 @@ def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, mask
 
     The score tile is query-major, because the ``P V`` product is ~15 % faster from a row-major
     ``P`` than from a transposed one (measured). Row maxima are vectorised ``maxnum`` reductions
-    (exact in any order); the float32 row sums are accumulated in the ``exp`` loop with
-    :func:`_radd`. Under a causal mask the max and exp loops of a row stop at its last visible key
-    (the rest of the row is set to 0)."""
+    (exact in any order; with the built-in products, on a tile whose keys every row sees and whose
+    logits are the raw products, they come from the product's registers, :func:`._gemm.gemm_nt`);
+    the float32 row sums are accumulated in the ``exp`` loop with :func:`_radd`. Under a causal
+    mask the max and exp loops of a row stop at its last visible key (the rest of the row is set to
+    0)."""
     R = q.shape[0]
     dv = v.shape[3]
     fast = q.itemsize == 4
@@ -652,10 +655,10 @@ def _bwd_rows(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, hk, i0, nq, j0, kt
 
     ``dV`` and ``dK`` of the key tile accumulate in ``dva`` / ``dka`` (key-major) with SciPy's BLAS
     and the built-in products, and in ``dvat`` / ``dkat`` (the same memory, feature-major) with
-    oneMKL (``fp > 0``): oneMKL
-    runs ``(w P)^T dO`` and ``dS^T Q``, whose large operand is transposed, at ~130 GFLOP/s on these
-    shapes but their transposes ``dO^T (w P)`` and ``Q^T dS`` at ~150 (measured, Xeon, one thread);
-    OpenBLAS runs the first form ~3 % faster, so each BLAS gets its faster form."""
+    oneMKL (``fp > 0``): oneMKL runs ``(w P)^T dO`` and ``dS^T Q``, whose large operand is
+    transposed, at ~130 GFLOP/s on these shapes but their transposes ``dO^T (w P)`` and ``Q^T dS``
+    at ~150 (measured, Xeon, one thread); OpenBLAS runs the first form ~3 % faster, and so do the
+    built-in products (~150 against 123-136), so each gets its faster form."""
     R = q.shape[0]
     d = q.shape[4]
     dv = v.shape[3]

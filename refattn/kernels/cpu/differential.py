@@ -32,6 +32,7 @@ from . import runtime
 from ._common import (
     DEFAULT_BLOCK_K,
     DEFAULT_BLOCK_Q,
+    bwd_block_k,
     bwd_splits,
     check_dout,
     compute_dtype,
@@ -131,14 +132,15 @@ def diff_attention_backward(dout, cache):
     delta = readonly(w * rs)
     _, b, h, n, d = q.shape
     hkv, m = k.shape[2], k.shape[3]
-    nsplit = bwd_splits(b, h, m, c["block_k"], 2 * n, d)
+    bk = bwd_block_k(c["fp"], c["block_k"])  # the built-in products allow the backward its own key tiles
+    nsplit = bwd_splits(b, h, m, bk, 2 * n, d)
     dq_part = np.zeros((nsplit, 2, b, h, n, d), dtype=np.float64)  # accumulated over key tiles
     dk_part = np.empty((2, b, h, m, d), dtype=dt)
     dv_part = np.empty((b, h, m, v4.shape[-1]), dtype=dt)
     mode, mb, mf, ms = c["mask"]
     kvm = kv_map(h, hkv, c["kv_group_map"])
     run_kernel(_k.attention_bwd, q, k, v4, w, kvm, mode, mb, mf, ms, c["scale"], 0.0, c["is_causal"],
-               c["offset"], c["block_q"], c["block_k"], c["block_q"], nsplit, g4, readonly(c["lse4"]), delta, dq_part,
+               c["offset"], c["block_q"], bk, c["block_q"], nsplit, g4, readonly(c["lse4"]), delta, dq_part,
                dk_part, dv_part, c["fp"],
                blas=c["fp"] >= 0)
     dq = dq_part[0]

@@ -24,6 +24,7 @@ import numpy as np
 from . import _attention as _k
 from . import runtime
 from ._common import (
+    bwd_block_k,
     bwd_splits,
     check_dout,
     compute_dtype,
@@ -159,7 +160,8 @@ def flash_attention_backward(dout, cache, *, dlse=None):
     delta = readonly(delta.astype(dt, copy=False))
     b, h, n, d = q4.shape
     hkv, m = k4.shape[1], k4.shape[2]
-    nsplit = bwd_splits(b, h, m, c["block_k"], n, d)
+    bk = bwd_block_k(c["fp"], c["block_k"])  # the built-in products allow the backward its own key tiles
+    nsplit = bwd_splits(b, h, m, bk, n, d)
     dq_part = np.zeros((nsplit, 1, b, h, n, d), dtype=np.float64)  # accumulated over key tiles
     dk_part = np.empty((1, b, h, m, d), dtype=dt)
     dv_part = np.empty((b, h, m, v4.shape[-1]), dtype=dt)
@@ -168,7 +170,7 @@ def flash_attention_backward(dout, cache, *, dlse=None):
     w = readonly(np.ones((1, b, h, n), dtype=dt))
     run_kernel(_k.attention_bwd, q4[None], k4[None], v4, w, kvm, mode, mb, mf, ms, c["scale"],
                float(c["softcap"] or 0.0), bool(c["is_causal"]), c["offset"], c["block_q"],
-               c["block_k"], c["block_g"], nsplit, g4, readonly(c["lse4"]), delta, dq_part, dk_part, dv_part, c["fp"],
+               bk, c["block_g"], nsplit, g4, readonly(c["lse4"]), delta, dq_part, dk_part, dv_part, c["fp"],
                blas=c["fp"] >= 0)
     dq = dq_part[0, 0]
     for i in range(1, nsplit):  # fixed order, in place (no extra float64 N x d arrays)
