@@ -67,6 +67,16 @@ def test_products_match_numpy_with_remainders(dt):
             assert err < tol * np.sqrt(k), (m, n, k, err)
 
 
+def test_empty_inner_dimension_gives_zeros():
+    a = np.ones((7, 0), dtype=np.float32)
+    c = np.full((7, 5), np.nan, dtype=np.float32)
+    G.gemm_nn(np.ones((0, 7), dtype=np.float32), True, np.ones((0, 5), dtype=np.float32), c, 7, 5, 0)
+    assert np.all(c == 0.0)
+    c2 = np.full((7, 5), np.nan, dtype=np.float32)
+    G.gemm_nn(a, False, np.ones((0, 5), dtype=np.float32), c2, 7, 5, 0)
+    assert np.all(c2 == 0.0)
+
+
 def test_products_read_strided_row_views_and_write_only_their_block():
     rng = np.random.default_rng(1)
     big = rng.standard_normal((30, 90)).astype(np.float32)

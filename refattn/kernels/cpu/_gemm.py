@@ -3,8 +3,9 @@ r"""Register-blocked tile products for the Numba attention kernels (no BLAS).
 The attention kernels multiply small tiles: ``S = Q K^T`` with an inner dimension of ``d`` (64),
 ``P V`` with ``d``-wide outputs, and the backward's transposed forms. A BLAS call on such tiles
 pays for packing both operands on every call and, with OpenBLAS, for a separate pass that zeroes
-``C`` (``beta = 0``); on one Xeon core (AVX-512) OpenBLAS 0.3.30 ran them at 100-110 GFLOP/s while
-the micro-kernels here run them at 160-195 (measured, ``256 x 1024 x 64``, float32).
+``C`` (``beta = 0``). On one Xeon core (AVX-512, ``256 x 1024 x 64``, float32, same rounds)
+OpenBLAS 0.3.30 ran them at 108-128 GFLOP/s, oneMKL at 131-170 and the micro-kernels here at
+145-172 (docs/kernels.md).
 
 **Micro-kernel.** :func:`_make_micro` emits LLVM IR with explicit vector types: an ``MR x NV*W``
 block of ``C`` lives in ``MR*NV`` vector registers (``W`` lanes: 16 float32 / 8 float64 with
@@ -25,15 +26,16 @@ row-major array are the same kernel; ``B`` rows are contiguous.
 
 **Order and determinism.** Every entry of ``C`` is a chain of FMAs over ``p`` in increasing order
 (in chunks of ``KC``, or ``KC_T`` for ``A^T``, each chunk's chain started at 0 and added to
-``C``), the same whichever micro-kernel (full or one-row) computed it and whatever rows or columns
-surround it. The result
-therefore depends on the inner dimension only: a recomputed score tile is bit-identical to the
-forward's, for any tile or group shape, and results do not depend on the thread count.
+``C``), the same whichever micro-kernel (full, half or one-row) computed it and whatever rows or
+columns surround it. The result therefore depends on the inner dimension only: a recomputed score
+tile is bit-identical to the forward's, for any tile or group shape, and results do not depend on
+the thread count.
 
-**Shapes by instruction set.** Chosen when the module is imported, from the CPU Numba compiles
-for (its cache is keyed by that CPU): with 32 vector registers (AVX-512) ``C = A B^T`` uses
-``8 x 2`` vectors and ``C = A B`` ``4 x 4``; with 16 (AVX2, or none) ``6 x 2`` and ``3 x 4``
-(``MR*NV`` accumulators plus the ``B`` vectors and one broadcast must fit in the register file).
+**Shapes by instruction set.** Chosen when the module is imported, from the CPU features Numba
+compiles for (its cache is keyed by that CPU): with AVX-512 (32 vector registers of 512 bits) every
+product uses blocks of ``6 x 4`` vectors, else (AVX2 or narrower: 16 registers, 256 bits assumed)
+``6 x 2``; ``MR*NV`` accumulators plus the ``B`` vectors and one broadcast must fit in the register
+file. On a narrower CPU LLVM splits the vectors, which is correct, only slower.
 """
 
 from __future__ import annotations
@@ -264,8 +266,14 @@ def gemm_nn(a, ta, b, c, m, n, k):
     """``c[:m, :n] = op(a) @ b[:k, :n]`` with ``op(a) = a[:m, :k]`` or, when ``ta``, ``a[:k, :m].T``.
     Every array is 2-D with contiguous rows. The inner dimension runs in chunks of :data:`KC`
     (:data:`KC_T` for ``a.T``; each chunk's FMA chain added to ``c``); a last column block
-    narrower than ``NR`` multiplies a zero-padded copy of its ``B`` columns into a small block that is then added to ``c``."""
+    narrower than ``NR`` multiplies a zero-padded copy of its ``B`` columns into a small block
+    that is then added to ``c``. ``k = 0`` gives zeros."""
     if m <= 0 or n <= 0:
+        return
+    if k <= 0:
+        for i in range(m):
+            for j in range(n):
+                c[i, j] = 0.0
         return
     nr = panel_width_of(c.itemsize)
     sa = a.strides[0] // a.itemsize
