@@ -281,7 +281,7 @@ def _mm_nt(fp, a, b, bp, c):
     """``c = a @ b.T``: with the built-in products (``fp == -1``) from ``bp``, the panels of ``b``
     (:func:`._gemm.pack_panels`), else through :func:`_mm`."""
     if fp == -1:
-        gemm_nt(a, bp, c, c.shape[0], c.shape[1], c[0], False)
+        gemm_nt(a, bp, c, c.shape[0], c.shape[1], c[0], 0)
     else:
         _mm(fp, a, False, b, True, c)
 
@@ -489,12 +489,13 @@ def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, mask
     for r in range(R):
         kpan = _tile_panels(kp, (r * k.shape[1] + b) * k.shape[2] + hk, kt)
         qrows = q[r, b, h, i0 + g0:i0 + g0 + ng]
-        # Row maxima from the product's registers: built-in products, raw logits, every key visible.
-        fused = fp == -1 and plain and not (causal and j0 + nk - 1 > i0 + g0 + offset)
-        if fused:
+        # Row maxima from the product's registers (built-in products, raw logits) over the first
+        # ``nf`` columns, which every row of the group sees (all of them off the causal diagonal).
+        nf = 0
+        if fp == -1 and plain:
             for gi in range(ng):
                 rmax[gi] = -np.inf
-            gemm_nt(qrows, kpan, s, ng, nk, rmax, True)  # S = Q K^T and its row maxima
+            nf = gemm_nt(qrows, kpan, s, ng, nk, rmax, i0 + g0 + offset + 1 - j0 if causal else nk)
         else:
             _mm_nt(fp, qrows, k[r, b, hk, j0:j0 + nk], kpan, s)  # S = Q K^T
         if not plain:
@@ -509,7 +510,12 @@ def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, mask
             m_old = mrow[r, ii]
             m_new = m_old
             if nv > 0:
-                mt = rmax[gi] if fused else _max_row(s[gi], nv)
+                if nf == 0:
+                    mt = _max_row(s[gi], nv)
+                elif nv > nf:  # the fused maximum of the first nf columns, then the rest
+                    mt = max(rmax[gi], _max_row(s[gi, nf:], nv - nf))
+                else:
+                    mt = rmax[gi]
                 m_new = max(m_old, sc * mt)
             if m_new == -np.inf:  # nothing visible in this row yet: P = 0, state unchanged
                 alpha[gi] = 1.0

@@ -232,22 +232,26 @@ def pack_panels(src, dst):
 
 
 @njit(cache=True)
-def gemm_nt(a, bp, c, m, n, mx, rowmax):
+def gemm_nt(a, bp, c, m, n, mx, nmax):
     """``c[:m, :n] = a[:m] @ B^T`` with ``B`` (``n x k``) given as its panels ``bp`` (from
     :func:`pack_panels`; ``k = a.shape[1]``). ``a`` and ``c`` are 2-D with contiguous rows. A
-    last panel narrower than ``NR`` is computed into a small block and copied. With ``rowmax``,
-    also ``mx[i] = max(mx[i], max(c[i, :n]))`` (``mx`` of ``c``'s dtype, set by the caller),
-    formed from the registers as the blocks are stored: the forward's row maxima without a pass
-    over the score tile."""
+    last panel narrower than ``NR`` is computed into a small block and copied.
+
+    Row maxima: with ``nmax > 0``, also ``mx[i] = max(mx[i], max(c[i, :w]))`` for the first
+    ``w = nmax`` columns rounded down to whole panels, or all ``n`` columns when ``nmax >= n``
+    (``mx`` of ``c``'s dtype, set by the caller), formed from the registers as the blocks are
+    stored: the forward's row maxima without a pass over the score tile. Returns ``w``, the
+    columns covered (0 when ``nmax <= 0``)."""
     if m <= 0 or n <= 0:
-        return
+        return 0
     k = a.shape[1]
     nr = bp.shape[2]
     sa = a.strides[0] // a.itemsize
     sc = c.strides[0] // c.itemsize
     nfull = n - n % nr
-    mode = 2 if rowmax else 0
+    w = 0 if nmax <= 0 else (n if nmax >= n else nmax - nmax % nr)
     for j0 in range(0, nfull, nr):
+        mode = 2 if j0 + nr <= w else 0
         _block_column(a, 0, sa, 1, bp, (j0 // nr) * k * nr, nr, c, j0, sc, k, mode, mx, m)
     if nfull < n:
         tmp = np.empty((m, nr), dtype=c.dtype)
@@ -257,8 +261,9 @@ def gemm_nt(a, bp, c, m, n, mx, rowmax):
             for t in range(n - nfull):
                 c[i, nfull + t] = tmp[i, t]
                 mt = max(mt, tmp[i, t])
-            if rowmax:
+            if w == n:
                 mx[i] = mt
+    return w
 
 
 @njit(cache=True)
