@@ -188,7 +188,7 @@ def kernel_scratch_bytes(kind: str, *, threads: int, d: int, dv: int, r: int = 1
     ``m`` keys of ``heads`` kv heads, the built-in products' panels of the K tiles (and in the
     backward of the V tiles), packed once per call (zero-padded to whole panels)."""
     from refattn.kernels.cpu._common import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q
-    from refattn.kernels.cpu._gemm import panel_width
+    from refattn.kernels.cpu._gemm import KC, panel_width
 
     bq = DEFAULT_BLOCK_Q if bq is None else bq
     bk = DEFAULT_BLOCK_K if bk is None else bk
@@ -198,6 +198,7 @@ def kernel_scratch_bytes(kind: str, *, threads: int, d: int, dv: int, r: int = 1
     else:  # s, dp, ds, tile products, 2 row vectors (+ th) + float64 dK, dV accumulators
         per = (3 * bq * bk + max(bq, bk) * max(d, dv) + 2 * bq + th) * itemsize + (r * d + dv) * bk * 8
     nr = panel_width(np.float32 if itemsize == 4 else np.float64)
+    per += ((bq if kind == "fwd" else max(bq, bk)) + KC) * nr * itemsize  # the products' work buffer
     tiles = -(-m // bk) if m else 0
     padded = tiles * -(-min(bk, m) // nr) * nr if m else 0
     panels = heads * padded * (r * d + (dv if kind != "fwd" else 0)) * itemsize

@@ -29,15 +29,20 @@ def _panels(b):
     return bp
 
 
+def _work(m, dt):
+    """The products' work buffer, filled with NaN: no NaN may reach a result."""
+    return np.full(G.work_len(m, np.dtype(dt).itemsize), np.nan, dtype=dt)
+
+
 def _nt(a, b):
     """``a @ b.T``, checking the fused row maxima on the way (exact: a maximum has one value)."""
     c = np.full((a.shape[0], b.shape[0]), np.nan, dtype=a.dtype)
     mx = np.full(a.shape[0] + 1, -np.inf, dtype=a.dtype)
     mx[-1] = 123.0  # past the rows: must stay as it is
-    assert G.gemm_nt(a, _panels(b), c, a.shape[0], b.shape[0], mx, b.shape[0]) == b.shape[0]
+    assert G.gemm_nt(a, _panels(b), c, a.shape[0], b.shape[0], mx, b.shape[0], _work(len(a), a.dtype)) == b.shape[0]
     assert np.array_equal(mx[:-1], c.max(axis=1)) and mx[-1] == 123.0
     c2 = np.full_like(c, np.nan)
-    assert G.gemm_nt(a, _panels(b), c2, a.shape[0], b.shape[0], mx, 0) == 0
+    assert G.gemm_nt(a, _panels(b), c2, a.shape[0], b.shape[0], mx, 0, _work(len(a), a.dtype)) == 0
     assert np.array_equal(c, c2)
     # the maximum of the leading columns only, rounded down to whole panels
     nr = G.panel_width(a.dtype)
@@ -45,7 +50,7 @@ def _nt(a, b):
         if nmax >= b.shape[0]:
             continue
         mx2 = np.full(a.shape[0], -np.inf, dtype=a.dtype)
-        w = G.gemm_nt(a, _panels(b), c2, a.shape[0], b.shape[0], mx2, nmax)
+        w = G.gemm_nt(a, _panels(b), c2, a.shape[0], b.shape[0], mx2, nmax, _work(len(a), a.dtype))
         assert w == nmax - nmax % nr and np.array_equal(c, c2)
         assert np.array_equal(mx2, c[:, :w].max(axis=1) if w else mx2) and (w or np.all(mx2 == -np.inf))
     return c
@@ -54,7 +59,7 @@ def _nt(a, b):
 def _nn(a, ta, b):
     m = a.shape[1] if ta else a.shape[0]
     c = np.full((m, b.shape[1]), np.nan, dtype=a.dtype)
-    G.gemm_nn(a, ta, b, c, m, b.shape[1], b.shape[0])
+    G.gemm_nn(a, ta, b, c, m, b.shape[1], b.shape[0], _work(m, a.dtype))
     return c
 
 
@@ -79,10 +84,11 @@ def test_products_match_numpy_with_remainders(dt):
 def test_empty_inner_dimension_gives_zeros():
     a = np.ones((7, 0), dtype=np.float32)
     c = np.full((7, 5), np.nan, dtype=np.float32)
-    G.gemm_nn(np.ones((0, 7), dtype=np.float32), True, np.ones((0, 5), dtype=np.float32), c, 7, 5, 0)
+    G.gemm_nn(np.ones((0, 7), dtype=np.float32), True, np.ones((0, 5), dtype=np.float32), c, 7, 5, 0,
+              _work(7, np.float32))
     assert np.all(c == 0.0)
     c2 = np.full((7, 5), np.nan, dtype=np.float32)
-    G.gemm_nn(a, False, np.ones((0, 5), dtype=np.float32), c2, 7, 5, 0)
+    G.gemm_nn(a, False, np.ones((0, 5), dtype=np.float32), c2, 7, 5, 0, _work(7, np.float32))
     assert np.all(c2 == 0.0)
 
 
@@ -92,12 +98,12 @@ def test_products_read_strided_row_views_and_write_only_their_block():
     a = big[3:20, 5:69]  # 17 rows of 64, rows 90 apart
     b = rng.standard_normal((70, 64)).astype(np.float32)
     c = np.full((20, 80), 7.0, dtype=np.float32)
-    G.gemm_nt(a, _panels(b), c, 17, 70, c[0], 0)
+    G.gemm_nt(a, _panels(b), c, 17, 70, c[0], 0, _work(17, np.float32))
     np.testing.assert_allclose(c[:17, :70], a.astype(float) @ b.T.astype(float), rtol=0, atol=1e-4)
     assert np.all(c[17:] == 7.0) and np.all(c[:, 70:] == 7.0)
     v = rng.standard_normal((64, 100)).astype(np.float32)[:, 10:90]  # 80 columns, rows 100 apart
     c2 = np.full((17, 85), 7.0, dtype=np.float32)
-    G.gemm_nn(a, False, v, c2, 17, 80, 64)
+    G.gemm_nn(a, False, v, c2, 17, 80, 64, _work(17, np.float32))
     np.testing.assert_allclose(c2[:, :80], a.astype(float) @ v.astype(float), rtol=0, atol=1e-4)
     assert np.all(c2[:, 80:] == 7.0)
 
@@ -112,7 +118,7 @@ def test_an_entry_does_not_depend_on_the_block_around_it(dt):
     full = _nt(a, b)
     for r0, r1, n in ((0, 1, 150), (7, 19, 33), (13, 50, 97), (44, 50, 1)):
         part = np.full((r1 - r0, n), np.nan, dtype=dt)
-        G.gemm_nt(a[r0:r1], _panels(b[:n]), part, r1 - r0, n, part[0], 0)
+        G.gemm_nt(a[r0:r1], _panels(b[:n]), part, r1 - r0, n, part[0], 0, _work(r1 - r0, dt))
         assert np.array_equal(part, full[r0:r1, :n]), (r0, r1, n)
     bt = rng.standard_normal((300, 70)).astype(dt)
     for ta in (False, True):  # rows 10..30 of op(A) B, alone or among others: the same entries
@@ -132,9 +138,10 @@ def test_avx2_shapes_compile_and_match(tmp_path):
         "a = rng.standard_normal((29, 70)).astype(np.float32); b = rng.standard_normal((45, 70)).astype(np.float32)\n"
         "nr = G.panel_width(np.float32); bp = np.empty((-(-45 // nr), 70, nr), np.float32); G.pack_panels(b, bp)\n"
         "c = np.empty((29, 45), np.float32); mx = np.full(29, -np.inf, np.float32)\n"
-        "G.gemm_nt(a, bp, c, 29, 45, mx, 45); assert np.array_equal(mx, c.max(axis=1))\n"
+        "wk = np.full(G.work_len(70, 4), np.nan, np.float32)\n"
+        "G.gemm_nt(a, bp, c, 29, 45, mx, 45, wk); assert np.array_equal(mx, c.max(axis=1))\n"
         "assert np.abs(c - a @ b.T).max() < 1e-4\n"
-        "c2 = np.empty((70, 70), np.float32); G.gemm_nn(a, True, b[:29], c2, 70, 70, 29)\n"
+        "c2 = np.empty((70, 70), np.float32); G.gemm_nn(a, True, b[:29], c2, 70, 70, 29, wk)\n"
         "assert np.abs(c2 - a.T @ b[:29]).max() < 1e-4\n"
         "print('ok', G.MR, G.NV)\n")
     env = dict(os.environ, NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES="+avx,+avx2,+fma,+sse4.2,+popcnt",

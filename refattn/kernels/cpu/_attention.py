@@ -29,12 +29,13 @@ the default), whose ``C = A B^T`` products read the K (and in the backward V) ti
 packed once per call (:func:`_pack_tiles`); ``0`` ``np.dot``, i.e. the BLAS ``gemm`` of SciPy's
 ``cython_blas`` (the wrappers pin it to one thread per Numba worker, see :mod:`.runtime`); else the
 address of oneMKL's CBLAS gemm (:func:`_mm`). Tiles are contiguous views (no copies). Score tiles
-are query-major, ``S = Q K^T`` (``nq, nk``), in the forward and in the backward, and the backward
-recomputes each score tile with *the same call on the same tile* as the forward (under a causal
-mask the same row groups and trimmed widths, :func:`_diag_rows` / :func:`_diag_width`): OpenBLAS
-rounds differently for other shapes or layouts, and logits that differ from the ones the LSE was
-built from made the float32 gradients fail the 2x rule (the built-in products give every entry the
-same value whatever the shape).
+are query-major, ``S = Q K^T`` (``nq, nk``), in the forward and in the backward. With BLAS products
+the backward recomputes each score tile with *the same call on the same tile* as the forward (under
+a causal mask the same row groups and trimmed widths, :func:`_diag_rows` / :func:`_diag_width`):
+OpenBLAS rounds differently for other shapes or layouts, and logits that differ from the ones the
+LSE was built from made the float32 gradients fail the 2x rule. The built-in products give every
+entry the same value whatever the shape, so there the backward uses its own key tiles
+(:func:`._common.bwd_block_k`).
 
 **Causal diagonal.** A causal tile that crosses the diagonal is computed in row groups of ``bg``
 rows (a runtime argument; ``bg = bq`` is one product per tile), each product ending at the last key
@@ -58,7 +59,8 @@ polynomial), which vectorises; float64 uses ``math.exp``.
 heap top to the system after every work item (it trims above twice the largest freed chunk) and
 fault the pages in again for the next one: ~4,000 page faults, ~4 ms, per float32 backward at
 N = 1024 (measured); one buffer per dtype is reused from the heap. Buffers are sized for the largest
-tile that occurs, ``min(bq, N) x min(bk, M)``.
+tile that occurs, ``min(bq, N) x min(bk, M)``, and include the built-in products' work buffer
+(:func:`._gemm.work_len`), so no tile product allocates.
 
 **Schedule.** Forward work item = (batch, head, slot); a slot is one query tile, or under a causal
 mask the pair of query tiles ``(p, nqt-1-p)``, so that every work item has the same number of key
@@ -78,7 +80,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import runtime  # (cache folder, before the kernels are defined)
-from ._gemm import gemm_nn, gemm_nt, pack_panels, panel_width_of
+from ._gemm import gemm_nn, gemm_nt, pack_panels, panel_width_of, work_len
 
 
 @njit(cache=True, inline="always")
@@ -277,21 +279,21 @@ def _mm(fp, a, ta, b, tb, c):
 
 
 @njit(cache=True, inline="always")
-def _mm_nt(fp, a, b, bp, c):
+def _mm_nt(fp, a, b, bp, c, wk):
     """``c = a @ b.T``: with the built-in products (``fp == -1``) from ``bp``, the panels of ``b``
-    (:func:`._gemm.pack_panels`), else through :func:`_mm`."""
+    (:func:`._gemm.pack_panels`; ``wk`` their work buffer), else through :func:`_mm`."""
     if fp == -1:
-        gemm_nt(a, bp, c, c.shape[0], c.shape[1], c[0], 0)
+        gemm_nt(a, bp, c, c.shape[0], c.shape[1], c[0], 0, wk)
     else:
         _mm(fp, a, False, b, True, c)
 
 
 @njit(cache=True, inline="always")
-def _mm_n(fp, a, ta, b, c):
+def _mm_n(fp, a, ta, b, c, wk):
     """``c = op(a) @ b`` (``op(a) = a.T`` when ``ta``): the built-in products (``fp == -1``,
-    :func:`._gemm.gemm_nn`) or :func:`_mm`."""
+    :func:`._gemm.gemm_nn`, ``wk`` their work buffer) or :func:`_mm`."""
     if fp == -1:
-        gemm_nn(a, ta, b, c, c.shape[0], c.shape[1], b.shape[0])
+        gemm_nn(a, ta, b, c, c.shape[0], c.shape[1], b.shape[0], wk)
     else:
         _mm(fp, a, ta, b, False, c)
 
@@ -466,7 +468,7 @@ def _diag_width(causal, i0, g0, ng, j0, nk, M, offset):
 
 @njit(cache=True)
 def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, maskb, maskf, ms, scale, softcap,
-              causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, rmax):
+              causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, rmax, wk):
     """Online-softmax update of query rows ``i0+g0 .. i0+g0+ng`` (tile rows ``g0 .. g0+ng``) with
     keys ``j0 .. j0+nk`` (all ``R`` maps): one score product ``S = Q K^T`` of shape ``(ng, nk)``.
 
@@ -495,9 +497,9 @@ def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, mask
         if fp == -1 and plain:
             for gi in range(ng):
                 rmax[gi] = -np.inf
-            nf = gemm_nt(qrows, kpan, s, ng, nk, rmax, i0 + g0 + offset + 1 - j0 if causal else nk)
+            nf = gemm_nt(qrows, kpan, s, ng, nk, rmax, i0 + g0 + offset + 1 - j0 if causal else nk, wk)
         else:
-            _mm_nt(fp, qrows, k[r, b, hk, j0:j0 + nk], kpan, s)  # S = Q K^T
+            _mm_nt(fp, qrows, k[r, b, hk, j0:j0 + nk], kpan, s, wk)  # S = Q K^T
         if not plain:
             _final_logits(s, ng, nk, b, h, i0 + g0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
         for gi in range(ng):
@@ -535,7 +537,7 @@ def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, mask
                     s[gi, jj] = e
                     t += e
                 rsum[gi] = t
-        _mm_n(fp, s, False, vt, pv)  # P V_tile
+        _mm_n(fp, s, False, vt, pv, wk)  # P V_tile
         for gi in range(ng):
             ii = g0 + gi
             lrow[r, ii] = lrow[r, ii] * alpha[gi] + rsum[gi]  # float64
@@ -546,7 +548,7 @@ def _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, kt, nk, mask_mode, mask
 
 @njit(cache=True)
 def _fwd_query_tile(fp, q, k, kp, v, w, b, h, hk, i0, nq, mask_mode, maskb, maskf, ms, scale, softcap, causal,
-                    offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, rmax, out, omap, lse):
+                    offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, rmax, wk, out, omap, lse):
     """Online-softmax forward of query rows ``i0 .. i0+nq`` of head ``h`` (all ``R`` maps).
 
     Key tiles ``j0 .. j0+bk``; a causal tile that crosses the diagonal is done in row groups of
@@ -573,7 +575,7 @@ def _fwd_query_tile(fp, q, k, kp, v, w, b, h, hk, i0, nq, mask_mode, maskb, mask
             if nkg <= 0:  # no row of the group sees key j0
                 continue
             _fwd_rows(fp, q, k, kp, v, b, h, hk, i0, g0, ng, j0, j0 // bk, nkg, mask_mode, maskb, maskf, ms, scale,
-                      softcap, causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, rmax)
+                      softcap, causal, offset, sbuf, pbuf, th, acc, mrow, lrow, alpha, rsum, rmax, wk)
     for ii in range(nq):
         i = i0 + ii
         for r in range(R):
@@ -617,7 +619,8 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         # sized for the largest tile that occurs (a short sequence needs less than bq x bk).
         tq, tk = min(bq, N), min(bk, M)
         nth = tq * tk if softcap > 0.0 else 0  # tanh of the logits: kept only under a softcap
-        fl = np.empty(tq * tk + tq * dv + R * tq * dv + R * tq + 2 * tq + nth, dtype=q.dtype)
+        nwk = work_len(tq, q.itemsize) if fp == -1 else 0  # the built-in products' work buffer
+        fl = np.empty(tq * tk + tq * dv + R * tq * dv + R * tq + 2 * tq + nwk + nth, dtype=q.dtype)
         o = tq * tk
         sbuf = fl[:o]
         pbuf = fl[o:o + tq * dv]
@@ -630,6 +633,8 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         o += tq
         rmax = fl[o:o + tq]
         o += tq
+        wk = fl[o:o + nwk]
+        o += nwk
         th = fl[o:o + nth].reshape(tq if nth else 0, tk if nth else 0)
         f8 = np.empty(R * tq + tq, dtype=np.float64)
         lrow = f8[:R * tq].reshape(R, tq)
@@ -640,7 +645,7 @@ def attention_fwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
             i0 = it * bq
             _fwd_query_tile(fp, q, k, kp, v, w, b, h, kvmap[h], i0, min(bq, N - i0), mask_mode, maskb, maskf, ms,
                             scale, softcap, causal, offset, bk, bg, sbuf, pbuf, th, acc, mrow, lrow, alpha,
-                            rsum, rmax, out, omap, lse)
+                            rsum, rmax, wk, out, omap, lse)
 
 
 @njit(cache=True, inline="always")
@@ -654,8 +659,8 @@ def _add_into(acc, t):
 
 @njit(cache=True)
 def _bwd_rows(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, hk, i0, nq, j0, kt, nkq, sp, mask_mode, maskb,
-              maskf, ms, scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dkat,
-              dvat, dq_part):
+              maskf, ms, scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, wk, lrow, llo, dka, dva,
+              dkat, dvat, dq_part):
     """Backward contribution of query rows ``i0 .. i0+nq`` and keys ``j0 .. j0+nkq``: one recomputed
     score product (the forward's), then ``dP``, ``dV``, ``dK`` and ``dQ`` products.
 
@@ -675,11 +680,11 @@ def _bwd_rows(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, hk, i0, nq, j0, kt
     s = sbuf[:nq * nkq].reshape(nq, nkq)
     dp = dpbuf[:nq * nkq].reshape(nq, nkq)
     ds = dsbuf[:nq * nkq].reshape(nq, nkq)
-    _mm_nt(fp, dot, v[b, hk, j0:j0 + nkq], _tile_panels(vp, b * v.shape[1] + hk, kt), dp)  # dP = dO V^T (all maps)
+    _mm_nt(fp, dot, v[b, hk, j0:j0 + nkq], _tile_panels(vp, b * v.shape[1] + hk, kt), dp, wk)  # dP = dO V^T (all maps)
     for r in range(R):
         qt = q[r, b, h, i0:i0 + nq]
         ktile = k[r, b, hk, j0:j0 + nkq]
-        _mm_nt(fp, qt, ktile, _tile_panels(kp, (r * k.shape[1] + b) * k.shape[2] + hk, kt), s)  # the forward's call
+        _mm_nt(fp, qt, ktile, _tile_panels(kp, (r * k.shape[1] + b) * k.shape[2] + hk, kt), s, wk)  # the forward's call
         if not plain:
             _final_logits(s, nq, nkq, b, h, i0, j0, scale, softcap, mask_mode, maskb, maskf, ms, th)
         for ii in range(nq):
@@ -722,20 +727,20 @@ def _bwd_rows(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, hk, i0, nq, j0, kt
             _add_into(dkat[r], tkt)
         else:
             tv = tbuf[:nkq * dv].reshape(nkq, dv)
-            _mm_n(fp, s, True, dot, tv)  # (w P)^T dO
+            _mm_n(fp, s, True, dot, tv, wk)  # (w P)^T dO
             _add_into(dva, tv)
             tk = tbuf[:nkq * d].reshape(nkq, d)
-            _mm_n(fp, ds, True, qt, tk)  # dS^T Q
+            _mm_n(fp, ds, True, qt, tk, wk)  # dS^T Q
             _add_into(dka[r], tk)
         tq = tbuf[:nq * d].reshape(nq, d)
-        _mm_n(fp, ds, False, ktile, tq)  # dS K
+        _mm_n(fp, ds, False, ktile, tq, wk)  # dS K
         _add_into(dq_part[sp, r, b, h, i0:i0 + nq], tq)
 
 
 @njit(cache=True)
 def _bwd_key_tile(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, hk, j0, kt, nk, sp, mask_mode, maskb, maskf, ms,
-                  scale, softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo, dka, dva, dkat,
-                  dvat, dq_part, dk_part, dv_part):
+                  scale, softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf, tbuf, th, wk, lrow, llo, dka, dva,
+                  dkat, dvat, dq_part, dk_part, dv_part):
     """FlashAttention-2 backward of key rows ``j0 .. j0+nk`` of query head ``h`` over all query tiles.
     ``dka`` / ``dva`` and ``dkat`` / ``dvat`` are two layouts of the same accumulators
     (:func:`_bwd_rows`)."""
@@ -759,8 +764,8 @@ def _bwd_key_tile(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, hk, j0, kt, nk
             if nkq <= 0:  # no query of this group sees key j0
                 continue
             _bwd_rows(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, hk, i0 + g0, ng, j0, kt, nkq, sp, mask_mode,
-                      maskb, maskf, ms, scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, lrow, llo,
-                      dka, dva, dkat, dvat, dq_part)
+                      maskb, maskf, ms, scale, softcap, causal, offset, sbuf, dpbuf, dsbuf, tbuf, th, wk, lrow,
+                      llo, dka, dva, dkat, dvat, dq_part)
     for jj in range(nk):
         for r in range(R):
             for c in range(d):
@@ -800,13 +805,15 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
         nt = tq * tk
         nth = nt if softcap > 0.0 else 0
         ntb = max(tk, tq) * max(d, dv)
-        fl = np.empty(3 * nt + ntb + 2 * tq + nth, dtype=q.dtype)
+        nwk = work_len(max(tk, tq), q.itemsize) if fp == -1 else 0  # the built-in products' work buffer
+        fl = np.empty(3 * nt + ntb + 2 * tq + nwk + nth, dtype=q.dtype)
         sbuf = fl[:nt]
         dpbuf = fl[nt:2 * nt]
         dsbuf = fl[2 * nt:3 * nt]
         tbuf = fl[3 * nt:3 * nt + ntb]
         vec = fl[3 * nt + ntb:3 * nt + ntb + 2 * tq].reshape(2, tq)
-        th = fl[3 * nt + ntb + 2 * tq:].reshape(tq if nth else 0, tk if nth else 0)
+        wk = fl[3 * nt + ntb + 2 * tq:3 * nt + ntb + 2 * tq + nwk]
+        th = fl[3 * nt + ntb + 2 * tq + nwk:].reshape(tq if nth else 0, tk if nth else 0)
         f8 = np.empty(R * tk * d + tk * dv, dtype=np.float64)
         dka = f8[:R * tk * d].reshape(R, tk, d)  # key-major (SciPy's BLAS) ...
         dva = f8[R * tk * d:].reshape(tk, dv)
@@ -819,7 +826,7 @@ def attention_bwd(q, k, v, w, kvmap, mask_mode, maskb, maskf, ms, scale, softcap
             j0 = kt_i * bk
             _bwd_key_tile(fp, q, k, kp, v, vp, w, dout, lse, delta, b, h, kvmap[h], j0, kt_i, min(bk, M - j0), sp,
                           mask_mode, maskb, maskf, ms, scale, softcap, causal, offset, bq, bg, sbuf, dpbuf, dsbuf,
-                          tbuf, th, vec[0], vec[1], dka, dva, dkat, dvat, dq_part, dk_part, dv_part)
+                          tbuf, th, wk, vec[0], vec[1], dka, dva, dkat, dvat, dq_part, dk_part, dv_part)
 
 
 runtime.register_entry_point(attention_fwd, "attention_fwd")

@@ -42,8 +42,9 @@ def sdpa_blocks(n: int, is_causal: bool, block_q=None, block_k=None) -> tuple:
     and ``128 x 512``. Under a causal mask the tiles that cross the diagonal are computed in row
     groups of :data:`DIAG_ROWS` rows whose products stop at the group's last visible key
     (:func:`sdpa_row_group`), so the masked corner of a tile is not multiplied. The choice depends
-    on the shapes only, so results stay bit-identical for any thread count; the backward uses the
-    forward's sizes (it must recompute every score tile with the same call)."""
+    on the shapes only, so results stay bit-identical for any thread count. With BLAS products the
+    backward uses the forward's sizes (it must recompute every score tile with the same call); with
+    the built-in ones its key tiles are :func:`bwd_block_k`."""
     return (DEFAULT_BLOCK_Q if block_q is None else block_q), (DEFAULT_BLOCK_K if block_k is None else block_k)
 
 

@@ -213,6 +213,15 @@ def panel_width_of(itemsize):
     return NV * (VECTOR_BYTES // itemsize)
 
 
+@njit(cache=True, inline="always")
+def work_len(m, itemsize):
+    """Elements of the ``work`` buffer that :func:`gemm_nt` and :func:`gemm_nn` need for products
+    of at most ``m`` rows: a narrow last column block is computed into an ``m x NR`` block, from a
+    zero-padded ``KC x NR`` copy of its ``B`` columns. The callers carve it out of their scratch,
+    so no product allocates."""
+    return (m + KC) * panel_width_of(itemsize)
+
+
 @njit(cache=True)
 def pack_panels(src, dst):
     """``dst[g, p, t] = src[g*NR + t, p]`` (0 past the last row of ``src``): the rows of ``src``
@@ -232,10 +241,11 @@ def pack_panels(src, dst):
 
 
 @njit(cache=True)
-def gemm_nt(a, bp, c, m, n, mx, nmax):
+def gemm_nt(a, bp, c, m, n, mx, nmax, work):
     """``c[:m, :n] = a[:m] @ B^T`` with ``B`` (``n x k``) given as its panels ``bp`` (from
     :func:`pack_panels`; ``k = a.shape[1]``). ``a`` and ``c`` are 2-D with contiguous rows. A
-    last panel narrower than ``NR`` is computed into a small block and copied.
+    last panel narrower than ``NR`` is computed into a block of ``work`` (1-D, ``c``'s dtype, at
+    least :func:`work_len` ``(m)`` elements) and copied.
 
     Row maxima: with ``nmax > 0``, also ``mx[i] = max(mx[i], max(c[i, :w]))`` for the first
     ``w = nmax`` columns rounded down to whole panels, or all ``n`` columns when ``nmax >= n``
@@ -254,7 +264,7 @@ def gemm_nt(a, bp, c, m, n, mx, nmax):
         mode = 2 if j0 + nr <= w else 0
         _block_column(a, 0, sa, 1, bp, (j0 // nr) * k * nr, nr, c, j0, sc, k, mode, mx, m)
     if nfull < n:
-        tmp = np.empty((m, nr), dtype=c.dtype)
+        tmp = work[:m * nr].reshape(m, nr)
         _block_column(a, 0, sa, 1, bp, (nfull // nr) * k * nr, nr, tmp, 0, nr, k, 0, mx, m)
         for i in range(m):
             mt = mx[i]
@@ -267,12 +277,13 @@ def gemm_nt(a, bp, c, m, n, mx, nmax):
 
 
 @njit(cache=True)
-def gemm_nn(a, ta, b, c, m, n, k):
+def gemm_nn(a, ta, b, c, m, n, k, work):
     """``c[:m, :n] = op(a) @ b[:k, :n]`` with ``op(a) = a[:m, :k]`` or, when ``ta``, ``a[:k, :m].T``.
     Every array is 2-D with contiguous rows. The inner dimension runs in chunks of :data:`KC`
     (:data:`KC_T` for ``a.T``; each chunk's FMA chain added to ``c``); a last column block
     narrower than ``NR`` multiplies a zero-padded copy of its ``B`` columns into a small block
-    that is then added to ``c``. ``k = 0`` gives zeros."""
+    that is then added to ``c``, both in ``work`` (1-D, ``c``'s dtype, at least :func:`work_len`
+    ``(m)`` elements). ``k = 0`` gives zeros."""
     if m <= 0 or n <= 0:
         return
     if k <= 0:
@@ -288,8 +299,10 @@ def gemm_nn(a, ta, b, c, m, n, k):
     nfull = n - n % nr
     tail = n - nfull
     kcap = KC_T if ta else KC
-    tmp = np.empty((m if tail else 0, nr), dtype=c.dtype)
-    bt = np.zeros((min(kcap, k) if tail else 0, nr), dtype=c.dtype)
+    tmp = work[:m * nr].reshape(m, nr)
+    bt = work[m * nr:(m + kcap) * nr].reshape(kcap, nr)
+    if tail:
+        bt[:, tail:] = 0.0  # the padding columns (the tail columns are copied in per chunk)
     for k0 in range(0, k, kcap):
         kc = min(kcap, k - k0)
         add = 1 if k0 > 0 else 0
